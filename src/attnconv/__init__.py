@@ -1,0 +1,31 @@
+"""attnconv: self-attention for vision on PyTorch.
+
+Layers are NCHW ``nn.Module``s; ``attnconv.convert`` turns convolutions into attention
+(Cordonnier et al., ICLR 2020, Theorem 1); ``create_model`` builds the papers' models.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it (imported lazily so `import attnconv` stays cheap)
+_EXPORTS = {
+    "MultiHeadSelfAttention2d": "attnconv.layers.mhsa2d",
+    "MultiHeadAttention": "attnconv.layers.mha",
+    "SinusoidalPositionalEncoding": "attnconv.layers.mha",
+    "LocalSelfAttention2d": "attnconv.layers.local",
+    "AttentionStem2d": "attnconv.layers.stem",
+    "create_model": "attnconv.models",
+    "list_models": "attnconv.models",
+    "scaled_dot_product_attention": "attnconv.layers.functional",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'attnconv' has no attribute {name!r}")

@@ -1,0 +1,1 @@
+"""attnconv.analysis"""

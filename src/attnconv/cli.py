@@ -1,0 +1,54 @@
+"""The `attnconv` command line: one subcommand per module in ``attnconv.commands``.
+
+Each command module defines ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+
+# name -> module under attnconv.commands (listed in the order `attnconv -h` shows them)
+COMMANDS = ("demo", "train", "eval", "convert", "analyze", "explore", "bench")
+
+
+def _available() -> list[str]:
+    return [c for c in COMMANDS if importlib.util.find_spec(f"attnconv.commands.{c}") is not None]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="attnconv",
+        description="Self-attention for vision: layers, conv<->attention conversion, training, "
+        "analysis.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _available():
+        mod = importlib.import_module(f"attnconv.commands.{name}")
+        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "_run", None) is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except (ValueError, FileNotFoundError, KeyError, TypeError) as e:
+        # bad input: one clear line, no traceback
+        print(f"attnconv {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"attnconv {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

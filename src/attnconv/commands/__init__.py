@@ -1,0 +1,1 @@
+"""Subcommands of the `attnconv` CLI (see attnconv.cli)."""

@@ -1,0 +1,139 @@
+"""Scaled dot-product attention, written once for every layer and model of attnconv.
+
+softmax(q k^T * scale + bias) v  (Vaswani et al. 2017, eq. 1; Cordonnier et al. 2020, eq. 1-2).
+
+Two implementations of the same equation:
+- ``impl="reference"``: the plain equation, dense logits, softmax, matmul.
+- ``impl="auto"`` (fast): ``torch.nn.functional.scaled_dot_product_attention``. PyTorch's CPU
+  flash kernel only runs when query/key and value have the same head dimension and no float
+  bias is given; otherwise it silently falls back to a math path that keeps (B, nh, Tq, Tk)
+  for backward. So we zero-pad the narrower of (q, k) / v to a common width: padding q and k
+  with zeros leaves q.k unchanged, padding v adds zero output columns that are sliced off.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+IMPLS = ("auto", "reference")
+
+
+def check_impl(impl: str) -> str:
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    return impl
+
+
+def _combine_masks(
+    bias: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    causal: bool,
+    tq: int,
+    tk: int,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> torch.Tensor | None:
+    """Fold a boolean keep-mask and a causal mask into one additive float bias (or None)."""
+    if mask is None and not causal:
+        return bias
+    keep = torch.ones(tq, tk, dtype=torch.bool, device=device)
+    if causal:
+        keep = torch.ones(tq, tk, dtype=torch.bool, device=device).tril(diagonal=tk - tq)
+    if mask is not None:
+        keep = keep & mask
+    neg = torch.zeros(keep.shape, dtype=dtype, device=device).masked_fill(~keep, float("-inf"))
+    return neg if bias is None else bias + neg
+
+
+def attention_probs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """The softmax probabilities (..., Tq, Tk) of the plain equation.
+
+    q (B, nh, Tq, dk), k (B, nh, Tk, dk); dk may be 0 (position-only attention: logits = bias).
+    bias broadcasts to (B, nh, Tq, Tk); mask is boolean, True = may attend, broadcasting likewise.
+    Rows whose keys are all masked get zero probabilities instead of NaN.
+    """
+    dk = q.shape[-1]
+    scale = (1.0 / math.sqrt(dk) if dk > 0 else 1.0) if scale is None else scale
+    logits = (q @ k.transpose(-2, -1)) * scale  # (B, nh, Tq, Tk)
+    full = _combine_masks(bias, mask, causal, q.shape[-2], k.shape[-2], q.device, logits.dtype)
+    if full is not None:
+        logits = logits + full
+    probs = torch.softmax(logits.float(), dim=-1)
+    probs = torch.nan_to_num(probs, nan=0.0)  # fully masked rows
+    return probs.to(q.dtype)
+
+
+def scaled_dot_product_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    causal: bool = False,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    impl: str = "auto",
+    return_attention: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q k^T * scale + bias) v.
+
+    q (B, nh, Tq, dk), k (B, nh, Tk, dk), v (B, nh, Tk, dv) -> (B, nh, Tq, dv).
+    ``scale`` defaults to 1/sqrt(dk). ``mask``: bool, True = may attend. ``causal``: query i
+    attends keys j <= i (aligned to the end when Tk > Tq). With ``return_attention=True`` also
+    returns the probabilities (B, nh, Tq, Tk) (computed by the plain path, so identical).
+    """
+    check_impl(impl)
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(
+            f"q, k, v must be 4-D (B, nh, T, d); got {tuple(q.shape)}, {tuple(k.shape)}, "
+            f"{tuple(v.shape)}"
+        )
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            f"q/k widths or k/v lengths differ: q {tuple(q.shape)}, k {tuple(k.shape)}, "
+            f"v {tuple(v.shape)}"
+        )
+    dk, dv = q.shape[-1], v.shape[-1]
+    scale = (1.0 / math.sqrt(dk) if dk > 0 else 1.0) if scale is None else scale
+
+    if impl == "reference" or return_attention or dk == 0:
+        probs = attention_probs(q, k, bias=bias, mask=mask, causal=causal, scale=scale)
+        p = F.dropout(probs, dropout_p) if dropout_p > 0 else probs
+        y = p @ v  # (B, nh, Tq, dv)
+        return (y, probs) if return_attention else y
+
+    # fast path: fused kernel, heads padded to a common width so the flash kernel applies
+    d = max(dk, dv)
+    if dk < d:
+        q = F.pad(q, (0, d - dk))
+        k = F.pad(k, (0, d - dk))
+    if dv < d:
+        v = F.pad(v, (0, d - dv))
+    attn_mask = _combine_masks(bias, mask, causal, q.shape[-2], k.shape[-2], q.device, q.dtype)
+    is_causal = False
+    if (
+        attn_mask is not None
+        and bias is None
+        and mask is None
+        and causal
+        and q.shape[-2] == k.shape[-2]
+    ):
+        attn_mask, is_causal = None, True  # the kernel's own causal mask, no bias tensor
+    if attn_mask is not None:
+        attn_mask = attn_mask.to(q.dtype)
+    y = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
+    )
+    return y[..., :dv]

@@ -1,0 +1,30 @@
+"""Model registry: ``create_model(name, num_classes=..., **overrides)`` and ``list_models()``."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+
+import torch.nn as nn
+
+_MODELS: dict[str, Callable[..., nn.Module]] = {}
+
+
+def register_model(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+    """Decorator: register a model factory under its function name."""
+    if fn.__name__ in _MODELS:
+        raise ValueError(f"model {fn.__name__!r} registered twice")
+    _MODELS[fn.__name__] = fn
+    return fn
+
+
+def list_models() -> list[str]:
+    return sorted(_MODELS)
+
+
+def create_model(name: str, **kwargs) -> nn.Module:
+    if name not in _MODELS:
+        close = difflib.get_close_matches(name, list(_MODELS), n=3)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise ValueError(f"unknown model {name!r}{hint}; known models: {', '.join(list_models())}")
+    return _MODELS[name](**kwargs)

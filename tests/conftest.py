@@ -1,0 +1,28 @@
+"""Shared test fixtures: the real CIFAR-10 data of the workplace, deterministic torch."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import settings
+
+ROOT = Path(__file__).resolve().parents[1]
+# Real CIFAR-10 JPEGs (train/<class>/*.jpg, test/<class>/*.jpg); override with ATTNCONV_CIFAR_ZIP.
+CIFAR_ZIP = Path(
+    os.environ.get("ATTNCONV_CIFAR_ZIP", ROOT.parent / "shared" / "data" / "cifar10-jpeg.zip")
+)
+
+settings.register_profile("ci", max_examples=25, deadline=None)
+settings.load_profile("ci")
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture
+def cifar_zip() -> Path:
+    if not CIFAR_ZIP.exists():
+        pytest.fail(f"real CIFAR-10 zip not found at {CIFAR_ZIP} (set ATTNCONV_CIFAR_ZIP)")
+    return CIFAR_ZIP
