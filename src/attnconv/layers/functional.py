@@ -69,7 +69,8 @@ def attention_probs(
     full = _combine_masks(bias, mask, causal, q.shape[-2], k.shape[-2], q.device, logits.dtype)
     if full is not None:
         logits = logits + full
-    probs = torch.softmax(logits.float(), dim=-1)
+    # softmax in at least float32 (bfloat16/float16 logits lose the max-subtraction's precision)
+    probs = torch.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
     probs = torch.nan_to_num(probs, nan=0.0)  # fully masked rows
     return probs.to(q.dtype)
 
