@@ -69,9 +69,15 @@ def attention_probs(
     full = _combine_masks(bias, mask, causal, q.shape[-2], k.shape[-2], q.device, logits.dtype)
     if full is not None:
         logits = logits + full
+    # rows whose keys are all masked: zero probabilities, and no NaN in the backward pass either
+    # (softmax of an all -inf row is NaN, and nan_to_num would still pass NaN gradients back)
+    dead = torch.isneginf(logits).all(dim=-1, keepdim=True) if full is not None else None
+    if dead is not None:
+        logits = logits.masked_fill(dead, 0.0)
     # softmax in at least float32 (bfloat16/float16 logits lose the max-subtraction's precision)
     probs = torch.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
-    probs = torch.nan_to_num(probs, nan=0.0)  # fully masked rows
+    if dead is not None:
+        probs = probs.masked_fill(dead, 0.0)
     return probs.to(q.dtype)
 
 
