@@ -1,0 +1,205 @@
+"""Multi-head attention over sequences and the 1D sinusoidal positional encoding.
+
+Vaswani et al., "Attention Is All You Need" (2017): eq. 1 (scaled dot-product attention),
+sec. 3.2.2 (multi-head attention, MultiHead(Q, K, V) = Concat(head_1..head_h) W^O) and
+sec. 3.5 (PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d))).
+
+Sequences are (B, T, C). The attention math itself is ``attnconv.layers.functional``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from .functional import check_impl, scaled_dot_product_attention
+
+__all__ = ["MultiHeadAttention", "SinusoidalPositionalEncoding", "sinusoidal_encoding"]
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head (self- or cross-) attention over (B, T, C) sequences (Vaswani sec. 3.2.2).
+
+    Args:
+        embed_dim: model width d_model (query width and output width).
+        num_heads: number of heads h; each has d_k = d_v = embed_dim / h.
+        kdim, vdim: widths of the key / value inputs (default embed_dim), for cross-attention.
+        dropout: dropout on the attention probabilities (training only).
+        bias: biases of the four projections.
+        impl: "auto" (fused kernel) or "reference" (plain softmax(q k^T / sqrt(d_k)) v).
+
+    ``forward(query, key=None, value=None, *, key_padding_mask=None, causal=False,
+    return_attention=False)``: key defaults to query (self-attention), value to key.
+    ``key_padding_mask`` (B, Tk) bool, True marks a padding key that is ignored (the
+    ``torch.nn.MultiheadAttention`` convention). ``causal``: query i attends keys j <= i.
+    Returns y (B, Tq, embed_dim), or (y, attn) with attn (B, h, Tq, Tk) softmax probabilities.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        *,
+        kdim: int | None = None,
+        vdim: int | None = None,
+        dropout: float = 0.0,
+        bias: bool = True,
+        impl: str = "auto",
+    ) -> None:
+        super().__init__()
+        if num_heads < 1 or embed_dim % num_heads != 0:
+            raise ValueError(
+                f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})"
+            )
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
+        self.kdim = embed_dim if kdim is None else kdim
+        self.vdim = self.kdim if vdim is None else vdim
+        self.dropout = dropout
+        self.impl = check_impl(impl)
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)  # W^Q of all heads
+        self.k_proj = nn.Linear(self.kdim, embed_dim, bias=bias)  # W^K
+        self.v_proj = nn.Linear(self.vdim, embed_dim, bias=bias)  # W^V
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)  # W^O
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor | None = None,
+        value: torch.Tensor | None = None,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
+        causal: bool = False,
+        return_attention: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        key = query if key is None else key
+        value = key if value is None else value
+        self._check(query, key, value, key_padding_mask)
+        B, Tq, C = query.shape
+        q = self._heads(self.q_proj(query))  # (B, nh, Tq, hs)
+        k = self._heads(self.k_proj(key))  # (B, nh, Tk, hs)
+        v = self._heads(self.v_proj(value))  # (B, nh, Tk, hs)
+        mask = None
+        if key_padding_mask is not None:
+            mask = ~key_padding_mask[:, None, None, :]  # (B, 1, 1, Tk), True = may attend
+        out = scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            mask=mask,
+            causal=causal,
+            dropout_p=self.dropout if self.training else 0.0,
+            impl=self.impl,
+            return_attention=return_attention,
+        )
+        y, attn = out if return_attention else (out, None)
+        y = y.transpose(1, 2).reshape(B, Tq, C)  # (B, Tq, nh * hs), heads concatenated
+        y = self.out_proj(y)
+        return (y, attn) if return_attention else y
+
+    def _check(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_padding_mask: torch.Tensor | None,
+    ) -> None:
+        for name, t, width in (
+            ("query", query, self.embed_dim),
+            ("key", key, self.kdim),
+            ("value", value, self.vdim),
+        ):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dim() != 3 or t.shape[-1] != width:
+                raise ValueError(f"{name} must be (B, T, {width}), got shape {tuple(t.shape)}")
+        if key.shape[:2] != value.shape[:2] or key.shape[0] != query.shape[0]:
+            raise ValueError(
+                f"batch/length mismatch: query {tuple(query.shape)}, key {tuple(key.shape)}, "
+                f"value {tuple(value.shape)}"
+            )
+        if key_padding_mask is not None:
+            if key_padding_mask.dtype != torch.bool:
+                raise TypeError(
+                    f"key_padding_mask must be a bool tensor, got {key_padding_mask.dtype}"
+                )
+            if tuple(key_padding_mask.shape) != tuple(key.shape[:2]):
+                raise ValueError(
+                    f"key_padding_mask must be (B, Tk) = {tuple(key.shape[:2])}, "
+                    f"got {tuple(key_padding_mask.shape)}"
+                )
+
+    def extra_repr(self) -> str:
+        return (
+            f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, kdim={self.kdim}, "
+            f"vdim={self.vdim}, dropout={self.dropout}, impl={self.impl!r}"
+        )
+
+
+def sinusoidal_encoding(
+    positions: torch.Tensor, dim: int, *, base: float = 10000.0
+) -> torch.Tensor:
+    """PE(pos, 2i) = sin(pos * w_i), PE(pos, 2i+1) = cos(pos * w_i), w_i = base^(-2i/dim).
+
+    positions: (T,) (any real dtype) -> (T, dim) in float32 (float64 if positions are).
+    """
+    if dim < 2 or dim % 2 != 0:
+        raise ValueError(f"sinusoidal encoding needs an even dim >= 2, got {dim}")
+    dtype = torch.float64 if positions.dtype == torch.float64 else torch.float32
+    pos = positions.to(dtype)[:, None]  # (T, 1)
+    omega = base ** (-torch.arange(0, dim, 2, dtype=dtype, device=positions.device) / dim)
+    angles = pos * omega  # (T, dim/2)
+    pe = torch.stack([angles.sin(), angles.cos()], dim=-1)  # (T, dim/2, 2)
+    return pe.flatten(1)  # (T, dim), sin at even, cos at odd channels
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """1D sinusoidal positional encoding of Vaswani et al. (sec. 3.5), added to (B, T, C).
+
+    ``forward(x)`` returns dropout(x + PE[:T]); ``encoding(T)`` the (T, dim) table.
+    For a fixed offset k, PE(pos + k) = R(k) PE(pos) with R(k) block-diagonal, one 2x2
+    rotation by the angle w_i * k per (sin, cos) pair: ``rotation(k)`` returns R(k).
+    """
+
+    def __init__(
+        self, dim: int, *, max_len: int = 4096, dropout: float = 0.0, base: float = 10000.0
+    ) -> None:
+        super().__init__()
+        self.dim = dim
+        self.max_len = max_len
+        self.base = base
+        pe = sinusoidal_encoding(torch.arange(max_len), dim, base=base)
+        self.register_buffer("pe", pe, persistent=False)  # (max_len, dim)
+        self.drop = nn.Dropout(dropout)
+
+    def encoding(self, length: int) -> torch.Tensor:
+        if length > self.max_len:
+            raise ValueError(f"sequence length {length} exceeds max_len {self.max_len}")
+        return self.pe[:length]
+
+    def rotation(self, offset: float) -> torch.Tensor:
+        """R(k) (dim, dim): PE(pos + k) = R(k) @ PE(pos) for every pos."""
+        half = self.dim // 2
+        omega = self.base ** (-torch.arange(0, self.dim, 2, dtype=torch.float64) / self.dim)
+        c, s = torch.cos(omega * offset), torch.sin(omega * offset)  # (dim/2,)
+        # [sin(a+b), cos(a+b)] = [[cos b, sin b], [-sin b, cos b]] [sin a, cos a]
+        blocks = torch.stack([torch.stack([c, s], -1), torch.stack([-s, c], -1)], -2)
+        R = torch.zeros(self.dim, self.dim, dtype=torch.float64)
+        for i in range(half):
+            R[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = blocks[i]
+        return R
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"expected (B, T, {self.dim}), got shape {tuple(x.shape)}")
+        return self.drop(x + self.encoding(x.shape[1]).to(x.dtype))
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, max_len={self.max_len}"
