@@ -1,0 +1,163 @@
+"""One entry point for every dataset: ``load_dataset(spec, split)`` -> uint8 tensors in memory.
+
+``spec`` is ``"cifar10"`` / ``"cifar100"`` (official Python batches, found under ``root`` or
+downloaded there), ``"sample"`` (the embedded CIFAR-10 sample shipped in the package), or a path:
+an extracted CIFAR folder, an official ``.tar.gz``, or a folder / ``.zip`` laid out
+``split/class/file``. Images are decoded once and cached on disk as ``.npz`` (no pickle) keyed by
+the source's path, size and modification time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .cifar import ARCHIVES, download, find_cifar, read_cifar
+from .folder import read_image_folder
+
+SAMPLE_PATH = Path(__file__).resolve().parent / "sample" / "cifar10_sample.zip"
+CACHE_VERSION = 1
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("ATTNCONV_CACHE", Path.home() / ".cache" / "attnconv"))
+
+
+@dataclass
+class ArrayDataset:
+    """A decoded split: ``images`` (N, 3, H, W) uint8, ``labels`` (N,) int64."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    classes: list[str]
+    source: str = ""
+
+    def __post_init__(self):
+        if self.images.dtype != torch.uint8 or self.images.dim() != 4 or self.images.shape[1] != 3:
+            raise ValueError(f"images must be uint8 (N, 3, H, W), got {tuple(self.images.shape)}")
+        if self.labels.shape != (self.images.shape[0],):
+            raise ValueError(
+                f"labels must be ({self.images.shape[0]},), got {tuple(self.labels.shape)}"
+            )
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        return tuple(self.images.shape[2:])
+
+
+def _kind(path: Path) -> str:
+    for which, arch in ARCHIVES.items():
+        if path.is_dir() and (path / arch.meta).is_file():
+            return which
+        if path.is_file() and path.name.endswith((".tar.gz", ".tgz", ".tar")):
+            if path.name == arch.filename:
+                return which
+    if path.is_file() and path.name.endswith((".tar.gz", ".tgz", ".tar")):
+        # an archive under another name: look inside for the batch names
+        import tarfile
+
+        try:
+            with tarfile.open(path, "r:*") as tf:
+                names = {Path(n).name for n in tf.getnames()}
+        except (tarfile.TarError, OSError, EOFError) as e:
+            raise ValueError(f"{path}: not a readable .tar.gz archive ({e})") from None
+        for which, arch in ARCHIVES.items():
+            if arch.meta in names and set(arch.test) <= names:
+                return which
+        raise ValueError(f"{path}: archive holds no CIFAR-10/100 Python batches")
+    return "folder"
+
+
+def resolve(spec: str, *, root: str | Path | None = None, download_ok: bool = False) -> Path:
+    """The file or folder that ``spec`` names (downloading official CIFAR if allowed)."""
+    if spec == "sample":
+        if not SAMPLE_PATH.is_file():
+            raise FileNotFoundError(f"embedded sample missing: {SAMPLE_PATH}")
+        return SAMPLE_PATH
+    if spec in ARCHIVES:
+        root = Path(root) if root else default_cache_dir() / "cifar"
+        found = find_cifar(spec, root)
+        if found is not None:
+            return found
+        if download_ok:
+            return download(spec, root)
+        arch = ARCHIVES[spec]
+        raise FileNotFoundError(
+            f"{spec} not found in {root} (looked for {arch.folder}/ and {arch.filename}); "
+            f"set data.download=true (needs internet) or data.dataset=PATH"
+        )
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such dataset file or folder")
+    return path
+
+
+def _cache_file(path: Path, split: str, max_per_class: int | None, cache_dir: Path) -> Path:
+    st = path.stat()
+    key = f"{CACHE_VERSION}|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{split}|{max_per_class}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:20]
+    return cache_dir / "decoded" / f"{path.name}-{split}-{digest}.npz"
+
+
+def load_dataset(
+    spec: str,
+    split: str,
+    *,
+    root: str | Path | None = None,
+    download: bool = False,
+    cache_dir: str | Path | None = None,
+    use_cache: bool = True,
+    max_per_class: int | None = None,
+) -> ArrayDataset:
+    """Decode ``split`` of dataset ``spec`` once (then from the disk cache) into memory."""
+    if max_per_class is not None and max_per_class < 1:
+        raise ValueError(f"max_per_class must be >= 1 or None, got {max_per_class}")
+    path = resolve(spec, root=root, download_ok=download)
+    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    cfile = _cache_file(path, split, max_per_class, cache_dir) if use_cache else None
+    if cfile is not None and cfile.is_file():
+        try:
+            with np.load(cfile, allow_pickle=False) as z:
+                x, y, classes = z["images"], z["labels"], [str(c) for c in z["classes"]]
+            return ArrayDataset(torch.from_numpy(x), torch.from_numpy(y), classes, str(path))
+        except (OSError, ValueError, KeyError):
+            pass  # unreadable cache: decode again and overwrite
+    kind = _kind(path)
+    if kind == "folder":
+        x, y, classes = read_image_folder(path, split, max_per_class=max_per_class)
+    else:
+        x, y, classes = read_cifar(path, kind, split)
+        if max_per_class is not None:
+            keep = np.concatenate([np.flatnonzero(y == c)[:max_per_class] for c in np.unique(y)])
+            keep.sort()
+            x, y = x[keep], y[keep]
+    if len(y) == 0:
+        raise ValueError(f"{path}: split {split!r} is empty (no images)")
+    if y.min() < 0 or y.max() >= len(classes):
+        raise ValueError(f"{path}: labels outside 0..{len(classes) - 1}")
+    if cfile is not None:
+        try:
+            cfile.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=cfile.parent, suffix=".npz.tmp")
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, images=x, labels=y, classes=np.asarray(classes, dtype=str))
+            os.replace(tmp, cfile)
+        except OSError:
+            pass  # a read-only cache is not an error
+    x = np.ascontiguousarray(x)
+    return ArrayDataset(
+        torch.from_numpy(x), torch.from_numpy(y.astype(np.int64)), classes, str(path)
+    )

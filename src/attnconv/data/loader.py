@@ -1,0 +1,138 @@
+"""Deterministic, resumable, rank-sharded batches from an in-memory uint8 dataset.
+
+Everything random is a pure function of (seed, epoch, step): the epoch's permutation and each
+global batch's augmentation (random crop with zero padding, horizontal flip) are drawn for the
+whole global batch, then each rank takes its contiguous slice. So a run on 1 process and on N
+processes see the same global batches, and a run resumed at (epoch, step) continues the exact
+data order of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .datasets import ArrayDataset
+
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+
+
+def generator(*keys: int) -> torch.Generator:
+    """A CPU generator seeded by a hash of ``keys`` (one stream per (seed, epoch, step))."""
+    h = hashlib.sha256(repr(tuple(int(k) for k in keys)).encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(h[:8], "little") & ((1 << 63) - 1))
+
+
+def augment_params(
+    n: int, pad: int, flip: bool, g: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Crop offsets (n, 2) in [0, 2*pad] and flip flags (n,) for a batch."""
+    offsets = torch.randint(0, 2 * pad + 1, (n, 2), generator=g)
+    flips = torch.rand(n, generator=g) < 0.5 if flip else torch.zeros(n, dtype=torch.bool)
+    return offsets, flips
+
+
+def augment(x: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor, pad: int) -> torch.Tensor:
+    """Random crop with zero padding + horizontal flip of a batch, one gather. x: (B, C, H, W)."""
+    B, C, H, W = x.shape
+    xp = F.pad(x, (pad, pad, pad, pad)) if pad else x  # (B, C, H+2p, W+2p)
+    rows = offsets[:, 0:1] + torch.arange(H)  # (B, H)
+    cols = torch.arange(W).expand(B, W)
+    cols = torch.where(flips[:, None], W - 1 - cols, cols) + offsets[:, 1:2]  # (B, W)
+    b = torch.arange(B)[:, None, None, None]
+    c = torch.arange(C)[None, :, None, None]
+    return xp[b, c, rows[:, None, :, None], cols[:, None, None, :]]  # (B, C, H, W)
+
+
+def augment_reference(
+    x: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor, pad: int
+) -> torch.Tensor:
+    """Plain per-image version of :func:`augment` (pad, slice, flip)."""
+    H, W = x.shape[2:]
+    out = []
+    for img, (oy, ox), f in zip(x, offsets.tolist(), flips.tolist()):
+        p = F.pad(img, (pad, pad, pad, pad))[:, oy : oy + H, ox : ox + W]
+        out.append(p.flip(-1) if f else p)
+    return torch.stack(out)
+
+
+class Loader:
+    """Batches of ``(images float (b, 3, H, W) normalized, labels (b,))`` for one rank.
+
+    ``batch_size`` is the global batch (all ranks together). Training loaders (``shuffle=True``)
+    drop the last incomplete batch and need ``batch_size % world_size == 0``; evaluation
+    loaders keep every image and split each batch as evenly as possible over the ranks.
+    """
+
+    def __init__(
+        self,
+        ds: ArrayDataset,
+        batch_size: int,
+        *,
+        shuffle: bool,
+        seed: int = 0,
+        augment: bool = False,
+        pad: int = 4,
+        flip: bool = True,
+        mean: Sequence[float] = CIFAR10_MEAN,
+        std: Sequence[float] = CIFAR10_STD,
+        rank: int = 0,
+        world_size: int = 1,
+        max_steps: int | None = None,
+    ):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside world size {world_size}")
+        if shuffle and batch_size % world_size:
+            raise ValueError(
+                f"global batch_size {batch_size} is not divisible by world size {world_size}"
+            )
+        if shuffle and len(ds) < batch_size:
+            raise ValueError(f"{ds.source}: {len(ds)} images, fewer than one batch of {batch_size}")
+        if len(mean) != 3 or len(std) != 3:
+            raise ValueError("mean and std need 3 values (R, G, B)")
+        self.ds, self.batch_size, self.shuffle, self.seed = ds, batch_size, shuffle, seed
+        self.augment, self.pad, self.flip = augment, pad, flip
+        self.mean = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1) * 255
+        self.std = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1) * 255
+        self.rank, self.world_size = rank, world_size
+        n = len(ds) // batch_size if shuffle else -(-len(ds) // batch_size)
+        self.steps = min(n, max_steps) if max_steps else n
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def order(self, epoch: int) -> torch.Tensor | None:
+        """The epoch's permutation of the dataset (None when not shuffling)."""
+        if not self.shuffle:
+            return None
+        return torch.randperm(len(self.ds), generator=generator(self.seed, epoch))
+
+    def indices(self, order: torch.Tensor | None, step: int) -> tuple[torch.Tensor, slice]:
+        """Indices of global batch ``step`` and the slice of it that is this rank's shard."""
+        B, ws = self.batch_size, self.world_size
+        if order is not None:
+            glob = order[step * B : (step + 1) * B]
+            return glob, slice(self.rank * (B // ws), (self.rank + 1) * (B // ws))
+        glob = torch.arange(step * B, min((step + 1) * B, len(self.ds)))
+        sizes = [len(t) for t in glob.tensor_split(ws)]
+        lo = sum(sizes[: self.rank])
+        return glob, slice(lo, lo + sizes[self.rank])
+
+    def batches(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This rank's batches of ``epoch`` from global step ``start`` on."""
+        order = self.order(epoch)
+        for step in range(start, self.steps):
+            glob, sl = self.indices(order, step)
+            x = self.ds.images[glob[sl]]  # (b, 3, H, W) uint8
+            if self.augment:
+                g = generator(self.seed, epoch, step, 1)
+                offsets, flips = augment_params(len(glob), self.pad, self.flip, g)
+                x = augment(x, offsets[sl], flips[sl], self.pad)
+            x = (x.float() - self.mean) / self.std
+            yield x, self.ds.labels[glob[sl]]
