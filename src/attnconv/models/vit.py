@@ -1,0 +1,257 @@
+"""Vision Transformer (Dosovitskiy et al., "An Image is Worth 16x16 Words", ICLR 2021).
+
+Eq. 1-4 of the ViT paper: z0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos,
+z'_l = MSA(LN(z_{l-1})) + z_{l-1}, z_l = MLP(LN(z'_l)) + z'_l, y = LN(z_L^0) -> head.
+The attention is ``attnconv.MultiHeadAttention`` (one shared kernel for the whole library).
+
+Position embeddings are learned 1D (the paper's default) or fixed 2D sinusoidal (half the
+channels encode the row, half the column). When the image size changes, learned embeddings
+are resampled bicubically on the patch grid (the class token's embedding is kept as is).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..layers.functional import check_impl
+from ..layers.mha import MultiHeadAttention, sinusoidal_encoding
+from ._common import build_config, check_images
+from .registry import register_model
+
+__all__ = [
+    "ViTConfig",
+    "VisionTransformer",
+    "sinusoidal_2d",
+    "resample_pos_embed",
+    "vit_tiny_cifar",
+    "vit_small_cifar",
+    "vit_base_patch16_224",
+]
+
+POS_EMBEDS = ("learned", "sinusoidal_2d")
+
+
+@dataclass
+class ViTConfig:
+    num_classes: int = 1000
+    img_size: int = 224
+    patch_size: int = 16
+    in_chans: int = 3
+    embed_dim: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    pos_embed: str = "learned"  # "learned" (1D) | "sinusoidal_2d" (fixed)
+    dropout: float = 0.0  # after the position embeddings, in the MLP and projections
+    attn_dropout: float = 0.0
+    impl: str = "auto"
+
+
+def sinusoidal_2d(grid_h: int, grid_w: int, dim: int) -> torch.Tensor:
+    """(grid_h * grid_w, dim) fixed 2D encoding: [PE_1D(row) (dim/2), PE_1D(col) (dim/2)]."""
+    if dim % 4 != 0:
+        raise ValueError(f"2D sinusoidal position embeddings need embed_dim % 4 == 0, got {dim}")
+    rows = sinusoidal_encoding(torch.arange(grid_h), dim // 2)  # (gh, dim/2)
+    cols = sinusoidal_encoding(torch.arange(grid_w), dim // 2)  # (gw, dim/2)
+    pe = torch.cat(
+        [rows[:, None, :].expand(-1, grid_w, -1), cols[None, :, :].expand(grid_h, -1, -1)], -1
+    )  # (gh, gw, dim), row-major patches
+    return pe.reshape(grid_h * grid_w, dim)
+
+
+def resample_pos_embed(
+    pos_embed: torch.Tensor,
+    old_grid: tuple[int, int],
+    new_grid: tuple[int, int],
+    num_prefix_tokens: int = 1,
+) -> torch.Tensor:
+    """Bicubic resampling of (1, prefix + gh*gw, D) patch embeddings to a new grid.
+
+    The prefix (class token) embeddings are kept unchanged.
+    """
+    if tuple(old_grid) == tuple(new_grid):
+        return pos_embed
+    prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
+    D = grid.shape[-1]
+    grid = grid.reshape(1, old_grid[0], old_grid[1], D).permute(0, 3, 1, 2)  # (1, D, gh, gw)
+    grid = F.interpolate(grid.float(), size=new_grid, mode="bicubic", align_corners=False)
+    grid = grid.to(pos_embed.dtype).permute(0, 2, 3, 1).reshape(1, -1, D)  # (1, gh'*gw', D)
+    return torch.cat([prefix, grid], dim=1)
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim: int, hidden: int, dropout: float) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.fc2(self.drop(F.gelu(self.fc1(x)))))
+
+
+class Block(nn.Module):
+    """Pre-LN Transformer encoder block (ViT eq. 2-3)."""
+
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        D = cfg.embed_dim
+        self.norm1 = nn.LayerNorm(D, eps=1e-6)
+        self.attn = MultiHeadAttention(
+            D, cfg.num_heads, dropout=cfg.attn_dropout, bias=cfg.qkv_bias, impl=cfg.impl
+        )
+        self.drop = nn.Dropout(cfg.dropout)
+        self.norm2 = nn.LayerNorm(D, eps=1e-6)
+        self.mlp = Mlp(D, int(D * cfg.mlp_ratio), cfg.dropout)
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False):
+        a = self.attn(self.norm1(x), return_attention=return_attention)
+        a, attn = a if return_attention else (a, None)
+        x = x + self.drop(a)  # (B, T, D)
+        x = x + self.mlp(self.norm2(x))
+        return (x, attn) if return_attention else x
+
+
+class VisionTransformer(nn.Module):
+    """ViT classifier over NCHW images; class token, learned 1D or 2D sinusoidal positions.
+
+    ``forward(x, return_attention=True)`` returns (logits, [attn per block]) with attn
+    (B, heads, 1 + N, 1 + N), token 0 the class token, then patches in row-major order.
+    Inputs of another size than ``img_size`` (multiples of the patch size) are accepted:
+    the position embeddings are resampled on the fly (``set_img_size`` does it once).
+    """
+
+    num_prefix_tokens = 1
+
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        if cfg.pos_embed not in POS_EMBEDS:
+            raise ValueError(f"pos_embed must be one of {POS_EMBEDS}, got {cfg.pos_embed!r}")
+        if cfg.img_size % cfg.patch_size != 0:
+            raise ValueError(
+                f"img_size {cfg.img_size} is not a multiple of patch_size {cfg.patch_size}"
+            )
+        if cfg.embed_dim % cfg.num_heads != 0:
+            raise ValueError(
+                f"embed_dim ({cfg.embed_dim}) must be divisible by num_heads ({cfg.num_heads})"
+            )
+        check_impl(cfg.impl)
+        self.cfg = cfg
+        D, P = cfg.embed_dim, cfg.patch_size
+        self.patch_embed = nn.Conv2d(cfg.in_chans, D, P, stride=P)  # linear map E of patches
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
+        self.grid = (cfg.img_size // P, cfg.img_size // P)
+        n = self.grid[0] * self.grid[1]
+        if cfg.pos_embed == "learned":
+            self.pos_embed = nn.Parameter(torch.zeros(1, 1 + n, D))
+        else:  # fixed; the class token gets a zero encoding
+            pe = torch.cat([torch.zeros(1, D), sinusoidal_2d(*self.grid, D)])[None]
+            self.register_buffer("pos_embed", pe, persistent=False)
+        self.pos_drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.depth)])
+        self.norm = nn.LayerNorm(D, eps=1e-6)
+        self.head = nn.Linear(D, cfg.num_classes)
+        self.num_features = D
+        self._init_weights()
+
+    @property
+    def attention_grid(self) -> tuple[int, int]:
+        return self.grid
+
+    def _init_weights(self) -> None:
+        if isinstance(self.pos_embed, nn.Parameter):
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        nn.init.normal_(self.cls_token, std=1e-6)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                nn.init.zeros_(m.bias)
+        w = self.patch_embed.weight
+        nn.init.trunc_normal_(w, std=math.sqrt(1.0 / w[0].numel()))
+        nn.init.zeros_(self.head.weight)
+
+    def _pos_embed_for(self, grid: tuple[int, int]) -> torch.Tensor:
+        if grid == self.grid:
+            return self.pos_embed
+        if self.cfg.pos_embed == "sinusoidal_2d":
+            pe = sinusoidal_2d(*grid, self.cfg.embed_dim).to(self.pos_embed)
+            return torch.cat([self.pos_embed[:, :1], pe[None]], dim=1)
+        return resample_pos_embed(self.pos_embed, self.grid, grid, self.num_prefix_tokens)
+
+    @torch.no_grad()
+    def set_img_size(self, img_size: int | tuple[int, int]) -> None:
+        """Resample the position embeddings once for a new default image size."""
+        h, w = (img_size, img_size) if isinstance(img_size, int) else img_size
+        grid = self._grid_of(h, w)
+        pe = self._pos_embed_for(grid).detach().clone()
+        if isinstance(self.pos_embed, nn.Parameter):
+            self.pos_embed = nn.Parameter(pe)
+        else:
+            self.register_buffer("pos_embed", pe, persistent=False)
+        self.grid = grid
+
+    def _grid_of(self, h: int, w: int) -> tuple[int, int]:
+        P = self.cfg.patch_size
+        if h % P or w % P:
+            raise ValueError(
+                f"image size {h}x{w} is not a multiple of the patch size {P} "
+                f"(this model expects {self.cfg.img_size}x{self.cfg.img_size} by default)"
+            )
+        return (h // P, w // P)
+
+    def forward_features(self, x: torch.Tensor, return_attention: bool = False):
+        check_images(x, self.cfg.in_chans, "vit")
+        grid = self._grid_of(x.shape[2], x.shape[3])
+        x = self.patch_embed(x).flatten(2).transpose(1, 2)  # (B, N, D), row-major patches
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1+N, D)
+        x = self.pos_drop(x + self._pos_embed_for(grid))
+        attns = []
+        for blk in self.blocks:
+            if return_attention:
+                x, a = blk(x, return_attention=True)
+                attns.append(a)  # (B, nh, 1+N, 1+N)
+            else:
+                x = blk(x)
+        x = self.norm(x)
+        return (x, attns) if return_attention else x
+
+    def forward_head(self, feats: torch.Tensor) -> torch.Tensor:
+        return self.head(feats[:, 0])  # class token -> (B, classes)
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False):
+        if return_attention:
+            feats, attns = self.forward_features(x, return_attention=True)
+            return self.forward_head(feats), attns
+        return self.forward_head(self.forward_features(x))
+
+
+def _vit(name: str, defaults: dict, num_classes: int, overrides: dict) -> VisionTransformer:
+    defaults = {**defaults, "num_classes": num_classes}
+    return VisionTransformer(build_config(ViTConfig, name, defaults, overrides))
+
+
+_CIFAR = dict(img_size=32, patch_size=4, depth=12)
+
+
+@register_model
+def vit_tiny_cifar(num_classes: int = 10, **overrides) -> VisionTransformer:
+    """ViT-Ti (192 wide, 12 blocks, 3 heads) on 32x32 with 4x4 patches (8x8 grid)."""
+    return _vit("vit_tiny_cifar", dict(_CIFAR, embed_dim=192, num_heads=3), num_classes, overrides)
+
+
+@register_model
+def vit_small_cifar(num_classes: int = 10, **overrides) -> VisionTransformer:
+    """ViT-S (384 wide, 12 blocks, 6 heads) on 32x32 with 4x4 patches (8x8 grid)."""
+    return _vit("vit_small_cifar", dict(_CIFAR, embed_dim=384, num_heads=6), num_classes, overrides)
+
+
+@register_model
+def vit_base_patch16_224(num_classes: int = 1000, **overrides) -> VisionTransformer:
+    """ViT-B/16 at 224x224 (768 wide, 12 blocks, 12 heads): 86.6M parameters at 1000 classes."""
+    return _vit("vit_base_patch16_224", {}, num_classes, overrides)
