@@ -1,0 +1,149 @@
+"""How much each head behaves like one tap of a convolution (Cordonnier et al. 2020, Lemma 1).
+
+Lemma 1: a layer whose Nh = K^2 heads each put all their mass on the pixel q + f(h), with f a
+bijection onto the shifts of a K x K kernel, computes exactly a K x K convolution. Per head we
+measure, over every query q of every image:
+
+- ``offset``: the head's modal relative offset Delta = k* - q, where k* = argmax_k p(q, k);
+- ``score``: the mean attention mass p(q, q + Delta) on that single offset (1.0 = hard head);
+- ``stability``: the share of (image, query) pairs whose most attended offset is Delta;
+- ``peak``: the mean of max_k p(q, k), whatever its offset.
+
+Queries for which q + Delta falls outside the image (where a zero-padded convolution reads
+padding) are left out of ``score`` and ``stability``. Mass on prefix tokens (the class token)
+counts in the denominator: it is mass not spent on any offset. A layer of hard heads whose offsets
+fill a K x K grid scores exactly 1.0 and reports ``kernel = K``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from .maps import Grid, check_attention, layer_grid
+
+
+def offset_index(grid: Grid) -> torch.Tensor:
+    """(hw, hw) index of the offset k - q in the (2h-1) x (2w-1) offset table, row-major."""
+    h, w = grid
+    r = torch.arange(h).repeat_interleave(w)
+    c = torch.arange(w).repeat(h)
+    dr = r[None, :] - r[:, None] + (h - 1)
+    dc = c[None, :] - c[:, None] + (w - 1)
+    return dr * (2 * w - 1) + dc
+
+
+def offset_of(index: int, grid: Grid) -> tuple[int, int]:
+    h, w = grid
+    return (index // (2 * w - 1) - (h - 1), index % (2 * w - 1) - (w - 1))
+
+
+@dataclass
+class LayerConvLikeness:
+    """Conv-likeness of one layer; per-head lists, ``score`` = mean of the heads' scores."""
+
+    grid: Grid
+    offsets: list[tuple[int, int]]
+    head_scores: list[float]
+    stability: list[float]
+    peak: list[float]
+    score: float = 0.0
+    distinct: bool = False
+    kernel: int = 0  # K if the modal offsets fill a K x K grid (one head per shift), else 0
+    dilation: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def kernel_of(offsets: list[tuple[int, int]]) -> tuple[int, int]:
+    """(K, dilation) if ``offsets`` are the shifts of a K x K (dilated) kernel; else (0, 0)."""
+    n = len(offsets)
+    k = math.isqrt(n)
+    if k * k != n or len(set(offsets)) != n:
+        return (0, 0)
+    rows = sorted({o[0] for o in offsets})
+    cols = sorted({o[1] for o in offsets})
+    if len(rows) != k or len(cols) != k:
+        return (0, 0)
+    if k == 1:
+        return (1, 1)
+    step = rows[1] - rows[0]
+    ok = all(b - a == step for a, b in zip(rows, rows[1:])) and all(
+        b - a == step for a, b in zip(cols, cols[1:])
+    )
+    return (k, step) if ok else (0, 0)
+
+
+class ConvLikeness:
+    """Accumulates one layer's attention (B or 1, Nh, T, T) over batches; then ``result()``."""
+
+    def __init__(self, grid: Grid, num_prefix_tokens: int = 0):
+        self.grid = (int(grid[0]), int(grid[1]))
+        self.prefix = int(num_prefix_tokens)
+        self.lgrid: Grid | None = None
+        self.mass: torch.Tensor | None = None  # (Nh, n_offsets) summed p(q, q + o)
+        self.argmax: list[torch.Tensor] = []  # (B, Nh, hw) offset index of each row's maximum
+        self.peak_sum: torch.Tensor | None = None
+        self.count = 0
+
+    def update(self, attn: torch.Tensor, batch: int | None = None) -> None:
+        check_attention(attn)
+        if self.lgrid is None:
+            self.lgrid = layer_grid(attn.shape[-1], self.grid, self.prefix)
+            self.oidx = offset_index(self.lgrid)  # (hw, hw)
+        n = batch if (batch is not None and attn.shape[0] == 1) else attn.shape[0]
+        w = n / attn.shape[0]  # a shared (1, ...) map stands for n images
+        p = attn[:, :, self.prefix :, self.prefix :].double()  # (B, Nh, hw, hw)
+        nh = p.shape[1]
+        h, wd = self.lgrid
+        mass = torch.zeros(nh, (2 * h - 1) * (2 * wd - 1), dtype=torch.float64)
+        mass.index_add_(1, self.oidx.reshape(-1), p.sum(0).reshape(nh, -1) * w)
+        self.mass = mass if self.mass is None else self.mass + mass
+        top, arg = p.max(-1)  # (B, Nh, hw)
+        off = torch.gather(self.oidx.expand(p.shape[0], nh, -1, -1), -1, arg[..., None])[..., 0]
+        self.argmax.append(off.expand(n, -1, -1) if off.shape[0] != n else off)
+        peak = top.sum((0, 2)) * w
+        self.peak_sum = peak if self.peak_sum is None else self.peak_sum + peak
+        self.count += n
+
+    def result(self) -> LayerConvLikeness:
+        if not self.count:
+            raise ValueError("no attention maps were accumulated")
+        h, w = self.lgrid
+        hw = h * w
+        arg = torch.cat(self.argmax, 0)  # (N, Nh, hw)
+        nh = arg.shape[1]
+        qr = torch.arange(h).repeat_interleave(w)
+        qc = torch.arange(w).repeat(h)
+        offsets, scores, stab = [], [], []
+        for hd in range(nh):
+            modal = int(torch.bincount(arg[:, hd].reshape(-1)).argmax())
+            dr, dc = offset_of(modal, (h, w))
+            inside = (qr + dr >= 0) & (qr + dr < h) & (qc + dc >= 0) & (qc + dc < w)  # (hw,)
+            n_valid = int(inside.sum()) * self.count
+            offsets.append((dr, dc))
+            scores.append(float(self.mass[hd, modal]) / n_valid)
+            stab.append(float((arg[:, hd][:, inside] == modal).double().mean()))
+        peak = (self.peak_sum / (self.count * hw)).tolist()
+        k, dil = kernel_of(offsets)
+        return LayerConvLikeness(
+            grid=(h, w),
+            offsets=offsets,
+            head_scores=scores,
+            stability=stab,
+            peak=peak,
+            score=sum(scores) / nh,
+            distinct=len(set(offsets)) == nh,
+            kernel=k,
+            dilation=dil,
+        )
+
+
+def conv_likeness(
+    attn: torch.Tensor, grid: Grid, *, num_prefix_tokens: int = 0
+) -> LayerConvLikeness:
+    """Conv-likeness of one layer's attention (B, Nh, T, T) on the model grid ``grid``."""
+    acc = ConvLikeness(grid, num_prefix_tokens)
+    acc.update(attn)
+    return acc.result()

@@ -1,0 +1,78 @@
+"""Mean attention distance of every head against depth (Dosovitskiy et al. 2021, fig. 7 right).
+
+For a query token q, d(q) = sum_k p(q, k) * ||pos(k) - pos(q)||, in image pixels (token centres
+are ``pixels_per_token`` apart). Prefix keys (the class token) have no position: their mass is
+dropped and each row renormalized over the image tokens. A head's mean attention distance is d(q)
+averaged over every query token of every image.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .maps import Grid, check_attention, layer_grid, spatial
+
+
+def token_positions(grid: Grid, pixels_per_token: Sequence[float] = (1.0, 1.0)) -> torch.Tensor:
+    """(h*w, 2) pixel coordinates (row, col) of the token centres, row-major."""
+    h, w = grid
+    rows = (torch.arange(h, dtype=torch.float64) + 0.5) * float(pixels_per_token[0])
+    cols = (torch.arange(w, dtype=torch.float64) + 0.5) * float(pixels_per_token[1])
+    return torch.stack(torch.meshgrid(rows, cols, indexing="ij"), -1).reshape(-1, 2)
+
+
+def pixel_distances(grid: Grid, pixels_per_token: Sequence[float] = (1.0, 1.0)) -> torch.Tensor:
+    """(hw, hw) Euclidean distance in pixels between every pair of tokens."""
+    pos = token_positions(grid, pixels_per_token)
+    return torch.cdist(pos, pos)
+
+
+class MeanDistance:
+    """Running mean attention distance per head of one layer; ``result()`` -> (Nh,) pixels."""
+
+    def __init__(
+        self,
+        grid: Grid,
+        num_prefix_tokens: int = 0,
+        pixels_per_token: Sequence[float] = (1.0, 1.0),
+    ):
+        self.grid = grid
+        self.prefix = int(num_prefix_tokens)
+        self.ppt = (float(pixels_per_token[0]), float(pixels_per_token[1]))
+        self.dist: torch.Tensor | None = None
+        self.sum: torch.Tensor | None = None
+        self.count = 0
+
+    def update(self, attn: torch.Tensor, batch: int | None = None) -> None:
+        check_attention(attn)
+        if self.dist is None:
+            lg = layer_grid(attn.shape[-1], self.grid, self.prefix)
+            # a layer on a coarser grid has proportionally larger tokens
+            ppt = (self.ppt[0] * self.grid[0] / lg[0], self.ppt[1] * self.grid[1] / lg[1])
+            self.dist = pixel_distances(lg, ppt).float()
+        p = spatial(attn, self.prefix, renormalize=True)  # (B, Nh, hw, hw)
+        d = (p * self.dist).sum(-1).mean(-1)  # (B, Nh): mean over queries of d(q)
+        n = batch if (batch is not None and attn.shape[0] == 1) else attn.shape[0]
+        s = d.sum(0).double() * (n / attn.shape[0])
+        self.sum = s if self.sum is None else self.sum + s
+        self.count += n
+
+    def result(self) -> torch.Tensor:
+        if not self.count:
+            raise ValueError("no attention maps were accumulated")
+        return (self.sum / self.count).float()
+
+
+def mean_attention_distance(
+    attn: torch.Tensor,
+    grid: Grid,
+    *,
+    num_prefix_tokens: int = 0,
+    pixels_per_token: Sequence[float] = (1.0, 1.0),
+) -> torch.Tensor:
+    """Mean attention distance (Nh,) in pixels of one layer's attention (B, Nh, T, T)."""
+    acc = MeanDistance(grid, num_prefix_tokens, pixels_per_token)
+    acc.update(attn)
+    return acc.result()
