@@ -1,0 +1,160 @@
+"""Registry, ResNet18 and ViT: parameter counts, real-CIFAR forward/backward, attention maps."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+import attnconv
+from attnconv.models import create_model, list_models
+from attnconv.models._common import num_params
+from attnconv.models.vit import resample_pos_embed, sinusoidal_2d
+
+CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+
+
+def cifar_batch(zip_path, n: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """n real CIFAR-10 test images (one per class, cycling) as a normalized NCHW batch."""
+    xs, ys = [], []
+    with zipfile.ZipFile(zip_path) as z:
+        for i in range(n):
+            c = i % len(CLASSES)
+            img = Image.open(io.BytesIO(z.read(f"test/{CLASSES[c]}/{i // 10:04d}.jpg")))
+            xs.append(np.asarray(img.convert("RGB"), dtype=np.float32) / 255.0)
+            ys.append(c)
+    x = torch.from_numpy(np.stack(xs)).permute(0, 3, 1, 2)  # (B, 3, 32, 32)
+    x = (x - 0.5) / 0.25
+    return x.contiguous(), torch.tensor(ys)
+
+
+def _forward_backward(model, x, y):
+    model.train()
+    logits, attns = model(x, return_attention=True)
+    loss = F.cross_entropy(logits, y)
+    loss.backward()
+    assert torch.isfinite(loss)
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert sum(g.abs().sum() for g in grads) > 0
+    return logits, attns
+
+
+def test_registry_lists_models_and_rejects_unknown():
+    names = list_models()
+    for n in ("resnet18_cifar", "vit_tiny_cifar", "vit_small_cifar", "vit_base_patch16_224"):
+        assert n in names
+    with pytest.raises(ValueError, match="known models: .*resnet18_cifar"):
+        create_model("resnet19_cifar")
+    with pytest.raises(ValueError, match="unknown option.*depth_x.*known: .*depth"):
+        create_model("vit_tiny_cifar", depth_x=3)
+    assert attnconv.create_model is create_model
+
+
+def test_parameter_counts():
+    # Cordonnier et al. Table 1: ResNet18 11.2M; ViT-B/16 86.6M (Dosovitskiy et al. Table 1)
+    assert abs(num_params(create_model("resnet18_cifar")) / 11.2e6 - 1) < 0.03
+    assert num_params(create_model("resnet18_cifar")) == 11_173_962
+    assert abs(num_params(create_model("vit_base_patch16_224")) / 86.6e6 - 1) < 0.01
+    assert num_params(create_model("vit_base_patch16_224")) == 86_567_656  # = timm's count
+    assert num_params(create_model("vit_tiny_cifar")) == 5_362_762
+    assert num_params(create_model("vit_small_cifar")) == 21_342_346
+
+
+def test_resnet_real_cifar_forward_backward(cifar_zip):
+    x, y = cifar_batch(cifar_zip)
+    m = create_model("resnet18_cifar", widths=(16, 32, 32, 64))
+    logits, attns = _forward_backward(m, x, y)
+    assert logits.shape == (8, 10) and attns == []
+    assert m.forward_features(x).shape == (8, 64, 4, 4) and m.attention_grid == (4, 4)
+    assert m.num_prefix_tokens == 0
+
+
+@pytest.mark.parametrize("pos_embed", ["learned", "sinusoidal_2d"])
+def test_vit_real_cifar_forward_backward_and_attention(cifar_zip, pos_embed):
+    torch.manual_seed(0)
+    x, y = cifar_batch(cifar_zip)
+    m = create_model("vit_tiny_cifar", depth=2, embed_dim=48, num_heads=3, pos_embed=pos_embed)
+    logits, attns = _forward_backward(m, x, y)
+    assert logits.shape == (8, 10)
+    assert m.attention_grid == (8, 8) and m.num_prefix_tokens == 1
+    assert len(attns) == 2
+    for a in attns:
+        assert a.shape == (8, 3, 65, 65)
+        torch.testing.assert_close(a.sum(-1), torch.ones(8, 3, 65))
+    # attention maps come with the fast path on; the fast path gives the same logits
+    m.eval()
+    torch.testing.assert_close(m(x), m(x, return_attention=True)[0], rtol=1e-5, atol=1e-5)
+    feats = m.forward_features(x)
+    assert feats.shape == (8, 65, 48)
+    torch.testing.assert_close(m.forward_head(feats), m(x))
+
+
+def test_vit_fast_equals_reference_impl():
+    torch.manual_seed(1)
+    x = torch.randn(2, 3, 32, 32)
+    fast = create_model("vit_tiny_cifar", depth=2, embed_dim=24, num_heads=3).eval()
+    ref = create_model("vit_tiny_cifar", depth=2, embed_dim=24, num_heads=3, impl="reference")
+    ref.load_state_dict(fast.state_dict())
+    torch.testing.assert_close(fast(x), ref.eval()(x), rtol=1e-4, atol=1e-5)
+
+
+def test_vit_resamples_position_embeddings():
+    torch.manual_seed(2)
+    m = create_model("vit_tiny_cifar", depth=1, embed_dim=24, num_heads=3).eval()
+    # same size: untouched; identity resampling returns the table itself
+    assert resample_pos_embed(m.pos_embed, (8, 8), (8, 8)) is m.pos_embed
+    # a smooth table (linear in row/col) is interpolated at the new pixel centres (PyTorch's
+    # bicubic, a = -0.75, is exact on constants and close, not exact, on linear functions)
+    D = 24
+    r, c = torch.meshgrid(torch.arange(8.0), torch.arange(8.0), indexing="ij")
+    lin = (r[..., None] * 0.1 + c[..., None] * 0.05).expand(8, 8, D).reshape(1, 64, D)
+    pe = torch.cat([torch.full((1, 1, D), 7.0), lin], 1)
+    up = resample_pos_embed(pe, (8, 8), (16, 16))
+    assert up.shape == (1, 257, D)
+    torch.testing.assert_close(up[:, 0], pe[:, 0])  # class token kept
+    # new pixel centre (i + 0.5) / 2 - 0.5 in old coordinates, away from the border
+    i, j = 7, 9
+    expect = ((i + 0.5) / 2 - 0.5) * 0.1 + ((j + 0.5) / 2 - 0.5) * 0.05
+    torch.testing.assert_close(up[0, 1 + i * 16 + j, 0], torch.tensor(expect), atol=0.01, rtol=0)
+    const = resample_pos_embed(torch.full((1, 65, D), 3.0), (8, 8), (12, 6))
+    torch.testing.assert_close(const, torch.full((1, 73, D), 3.0))
+    # a 48x40 image runs and gives (1 + 12*10)-token maps; set_img_size makes it permanent
+    _, attns = m(torch.randn(1, 3, 48, 40), return_attention=True)
+    assert attns[0].shape == (1, 3, 121, 121)
+    cls_before = m.pos_embed[:, 0].clone()
+    m.set_img_size(64)
+    assert m.pos_embed.shape == (1, 257, 24) and m.attention_grid == (16, 16)
+    torch.testing.assert_close(m.pos_embed[:, 0], cls_before)
+    assert m(torch.randn(1, 3, 64, 64)).shape == (1, 10)
+    with pytest.raises(ValueError, match="not a multiple of the patch size 4.*expects 32x32"):
+        m(torch.randn(1, 3, 30, 32))
+
+
+def test_sinusoidal_2d_rows_and_columns():
+    pe = sinusoidal_2d(3, 5, 16).view(3, 5, 16)
+    # first half depends only on the row, second half only on the column
+    torch.testing.assert_close(pe[:, 0, :8], pe[:, 4, :8])
+    torch.testing.assert_close(pe[0, :, 8:], pe[2, :, 8:])
+    assert not torch.allclose(pe[0, 0, :8], pe[1, 0, :8])
+    with pytest.raises(ValueError, match="embed_dim % 4"):
+        sinusoidal_2d(2, 2, 6)
+
+
+def test_bad_inputs():
+    m = create_model("vit_tiny_cifar", depth=1, embed_dim=24, num_heads=3)
+    with pytest.raises(ValueError, match=r"\(B, 3, H, W\)"):
+        m(torch.randn(3, 32, 32))
+    with pytest.raises(TypeError, match="floating-point"):
+        m(torch.zeros(1, 3, 32, 32, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="pos_embed must be one of"):
+        create_model("vit_tiny_cifar", pos_embed="rope")
+    with pytest.raises(ValueError, match="divisible by num_heads"):
+        create_model("vit_tiny_cifar", embed_dim=50, num_heads=3)
+    with pytest.raises(ValueError, match="channels|\\(B, 3, H, W\\)"):
+        create_model("resnet18_cifar", widths=(8,), depths=(1,))(torch.randn(1, 1, 32, 32))
