@@ -1,0 +1,427 @@
+"""Multi-head self-attention over the pixels of an image, with every positional encoding of
+Cordonnier, Loukas, Jaggi, "On the Relationship between Self-Attention and Convolutional
+Layers" (ICLR 2020), eq. 1-9.
+
+    MHSA(X) = concat_h[ softmax(A^(h)) X Wval^(h) ] Wout + bout          (eq. 1-2)
+
+with A^(h) the content term X Wq Wk^T X^T / sqrt(Dk) (``content=True``) plus the positional
+term of ``positional`` (see positional.py). Two implementations of the same equations:
+
+- ``impl="reference"``: dense (B, Nh, T, T) logits for every batch element, softmax, matmul.
+- ``impl="auto"``: position-only attention is computed once per forward and shared across the
+  batch; the separable encodings (quadratic, learned relative row + column) run as a row then
+  a column operator (quadratic.py), never T x T; with content, every positional term is folded
+  into augmented query/key vectors (quadratic: rank-3 bilinear form of the pixel coordinates;
+  relative: the query's row/column scores against one-hot key rows/columns) and the fused
+  ``scaled_dot_product_attention`` runs with no bias tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .functional import attention_probs, check_impl, scaled_dot_product_attention
+from .positional import (
+    AbsolutePositionalEncoding2d,
+    GeneralizedQuadraticEncoding,
+    QuadraticEncoding,
+    RelativeTables2d,
+    relative_index,
+)
+from .quadratic import separable_attention, shift_gather
+
+POSITIONALS = (
+    "none",
+    "absolute_learned",
+    "absolute_sinusoidal",
+    "relative",
+    "relative_learned",
+    "quadratic",
+    "quadratic_generalized",
+)
+RELATIVE_TERMS = ("content_content", "content_position", "global_content", "global_position")
+VALUES = ("linear", "identity")
+_LOW = (torch.bfloat16, torch.float16)
+
+
+def _rel_gather(full: torch.Tensor, n: int, pos: torch.Tensor) -> torch.Tensor:
+    """full (..., T, 2n-1) scores per offset -> (..., T, n) per key index: [t, k] = full[t, k -
+    pos[t] + n - 1] (relative-to-absolute)."""
+    idx = torch.arange(n, device=full.device)[None, :] - pos[:, None] + n - 1  # (T, n)
+    return full.gather(-1, idx.expand(*full.shape[:-1], n))
+
+
+class MultiHeadSelfAttention2d(nn.Module):
+    """Multi-head self-attention on NCHW images: (B, in_channels, H, W) -> (B, out_channels, H, W).
+
+    Args: in_channels, out_channels, num_heads; head_dim (value width per head, default
+    out_channels // num_heads; = in_channels when ``value="identity"``); qk_dim (query/key width
+    per head, default head_dim); positional (one of POSITIONALS); content (add the
+    content-content term); dropout (on attention probabilities); impl ("auto" | "reference");
+    value ("linear": Linear(in, Nh*head_dim) values; "identity": each head attends over the raw
+    input, the reference code's layout); max_size (side of learned tables); bias (of the
+    projections). Encoding options: hard, init_centers_std, init_alpha (quadratic);
+    relative_terms, learned_r (relative, Dai eq. 8); rel_dim (r_delta width, relative encodings).
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        num_heads: int,
+        *,
+        head_dim: int | None = None,
+        positional: str = "none",
+        content: bool = True,
+        dropout: float = 0.0,
+        impl: str = "auto",
+        value: str = "linear",
+        max_size: int = 64,
+        bias: bool = True,
+        qk_dim: int | None = None,
+        hard: bool = False,
+        init_centers_std: float = 2.0,
+        init_alpha: float = 0.5,
+        relative_terms: tuple[str, ...] = RELATIVE_TERMS,
+        learned_r: bool = False,
+        rel_dim: int | None = None,
+    ):
+        super().__init__()
+        for name, val in (("in_channels", in_channels), ("out_channels", out_channels),
+                          ("num_heads", num_heads), ("max_size", max_size)):  # fmt: skip
+            if not isinstance(val, int) or isinstance(val, bool) or val < 1:
+                raise ValueError(f"{name} must be a positive int, got {val!r}")
+        if positional not in POSITIONALS:
+            raise ValueError(f"positional must be one of {POSITIONALS}, got {positional!r}")
+        if value not in VALUES:
+            raise ValueError(f"value must be one of {VALUES}, got {value!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        if value == "identity":
+            if head_dim not in (None, in_channels):
+                raise ValueError(
+                    f"value='identity' attends over the raw input: head_dim is in_channels="
+                    f"{in_channels}, got head_dim={head_dim}"
+                )
+            head_dim = in_channels
+        elif head_dim is None:
+            if out_channels % num_heads:
+                raise ValueError(
+                    f"out_channels={out_channels} is not divisible by num_heads={num_heads}; "
+                    "pass head_dim explicitly"
+                )
+            head_dim = out_channels // num_heads
+        if not isinstance(head_dim, int) or head_dim < 1:
+            raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
+        qk_dim = head_dim if qk_dim is None else qk_dim
+        if not isinstance(qk_dim, int) or qk_dim < 1:
+            raise ValueError(f"qk_dim must be a positive int, got {qk_dim!r}")
+        bad = [t for t in relative_terms if t not in RELATIVE_TERMS]
+        if bad:
+            raise ValueError(f"unknown relative_terms {bad}; choose from {RELATIVE_TERMS}")
+        quad = positional in ("quadratic", "quadratic_generalized")
+        if hard and positional != "quadratic":
+            raise ValueError("hard=True is only defined for positional='quadratic'")
+        if hard and content:
+            raise ValueError("hard=True (one-hot attention) needs content=False")
+        if learned_r and positional != "relative":
+            raise ValueError("learned_r only applies to positional='relative'")
+        if tuple(relative_terms) != RELATIVE_TERMS and positional != "relative":
+            raise ValueError("relative_terms only applies to positional='relative'")
+        if rel_dim is not None and positional not in ("relative", "relative_learned"):
+            raise ValueError("rel_dim only applies to positional='relative' or 'relative_learned'")
+
+        self.in_channels, self.out_channels, self.num_heads = in_channels, out_channels, num_heads
+        self.head_dim, self.qk_dim, self.value = head_dim, qk_dim, value
+        self.positional, self.content, self.dropout = positional, bool(content), dropout
+        self.impl, self.max_size = check_impl(impl), max_size
+        self.scale = qk_dim**-0.5
+        terms = set(relative_terms) if positional == "relative" else set()
+        if not content:
+            terms.discard("content_content")
+        if positional == "relative" and not terms:
+            raise ValueError("positional='relative' with no term left (relative_terms/content)")
+        self.terms = tuple(t for t in RELATIVE_TERMS if t in terms)
+
+        if positional in ("absolute_learned", "absolute_sinusoidal"):
+            self.positional_encoding = AbsolutePositionalEncoding2d(
+                in_channels, learned=positional == "absolute_learned", max_size=max_size
+            )
+        elif positional == "relative":
+            dp = rel_dim or qk_dim
+            self.positional_encoding = RelativeTables2d(
+                dp // 2, dp - dp // 2, learned=learned_r, max_size=max_size
+            )
+            self.key_pos_proj = nn.Linear(dp, num_heads * qk_dim, bias=False)  # What_k
+            self.content_bias = nn.Parameter(torch.randn(num_heads, qk_dim) * 0.02)  # u
+            self.position_bias = nn.Parameter(torch.randn(num_heads, qk_dim) * 0.02)  # v
+        elif positional == "relative_learned":
+            if content:  # the query reads the tables: half its channels rows, half columns
+                dr, dc = qk_dim // 2, qk_dim - qk_dim // 2
+            else:  # per-head keys read them
+                dr = dc = rel_dim or qk_dim
+                self.head_keys_row = nn.Linear(dr, num_heads, bias=False)
+                self.head_keys_col = nn.Linear(dc, num_heads, bias=False)
+            self.positional_encoding = RelativeTables2d(dr, dc, learned=True, max_size=max_size)
+        elif quad:
+            cls = QuadraticEncoding if positional == "quadratic" else GeneralizedQuadraticEncoding
+            kw = {"init_alpha": init_alpha} if positional == "quadratic" else {}
+            self.positional_encoding = cls(
+                num_heads, hard=hard, init_centers_std=init_centers_std, **kw
+            )
+
+        self.input_dependent = self.content or bool(
+            set(self.terms) & {"content_position", "global_content"}
+        )
+        self.has_qk = self.input_dependent or positional.startswith("absolute")
+        if self.has_qk:
+            self.query_proj = nn.Linear(in_channels, num_heads * qk_dim, bias=bias)
+            self.key_proj = nn.Linear(in_channels, num_heads * qk_dim, bias=bias)
+        if value == "linear":
+            self.value_proj = nn.Linear(in_channels, num_heads * head_dim, bias=bias)
+        self.out_proj = nn.Linear(num_heads * head_dim, out_channels, bias=bias)
+
+    # ------------------------------------------------------------------ helpers
+    def attention_centers(self) -> torch.Tensor:
+        """(Nh, 2) (row, col) offsets Delta in pixels of the quadratic encoding's heads."""
+        if not self.positional.startswith("quadratic"):
+            raise ValueError(
+                f"attention_centers() needs a quadratic encoding, not {self.positional!r}"
+            )
+        return self.positional_encoding.centers.detach().clone()
+
+    def _check_input(self, x: torch.Tensor) -> tuple[int, int, int]:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"expected a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 4:
+            raise ValueError(f"expected a 4-D NCHW input (B, C, H, W), got shape {tuple(x.shape)}")
+        if x.shape[1] != self.in_channels:
+            raise ValueError(
+                f"expected {self.in_channels} input channels, got {x.shape[1]} (shape "
+                f"{tuple(x.shape)})"
+            )
+        b, _, h, w = x.shape
+        if self.positional in ("absolute_learned", "relative_learned") or (
+            self.positional == "relative" and self.positional_encoding.learned
+        ):
+            if h > self.max_size or w > self.max_size:
+                raise ValueError(
+                    f"input {h}x{w} is larger than the learned positional table "
+                    f"(max_size={self.max_size}); build the layer with max_size >= {max(h, w)}"
+                )
+        return b, h, w
+
+    def _heads(self, t: torch.Tensor, d: int) -> torch.Tensor:
+        return t.view(t.shape[0], t.shape[1], self.num_heads, d).transpose(1, 2)  # (B, nh, T, d)
+
+    def _qk(self, xt: torch.Tensor, h: int, w: int):
+        """q, k (B or 1, Nh, T, dk) from X (+ P for absolute encodings), or None."""
+        if not self.has_qk:
+            return None, None
+        src = xt
+        if self.positional.startswith("absolute"):
+            p = self.positional_encoding(h, w).to(self.out_proj.weight.dtype)  # (T, Cin), eq. 7
+            src = xt + p if self.content else p[None]
+        q, k = self.query_proj(src), self.key_proj(src)  # (B|1, T, Nh*dk)
+        return self._heads(q, self.qk_dim), self._heads(k, self.qk_dim)
+
+    def _tables(self, h: int, w: int, dtype):
+        r_row, r_col = self.positional_encoding(h, w)
+        return r_row.to(dtype), r_col.to(dtype)
+
+    def _rel_head_tables(self, h: int, w: int, dtype):
+        """Dai eq. 8: What_k r_row (2h-1, Nh, dk) and What_k r_col (2w-1, Nh, dk)."""
+        r_row, r_col = self._tables(h, w, dtype)
+        wk = self.key_pos_proj.weight  # (Nh*dk, Dp)
+        dr = r_row.shape[1]
+        kr = (r_row @ wk[:, :dr].t()).view(-1, self.num_heads, self.qk_dim)
+        kc = (r_col @ wk[:, dr:].t()).view(-1, self.num_heads, self.qk_dim)
+        return kr, kc
+
+    def _axis_logits(self, h: int, w: int, dtype):
+        """Row (Nh, h, h) and column (Nh, w, w) logits of a separable position-only attention."""
+        ri, ci = relative_index(h), relative_index(w)
+        if self.positional == "none":
+            return torch.zeros(self.num_heads, h, h, dtype=dtype), torch.zeros(
+                self.num_heads, w, w, dtype=dtype
+            )
+        if self.positional == "quadratic":
+            return self.positional_encoding.axis_logits(h, w)
+        if self.positional == "relative_learned":
+            r_row, r_col = self._tables(h, w, dtype)
+            return self.head_keys_row(r_row).t()[:, ri], self.head_keys_col(r_col).t()[:, ci]
+        if self.positional == "relative":  # global positional bias only: v^T What_k r_delta
+            kr, kc = self._rel_head_tables(h, w, dtype)
+            gr = torch.einsum("hd,rhd->hr", self.position_bias, kr) * self.scale
+            gc = torch.einsum("hd,rhd->hr", self.position_bias, kc) * self.scale
+            return gr[:, ri], gc[:, ci]
+        return None  # absolute, quadratic_generalized: not separable
+
+    def _dense(self, xt: torch.Tensor | None, h: int, w: int):
+        """The plain equations: q, k, bias; logits = q k^T * scale + bias, bias (B|1, Nh, T, T)."""
+        t, nh = h * w, self.num_heads
+        dt, dev = self.out_proj.weight.dtype, self.out_proj.weight.device
+        q, k = self._qk(xt, h, w)
+        qk_product = self.has_qk and (
+            self.positional != "relative" or "content_content" in self.terms
+        )
+        bias = None
+        rows = torch.arange(t, device=dev) // w
+        cols = torch.arange(t, device=dev) % w
+        d1 = rows[None, :] - rows[:, None] + h - 1  # (T, T) key row - query row + h - 1
+        d2 = cols[None, :] - cols[:, None] + w - 1
+        if self.positional.startswith("quadratic"):
+            bias = self.positional_encoding.dense_logits(h, w)[None].to(dt)
+        elif self.positional == "relative_learned":
+            r_row, r_col = self._tables(h, w, dt)
+            e_row, e_col = r_row[d1], r_col[d2]  # (T, T, dr), (T, T, dc)
+            if self.content:
+                dr = e_row.shape[-1]
+                bias = torch.einsum("bhqd,qkd->bhqk", q[..., :dr], e_row)
+                bias = (bias + torch.einsum("bhqd,qkd->bhqk", q[..., dr:], e_col)) * self.scale
+            else:
+                wr, wc = self.head_keys_row.weight, self.head_keys_col.weight  # (Nh, dr)
+                bias = torch.einsum("qkd,hd->hqk", e_row, wr)
+                bias = (bias + torch.einsum("qkd,hd->hqk", e_col, wc))[None]
+        elif self.positional == "relative":
+            r_row, r_col = self._tables(h, w, dt)
+            r = torch.cat([r_row[d1], r_col[d2]], dim=-1)  # (T, T, Dp) r_delta
+            rk = self.key_pos_proj(r).view(t, t, nh, self.qk_dim)  # What_k r_delta
+            bias = torch.zeros(1, nh, t, t, dtype=dt, device=dev)
+            if "content_position" in self.terms:
+                bias = bias + torch.einsum("bhqd,qkhd->bhqk", q, rk)
+            if "global_content" in self.terms:
+                bias = bias + torch.einsum("hd,bhkd->bhk", self.content_bias, k)[:, :, None, :]
+            if "global_position" in self.terms:
+                bias = bias + torch.einsum("hd,qkhd->hqk", self.position_bias, rk)[None]
+            bias = bias * self.scale
+        if not qk_product:
+            b = q.shape[0] if q is not None else (bias.shape[0] if bias is not None else 1)
+            q = k = torch.zeros(b, nh, t, 0, dtype=dt, device=dev)
+        return q, k, bias
+
+    def _values(self, xt: torch.Tensor, h: int, w: int) -> torch.Tensor:
+        """(B, H, W, Nh or 1, Dv)."""
+        b = xt.shape[0]
+        if self.value == "identity":
+            return xt.view(b, h, w, 1, self.in_channels)
+        return self.value_proj(xt).view(b, h, w, self.num_heads, self.head_dim)
+
+    def attention_probs(self, x: torch.Tensor) -> torch.Tensor:
+        """Softmax probabilities (B or 1, Nh, H*W, H*W), rows = queries in row-major order."""
+        b, h, w = self._check_input(x)
+        q, k, bias = self._dense(x.flatten(2).transpose(1, 2), h, w)
+        return attention_probs(q, k, bias=bias, scale=self.scale)
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, x: torch.Tensor, return_attention: bool = False):
+        b, h, w = self._check_input(x)
+        xt = x.flatten(2).transpose(1, 2)  # (B, T, Cin)
+        v5 = self._values(xt, h, w)  # (B, H, W, Nh|1, Dv)
+        p_drop = self.dropout if self.training else 0.0
+        if self.impl == "reference":
+            y = self._forward_reference(xt, v5, h, w, p_drop)
+        elif not self.input_dependent:
+            y = self._forward_position_only(v5, h, w, p_drop)
+        else:
+            y = self._forward_folded(xt, v5, h, w, p_drop)
+        y = self.out_proj(y.reshape(b, h * w, self.num_heads * self.head_dim))  # (B, T, Cout)
+        y = y.transpose(1, 2).reshape(b, self.out_channels, h, w)
+        if return_attention:
+            return y, self.attention_probs(x)
+        return y
+
+    def _seq_values(self, v5: torch.Tensor) -> torch.Tensor:
+        """(B, H, W, Nh|1, Dv) -> (B, Nh, T, Dv)."""
+        b, h, w, _, d = v5.shape
+        return v5.reshape(b, h * w, -1, d).transpose(1, 2).expand(b, self.num_heads, h * w, d)
+
+    def _forward_reference(self, xt, v5, h, w, p_drop) -> torch.Tensor:
+        """Dense logits for every batch element, exactly the equations. -> (B, T, Nh, Dv)"""
+        b = xt.shape[0]
+        q, k, bias = self._dense(xt, h, w)
+        q, k = q.expand(b, *q.shape[1:]), k.expand(b, *k.shape[1:])
+        if bias is not None:
+            bias = bias.expand(b, *bias.shape[1:])
+        y = scaled_dot_product_attention(
+            q,
+            k,
+            self._seq_values(v5),
+            bias=bias,
+            scale=self.scale,
+            dropout_p=p_drop,
+            impl="reference",
+        )  # (B, Nh, T, Dv)
+        return y.transpose(1, 2)
+
+    def _forward_position_only(self, v5, h, w, p_drop) -> torch.Tensor:
+        """Input-independent attention: computed once, shared by the batch. -> (B, H, W, Nh, Dv)"""
+        b, dt = v5.shape[0], v5.dtype
+        enc = getattr(self, "positional_encoding", None)
+        if self.positional == "quadratic" and enc.hard:
+            rows, cols = enc.hard_indices(h, w)
+            return shift_gather(v5, rows, cols)  # the alpha -> infinity limit, a gather
+        axis = self._axis_logits(h, w, dt) if p_drop == 0.0 else None
+        if axis is not None:
+            return separable_attention(v5, axis[0].to(v5.device), axis[1].to(v5.device))
+        q, k, bias = self._dense(None, h, w)
+        probs = attention_probs(q, k, bias=bias, scale=self.scale).to(dt)  # (1, Nh, T, T)
+        vs = v5.reshape(b, h * w, v5.shape[3], v5.shape[4])  # (B, T, Nh|1, Dv)
+        if p_drop > 0:  # dropout is per sample: expand the shared probabilities
+            p = F.dropout(probs.expand(b, -1, -1, -1), p_drop)
+            return torch.einsum("bhqk,bkhd->bqhd", p, vs.expand(b, h * w, self.num_heads, -1))
+        if vs.shape[2] == 1:
+            return torch.einsum("hqk,bkd->bqhd", probs[0], vs[:, :, 0])
+        return torch.einsum("hqk,bkhd->bqhd", probs[0], vs)  # (B, T, Nh, Dv)
+
+    def _forward_folded(self, xt, v5, h, w, p_drop) -> torch.Tensor:
+        """Content attention with every positional term folded into q/k: fused SDPA, no bias."""
+        b, t, nh, dt = xt.shape[0], h * w, self.num_heads, xt.dtype
+        q, k = self._qk(xt, h, w)  # (B, Nh, T, dk)
+        v = self._seq_values(v5)
+        qs, ks = [], []
+        if self.positional != "relative" or "content_content" in self.terms:
+            qs.append(q * self.scale)
+            ks.append(k)
+        if self.positional.startswith("quadratic"):
+            if dt in _LOW:  # the folded logits are large: run this attention in float32
+                qs, ks, v = [qs[0].float()], [ks[0].float()], v.float()
+            q_pos, k_pos = self.positional_encoding.fold(h, w)  # (Nh, T, 3|5), (T, 3|5)
+            qs.append(q_pos[None].to(qs[0].dtype).expand(b, -1, -1, -1))
+            ks.append(k_pos[None, None].to(qs[0].dtype).expand(b, nh, -1, -1))
+        elif self.positional.startswith("relative"):
+            rows = torch.arange(t, device=xt.device) // w
+            cols = torch.arange(t, device=xt.device) % w
+            row_full = col_full = None  # (B|1, Nh, T, 2h-1), (B|1, Nh, T, 2w-1)
+            if self.positional == "relative_learned":
+                r_row, r_col = self._tables(h, w, dt)
+                dr = r_row.shape[1]
+                row_full, col_full = q[..., :dr] @ r_row.t(), q[..., dr:] @ r_col.t()
+            else:
+                kr, kc = self._rel_head_tables(h, w, dt)
+                if "content_position" in self.terms:
+                    row_full = torch.einsum("bhtd,rhd->bhtr", q, kr)
+                    col_full = torch.einsum("bhtd,rhd->bhtr", q, kc)
+                if "global_position" in self.terms:
+                    gr = torch.einsum("hd,rhd->hr", self.position_bias, kr)[None, :, None, :]
+                    gc = torch.einsum("hd,rhd->hr", self.position_bias, kc)[None, :, None, :]
+                    row_full = gr if row_full is None else row_full + gr
+                    col_full = gc if col_full is None else col_full + gc
+            if row_full is not None:
+                row_full = row_full.expand(b, nh, t, -1)
+                col_full = col_full.expand(b, nh, t, -1)
+                qs += [_rel_gather(row_full, h, rows) * self.scale,
+                       _rel_gather(col_full, w, cols) * self.scale]  # fmt: skip
+                onehot_r = F.one_hot(rows, h).to(dt)  # (T, h): key row
+                onehot_c = F.one_hot(cols, w).to(dt)
+                ks += [onehot_r.expand(b, nh, t, h), onehot_c.expand(b, nh, t, w)]
+            if "global_content" in self.terms:  # u^T Wk X_k: a key-only logit
+                qs.append(torch.full((b, nh, t, 1), self.scale, dtype=dt, device=xt.device))
+                ks.append(torch.einsum("hd,bhkd->bhk", self.content_bias, k)[..., None])
+        q_aug, k_aug = torch.cat(qs, dim=-1), torch.cat(ks, dim=-1)
+        y = scaled_dot_product_attention(
+            q_aug, k_aug, v.to(q_aug.dtype), scale=1.0, dropout_p=p_drop, impl="auto"
+        )  # (B, Nh, T, Dv)
+        return y.to(dt).transpose(1, 2)

@@ -1,0 +1,227 @@
+"""2D positional encodings of Cordonnier, Loukas, Jaggi (ICLR 2020), sec. 2 and 4.
+
+- absolute (eq. 7): P (T, C) added to the input of the query/key projections, learned or 2D
+  sinusoidal (half the channels encode the row, half the column);
+- relative, Dai et al. (eq. 8): r_delta = concat(r_row(delta1), r_col(delta2)), fixed or learned,
+  projected per head by What_k, with global biases u (content) and v (position);
+- learned relative (sec. 4.3): row and column tables, read by the query or by per-head keys;
+- quadratic (eq. 9): -alpha_h ||delta - Delta_h||^2 with learned centres Delta (Nh, 2) and
+  precision alpha (Nh,); generalized: -1/2 (delta - Delta)^T Sigma_h^-1 (delta - Delta).
+
+delta = key position - query position, in pixels, (row, col). Tables are indexed by
+delta + max_size - 1. Every module here is small: the attention math lives in mhsa2d.py and
+quadratic.py.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+
+def sinusoid_1d(pos: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:
+    """Vaswani sinusoids: PE(pos, 2i) = sin(pos w_i), PE(pos, 2i+1) = cos(pos w_i),
+    w_i = base^(-2i/dim). pos (N,) float -> (N, dim). Odd dim drops the last cosine."""
+    n_pairs = (dim + 1) // 2
+    i = torch.arange(n_pairs, dtype=torch.float64, device=pos.device)
+    omega = base ** (-2.0 * i / max(dim, 1))  # (n_pairs,)
+    ang = pos.to(torch.float64)[:, None] * omega[None, :]  # (N, n_pairs)
+    pe = torch.stack([ang.sin(), ang.cos()], dim=-1).flatten(1)  # (N, 2*n_pairs) interleaved
+    return pe[:, :dim].to(pos.dtype if pos.is_floating_point() else torch.float32)
+
+
+def sinusoid_rotation_1d(offset: float, dim: int, base: float = 10000.0) -> torch.Tensor:
+    """R(k) (dim, dim) with sinusoid_1d(pos + k) = sinusoid_1d(pos) @ R(k)^T: a rotation by
+    w_i * k on each (sin, cos) pair (the last, lone sine of an odd dim is not closed under shifts,
+    so dim must be even)."""
+    if dim % 2:
+        raise ValueError(f"the rotation property needs an even dim, got {dim}")
+    i = torch.arange(dim // 2, dtype=torch.float64)
+    ang = offset * base ** (-2.0 * i / dim)
+    c, s = ang.cos(), ang.sin()
+    blocks = torch.stack([torch.stack([c, s], -1), torch.stack([-s, c], -1)], -2)  # (dim/2, 2, 2)
+    return torch.block_diag(*blocks)
+
+
+def sinusoid_2d(h: int, w: int, channels: int, base: float = 10000.0) -> torch.Tensor:
+    """2D sinusoidal table (h*w, channels): row sinusoid on channels[:C//2], column on the rest."""
+    c_row = channels // 2
+    rows = sinusoid_1d(torch.arange(h, dtype=torch.float32), c_row, base)  # (h, c_row)
+    cols = sinusoid_1d(torch.arange(w, dtype=torch.float32), channels - c_row, base)  # (w, c_col)
+    return torch.cat(
+        [rows[:, None, :].expand(h, w, c_row), cols[None, :, :].expand(h, w, channels - c_row)],
+        dim=-1,
+    ).reshape(h * w, channels)
+
+
+def check_size(h: int, w: int, max_size: int, what: str) -> None:
+    if h > max_size or w > max_size:
+        raise ValueError(
+            f"input {h}x{w} is larger than the learned {what} table (max_size={max_size}); "
+            f"build the layer with max_size >= {max(h, w)}"
+        )
+
+
+def relative_index(n: int, device=None) -> torch.Tensor:
+    """(n, n) long: [q, k] -> k - q + n - 1, the row of a (2n-1)-entry table of offsets."""
+    r = torch.arange(n, device=device)
+    return r[None, :] - r[:, None] + n - 1
+
+
+def pixel_coords(h: int, w: int, device=None, dtype=torch.float32) -> torch.Tensor:
+    """(h*w, 2) (row, col) of every pixel in row-major order, centred on the image middle
+    (offsets are unchanged; centring keeps the folded quadratic logits small)."""
+    i = torch.arange(h, device=device, dtype=dtype) - (h - 1) / 2
+    j = torch.arange(w, device=device, dtype=dtype) - (w - 1) / 2
+    return torch.stack(torch.meshgrid(i, j, indexing="ij"), dim=-1).reshape(h * w, 2)
+
+
+class AbsolutePositionalEncoding2d(nn.Module):
+    """P (h*w, C) of eq. 7: learned row/column tables or fixed 2D sinusoids."""
+
+    def __init__(self, channels: int, *, learned: bool, max_size: int = 64):
+        super().__init__()
+        self.channels, self.learned, self.max_size = channels, learned, max_size
+        c_row = channels // 2
+        if learned:
+            self.row = nn.Parameter(torch.randn(max_size, c_row) * 0.02)
+            self.col = nn.Parameter(torch.randn(max_size, channels - c_row) * 0.02)
+
+    def forward(self, h: int, w: int) -> torch.Tensor:
+        if not self.learned:
+            return sinusoid_2d(h, w, self.channels)
+        check_size(h, w, self.max_size, "absolute positional")
+        c_row = self.row.shape[1]
+        return torch.cat(
+            [
+                self.row[:h, None, :].expand(h, w, c_row),
+                self.col[None, :w, :].expand(h, w, self.channels - c_row),
+            ],
+            dim=-1,
+        ).reshape(h * w, self.channels)
+
+
+class RelativeTables2d(nn.Module):
+    """r_row(delta1) (dim_row) and r_col(delta2) (dim_col) for delta in [-(n-1), n-1]:
+    learned tables of 2*max_size-1 rows, or fixed sinusoids of the offset."""
+
+    def __init__(self, dim_row: int, dim_col: int, *, learned: bool, max_size: int = 64):
+        super().__init__()
+        self.dim_row, self.dim_col = dim_row, dim_col
+        self.learned, self.max_size = learned, max_size
+        if learned:
+            self.rel_row = nn.Parameter(torch.randn(2 * max_size - 1, dim_row))
+            self.rel_col = nn.Parameter(torch.randn(2 * max_size - 1, dim_col))
+
+    def forward(self, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(2h-1, dim_row), (2w-1, dim_col); entry d + n - 1 holds offset d."""
+        if not self.learned:
+            dr = torch.arange(-(h - 1), h, dtype=torch.float32)
+            dc = torch.arange(-(w - 1), w, dtype=torch.float32)
+            return sinusoid_1d(dr, self.dim_row), sinusoid_1d(dc, self.dim_col)
+        check_size(h, w, self.max_size, "relative positional")
+        m = self.max_size
+        return self.rel_row[m - h : m + h - 1], self.rel_col[m - w : m + w - 1]
+
+
+class QuadraticEncoding(nn.Module):
+    """Eq. 9: logits_h(q, k) = -alpha_h ||k - q - Delta_h||^2 (the ||Delta||^2 term of the paper's
+    v^T r_delta is constant per query and cancels in the softmax).
+
+    ``centers`` (Nh, 2) = Delta in pixels (row, col), init N(0, init_centers_std^2 I);
+    ``alpha`` (Nh,) precision, stored directly, init near ``init_alpha`` (the reference code's
+    0.5 * (1 + N(0, 0.01))^2). ``hard=True`` is the alpha -> infinity limit: one-hot on pixel
+    clamp(q + round(Delta_h)) per axis.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        *,
+        hard: bool = False,
+        init_centers_std: float = 2.0,
+        init_alpha: float = 0.5,
+    ):
+        super().__init__()
+        self.num_heads, self.hard = num_heads, hard
+        self.centers = nn.Parameter(torch.randn(num_heads, 2) * init_centers_std)
+        self.alpha = nn.Parameter(init_alpha * (1 + 0.01 * torch.randn(num_heads)) ** 2)
+
+    def axis_logits(self, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Separable form: row logits (Nh, h, h) [q1, k1] and column logits (Nh, w, w)."""
+        a = self.alpha[:, None, None]
+        d1 = (relative_index(h, self.alpha.device) - (h - 1)).to(self.alpha.dtype)  # k1 - q1
+        d2 = (relative_index(w, self.alpha.device) - (w - 1)).to(self.alpha.dtype)
+        row = -a * (d1[None] - self.centers[:, 0, None, None]) ** 2  # (Nh, h, h)
+        col = -a * (d2[None] - self.centers[:, 1, None, None]) ** 2  # (Nh, w, w)
+        return row, col
+
+    def dense_logits(self, h: int, w: int) -> torch.Tensor:
+        """(Nh, T, T): -alpha ||delta - Delta||^2 for every (query, key) pair, or 0/-inf if hard."""
+        p = pixel_coords(h, w, self.alpha.device, self.alpha.dtype)  # (T, 2)
+        delta = p[None, :, :] - p[:, None, :]  # (T, T, 2) key - query
+        if self.hard:
+            r, c = self.hard_indices(h, w)  # (Nh, h), (Nh, w)
+            tgt = (r[:, :, None] * w + c[:, None, :]).reshape(self.num_heads, h * w)  # (Nh, T)
+            keep = torch.zeros(self.num_heads, h * w, h * w, dtype=torch.bool, device=p.device)
+            keep.scatter_(2, tgt[..., None], True)
+            zero = torch.zeros((), dtype=p.dtype, device=p.device)
+            return torch.where(keep, zero, torch.full_like(zero, float("-inf")))
+        diff = delta[None] - self.centers[:, None, None, :]  # (Nh, T, T, 2)
+        return -self.alpha[:, None, None] * diff.pow(2).sum(-1)
+
+    def fold(self, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rank-3 bilinear form of the logits: q_pos (Nh, T, 3) . k_pos (T, 3) equals
+        -alpha ||k - q - Delta||^2 up to a per-query constant:
+        2 alpha k.(q + Delta) - alpha ||k||^2 (centred coordinates)."""
+        p = pixel_coords(h, w, self.alpha.device, self.alpha.dtype)  # (T, 2)
+        a = self.alpha[:, None, None]
+        target = p[None] + self.centers[:, None, :]  # (Nh, T, 2)
+        q_pos = torch.cat([2 * a * target, -a.expand(-1, h * w, 1)], dim=-1)  # (Nh, T, 3)
+        k_pos = torch.cat([p, p.pow(2).sum(-1, keepdim=True)], dim=-1)  # (T, 3)
+        return q_pos, k_pos
+
+    def hard_indices(self, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Target row (Nh, h) and column (Nh, w) indices: clamp(q + round(Delta)) per axis."""
+        sh = torch.round(self.centers.detach()).long()  # (Nh, 2)
+        rows = torch.arange(h, device=sh.device)[None, :] + sh[:, :1]
+        cols = torch.arange(w, device=sh.device)[None, :] + sh[:, 1:]
+        return rows.clamp(0, h - 1), cols.clamp(0, w - 1)
+
+
+class GeneralizedQuadraticEncoding(nn.Module):
+    """Generalized eq. 9: logits_h = -1/2 (delta - Delta_h)^T Sigma_h^-1 (delta - Delta_h), with
+    Sigma_h^-1 = L_h^T L_h positive semi-definite (L init I + N(0, 0.01^2): alpha near 0.5).
+    As a relative encoding, r_delta = (d1^2, d2^2, d1 d2, d1, d2): Dp = 5."""
+
+    def __init__(self, num_heads: int, *, init_centers_std: float = 2.0, hard: bool = False):
+        super().__init__()
+        if hard:
+            raise ValueError("hard=True is only defined for positional='quadratic'")
+        self.num_heads, self.hard = num_heads, False
+        self.centers = nn.Parameter(torch.randn(num_heads, 2) * init_centers_std)
+        self.precision_factor = nn.Parameter(
+            torch.eye(2).repeat(num_heads, 1, 1) + 0.01 * torch.randn(num_heads, 2, 2)
+        )
+
+    @property
+    def precision(self) -> torch.Tensor:
+        """Sigma^-1 (Nh, 2, 2) = L^T L."""
+        return self.precision_factor.transpose(-1, -2) @ self.precision_factor
+
+    def dense_logits(self, h: int, w: int) -> torch.Tensor:
+        p = pixel_coords(h, w, self.centers.device, self.centers.dtype)
+        delta = p[None, :, :] - p[:, None, :]  # (T, T, 2)
+        diff = delta[None] - self.centers[:, None, None, :]  # (Nh, T, T, 2)
+        return -0.5 * torch.einsum("htsi,hij,htsj->hts", diff, self.precision, diff)
+
+    def fold(self, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """q_pos (Nh, T, 5) . k_pos (T, 5) = k^T S (q + Delta) - 1/2 k^T S k (+ per-query const)."""
+        p = pixel_coords(h, w, self.centers.device, self.centers.dtype)  # (T, 2)
+        s = self.precision  # (Nh, 2, 2)
+        target = p[None] + self.centers[:, None, :]  # (Nh, T, 2)
+        lin = torch.einsum("hij,htj->hti", s, target)  # (Nh, T, 2)
+        quad = torch.stack([-0.5 * s[:, 0, 0], -0.5 * s[:, 1, 1], -s[:, 0, 1]], -1)  # (Nh, 3)
+        q_pos = torch.cat([lin, quad[:, None, :].expand(-1, h * w, 3)], dim=-1)  # (Nh, T, 5)
+        k_pos = torch.cat([p, p.pow(2), p[:, :1] * p[:, 1:]], dim=-1)  # (T, 5)
+        return q_pos, k_pos

@@ -1,0 +1,148 @@
+"""MultiHeadSelfAttention2d: fast paths == the plain reference (values, gradients); API; errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from attnconv.layers.mhsa2d import POSITIONALS, MultiHeadSelfAttention2d
+
+VARIANTS = [(p, c) for p in POSITIONALS for c in (True, False)]
+
+
+def _run(layer, x, impl):
+    layer.impl = impl
+    y, attn = layer(x, return_attention=True)
+    params = [p for p in layer.parameters() if p.requires_grad]
+    grads = torch.autograd.grad((y * y.detach().cos()).sum(), [x, *params], allow_unused=True)
+    return y, attn, grads
+
+
+def assert_fast_equals_reference(layer, x, rtol=1e-4, atol=1e-6):
+    ya, aa, ga = _run(layer, x, "auto")
+    yr, ar, gr = _run(layer, x, "reference")
+    torch.testing.assert_close(ya, yr, rtol=rtol, atol=atol)
+    torch.testing.assert_close(aa, ar, rtol=rtol, atol=atol)
+    names = ["input"] + [n for n, p in layer.named_parameters() if p.requires_grad]
+    for name, a, r in zip(names, ga, gr):
+        assert (a is None) == (r is None), name
+        if a is not None:
+            torch.testing.assert_close(
+                a, r, rtol=rtol, atol=atol, msg=lambda m, n=name: f"{n}: {m}"
+            )
+
+
+@given(
+    variant=st.sampled_from(VARIANTS),
+    value=st.sampled_from(["linear", "identity"]),
+    b=st.integers(1, 2),
+    cin=st.integers(1, 6),
+    heads=st.integers(1, 9),
+    dh=st.integers(1, 4),
+    h=st.integers(1, 7),
+    w=st.integers(1, 7),
+    seed=st.integers(0, 2**16),
+)
+def test_fast_equals_reference_random_shapes(variant, value, b, cin, heads, dh, h, w, seed):
+    positional, content = variant
+    torch.manual_seed(seed)
+    layer = MultiHeadSelfAttention2d(
+        cin, 5, heads, head_dim=dh if value == "linear" else None, positional=positional,
+        content=content, value=value, max_size=8,
+    ).double()  # fmt: skip
+    x = torch.randn(b, cin, h, w, dtype=torch.float64, requires_grad=True)
+    assert_fast_equals_reference(layer, x)
+
+
+@pytest.mark.parametrize("positional,content", VARIANTS)
+def test_fast_equals_reference_float32(positional, content):
+    torch.manual_seed(0)
+    layer = MultiHeadSelfAttention2d(8, 12, 3, positional=positional, content=content, max_size=16)
+    x = torch.randn(2, 8, 6, 9, requires_grad=True)
+    assert_fast_equals_reference(layer, x, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(positional="relative", content=False, relative_terms=("global_position",)),
+        dict(
+            positional="relative",
+            content=True,
+            relative_terms=("content_content", "global_content"),
+        ),  # fmt: skip
+        dict(positional="relative", content=False, relative_terms=("content_position",)),
+        dict(positional="relative", content=True, learned_r=True, rel_dim=6),
+        dict(positional="relative_learned", content=False, rel_dim=3),
+        dict(positional="quadratic", content=False, hard=True),
+    ],
+)
+def test_encoding_options(kw):
+    torch.manual_seed(1)
+    layer = MultiHeadSelfAttention2d(4, 6, 3, max_size=8, **kw).double()
+    x = torch.randn(2, 4, 5, 6, dtype=torch.float64, requires_grad=True)
+    assert_fast_equals_reference(layer, x)
+
+
+def test_shapes_and_attention_contract():
+    layer = MultiHeadSelfAttention2d(4, 10, 2, positional="quadratic", content=False)
+    y, attn = layer(torch.randn(3, 4, 5, 6), return_attention=True)
+    assert y.shape == (3, 10, 5, 6)
+    assert attn.shape == (1, 2, 30, 30)  # input-independent: shared by the batch
+    torch.testing.assert_close(attn.sum(-1), torch.ones(1, 2, 30))
+    assert layer.attention_centers().shape == (2, 2)
+    layer = MultiHeadSelfAttention2d(4, 10, 2, positional="relative_learned")
+    _, attn = layer(torch.randn(3, 4, 5, 6), return_attention=True)
+    assert attn.shape == (3, 2, 30, 30)
+
+
+def test_identity_value_layout():
+    layer = MultiHeadSelfAttention2d(5, 7, 9, positional="quadratic", content=False,
+                                     value="identity")  # fmt: skip
+    assert layer.head_dim == 5 and not hasattr(layer, "value_proj")
+    assert layer.out_proj.weight.shape == (7, 9 * 5)
+
+
+@pytest.mark.parametrize(
+    "build,x,match",
+    [
+        (dict(in_channels=4, out_channels=8, num_heads=3), None, "not divisible by num_heads"),
+        (dict(in_channels=4, out_channels=8, num_heads=2, positional="bogus"), None, "positional"),
+        (dict(in_channels=4, out_channels=8, num_heads=2), (2, 3, 5, 5), "input channels"),
+        (dict(in_channels=4, out_channels=8, num_heads=2), (4, 5, 5), "4-D"),
+        (
+            dict(
+                in_channels=4,
+                out_channels=8,
+                num_heads=2,
+                positional="absolute_learned",
+                max_size=8,
+            ),
+            (1, 4, 9, 4),
+            "max_size=8",
+        ),  # fmt: skip
+        (
+            dict(
+                in_channels=4,
+                out_channels=8,
+                num_heads=2,
+                positional="relative_learned",
+                max_size=8,
+            ),
+            (1, 4, 4, 12),
+            "max_size=8",
+        ),  # fmt: skip
+        (
+            dict(in_channels=4, out_channels=8, num_heads=2, value="identity", head_dim=3),
+            None,
+            "head_dim",
+        ),  # fmt: skip
+        (dict(in_channels=4, out_channels=8, num_heads=2, hard=True), None, "hard"),
+    ],
+)
+def test_bad_input_raises_value_error(build, x, match):
+    with pytest.raises(ValueError, match=match):
+        layer = MultiHeadSelfAttention2d(**build)
+        layer(torch.randn(*x))
