@@ -1,0 +1,403 @@
+"""Stand-Alone Self-Attention: exact per-pixel local k x k attention (Ramachandran et al. 2019).
+
+    y_ij = sum_{(a,b) in N_k(i,j)} softmax_ab(q_ij^T k_ab + q_ij^T r_{a-i,b-j}) v_ab      (eq. 2-3)
+
+with r_{a-i,b-j} = concat(rel_row[a-i], rel_col[b-j]), each half of the head's channels, the
+window N_k(i, j) centred on every pixel (not blocked halo attention), heads splitting the
+channels and 1x1 projections, so the weights do not grow with k (only the k x d_h relative
+tables do). Stride s = s x s average pooling after the attention (sec. 3.1).
+
+The local kernel is written once, here, in two implementations of the same equation:
+- ``impl="reference"``: unfold keys and values into k^2 copies and call the shared plain kernel
+  ``functional.scaled_dot_product_attention(impl="reference")`` with one query per window.
+- ``impl="auto"`` (fast): loop over the k^2 offsets on shifted views of the padded keys and
+  values (custom autograd functions, in-place accumulation in backward). Only the logits and
+  probabilities (B, nh, k^2, H, W) are stored: O(k^2 HW nh) memory, not O(k^2 HW C).
+
+Borders: ``padding="mask"`` (default) excludes keys outside the image from the softmax;
+``padding="zeros"`` treats them as zero pixels (keys and values 0), as the public
+reimplementations do.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from .functional import check_impl, scaled_dot_product_attention
+from .mha import sinusoidal_encoding
+
+PADDINGS = ("mask", "zeros")
+POSITIONALS = ("relative", "absolute", "none")
+LOGITS = ("qk+qr", "qk", "qr")
+
+
+def window_pad(kernel_size: int) -> tuple[int, int]:
+    """Offsets covered by the window: -before .. +after (centred; even k leans to +)."""
+    before = (kernel_size - 1) // 2
+    return before, kernel_size - 1 - before
+
+
+def window_valid(kernel_size: int, h: int, w: int, device=None) -> torch.Tensor:
+    """Bool (k*k, H, W): True where key (i+di, j+dj) of query (i, j) lies inside the image."""
+    before, _ = window_pad(kernel_size)
+    off = torch.arange(kernel_size, device=device) - before  # (k,)
+    rows = torch.arange(h, device=device)[None, :] + off[:, None]  # (k, H)
+    cols = torch.arange(w, device=device)[None, :] + off[:, None]  # (k, W)
+    vr = (rows >= 0) & (rows < h)
+    vc = (cols >= 0) & (cols < w)
+    return (vr[:, None, :, None] & vc[None, :, None, :]).reshape(kernel_size**2, h, w)
+
+
+def _pad_hw(x: torch.Tensor, kernel_size: int) -> torch.Tensor:
+    """Zero-pad (..., H, W) so every window fits."""
+    b, a = window_pad(kernel_size)
+    return F.pad(x, (b, a, b, a))
+
+
+class _WindowLogits(torch.autograd.Function):
+    """logits[:, :, o, i, j] = q[:, :, :, i, j] . kpad[:, :, :, i+di, j+dj] for the k^2 offsets.
+
+    q (B, nh, d, H, W), kpad (B, nh, d, H+k-1, W+k-1) -> (B, nh, k^2, H, W).
+    """
+
+    @staticmethod
+    def forward(ctx, q, kpad, kernel_size: int):
+        bsz, nh, _, h, w = q.shape
+        ks = kernel_size
+        out = q.new_empty(bsz, nh, ks * ks, h, w)  # (B, nh, k^2, H, W)
+        tmp = torch.empty_like(q)
+        for di in range(ks):
+            for dj in range(ks):
+                torch.mul(q, kpad[..., di : di + h, dj : dj + w], out=tmp)
+                torch.sum(tmp, dim=2, out=out[:, :, di * ks + dj])
+        ctx.save_for_backward(q, kpad)
+        ctx.kernel_size = ks
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        q, kpad = ctx.saved_tensors
+        ks = ctx.kernel_size
+        h, w = q.shape[-2:]
+        gq = torch.zeros_like(q) if ctx.needs_input_grad[0] else None
+        gk = torch.zeros_like(kpad) if ctx.needs_input_grad[1] else None
+        for di in range(ks):
+            for dj in range(ks):
+                go = g[:, :, di * ks + dj].unsqueeze(2)  # (B, nh, 1, H, W)
+                if gq is not None:
+                    gq.addcmul_(go, kpad[..., di : di + h, dj : dj + w])
+                if gk is not None:
+                    gk[..., di : di + h, dj : dj + w].addcmul_(go, q)
+        return gq, gk, None
+
+
+class _WindowAggregate(torch.autograd.Function):
+    """out[:, :, :, i, j] = sum_o probs[:, :, o, i, j] sum_m mix[o, m] vpad[:, :, m, :, i+di, j+dj].
+
+    probs (B, nh, k^2, H, W), vpad (B, nh, M, dv, Hp, Wp), mix (k^2, M) mixing M value maps
+    per offset (the attention stem's spatially-aware values; M = 1, mix = 1 for plain
+    attention) -> (B, nh, dv, H, W).
+    """
+
+    @staticmethod
+    def forward(ctx, probs, vpad, mix, kernel_size: int):
+        bsz, nh, _, h, w = probs.shape
+        ks, nm = kernel_size, vpad.shape[2]
+        out = vpad.new_zeros(bsz, nh, vpad.shape[3], h, w)  # (B, nh, dv, H, W)
+        vo = torch.empty_like(out) if nm > 1 else None
+        for di in range(ks):
+            for dj in range(ks):
+                o = di * ks + dj
+                vs = vpad[..., di : di + h, dj : dj + w]  # (B, nh, M, dv, H, W)
+                if nm == 1:
+                    v_o = vs[:, :, 0]
+                else:
+                    torch.sum(vs * mix[o].view(1, 1, nm, 1, 1, 1), dim=2, out=vo)
+                    v_o = vo
+                out.addcmul_(probs[:, :, o].unsqueeze(2), v_o)
+        ctx.save_for_backward(probs, vpad, mix)
+        ctx.kernel_size = ks
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        probs, vpad, mix = ctx.saved_tensors
+        ks, nm = ctx.kernel_size, vpad.shape[2]
+        h, w = probs.shape[-2:]
+        need_p, need_v, need_m = ctx.needs_input_grad[:3]
+        gp = torch.empty_like(probs) if need_p else None
+        gv = torch.zeros_like(vpad) if need_v else None
+        gm = torch.zeros_like(mix) if need_m else None
+        tmp = torch.empty_like(g)
+        for di in range(ks):
+            for dj in range(ks):
+                o = di * ks + dj
+                vs = vpad[..., di : di + h, dj : dj + w]  # (B, nh, M, dv, H, W)
+                p_o = probs[:, :, o].unsqueeze(2)  # (B, nh, 1, H, W)
+                if nm == 1:
+                    if gp is not None:
+                        torch.mul(g, vs[:, :, 0], out=tmp)
+                        torch.sum(tmp, dim=2, out=gp[:, :, o])
+                    if gv is not None:
+                        gv[:, :, 0, :, di : di + h, dj : dj + w].addcmul_(p_o, g)
+                    if gm is not None:
+                        gm[o, 0] = (p_o * g * vs[:, :, 0]).sum()
+                    continue
+                pg = (p_o * g).unsqueeze(2)  # (B, nh, 1, dv, H, W)
+                if gp is not None:
+                    v_o = (vs * mix[o].view(1, 1, nm, 1, 1, 1)).sum(2)
+                    torch.sum(g * v_o, dim=2, out=gp[:, :, o])
+                if gv is not None:
+                    gv[..., di : di + h, dj : dj + w].add_(pg * mix[o].view(1, 1, nm, 1, 1, 1))
+                if gm is not None:
+                    gm[o] = (pg * vs).sum(dim=(0, 1, 3, 4, 5))
+        return gp, gv, gm, None
+
+
+def local_attention(
+    q: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor,
+    *,
+    kernel_size: int,
+    rel_row: torch.Tensor | None = None,
+    rel_col: torch.Tensor | None = None,
+    mix: torch.Tensor | None = None,
+    padding: str = "mask",
+    impl: str = "auto",
+    return_attention: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Local k x k window attention, the one kernel of SASA layers and the attention stem.
+
+    q (B, nh, dk, H, W), already scaled; k (B, nh, dk, H, W) or None (no content logits);
+    v (B, nh, dv, H, W), or (B, nh, M, dv, H, W) with ``mix`` (k*k, M) for spatially-aware
+    values v_ab = sum_m mix[(a-i, b-j), m] v^m_ab. ``rel_row``/``rel_col`` (k, dk/2): logits
+    += q[:dk/2] . rel_row[a-i] + q[dk/2:] . rel_col[b-j]. Returns (B, nh, dv, H, W) and, with
+    ``return_attention``, the probabilities (B, nh, H*W, k*k) (offsets in row-major order).
+    """
+    check_impl(impl)
+    if padding not in PADDINGS:
+        raise ValueError(f"padding must be one of {PADDINGS}, got {padding!r}")
+    if q.dim() != 5:
+        raise ValueError(f"q must be (B, nh, d, H, W), got shape {tuple(q.shape)}")
+    if k is None and rel_row is None:
+        raise ValueError("local_attention needs keys k or relative tables rel_row/rel_col")
+    bsz, nh, dk, h, w = q.shape
+    ks = kernel_size
+    if v.dim() == 5:
+        v = v.unsqueeze(2)  # (B, nh, 1, dv, H, W)
+    nm = v.shape[2]
+    if (mix is None) != (nm == 1) or (mix is not None and tuple(mix.shape) != (ks * ks, nm)):
+        shape = None if mix is None else tuple(mix.shape)
+        raise ValueError(f"mix must be ({ks * ks}, {nm}) for {nm} value maps, got {shape}")
+    qr = None
+    if rel_row is not None:  # q^T r_{a-i,b-j} = q_row . rel_row[di] + q_col . rel_col[dj]
+        half = dk // 2
+        qr_row = torch.einsum("bndhw,kd->bnkhw", q[:, :, :half], rel_row)  # (B, nh, k, H, W)
+        qr_col = torch.einsum("bndhw,kd->bnkhw", q[:, :, half:], rel_col)
+        qr = (qr_row, qr_col)
+
+    if impl == "reference":
+        return _reference(q, k, v, qr, mix, ks, padding, return_attention)
+
+    if k is not None:
+        logits = _WindowLogits.apply(q, _pad_hw(k, ks), ks)  # (B, nh, k^2, H, W)
+    else:
+        logits = q.new_zeros(bsz, nh, ks * ks, h, w)
+    if qr is not None:
+        lg = logits.view(bsz, nh, ks, ks, h, w)
+        lg.add_(qr[0].unsqueeze(3))  # + q . rel_row[di]
+        lg.add_(qr[1].unsqueeze(2))  # + q . rel_col[dj]
+    if padding == "mask":
+        logits.masked_fill_(~window_valid(ks, h, w, q.device), float("-inf"))
+    probs = torch.softmax(logits, dim=2)  # (B, nh, k^2, H, W); the centre is always valid
+    if mix is None:
+        mix = torch.ones(1, 1, dtype=v.dtype, device=v.device).expand(ks * ks, 1)
+    y = _WindowAggregate.apply(probs, _pad_hw(v, ks), mix, ks)  # (B, nh, dv, H, W)
+    if return_attention:
+        return y, probs.detach().flatten(3).transpose(2, 3)
+    return y
+
+
+def _reference(q, k, v, qr, mix, ks, padding, return_attention):
+    """The plain path: unfold into k^2 copies, then the shared plain softmax(qk^T + bias) v."""
+    bsz, nh, dk, h, w = q.shape
+    nm, dv = v.shape[2], v.shape[3]
+    t = h * w
+
+    def unfold(x):  # (B, nh, M, d, H, W) -> (B*T, nh, M, k^2, d): each query's window
+        b_, n_, m_, d_ = x.shape[:4]
+        cols = F.unfold(_pad_hw(x.reshape(b_, n_ * m_ * d_, h, w), ks), ks)  # (B, .*k^2, T)
+        cols = cols.view(b_, n_, m_, d_, ks * ks, t).permute(0, 5, 1, 2, 4, 3)
+        return cols.reshape(b_ * t, n_, m_, ks * ks, d_)
+
+    qt = q.reshape(bsz, nh, dk, t).permute(0, 3, 1, 2).reshape(bsz * t, nh, 1, dk)
+    vw = unfold(v)  # (B*T, nh, M, k^2, dv)
+    if mix is not None:  # spatially-aware values, one per offset: sum_m mix[o, m] v^m
+        vw = (vw * mix.t().reshape(1, 1, nm, ks * ks, 1)).sum(2)
+    else:
+        vw = vw[:, :, 0]
+    bias = torch.zeros(bsz, nh, ks, ks, h, w, dtype=q.dtype, device=q.device)
+    if qr is not None:
+        bias = bias + qr[0][:, :, :, None] + qr[1][:, :, None, :]
+    bias = bias.reshape(bsz, nh, ks * ks, t).permute(0, 3, 1, 2).reshape(bsz * t, nh, 1, ks * ks)
+    mask = None
+    if padding == "mask":
+        valid = window_valid(ks, h, w, q.device).reshape(ks * ks, t).t()  # (T, k^2)
+        mask = valid[None, :, None, None, :].expand(bsz, t, 1, 1, ks * ks)
+        mask = mask.reshape(bsz * t, 1, 1, ks * ks)
+    if k is None:
+        kw = q.new_zeros(bsz * t, nh, ks * ks, 0)
+        qt = qt[..., :0]
+    else:
+        kw = unfold(k.unsqueeze(2))[:, :, 0]  # (B*T, nh, k^2, dk)
+    y, probs = scaled_dot_product_attention(
+        qt, kw, vw, bias=bias, mask=mask, scale=1.0, impl="reference", return_attention=True
+    )  # (B*T, nh, 1, dv), (B*T, nh, 1, k^2)
+    y = y.reshape(bsz, h, w, nh, dv).permute(0, 3, 4, 1, 2)  # (B, nh, dv, H, W)
+    if return_attention:
+        return y, probs.detach().reshape(bsz, t, nh, ks * ks).transpose(1, 2)
+    return y
+
+
+def local_to_dense(maps: torch.Tensor, h: int, w: int, kernel_size: int) -> torch.Tensor:
+    """(B, nh, H*W, k*k) window probabilities -> dense (B, nh, T, T) maps (rows = queries).
+
+    Keys outside the image (zero-padding mode) have no column and are dropped.
+    """
+    bsz, nh, t, kk = maps.shape
+    if t != h * w or kk != kernel_size**2:
+        raise ValueError(f"maps {tuple(maps.shape)} do not match H={h}, W={w}, k={kernel_size}")
+    before, _ = window_pad(kernel_size)
+    off = torch.arange(kernel_size, device=maps.device) - before
+    qi = torch.arange(h, device=maps.device).repeat_interleave(w)  # (T,)
+    qj = torch.arange(w, device=maps.device).repeat(h)
+    ki = qi[:, None, None] + off[None, :, None]  # (T, k, 1)
+    kj = qj[:, None, None] + off[None, None, :]  # (T, 1, k)
+    ki, kj = torch.broadcast_tensors(ki, kj)
+    valid = ((ki >= 0) & (ki < h) & (kj >= 0) & (kj < w)).reshape(t, kk)
+    col = (ki.clamp(0, h - 1) * w + kj.clamp(0, w - 1)).reshape(t, kk)
+    dense = maps.new_zeros(bsz, nh, t, t)
+    src = maps * valid.to(maps.dtype)
+    return dense.scatter_add_(3, col.expand(bsz, nh, t, kk), src)
+
+
+def sinusoid_2d(dim: int, h: int, w: int, device=None, dtype=None) -> torch.Tensor:
+    """Fixed 2D sinusoidal encoding (H, W, dim): Vaswani's 1D sinusoid of the row on the first
+    half of the channels, of the column on the second half."""
+    if dim % 4:
+        raise ValueError(f"absolute sinusoidal encoding needs head dim divisible by 4, got {dim}")
+    d = dim // 2
+    rows = sinusoidal_encoding(torch.arange(h, device=device), d)  # (H, d)
+    cols = sinusoidal_encoding(torch.arange(w, device=device), d)  # (W, d)
+    pe = torch.cat((rows[:, None, :].expand(h, w, d), cols[None, :, :].expand(h, w, d)), dim=-1)
+    return pe.to(dtype or torch.get_default_dtype())
+
+
+class LocalSelfAttention2d(nn.Module):
+    """SASA local self-attention layer (Ramachandran et al., NeurIPS 2019, eq. 2-3), NCHW.
+
+    Replaces a k x k convolution: 1x1 projections W_Q, W_K, W_V (no output projection), heads
+    split ``out_channels``, every pixel attends its own centred k x k window. ``positional``:
+    "relative" (learned rel_row/rel_col tables, concat = r_{a-i,b-j}), "absolute" (fixed 2D
+    sinusoid added to the keys: q^T (k_ab + p_ab)) or "none". ``logits``: "qk+qr" (eq. 3),
+    "qk" (content only) or "qr" (position only, no W_K). Queries are scaled by 1/sqrt(d_h).
+    ``stride`` s: s x s average pooling after the attention.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        num_heads: int = 8,
+        kernel_size: int = 7,
+        stride: int = 1,
+        positional: str = "relative",
+        logits: str | None = None,
+        padding: str = "mask",
+        impl: str = "auto",
+    ):
+        super().__init__()
+        if positional not in POSITIONALS:
+            raise ValueError(f"positional must be one of {POSITIONALS}, got {positional!r}")
+        logits = logits or ("qk" if positional == "none" else "qk+qr")
+        if logits not in LOGITS:
+            raise ValueError(f"logits must be one of {LOGITS}, got {logits!r}")
+        if positional == "none" and logits != "qk":
+            raise ValueError(f"logits={logits!r} needs a positional encoding, got 'none'")
+        if padding not in PADDINGS:
+            raise ValueError(f"padding must be one of {PADDINGS}, got {padding!r}")
+        check_impl(impl)
+        if num_heads < 1 or out_channels % num_heads:
+            raise ValueError(f"out_channels={out_channels} not divisible by num_heads={num_heads}")
+        if kernel_size < 1 or stride < 1:
+            raise ValueError(f"kernel_size and stride must be >= 1, got {kernel_size}, {stride}")
+        dh = out_channels // num_heads
+        if positional == "relative" and dh % 2:
+            raise ValueError(f"relative encoding needs an even head dim, got {dh}")
+        if positional == "absolute" and dh % 4:
+            raise ValueError(f"absolute encoding needs head dim divisible by 4, got {dh}")
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.num_heads, self.head_dim = num_heads, dh
+        self.kernel_size, self.stride = kernel_size, stride
+        self.positional, self.logits, self.padding, self.impl = positional, logits, padding, impl
+        self.scale = dh**-0.5
+        self.query = nn.Conv2d(in_channels, out_channels, 1, bias=False)  # W_Q
+        self.key = nn.Conv2d(in_channels, out_channels, 1, bias=False) if "qk" in logits else None
+        self.value = nn.Conv2d(in_channels, out_channels, 1, bias=False)  # W_V
+        if positional == "relative":  # r_{a-i} and r_{b-j}, each d_h / 2, shared by the heads
+            self.rel_row = nn.Parameter(torch.randn(kernel_size, dh // 2))
+            self.rel_col = nn.Parameter(torch.randn(kernel_size, dh // 2))
+        else:
+            self.register_parameter("rel_row", None)
+            self.register_parameter("rel_col", None)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, nh, dh, H, W)
+        b, _, h, w = x.shape
+        return x.view(b, self.num_heads, self.head_dim, h, w)
+
+    def forward(
+        self, x: torch.Tensor, return_attention: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """x (B, C_in, H, W) -> (B, C_out, H/s, W/s); with ``return_attention`` also the window
+        probabilities (B, nh, H*W, k*k) at the input resolution (see ``local_to_dense``)."""
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(
+                f"expected input (B, {self.in_channels}, H, W), got shape {tuple(x.shape)}"
+            )
+        bsz, _, h, w = x.shape
+        q = self._heads(self.query(x)) * self.scale  # (B, nh, dh, H, W)
+        v = self._heads(self.value(x))
+        k = self._heads(self.key(x)) if self.key is not None else None
+        rel_row, rel_col = self.rel_row, self.rel_col
+        if self.positional == "absolute":
+            pe = sinusoid_2d(self.head_dim, h, w, x.device, x.dtype).permute(2, 0, 1)  # (dh, H, W)
+            k = pe.expand(bsz, self.num_heads, -1, h, w) if k is None else k + pe
+        out = local_attention(
+            q,
+            k,
+            v,
+            kernel_size=self.kernel_size,
+            rel_row=rel_row,
+            rel_col=rel_col,
+            padding=self.padding,
+            impl=self.impl,
+            return_attention=return_attention,
+        )
+        y, attn = out if return_attention else (out, None)
+        y = y.reshape(bsz, self.out_channels, h, w)  # (B, nh*dv, H, W)
+        if self.stride > 1:
+            y = F.avg_pool2d(y, self.stride)  # downsampling after attention (sec. 3.1)
+        return (y, attn) if return_attention else y
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.in_channels}, {self.out_channels}, num_heads={self.num_heads}, "
+            f"kernel_size={self.kernel_size}, stride={self.stride}, "
+            f"positional={self.positional!r}, logits={self.logits!r}, padding={self.padding!r}"
+        )
