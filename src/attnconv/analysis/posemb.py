@@ -17,12 +17,12 @@ _POS_NAMES = ("pos_embed", "pos_embedding", "position_embedding", "position_embe
 
 
 def find_position_embedding(model: nn.Module) -> torch.Tensor | None:
-    """The learned absolute position embedding (N, D) of ``model``, or None.
+    """The absolute position embedding (N, D) of ``model`` (learned or fixed), or None.
 
-    A parameter whose last name component is one of the usual names (pos_embed, ...), of shape
-    (1, N, D) or (N, D).
+    A parameter or buffer whose last name component is one of the usual names (pos_embed, ...),
+    of shape (1, N, D) or (N, D).
     """
-    for name, p in model.named_parameters():
+    for name, p in [*model.named_parameters(), *model.named_buffers()]:
         if name.rsplit(".", 1)[-1] in _POS_NAMES and p.dim() in (2, 3):
             if p.dim() == 3 and p.shape[0] != 1:
                 continue
