@@ -273,7 +273,7 @@ class MultiHeadSelfAttention2d(nn.Module):
         d1 = rows[None, :] - rows[:, None] + h - 1  # (T, T) key row - query row + h - 1
         d2 = cols[None, :] - cols[:, None] + w - 1
         if self.positional.startswith("quadratic"):
-            bias = self.positional_encoding.dense_logits(h, w)[None].to(dt)
+            bias = self.positional_encoding.dense_logits(h, w)[None]  # float32 if bf16
         elif self.positional == "relative_learned":
             r_row, r_col = self._tables(h, w, dt)
             e_row, e_col = r_row[d1], r_col[d2]  # (T, T, dr), (T, T, dc)

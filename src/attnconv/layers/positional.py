@@ -54,6 +54,12 @@ def sinusoid_2d(h: int, w: int, channels: int, base: float = 10000.0) -> torch.T
     ).reshape(h * w, channels)
 
 
+def hi(t: torch.Tensor) -> torch.Tensor:
+    """float32 copy of a bfloat16/float16 parameter: positional logits like alpha (d - Delta)^2
+    reach 1e5+ and need float32 precision whatever the layer's dtype."""
+    return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
+
+
 def check_size(h: int, w: int, max_size: int, what: str) -> None:
     if h > max_size or w > max_size:
         raise ValueError(
@@ -149,16 +155,16 @@ class QuadraticEncoding(nn.Module):
 
     def axis_logits(self, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Separable form: row logits (Nh, h, h) [q1, k1] and column logits (Nh, w, w)."""
-        a = self.alpha[:, None, None]
-        d1 = (relative_index(h, self.alpha.device) - (h - 1)).to(self.alpha.dtype)  # k1 - q1
-        d2 = (relative_index(w, self.alpha.device) - (w - 1)).to(self.alpha.dtype)
-        row = -a * (d1[None] - self.centers[:, 0, None, None]) ** 2  # (Nh, h, h)
-        col = -a * (d2[None] - self.centers[:, 1, None, None]) ** 2  # (Nh, w, w)
+        a, ctr = hi(self.alpha)[:, None, None], hi(self.centers)
+        d1 = (relative_index(h, a.device) - (h - 1)).to(a.dtype)  # k1 - q1
+        d2 = (relative_index(w, a.device) - (w - 1)).to(a.dtype)
+        row = -a * (d1[None] - ctr[:, 0, None, None]) ** 2  # (Nh, h, h)
+        col = -a * (d2[None] - ctr[:, 1, None, None]) ** 2  # (Nh, w, w)
         return row, col
 
     def dense_logits(self, h: int, w: int) -> torch.Tensor:
         """(Nh, T, T): -alpha ||delta - Delta||^2 for every (query, key) pair, or 0/-inf if hard."""
-        p = pixel_coords(h, w, self.alpha.device, self.alpha.dtype)  # (T, 2)
+        p = pixel_coords(h, w, self.alpha.device, hi(self.alpha).dtype)  # (T, 2)
         delta = p[None, :, :] - p[:, None, :]  # (T, T, 2) key - query
         if self.hard:
             r, c = self.hard_indices(h, w)  # (Nh, h), (Nh, w)
@@ -167,16 +173,16 @@ class QuadraticEncoding(nn.Module):
             keep.scatter_(2, tgt[..., None], True)
             zero = torch.zeros((), dtype=p.dtype, device=p.device)
             return torch.where(keep, zero, torch.full_like(zero, float("-inf")))
-        diff = delta[None] - self.centers[:, None, None, :]  # (Nh, T, T, 2)
-        return -self.alpha[:, None, None] * diff.pow(2).sum(-1)
+        diff = delta[None] - hi(self.centers)[:, None, None, :]  # (Nh, T, T, 2)
+        return -hi(self.alpha)[:, None, None] * diff.pow(2).sum(-1)
 
     def fold(self, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Rank-3 bilinear form of the logits: q_pos (Nh, T, 3) . k_pos (T, 3) equals
         -alpha ||k - q - Delta||^2 up to a per-query constant:
         2 alpha k.(q + Delta) - alpha ||k||^2 (centred coordinates)."""
-        p = pixel_coords(h, w, self.alpha.device, self.alpha.dtype)  # (T, 2)
-        a = self.alpha[:, None, None]
-        target = p[None] + self.centers[:, None, :]  # (Nh, T, 2)
+        a = hi(self.alpha)[:, None, None]
+        p = pixel_coords(h, w, a.device, a.dtype)  # (T, 2)
+        target = p[None] + hi(self.centers)[:, None, :]  # (Nh, T, 2)
         q_pos = torch.cat([2 * a * target, -a.expand(-1, h * w, 1)], dim=-1)  # (Nh, T, 3)
         k_pos = torch.cat([p, p.pow(2).sum(-1, keepdim=True)], dim=-1)  # (T, 3)
         return q_pos, k_pos
@@ -207,19 +213,22 @@ class GeneralizedQuadraticEncoding(nn.Module):
     @property
     def precision(self) -> torch.Tensor:
         """Sigma^-1 (Nh, 2, 2) = L^T L."""
-        return self.precision_factor.transpose(-1, -2) @ self.precision_factor
+        lf = hi(self.precision_factor)
+        return lf.transpose(-1, -2) @ lf
 
     def dense_logits(self, h: int, w: int) -> torch.Tensor:
-        p = pixel_coords(h, w, self.centers.device, self.centers.dtype)
+        ctr = hi(self.centers)
+        p = pixel_coords(h, w, ctr.device, ctr.dtype)
         delta = p[None, :, :] - p[:, None, :]  # (T, T, 2)
-        diff = delta[None] - self.centers[:, None, None, :]  # (Nh, T, T, 2)
+        diff = delta[None] - ctr[:, None, None, :]  # (Nh, T, T, 2)
         return -0.5 * torch.einsum("htsi,hij,htsj->hts", diff, self.precision, diff)
 
     def fold(self, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
         """q_pos (Nh, T, 5) . k_pos (T, 5) = k^T S (q + Delta) - 1/2 k^T S k (+ per-query const)."""
-        p = pixel_coords(h, w, self.centers.device, self.centers.dtype)  # (T, 2)
+        ctr = hi(self.centers)
+        p = pixel_coords(h, w, ctr.device, ctr.dtype)  # (T, 2)
         s = self.precision  # (Nh, 2, 2)
-        target = p[None] + self.centers[:, None, :]  # (Nh, T, 2)
+        target = p[None] + ctr[:, None, :]  # (Nh, T, 2)
         lin = torch.einsum("hij,htj->hti", s, target)  # (Nh, T, 2)
         quad = torch.stack([-0.5 * s[:, 0, 0], -0.5 * s[:, 1, 1], -s[:, 0, 1]], -1)  # (Nh, 3)
         q_pos = torch.cat([lin, quad[:, None, :].expand(-1, h * w, 3)], dim=-1)  # (Nh, T, 5)
