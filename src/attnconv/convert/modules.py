@@ -1,0 +1,302 @@
+"""Convolution -> attention and back (Cordonnier et al., ICLR 2020, Theorem 1, Lemmas 1-2).
+
+``conv_to_attention(conv)`` returns a ``ConvAttention2d`` / ``ConvAttention1d``: one position-only
+quadratic ``MultiHeadSelfAttention2d`` with Kh*Kw heads whose centres Delta^(h) sit on the
+kernel's (dilated) shifts and whose W^(h) = Wval^(h) Wout_h hold the kernel (Lemma 1), plus the
+border padding, cropping and stride subsampling of SPEC.md sec. 3 ("Borders").
+
+- ``alpha=None``: the alpha -> inf limit (hard one-hot attention, a shift; exact).
+- finite ``alpha``: Lemma 2's soft layer; its error decreases with alpha.
+- ``head_dim=None``: exact, each head attends over the raw input (value="identity", Dh = Cin).
+  A ``head_dim`` below a head's rank gives the best rank-``head_dim`` W^(h) (truncated SVD); the
+  relative kernel error is ``module.rank_error`` and a warning says so (Theorem 1's
+  min(Dh, Dout) bound).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+
+import torch
+import torch.nn as nn
+
+from .geometry import (
+    ConvGeometry,
+    conv_geometry,
+    heads_to_kernel,
+    kernel_to_heads,
+    low_rank_heads,
+)
+
+
+def _mhsa_cls():
+    from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
+
+    return MultiHeadSelfAttention2d
+
+
+class ConvAttention2d(nn.Module):
+    """An nn.Conv2d computed by multi-head self-attention (Theorem 1).
+
+    ``attention`` is a position-only quadratic ``MultiHeadSelfAttention2d`` over the padded input;
+    ``geometry`` holds the conv's padding, stride and dilation. NCHW in, NCHW out, same shapes as
+    the original conv.
+    """
+
+    def __init__(self, geometry: ConvGeometry, attention: nn.Module, rank_error: float = 0.0):
+        super().__init__()
+        self.geometry = geometry
+        self.attention = attention
+        self.rank_error = rank_error  # ||W - W_r||_F / ||W||_F of the kernel (0 = exact)
+
+    @property
+    def hard(self) -> bool:
+        return bool(self.attention.positional_encoding.hard)
+
+    @property
+    def alpha(self) -> torch.Tensor:
+        return self.attention.positional_encoding.alpha
+
+    def attention_centers(self) -> torch.Tensor:
+        return self.attention.attention_centers()
+
+    def _check(self, x: torch.Tensor, dims: int) -> None:
+        g = self.geometry
+        if x.dim() != dims + 2 or x.shape[1] != g.in_channels:
+            shape = "(B, C, H, W)" if dims == 2 else "(B, C, L)"
+            raise ValueError(
+                f"{type(self).__name__} expects {shape} input with C={g.in_channels}, "
+                f"got shape {tuple(x.shape)}"
+            )
+
+    def _forward2d(self, x: torch.Tensor, return_attention: bool):
+        h, w = x.shape[-2:]
+        self.geometry.output_size(h, w)  # ValueError if the image is smaller than the kernel
+        xp = self.geometry.pad_input(x)  # (B, Cin, Hp, Wp), padded exactly as the conv pads
+        out = self.attention(xp, return_attention=return_attention)
+        y, attn = out if return_attention else (out, None)  # y (B, Cout, Hp, Wp)
+        y = self.geometry.crop(y, h, w)  # (B, Cout, Ho, Wo): anchor + o * stride
+        return (y, attn) if return_attention else y
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False):
+        """x (B, Cin, H, W) -> conv(x) (B, Cout, Ho, Wo); with return_attention also the
+        attention probabilities over the padded image (B or 1, Nh, Hp*Wp, Hp*Wp)."""
+        self._check(x, 2)
+        return self._forward2d(x, return_attention)
+
+    def extra_repr(self) -> str:
+        g = self.geometry
+        s = (
+            f"{g.in_channels}, {g.out_channels}, kernel_size={g.kernel}, stride={g.stride}, "
+            f"pad={g.pad}, dilation={g.dilation}, groups={g.groups}, "
+            f"padding_mode={g.padding_mode!r}, hard={self.hard}"
+        )
+        return s + (f", rank_error={self.rank_error:.3g}" if self.rank_error else "")
+
+
+class ConvAttention1d(ConvAttention2d):
+    """An nn.Conv1d computed by self-attention: the 2-D layer on a (1, L) image, K heads, row 0."""
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False):
+        """x (B, Cin, L) -> conv(x) (B, Cout, Lo)."""
+        self._check(x, 1)
+        out = self._forward2d(x.unsqueeze(2), return_attention)  # (B, C, 1, L)
+        if return_attention:
+            return out[0].squeeze(2), out[1]
+        return out.squeeze(2)
+
+
+def conv_to_attention(
+    conv: nn.Module,
+    *,
+    alpha: float | None = None,
+    head_dim: int | None = None,
+    impl: str = "auto",
+) -> ConvAttention2d:
+    """Turn an ``nn.Conv2d`` / ``nn.Conv1d`` into an equivalent self-attention module.
+
+    alpha: None = hard (alpha -> inf, exact), a float > 0 = Lemma 2's soft layer.
+    head_dim: None = exact (value="identity", Dh = Cin); an int = rank-limited W^(h) via
+    truncated SVD (exact when >= every head's rank; else warns, error in ``.rank_error``).
+    """
+    geom = conv_geometry(conv)  # TypeError for non-convs
+    if alpha is not None and not (isinstance(alpha, (int, float)) and math.isfinite(alpha)):
+        raise TypeError(f"alpha must be None (hard) or a finite number, got {alpha!r}")
+    if alpha is not None and alpha <= 0:
+        raise ValueError(f"alpha must be > 0, got {alpha}")
+    if head_dim is not None and (not isinstance(head_dim, int) or head_dim < 1):
+        raise ValueError(f"head_dim must be a positive int or None, got {head_dim!r}")
+    w = conv.weight.detach()
+    heads = kernel_to_heads(w, geom.groups)  # (Nh, Cout, Cin), W^(h) of Lemma 1
+    nh, cout, cin = heads.shape
+    bias = conv.bias is not None
+    mhsa = _mhsa_cls()
+    rank_error = 0.0
+    if head_dim is None:
+        layer = mhsa(
+            cin, cout, nh, positional="quadratic", content=False, value="identity",
+            impl=impl, bias=bias,
+        )  # fmt: skip
+        out_w = heads.permute(1, 0, 2).reshape(cout, nh * cin)  # [W^(1) ... W^(Nh)]
+        val_w = None
+    else:
+        val, out, rank_error = low_rank_heads(heads, head_dim)  # (Nh, r, Cin), (Nh, Cout, r)
+        layer = mhsa(
+            cin, cout, nh, head_dim=head_dim, positional="quadratic", content=False,
+            value="linear", impl=impl, bias=bias,
+        )  # fmt: skip
+        out_w = out.permute(1, 0, 2).reshape(cout, nh * head_dim)
+        val_w = val.reshape(nh * head_dim, cin)
+    layer = layer.to(device=w.device, dtype=w.dtype)
+    pe = layer.positional_encoding
+    with torch.no_grad():
+        pe.centers.copy_(geom.centers().to(pe.centers))
+        pe.alpha.fill_(1.0 if alpha is None else float(alpha))
+        layer.out_proj.weight.copy_(out_w)
+        if bias:
+            layer.out_proj.bias.copy_(conv.bias.detach())
+        if val_w is not None:
+            layer.value_proj.weight.copy_(val_w)
+            if layer.value_proj.bias is not None:
+                layer.value_proj.bias.zero_()
+    pe.hard = alpha is None
+    cls = ConvAttention1d if geom.ndim == 1 else ConvAttention2d
+    module = cls(geom, layer, rank_error)
+    if rank_error > 0:
+        warnings.warn(
+            f"conv_to_attention: head_dim={head_dim} < rank of W^(h) (Theorem 1 needs "
+            f"min(Dh, Dout) >= rank); rank-limited kernel, relative error {rank_error:.3g}",
+            stacklevel=2,
+        )
+    return module.train(conv.training)
+
+
+def _head_matrices(layer: nn.Module) -> torch.Tensor:
+    """W^(h) = Wval^(h) Wout_h of an MHSA2d layer as (Nh, Cout, Cin) (Lemma 1)."""
+    nh = layer.num_heads
+    out_w = layer.out_proj.weight.detach()  # (Cout, Nh*Dh)
+    cout = out_w.shape[0]
+    out_h = out_w.reshape(cout, nh, -1).permute(1, 0, 2)  # (Nh, Cout, Dh)
+    vp = getattr(layer, "value_proj", None)
+    if vp is None:  # value="identity": Dh = Cin
+        return out_h
+    if vp.bias is not None and vp.bias.detach().abs().max() > 0:
+        raise ValueError("value_proj has a non-zero bias: not expressible as a convolution")
+    val = vp.weight.detach().reshape(nh, -1, vp.weight.shape[1])  # (Nh, Dh, Cin)
+    return out_h @ val
+
+
+def attention_to_conv(module: nn.Module) -> nn.Conv2d | nn.Conv1d:
+    """The reverse of ``conv_to_attention`` for a hard module on integer shifts.
+
+    ``ConvAttention2d/1d`` -> the original conv geometry with W^(h) written back into the kernel
+    (a round trip gives the same weights). Soft (finite alpha) or non-integer centres ->
+    ValueError. For a bare ``MultiHeadSelfAttention2d`` use ``mhsa_to_conv``.
+    """
+    if not isinstance(module, ConvAttention2d):
+        raise TypeError(
+            f"attention_to_conv expects a ConvAttention2d/1d, got {type(module).__name__} "
+            "(use mhsa_to_conv for a bare MultiHeadSelfAttention2d)"
+        )
+    g = module.geometry
+    layer = module.attention
+    if not module.hard:
+        raise ValueError("attention_to_conv needs hard heads (alpha -> inf); this layer is soft")
+    centers = layer.positional_encoding.centers.detach()
+    if not torch.equal(centers.round().long().cpu(), g.centers()):
+        raise ValueError("the heads' centres are no longer the kernel's shifts")
+    heads = _head_matrices(layer)
+    weight = heads_to_kernel(heads, g.kernel, g.groups, g.ndim)
+    bias = layer.out_proj.bias
+    cls = nn.Conv2d if g.ndim == 2 else nn.Conv1d
+    size = g.kernel if g.ndim == 2 else g.kernel[1]
+    pick = (lambda t: t) if g.ndim == 2 else (lambda t: t[1])
+    conv = cls(
+        g.in_channels, g.out_channels, size, stride=pick(g.stride), padding=g.padding,
+        dilation=pick(g.dilation), groups=g.groups, bias=bias is not None,
+        padding_mode=g.padding_mode,
+    )  # fmt: skip
+    conv = conv.to(device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        conv.weight.copy_(weight)
+        if bias is not None:
+            conv.bias.copy_(bias.detach())
+    return conv.train(module.training)
+
+
+def mhsa_to_conv(layer: nn.Module) -> nn.Conv2d:
+    """A bare hard quadratic ``MultiHeadSelfAttention2d`` (position-only) -> nn.Conv2d.
+
+    Head h reads clamp(q + round(Delta_h)) per axis: that is a replicate-padded image, so the
+    conv has padding_mode="replicate", a kernel spanning every centre (symmetric about 0, zeros
+    where no head sits; heads on the same shift add) and padding = the largest |shift| per axis.
+    """
+    pe = getattr(layer, "positional_encoding", None)
+    if pe is None or not hasattr(pe, "centers") or getattr(layer, "content", False):
+        raise ValueError("mhsa_to_conv needs a position-only quadratic MultiHeadSelfAttention2d")
+    if not getattr(pe, "hard", False):
+        raise ValueError("mhsa_to_conv needs hard heads (alpha -> inf); this layer is soft")
+    shifts = pe.centers.detach().round().long().cpu()  # (Nh, 2)
+    heads = _head_matrices(layer)  # (Nh, Cout, Cin)
+    nh, cout, cin = heads.shape
+    ph, pw = (int(v) for v in shifts.abs().amax(dim=0))
+    weight = heads.new_zeros(cout, cin, 2 * ph + 1, 2 * pw + 1)
+    for (dr, dc), wh in zip(shifts.tolist(), heads):
+        weight[:, :, ph + dr, pw + dc] += wh
+    bias = layer.out_proj.bias
+    conv = nn.Conv2d(
+        cin, cout, weight.shape[-2:], padding=(ph, pw), bias=bias is not None,
+        padding_mode="replicate",
+    ).to(device=weight.device, dtype=weight.dtype)  # fmt: skip
+    with torch.no_grad():
+        conv.weight.copy_(weight)
+        if bias is not None:
+            conv.bias.copy_(bias.detach())
+    return conv
+
+
+def convert_model(
+    model: nn.Module,
+    *,
+    alpha: float | None = None,
+    head_dim: int | None = None,
+    impl: str = "auto",
+    inplace: bool = False,
+) -> nn.Module:
+    """Replace every nn.Conv1d / nn.Conv2d of ``model`` by its attention equivalent.
+
+    Returns the converted model (a deep copy unless ``inplace``): an all-attention network whose
+    outputs equal the original's (exactly for ``alpha=None, head_dim=None``).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"convert_model expects an nn.Module, got {type(model).__name__}")
+    if not inplace:
+        model = copy.deepcopy(model)
+    if isinstance(model, (nn.Conv1d, nn.Conv2d)):  # the root itself cannot be swapped in place
+        return conv_to_attention(model, alpha=alpha, head_dim=head_dim, impl=impl)
+    converted: dict[int, ConvAttention2d] = {}  # id(conv) -> module (a shared conv stays shared)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # one summary warning below instead of one per layer
+        for parent in list(model.modules()):
+            for child_name, child in list(parent.named_children()):
+                if isinstance(child, (nn.Conv1d, nn.Conv2d)):
+                    if id(child) not in converted:
+                        converted[id(child)] = conv_to_attention(
+                            child, alpha=alpha, head_dim=head_dim, impl=impl
+                        )
+                    setattr(parent, child_name, converted[id(child)])
+    worst = max((m.rank_error for m in converted.values()), default=0.0)
+    if worst > 0:
+        warnings.warn(
+            f"convert_model: head_dim={head_dim} is below some kernels' rank; worst relative "
+            f"kernel error {worst:.3g} (see each module's .rank_error)",
+            stacklevel=2,
+        )
+    return model
+
+
+def converted_layers(model: nn.Module) -> list[tuple[str, ConvAttention2d]]:
+    """(name, module) of every ConvAttention2d/1d in a converted model, in module order."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, ConvAttention2d)]
