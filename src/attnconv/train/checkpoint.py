@@ -1,0 +1,323 @@
+"""Checkpoints: safetensors weights + JSON metadata, written atomically, loaded defensively.
+
+A checkpoint is a folder::
+
+    model.safetensors   the model's state_dict (plain tensors, no pickle)
+    state.safetensors   optional training state tensors (optimizer, RNG)
+    checkpoint.json     format + version, model name + kwargs, config, step, names / shapes /
+                        dtypes of every tensor and the sha256 + size of each .safetensors file
+
+Each file goes through temp file + fsync + rename, the folder is assembled under a temporary name
+and renamed into place, so a crash never leaves a half-written checkpoint under the real name.
+Loading checks everything before building the model and fails with a one-line
+:class:`CheckpointError` saying which problem (missing, pickle, truncated, corrupted, foreign)
+and why. Nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+FORMAT = "attnconv-checkpoint"
+VERSION = 1
+META = "checkpoint.json"
+WEIGHTS = "model.safetensors"
+STATE = "state.safetensors"
+LATEST = "latest"  # pointer file in a folder of step checkpoints
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded; the message says which problem and why."""
+
+
+def _fsync_dir(d: Path) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temp file in the same folder, fsync, rename."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    _fsync_dir(path.parent)
+
+
+def _tensor_index(tensors: dict[str, torch.Tensor]) -> dict[str, list]:
+    return {k: [str(v.dtype).removeprefix("torch."), list(v.shape)] for k, v in tensors.items()}
+
+
+def _plain(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().to("cpu").clone().contiguous() for k, v in tensors.items()}
+
+
+def optimizer_to_tensors(opt: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """Split an optimizer state_dict into safetensors-able tensors and JSON-able rest."""
+    sd = opt.state_dict()
+    tensors, scalars = {}, {}
+    for pid, st in sd["state"].items():
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor):
+                tensors[f"optim.{pid}.{k}"] = v
+            else:
+                scalars.setdefault(str(pid), {})[k] = v
+    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def optimizer_from_tensors(opt: torch.optim.Optimizer, tensors: dict, meta: dict) -> None:
+    state: dict[int, dict] = {}
+    for name, v in tensors.items():
+        if name.startswith("optim."):
+            _, pid, k = name.split(".", 2)
+            state.setdefault(int(pid), {})[k] = v
+    for pid, d in meta["scalars"].items():
+        state.setdefault(int(pid), {}).update(d)
+    groups = [
+        {k: tuple(v) if k == "betas" else v for k, v in g.items()} for g in meta["param_groups"]
+    ]
+    opt.load_state_dict({"state": state, "param_groups": groups})
+
+
+def save_checkpoint(
+    path: str | Path,
+    model: nn.Module,
+    model_name: str,
+    model_kwargs: dict,
+    *,
+    optimizer: torch.optim.Optimizer | None = None,
+    state: dict | None = None,
+    state_tensors: dict[str, torch.Tensor] | None = None,
+    config: dict | None = None,
+    extra: dict | None = None,
+) -> Path:
+    """Write a checkpoint folder ``path`` (replacing an existing one atomically).
+
+    ``state`` (JSON) and ``state_tensors`` hold the training state (step, RNG, ...) and
+    ``optimizer`` its state; ``extra`` is merged into the metadata (e.g. data mean/std, classes).
+    """
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        raise ValueError(f"{path}: save_checkpoint writes a folder, give a folder path")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model = getattr(model, "module", model)  # DDP
+    model = getattr(model, "_orig_mod", model)  # torch.compile
+    weights = _plain(model.state_dict())
+    st_tensors = dict(state_tensors or {})
+    opt_meta = None
+    if optimizer is not None:
+        t, opt_meta = optimizer_to_tensors(optimizer)
+        st_tensors.update(t)
+    st_tensors = _plain(st_tensors)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    try:
+        files = {WEIGHTS: st_save(weights)}
+        if st_tensors:
+            files[STATE] = st_save(st_tensors)
+        for name, data in files.items():
+            atomic_write(tmp / name, data)
+        meta = {
+            "format": FORMAT,
+            "version": VERSION,
+            "attnconv_version": _version(),
+            "model": model_name,
+            "model_kwargs": model_kwargs,
+            "config": config,
+            "state": state or {},
+            "optimizer": opt_meta,
+            "tensors": {WEIGHTS: _tensor_index(weights), STATE: _tensor_index(st_tensors)},
+            "files": {
+                n: {"sha256": hashlib.sha256(d).hexdigest(), "bytes": len(d)}
+                for n, d in files.items()
+            },
+            **(extra or {}),
+        }
+        atomic_write(tmp / META, json.dumps(meta, indent=1).encode())
+        old = None
+        if path.exists():
+            old = path.with_name(f".{path.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def _version() -> str:
+    from attnconv import __version__
+
+    return __version__
+
+
+def _is_pickle(p: Path) -> bool:
+    """A pickle (protocol >= 2) or torch.save zip, and not a safetensors file."""
+    with open(p, "rb") as f:
+        head = f.read(9)
+    size = p.stat().st_size
+    if len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < size:
+        return False  # safetensors: u64 header length, then the JSON header
+    pickled = len(head) > 1 and head[0] == 0x80 and 2 <= head[1] <= 5  # PROTO opcode
+    return pickled or head[:4] == b"PK\x03\x04"  # torch.save zip
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """The checkpoint folder that ``path`` names: a run folder, a folder of step checkpoints
+    (``latest`` pointer), a checkpoint folder, or its checkpoint.json / model.safetensors."""
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"{p}: missing checkpoint (no such file or folder)")
+    if p.is_file():
+        if p.name in (META, WEIGHTS, STATE):
+            return find_checkpoint(p.parent)
+        if _is_pickle(p):
+            raise CheckpointError(
+                f"{p}: pickle checkpoint (torch.save format); attnconv never unpickles files "
+                f"(unsafe) - re-save the weights as an attnconv safetensors checkpoint"
+            )
+        raise CheckpointError(f"{p}: foreign checkpoint (expected a folder with {META}, {WEIGHTS})")
+    for sub in (p / "checkpoints", p):
+        if (sub / LATEST).is_file() and not (sub / META).exists():
+            name = (sub / LATEST).read_text().strip()
+            return find_checkpoint(sub / name)
+    if not (p / META).is_file():
+        pickles = [f.name for f in p.iterdir() if f.suffix in (".pt", ".pth", ".pkl", ".bin")]
+        why = f"holds {', '.join(pickles)} (pickle, never loaded)" if pickles else f"has no {META}"
+        raise CheckpointError(f"{p}: missing checkpoint: the folder {why}")
+    return p
+
+
+def read_checkpoint(path: str | Path, *, with_state: bool = False) -> tuple[dict, dict, dict]:
+    """Verified (meta, weights, state_tensors) of a checkpoint; raises CheckpointError."""
+    d = find_checkpoint(path)
+    try:
+        meta = json.loads((d / META).read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(
+            f"{d / META}: corrupted checkpoint: metadata is not JSON ({e})"
+        ) from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CheckpointError(f"{d}: foreign checkpoint: {META} is not attnconv metadata")
+    if not isinstance(meta.get("version"), int) or meta["version"] > VERSION:
+        raise CheckpointError(
+            f"{d}: foreign checkpoint: format version {meta.get('version')!r}, this attnconv "
+            f"({_version()}) reads versions <= {VERSION}"
+        )
+    out = []
+    for name in (WEIGHTS, STATE) if with_state else (WEIGHTS,):
+        expect = meta.get("files", {}).get(name)
+        f = d / name
+        if expect is None:
+            out.append({})
+            continue
+        if not f.is_file():
+            raise CheckpointError(f"{f}: missing checkpoint file (listed in {META})")
+        data = f.read_bytes()
+        if _is_pickle(f):
+            raise CheckpointError(f"{f}: pickle checkpoint file; attnconv never unpickles (unsafe)")
+        if len(data) < expect["bytes"]:
+            raise CheckpointError(
+                f"{f}: truncated checkpoint: {len(data)} of {expect['bytes']} bytes"
+            )
+        if len(data) != expect["bytes"] or hashlib.sha256(data).hexdigest() != expect["sha256"]:
+            raise CheckpointError(
+                f"{f}: corrupted checkpoint: sha256/size differ from {META} (file was modified)"
+            )
+        try:
+            tensors = st_load(data)
+        except (SafetensorError, ValueError, RuntimeError) as e:
+            raise CheckpointError(
+                f"{f}: corrupted checkpoint: unreadable safetensors ({e})"
+            ) from None
+        index = _tensor_index(tensors)
+        if index != meta["tensors"].get(name):
+            raise CheckpointError(
+                f"{f}: corrupted checkpoint: tensors differ from the index in {META}"
+            )
+        out.append(tensors)
+    if not with_state:
+        out.append({})
+    meta["path"] = str(d)
+    return meta, out[0], out[1]
+
+
+def check_fits(model: nn.Module, weights: dict[str, torch.Tensor], where: str, name: str) -> None:
+    """Names, shapes and dtypes of ``weights`` must match ``model`` exactly."""
+    own = {k: v for k, v in model.state_dict().items()}
+    missing = sorted(set(own) - set(weights))
+    unexpected = sorted(set(weights) - set(own))
+    wrong = [
+        f"{k} {tuple(weights[k].shape)}/{weights[k].dtype} vs {tuple(v.shape)}/{v.dtype}"
+        for k, v in own.items()
+        if k in weights and (weights[k].shape != v.shape or weights[k].dtype != v.dtype)
+    ]
+    if missing or unexpected or wrong:
+        parts = []
+        if missing:
+            parts.append(f"missing {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+        if unexpected:
+            more = " ..." if len(unexpected) > 3 else ""
+            parts.append(f"unexpected {', '.join(unexpected[:3])}{more}")
+        if wrong:
+            parts.append(f"shape/dtype {'; '.join(wrong[:2])}{' ...' if len(wrong) > 2 else ''}")
+        raise CheckpointError(
+            f"{where}: foreign checkpoint: weights don't fit model {name!r} ({'; '.join(parts)})"
+        )
+
+
+def load_model(
+    path: str | Path, *, model_name: str | None = None, **overrides
+) -> tuple[nn.Module, dict]:
+    """Rebuild the model a checkpoint was saved from and load its weights; returns (model, info).
+
+    ``model_name``, if given, must match the stored one. ``overrides`` are extra
+    ``create_model`` arguments that don't change the weights (e.g. ``impl``).
+    """
+    from attnconv.models import create_model, list_models
+
+    meta, weights, _ = read_checkpoint(path)
+    where = meta["path"]
+    name = meta.get("model")
+    if model_name is not None and name != model_name:
+        raise CheckpointError(f"{where}: foreign checkpoint: it holds {name!r}, not {model_name!r}")
+    if name not in list_models():
+        raise CheckpointError(
+            f"{where}: foreign checkpoint: model {name!r} is not in this attnconv"
+        )
+    try:
+        model = create_model(name, **{**meta.get("model_kwargs", {}), **overrides})
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{where}: foreign checkpoint: cannot build {name!r} ({e})") from None
+    check_fits(model, weights, where, name)
+    model.load_state_dict(weights, strict=True)
+    model.eval()
+    return model, meta

@@ -1,0 +1,79 @@
+"""Data-parallel training through ``torchrun``: gloo on CPU, nccl on GPU, rank 0 logs and saves.
+
+``torchrun --nproc-per-node N -m attnconv.cli train CONFIG`` sets RANK / WORLD_SIZE / LOCAL_RANK;
+without them everything runs in one process. Each rank reads its slice of every global batch
+(attnconv.data.Loader), DDP averages the gradients, so N processes with global batch B compute the
+same update as one process with batch B.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+
+@dataclass
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed() -> DistInfo:
+    """Join the process group torchrun describes (or stay single-process)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        return DistInfo(device=dev)
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local)
+        backend, dev = "nccl", torch.device("cuda", local)
+    else:
+        backend, dev = "gloo", torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend)
+    return DistInfo(rank, world, local, dev)
+
+
+def wrap(model: nn.Module, info: DistInfo) -> nn.Module:
+    if not info.enabled:
+        return model
+    ids = [info.local_rank] if info.device.type == "cuda" else None
+    return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+
+def all_reduce_sum(values: list[float], info: DistInfo) -> list[float]:
+    """Sum a few numbers over the ranks (float64)."""
+    if not info.enabled:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=info.device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def any_rank(flag: bool, info: DistInfo) -> bool:
+    return all_reduce_sum([float(flag)], info)[0] > 0 if info.enabled else flag
+
+
+def barrier(info: DistInfo) -> None:
+    if info.enabled:
+        dist.barrier()
+
+
+def shutdown(info: DistInfo) -> None:
+    if info.enabled and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,348 @@
+"""The training loop: exact resume, clean interruption, non-finite guard, one or many processes.
+
+Run folder ``cfg.out_dir``: ``checkpoints/step-XXXXXXXX/`` (+ ``checkpoints/latest``),
+``metrics.csv``, ``centers.jsonl``, ``config.yaml``, ``tb/``. Everything random is seeded
+(model init by ``train.seed``, data order and augmentation by (seed, epoch, step), dropout by the
+torch RNG saved in each checkpoint), so a resumed run ends bit-identical to an uninterrupted one
+on CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import yaml
+
+from attnconv.data import Loader, load_dataset
+
+from . import distributed as D
+from .checkpoint import LATEST, CheckpointError, optimizer_from_tensors, read_checkpoint
+from .checkpoint import save_checkpoint as _save
+from .config import Config
+from .monitor import Monitor
+from .optim import build_optimizer, lr_at, set_lr
+
+
+class NonFiniteLoss(RuntimeError):
+    """Training diverged; the message names the step and the last good checkpoint."""
+
+
+class Interrupted(Exception):
+    """SIGINT / SIGTERM: a resumable checkpoint was saved."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.signum = signum
+
+
+# config keys that may change on --resume without breaking exactness
+_RESUME_FREE = {
+    "train.progress",
+    "train.log_every",
+    "train.tensorboard",
+    "train.threads",
+    "train.checkpoint_every",
+    "train.keep_checkpoints",
+    "out_dir",
+    "data.root",
+    "data.cache_dir",
+    "data.download",
+    "data.dataset",
+}
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and k != "kwargs":
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def evaluate(model: nn.Module, loader: Loader, info: D.DistInfo, bf16: bool = False):
+    """(loss, accuracy) over the loader's split, summed over the ranks."""
+    was = model.training
+    model.eval()
+    loss_sum = correct = n = 0.0
+    with torch.no_grad():
+        for x, y in loader.batches(0):
+            x, y = x.to(info.device), y.to(info.device)
+            with torch.autocast(info.device.type, dtype=torch.bfloat16, enabled=bf16):
+                logits = model(x)
+            loss_sum += F.cross_entropy(logits.float(), y, reduction="sum").item()
+            correct += (logits.argmax(-1) == y).sum().item()
+            n += len(y)
+    model.train(was)
+    loss_sum, correct, n = D.all_reduce_sum([loss_sum, correct, n], info)
+    return loss_sum / max(n, 1), correct / max(n, 1)
+
+
+class Trainer:
+    def __init__(self, cfg: Config, *, resume: bool = False, stop_at_step: int | None = None):
+        self.cfg, self.stop_at_step = cfg, stop_at_step
+        t = cfg.train
+        self.info = D.init_distributed()
+        if t.threads:
+            torch.set_num_threads(t.threads)
+        if t.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        self.out = Path(cfg.out_dir or "runs/default")
+        self.ckdir = self.out / "checkpoints"
+        d = cfg.data
+        common = dict(root=d.root, download=d.download and self.info.is_main, cache_dir=d.cache_dir)
+        if self.info.enabled and d.download:  # rank 0 downloads, the others wait
+            if self.info.is_main:
+                load_dataset(d.dataset, d.train_split, **common)
+            D.barrier(self.info)
+        train_ds = load_dataset(d.dataset, d.train_split, max_per_class=d.max_per_class, **common)
+        eval_ds = load_dataset(
+            d.dataset, d.eval_split, max_per_class=d.eval_max_per_class, **common
+        )
+        self.classes = train_ds.classes
+        norm = dict(mean=d.mean, std=d.std, rank=self.info.rank, world_size=self.info.world_size)
+        self.loader = Loader(
+            train_ds,
+            t.batch_size,
+            shuffle=True,
+            seed=t.seed,
+            augment=d.augment,
+            pad=d.crop_padding,
+            flip=d.flip,
+            max_steps=t.steps_per_epoch,
+            **norm,
+        )
+        self.eval_loader = Loader(eval_ds, t.eval_batch_size, shuffle=False, **norm)
+        self.total = t.epochs * len(self.loader)
+        torch.manual_seed(t.seed)
+        self.model_kwargs = {"num_classes": train_ds.num_classes, **cfg.model.kwargs}
+        from attnconv.models import create_model
+
+        self.model = create_model(cfg.model.name, **self.model_kwargs).to(self.info.device)
+        self.opt = build_optimizer(self.model, cfg.optim)
+        self.step = 0
+        self.sums = {
+            "ep_loss": 0.0,
+            "ep_correct": 0.0,
+            "ep_n": 0.0,
+            "win_loss": 0.0,
+            "win_correct": 0.0,
+            "win_n": 0.0,
+        }
+        if resume:
+            self._resume()
+        self.mon = Monitor(
+            self.out,
+            enabled=self.info.is_main,
+            resume_step=self.step if resume else None,
+            progress=t.progress,
+            tensorboard=t.tensorboard,
+            total_steps=self.total,
+        )
+        if self.info.is_main:
+            (self.out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        self.net = D.wrap(self.model, self.info)
+        if t.compile:
+            self.net = torch.compile(self.net)
+        self.stop_signal: int | None = None
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def _resume(self) -> None:
+        try:
+            meta, weights, st = read_checkpoint(self.ckdir, with_state=True)
+        except CheckpointError as e:
+            if "missing checkpoint" in str(e) and not self.ckdir.exists():
+                raise FileNotFoundError(f"--resume: no checkpoint in {self.ckdir}") from None
+            raise
+        where = meta["path"]
+        if meta["model"] != self.cfg.model.name or meta["model_kwargs"] != self.model_kwargs:
+            raise CheckpointError(
+                f"{where}: foreign checkpoint for this run: it holds {meta['model']} "
+                f"{meta['model_kwargs']}, the config asks for {self.cfg.model.name} "
+                f"{self.model_kwargs}"
+            )
+        old, new = _flat(meta.get("config") or {}), _flat(self.cfg.to_dict())
+        changed = sorted(
+            k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in _RESUME_FREE
+        )
+        if changed:
+            raise ValueError(
+                f"--resume: config differs from the checkpoint's in {', '.join(changed)} "
+                "(resuming would not continue the same run; use a new out_dir)"
+            )
+        from .checkpoint import check_fits
+
+        check_fits(self.model, weights, where, meta["model"])
+        self.model.load_state_dict(weights)
+        optimizer_from_tensors(self.opt, st, meta["optimizer"])
+        torch.set_rng_state(st["rng.torch"])
+        self.step = int(meta["state"]["step"])
+        self.sums.update(meta["state"]["sums"])
+
+    def save(self) -> Path | None:
+        """Rank 0 writes checkpoints/step-N, points ``latest`` at it, prunes old ones."""
+        path = self.ckdir / f"step-{self.step:08d}"
+        if self.info.is_main:
+            _save(
+                path,
+                self.model,
+                self.cfg.model.name,
+                self.model_kwargs,
+                optimizer=self.opt,
+                state={
+                    "step": self.step,
+                    "epoch": self.step // len(self.loader),
+                    "sums": self.sums,
+                    "total_steps": self.total,
+                },
+                state_tensors={"rng.torch": torch.get_rng_state()},
+                config=self.cfg.to_dict(),
+                extra={
+                    "data": {
+                        "classes": self.classes,
+                        "mean": self.cfg.data.mean,
+                        "std": self.cfg.data.std,
+                        "image_size": list(self.loader.ds.image_size),
+                    }
+                },
+            )
+            from .checkpoint import atomic_write
+
+            atomic_write(self.ckdir / LATEST, path.name.encode())
+            steps = sorted(p for p in self.ckdir.glob("step-*") if p.is_dir())
+            for old in steps[: -self.cfg.train.keep_checkpoints]:
+                if old != path:
+                    shutil.rmtree(old, ignore_errors=True)
+        D.barrier(self.info)
+        return path
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def _on_signal(self, signum, frame) -> None:
+        self.stop_signal = signum
+
+    @contextlib.contextmanager
+    def _signals(self):
+        old = {}
+        try:
+            for s in (signal.SIGINT, signal.SIGTERM):
+                old[s] = signal.signal(s, self._on_signal)
+        except ValueError:  # not the main thread: no handlers
+            pass
+        try:
+            yield
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+    def _log_window(self, epoch: int, lr: float, t0: float, final: bool) -> float:
+        s = self.sums
+        loss, correct, n = D.all_reduce_sum(
+            [s["win_loss"], s["win_correct"], s["win_n"]], self.info
+        )
+        ips = n / max(time.time() - t0, 1e-9)
+        if n:
+            self.mon.row("train", epoch + 1, self.step, lr, loss / n, correct / n, ips)
+            self.mon.bar(epoch + 1, self.step, loss / n, correct / n, ips)
+        s["win_loss"] = s["win_correct"] = s["win_n"] = 0.0
+        return time.time()
+
+    def fit(self) -> dict:
+        """Train to the end (or to ``stop_at_step``); returns the last eval metrics."""
+        cfg, t, L = self.cfg, self.cfg.train, len(self.loader)
+        last = {}
+        if self.step == 0:
+            self.mon.centres(self.model, 0, 0)
+        self.net.train()
+        with self._signals():
+            t0 = time.time()
+            while self.step < self.total:
+                epoch, start = divmod(self.step, L)
+                if start == 0:
+                    for k in ("ep_loss", "ep_correct", "ep_n"):
+                        self.sums[k] = 0.0
+                for x, y in self.loader.batches(epoch, start):
+                    if D.any_rank(self.stop_signal is not None, self.info) or (
+                        self.stop_at_step is not None and self.step >= self.stop_at_step
+                    ):
+                        self._interrupt()
+                    lr = lr_at(self.step, cfg.optim.lr, cfg.schedule, self.total, L)
+                    set_lr(self.opt, lr)
+                    x, y = x.to(self.info.device), y.to(self.info.device)
+                    with torch.autocast(
+                        self.info.device.type, dtype=torch.bfloat16, enabled=t.bf16
+                    ):
+                        logits = self.net(x)
+                    loss = F.cross_entropy(logits.float(), y, label_smoothing=t.label_smoothing)
+                    self._check_finite(loss, epoch, start, "loss")
+                    self.opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    if t.grad_clip:
+                        norm = nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip)
+                        self._check_finite(norm, epoch, start, "gradient norm")
+                    self.opt.step()
+                    self.step += 1
+                    start += 1
+                    n = float(len(y))
+                    li, ci = loss.item() * n, (logits.argmax(-1) == y).sum().item()
+                    for p, v in (("loss", li), ("correct", ci), ("n", n)):
+                        self.sums["ep_" + p] += v
+                        self.sums["win_" + p] += v
+                    end_of_epoch = start == L
+                    if self.step % t.log_every == 0 or end_of_epoch:
+                        t0 = self._log_window(epoch, lr, t0, end_of_epoch)
+                    if (
+                        t.checkpoint_every
+                        and self.step % t.checkpoint_every == 0
+                        and not end_of_epoch
+                    ):
+                        self.save()
+                # end of epoch: eval, centres, checkpoint (in this order: a checkpoint at an
+                # epoch boundary always has its epoch's logs)
+                if (epoch + 1) % t.eval_every == 0 or self.step == self.total:
+                    el, ea = evaluate(self.model, self.eval_loader, self.info, t.bf16)
+                    self.mon.row("eval", epoch + 1, self.step, lr, el, ea, 0.0)
+                    last = {"eval_loss": el, "eval_acc": ea, "step": self.step, "epoch": epoch + 1}
+                self.mon.centres(self.model, epoch + 1, self.step)
+                self.save()
+                t0 = time.time()
+        self.mon.close()
+        return last
+
+    def _check_finite(self, value: torch.Tensor, epoch: int, batch: int, what: str) -> None:
+        bad = not bool(torch.isfinite(value).all())
+        if D.any_rank(bad, self.info):
+            latest = self.ckdir / LATEST
+            good = (self.ckdir / latest.read_text().strip()) if latest.is_file() else None
+            keep = f"last good checkpoint: {good}" if good else "no checkpoint was saved yet"
+            raise NonFiniteLoss(
+                f"non-finite {what} ({value.item() if bad else 'on another rank'}) at step "
+                f"{self.step + 1} (epoch {epoch + 1}, batch {batch + 1}); training stopped, "
+                f"weights not updated; {keep}"
+            )
+
+    def _interrupt(self) -> None:
+        path = self.save()
+        name = signal.Signals(self.stop_signal).name if self.stop_signal else "stop_at_step"
+        self.mon.message(
+            f"stopped by {name} at step {self.step}/{self.total}; resumable checkpoint: {path} "
+            f"(continue with --resume)"
+        )
+        self.mon.close()
+        raise Interrupted(self.stop_signal or 0, str(path))
+
+
+def train(cfg: Config, *, resume: bool = False, stop_at_step: int | None = None) -> dict:
+    """Build everything from ``cfg`` and train; see :class:`Trainer`."""
+    tr = Trainer(cfg, resume=resume, stop_at_step=stop_at_step)
+    try:
+        return tr.fit()
+    finally:
+        D.shutdown(tr.info)

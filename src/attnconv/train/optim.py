@@ -1,0 +1,69 @@
+"""Optimizers (SGD / AdamW) with weight decay only where it belongs, and step-indexed schedules.
+
+No weight decay on norms and biases (every parameter with <= 1 dimension) nor on the Gaussian
+heads' centres Delta and precisions alpha (Cordonnier et al. 2020, sec. 4: "no weight decay on
+Delta and alpha"), matched by name. The learning rate is a pure function of the global step, so
+resuming at step s continues the schedule exactly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+
+from .config import OptimConfig, ScheduleConfig
+
+
+def param_groups(model: nn.Module, weight_decay: float, no_decay: list[str]) -> list[dict]:
+    """Two groups: with decay (weights), without (norms, biases, ``no_decay`` names)."""
+    decay, plain = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        parts = name.split(".")
+        if p.ndim <= 1 or any(n in parts for n in no_decay):
+            plain.append(p)
+        else:
+            decay.append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": plain, "weight_decay": 0.0},
+    ]
+
+
+def no_decay_names(model: nn.Module, no_decay: list[str]) -> list[str]:
+    """Names of the parameters that get no weight decay (for logs and tests)."""
+    ids = {id(p) for p in param_groups(model, 0.0, no_decay)[1]["params"]}
+    return [n for n, p in model.named_parameters() if id(p) in ids]
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
+    groups = param_groups(model, cfg.weight_decay, list(cfg.no_decay))
+    if cfg.name == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
+    if cfg.name == "adamw":
+        if len(cfg.betas) != 2:
+            raise ValueError(f"optim.betas needs 2 values, got {cfg.betas}")
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
+    raise ValueError(f"optim.name must be 'sgd' or 'adamw', got {cfg.name!r}")
+
+
+def lr_at(step: int, base_lr: float, cfg: ScheduleConfig, total_steps: int, steps_per_epoch: int):
+    """Learning rate of (0-based) global ``step``: linear warm-up, then cosine / multistep."""
+    warm = int(round(cfg.warmup * total_steps))
+    if step < warm:
+        return base_lr * (step + 1) / warm
+    if cfg.name == "cosine":
+        t = (step - warm) / max(1, total_steps - warm)
+        return cfg.min_lr + (base_lr - cfg.min_lr) * 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
+    if cfg.name == "multistep":
+        epoch = step // max(1, steps_per_epoch)
+        return base_lr * cfg.gamma ** sum(1 for m in cfg.milestones if epoch >= m)
+    return base_lr
+
+
+def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    for g in opt.param_groups:
+        g["lr"] = lr
