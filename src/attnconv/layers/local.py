@@ -371,6 +371,8 @@ class LocalSelfAttention2d(nn.Module):
                 f"expected input (B, {self.in_channels}, H, W), got shape {tuple(x.shape)}"
             )
         bsz, _, h, w = x.shape
+        if h < self.stride or w < self.stride:
+            raise ValueError(f"input {h}x{w} is smaller than the stride {self.stride}")
         q = self._heads(self.query(x)) * self.scale  # (B, nh, dh, H, W)
         v = self._heads(self.value(x))
         k = self._heads(self.key(x)) if self.key is not None else None

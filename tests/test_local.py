@@ -1,0 +1,209 @@
+"""LocalSelfAttention2d (SASA): fast path == unfold reference, centred windows, border masking."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from attnconv.layers.local import (
+    LocalSelfAttention2d,
+    _WindowAggregate,
+    _WindowLogits,
+    local_attention,
+    local_to_dense,
+    window_pad,
+    window_valid,
+)
+
+MODES = [
+    ("relative", "qk+qr"),
+    ("relative", "qr"),
+    ("relative", "qk"),
+    ("absolute", "qk+qr"),
+    ("absolute", "qr"),
+    ("none", "qk"),
+]
+
+
+def _run(m, x, impl):
+    m.impl = impl
+    y, attn = m(x, return_attention=True)
+    grads = torch.autograd.grad((y * torch.cos(y)).sum(), [x, *m.parameters()])
+    return y, attn, grads
+
+
+@given(
+    b=st.integers(1, 2),
+    cin=st.integers(1, 5),
+    heads=st.sampled_from([1, 2]),
+    dh=st.sampled_from([4, 8]),
+    h=st.integers(1, 9),
+    w=st.integers(1, 9),
+    k=st.integers(3, 11),
+    stride=st.sampled_from([1, 2]),
+    mode=st.sampled_from(MODES),
+    padding=st.sampled_from(["mask", "zeros"]),
+    seed=st.integers(0, 2**16),
+)
+def test_fast_equals_reference(b, cin, heads, dh, h, w, k, stride, mode, padding, seed):
+    torch.manual_seed(seed)
+    h, w = max(h, stride), max(w, stride)
+    pos, logits = mode
+    m = LocalSelfAttention2d(cin, heads * dh, heads, k, stride, pos, logits, padding).double()
+    x = torch.randn(b, cin, h, w, dtype=torch.float64, requires_grad=True)
+    y1, a1, g1 = _run(m, x, "auto")
+    y2, a2, g2 = _run(m, x, "reference")
+    assert y1.shape == (b, heads * dh, h // stride, w // stride)
+    torch.testing.assert_close(y1, y2)
+    torch.testing.assert_close(a1, a2)
+    for u, v in zip(g1, g2):
+        torch.testing.assert_close(u, v)
+
+
+def test_float32_close_to_reference():
+    torch.manual_seed(0)
+    m = LocalSelfAttention2d(16, 32, 4, 7)
+    x = torch.randn(2, 16, 12, 10)
+    y1 = m(x)
+    m.impl = "reference"
+    torch.testing.assert_close(y1, m(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("ks", [3, 4])
+def test_gradcheck_kernels(ks):
+    torch.manual_seed(0)
+    opts = dict(dtype=torch.float64, requires_grad=True)
+    q = torch.randn(1, 2, 3, 4, 5, **opts)
+    kp = torch.randn(1, 2, 3, 4 + ks - 1, 5 + ks - 1, **opts)
+    assert torch.autograd.gradcheck(lambda a, c: _WindowLogits.apply(a, c, ks), (q, kp))
+    p = torch.randn(1, 2, ks * ks, 4, 5, **opts)
+    vp = torch.randn(1, 2, 3, 2, 4 + ks - 1, 5 + ks - 1, **opts)
+    mix = torch.randn(ks * ks, 3, **opts)
+    agg = _WindowAggregate.apply
+    assert torch.autograd.gradcheck(lambda a, c, d: agg(a, c, d, ks), (p, vp, mix))
+    v1 = vp[:, :, :1].detach().clone().requires_grad_()
+    one = torch.ones(ks * ks, 1, dtype=torch.float64)
+    assert torch.autograd.gradcheck(lambda a, c: agg(a, c, one, ks), (p, v1))
+
+
+@pytest.mark.parametrize("padding", ["mask", "zeros"])
+def test_gradcheck_layer(padding):
+    torch.manual_seed(0)
+    m = LocalSelfAttention2d(3, 8, 2, 3, 2, padding=padding).double()
+    x = torch.randn(1, 3, 5, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(m, (x,))
+
+
+@pytest.mark.parametrize("k", [3, 5, 7])
+@pytest.mark.parametrize("padding", ["mask", "zeros"])
+def test_window_is_centred_one_nonzero_value(k, padding):
+    """Uniform attention (W_Q = 0) and one non-zero value pixel at (a, b): output (i, j) is
+    non-zero exactly when |i - a| <= c and |j - b| <= c, and equals 1 / (#keys in the window)."""
+    h, w, a, b = 9, 11, 2, 7
+    m = LocalSelfAttention2d(1, 2, 1, k, positional="none", padding=padding).double()
+    with torch.no_grad():
+        m.query.weight.zero_()
+        m.value.weight.fill_(1.0)
+    x = torch.zeros(1, 1, h, w, dtype=torch.float64)
+    x[0, 0, a, b] = 1.0
+    c = (k - 1) // 2
+    ii, jj = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    inside = ((ii - a).abs() <= c) & ((jj - b).abs() <= c)
+    nrow = (ii + c).clamp(max=h - 1) - (ii - c).clamp(min=0) + 1
+    ncol = (jj + c).clamp(max=w - 1) - (jj - c).clamp(min=0) + 1
+    count = nrow * ncol if padding == "mask" else torch.full_like(nrow, k * k)
+    expected = torch.where(inside, 1.0 / count.double(), torch.zeros(h, w, dtype=torch.float64))
+    for impl in ("auto", "reference"):
+        m.impl = impl
+        y = m(x)[0, 0]
+        torch.testing.assert_close(y, expected)
+
+
+def test_window_is_centred_one_nonzero_key():
+    """One key pixel with a large logit: the queries that put most mass on it are exactly the
+    centred k x k square around it, and they put it at offset (a - i, b - j)."""
+    k, h, w, a, b = 5, 8, 9, 3, 6
+    q = torch.ones(1, 1, 1, h, w, dtype=torch.float64)
+    key = torch.zeros(1, 1, 1, h, w, dtype=torch.float64)
+    key[..., a, b] = 20.0
+    v = torch.randn(1, 1, 2, h, w, dtype=torch.float64)
+    for impl in ("auto", "reference"):
+        _, maps = local_attention(q, key, v, kernel_size=k, impl=impl, return_attention=True)
+        dense = local_to_dense(maps, h, w, k)[0, 0]  # (T, T)
+        col = dense[:, a * w + b].reshape(h, w)
+        ii, jj = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+        inside = ((ii - a).abs() <= 2) & ((jj - b).abs() <= 2)
+        assert torch.equal(col > 0.99, inside)
+        assert torch.all(col[~inside] == 0)
+        i, j = 1, 4  # (a - i, b - j) = (2, 2): the last offset of the window
+        assert maps[0, 0, i * w + j].argmax().item() == k * k - 1
+
+
+def test_border_masking():
+    torch.manual_seed(0)
+    k, h, w = 7, 6, 6
+    m = LocalSelfAttention2d(4, 8, 2, k)
+    x = torch.randn(2, 4, h, w)
+    _, maps = m(x, return_attention=True)  # (B, nh, T, k^2)
+    valid = window_valid(k, h, w).reshape(k * k, h * w).t()  # (T, k^2)
+    assert torch.all(maps[..., ~valid] == 0)
+    assert torch.all(maps[..., valid] > 0)
+    torch.testing.assert_close(maps.sum(-1), torch.ones(2, 2, h * w))
+    assert valid[0].sum() == 16  # corner query: a 4 x 4 part of the window is inside
+    m.padding = "zeros"  # padded zero keys take part in the softmax
+    _, maps_z = m(x, return_attention=True)
+    assert torch.all(maps_z[..., ~valid] > 0)
+    torch.testing.assert_close(maps_z.sum(-1), torch.ones(2, 2, h * w))
+
+
+def test_local_to_dense_rows_sum_to_one():
+    torch.manual_seed(0)
+    m = LocalSelfAttention2d(3, 8, 2, 5)
+    _, maps = m(torch.randn(1, 3, 7, 6), return_attention=True)
+    dense = local_to_dense(maps, 7, 6, 5)
+    assert dense.shape == (1, 2, 42, 42)
+    torch.testing.assert_close(dense.sum(-1), torch.ones(1, 2, 42))
+
+
+def test_parameter_count_independent_of_k():
+    def count(k, **kw):
+        return sum(p.numel() for p in LocalSelfAttention2d(64, 64, 8, k, **kw).parameters())
+
+    assert count(3, positional="none") == count(11, positional="none") == 3 * 64 * 64
+    # relative: only the k x d_h/2 row and column tables grow with k
+    assert count(11) - count(3) == 2 * (11 - 3) * 4
+    assert count(7, logits="qr") == 2 * 64 * 64 + 2 * 7 * 4  # no W_K
+
+
+def test_even_kernel_window():
+    assert window_pad(4) == (1, 2)
+    assert window_pad(7) == (3, 3)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(positional="rel"), "positional"),
+        (dict(logits="qq"), "logits"),
+        (dict(positional="none", logits="qk+qr"), "needs a positional"),
+        (dict(padding="reflect"), "padding"),
+        (dict(impl="cuda"), "impl"),
+        (dict(num_heads=3), "divisible"),
+        (dict(kernel_size=0), "kernel_size"),
+    ],
+)
+def test_bad_options(kwargs, match):
+    args = dict(in_channels=4, out_channels=8, num_heads=2)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        LocalSelfAttention2d(**args)
+
+
+def test_bad_input_shape():
+    m = LocalSelfAttention2d(4, 8, 2, 3, stride=2)
+    with pytest.raises(ValueError, match=r"expected input \(B, 4, H, W\)"):
+        m(torch.randn(1, 3, 5, 5))
+    with pytest.raises(ValueError, match="smaller than the stride"):
+        m(torch.randn(1, 4, 1, 5))
