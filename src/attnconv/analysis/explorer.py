@@ -1,0 +1,214 @@
+"""The interactive attention explorer: one self-contained HTML page (no network, data inlined).
+
+The page shows test images; clicking a pixel shows, for the query token under it, the attention
+of every head of every layer (Cordonnier et al. 2020 fig. 4-6, interactively), for that image or
+averaged over many test images. Everything the page needs is in the file: the template
+``explorer.html`` (HTML + CSS + JS) and a JSON blob with the images (raw RGB bytes, base64) and
+the attention rows quantized to uint8 (each (head, query) row scaled to its maximum, which is
+kept as float32). A Content-Security-Policy forbids every fetch.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from .maps import Grid, MapAverage, check_attention, iter_attention, layer_grid
+
+TEMPLATE = "explorer.html"
+PLACEHOLDER = "/*__EXPLORER_DATA__*/"
+
+
+def _b64(a: np.ndarray) -> str:
+    return base64.b64encode(np.ascontiguousarray(a).tobytes()).decode("ascii")
+
+
+def query_subgrid(lgrid: Grid, max_queries: int) -> tuple[Grid, int, torch.Tensor]:
+    """Queries kept for a layer: every ``stride``-th token (centred), at most ``max_queries``.
+
+    Returns (query grid (qh, qw), stride, (qh*qw,) token indices into the layer's h*w tokens).
+    """
+    h, w = lgrid
+    if max_queries < 1:
+        raise ValueError(f"max_queries must be >= 1, got {max_queries}")
+    s = 1
+    while math.ceil(h / s) * math.ceil(w / s) > max_queries:
+        s += 1
+    rows = torch.arange(min(s // 2, h - 1), h, s)
+    cols = torch.arange(min(s // 2, w - 1), w, s)
+    idx = (rows[:, None] * w + cols[None, :]).reshape(-1)
+    return (len(rows), len(cols)), s, idx
+
+
+def encode_rows(rows: torch.Tensor) -> tuple[str, str]:
+    """(Nh, Q, hw) probs -> (base64 uint8 rows scaled to their max, base64 float32 maxima)."""
+    r = rows.double()
+    peak = r.amax(-1, keepdim=True).clamp_min(1e-30)
+    q = torch.round(r / peak * 255.0).clamp(0, 255).to(torch.uint8)
+    return _b64(q.numpy()), _b64(peak[..., 0].float().numpy().astype("<f4"))
+
+
+def _viridis() -> list[list[int]]:
+    import matplotlib
+
+    lut = matplotlib.colormaps["viridis"](np.linspace(0, 1, 256))[:, :3]
+    return np.round(lut * 255).astype(int).tolist()
+
+
+def build_data(
+    images: torch.Tensor,
+    single: Sequence[Sequence[torch.Tensor]],
+    average: Sequence[torch.Tensor] | None,
+    grid: Grid,
+    *,
+    num_prefix_tokens: int = 0,
+    num_average: int = 0,
+    labels: Sequence[str] | None = None,
+    title: str = "attention explorer",
+    max_queries: int = 256,
+) -> dict:
+    """The page's data from attention already computed.
+
+    ``images`` (n, 3, H, W) uint8; ``single[i][l]`` image i's layer-l attention (Nh, T, T);
+    ``average[l]`` (Nh, T, T) averaged over ``num_average`` images (or None).
+    """
+    if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 3:
+        raise ValueError(
+            f"images must be uint8 (n, 3, H, W), got {images.dtype} {tuple(images.shape)}"
+        )
+    if len(single) != images.shape[0]:
+        raise ValueError(f"{images.shape[0]} images but attention for {len(single)}")
+    ref = single[0] if single else average
+    layers, picks = [], []
+    for li, a in enumerate(ref):
+        check_attention(a[None], f"attention of layer {li}")
+        lg = layer_grid(a.shape[-1], grid, num_prefix_tokens)
+        qg, stride, idx = query_subgrid(lg, max_queries)
+        layers.append(
+            {"grid": list(lg), "heads": int(a.shape[0]), "qgrid": list(qg), "stride": stride}
+        )
+        picks.append(idx + num_prefix_tokens)
+
+    def enc(attn_layers):
+        if len(attn_layers) != len(layers):
+            raise ValueError(f"expected {len(layers)} attention layers, got {len(attn_layers)}")
+        out = []
+        for a, idx in zip(attn_layers, picks):
+            rows = a[:, idx, num_prefix_tokens:]  # (Nh, Q, hw)
+            m, p = encode_rows(rows)
+            out.append({"maps": m, "peaks": p})
+        return out
+
+    h, w = images.shape[2:]
+    return {
+        "title": str(title),
+        "image": [int(h), int(w)],
+        "grid": [int(grid[0]), int(grid[1])],
+        "prefix": int(num_prefix_tokens),
+        "images": [
+            {
+                "label": str(labels[i]) if labels is not None else f"image {i}",
+                "pixels": _b64(images[i].permute(1, 2, 0).numpy()),  # (H, W, 3) RGB bytes
+            }
+            for i in range(images.shape[0])
+        ],
+        "layers": layers,
+        "single": [enc(s) for s in single],
+        "average": enc(average) if average is not None else None,
+        "num_average": int(num_average),
+        "colormap": _viridis(),
+    }
+
+
+def normalize(images: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
+    """uint8 (N, 3, H, W) -> float, (x / 255 - mean) / std per channel."""
+    m = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
+    s = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
+    return (images.float() / 255.0 - m) / s
+
+
+@torch.no_grad()
+def collect_attention(
+    model: nn.Module,
+    images: torch.Tensor,
+    average_images: torch.Tensor | None,
+    *,
+    mean: Sequence[float],
+    std: Sequence[float],
+    batch_size: int = 25,
+) -> tuple[list[list[torch.Tensor]], list[torch.Tensor] | None, int]:
+    """Run ``model``: per shown image its attention per layer (Nh, T, T), and the average."""
+    single = []
+    for _, attns in iter_attention(model, normalize(images, mean, std), batch_size):
+        for i in range(max(a.shape[0] for a in attns)):
+            single.append([a[min(i, a.shape[0] - 1)].float() for a in attns])
+    single = single[: images.shape[0]]
+    if average_images is None or average_images.shape[0] == 0:
+        return single, None, 0
+    prefix = int(getattr(model, "num_prefix_tokens", 0))
+    grid = tuple(model.attention_grid)
+    acc = MapAverage(grid, prefix, queries=None)
+    for _, attns in iter_attention(model, normalize(average_images, mean, std), batch_size):
+        acc.update(attns)
+    # MapAverage drops prefix keys; put them back as zero columns so layers stay (Nh, T, T)
+    avg = [torch.nn.functional.pad(r, (prefix, 0, prefix, 0)) for r in acc.result()]
+    return single, avg, acc.count
+
+
+def render_html(data: dict) -> str:
+    """The page: the template with the data inlined as JSON, escaped for a <script> element."""
+    blob = json.dumps(data, separators=(",", ":"), ensure_ascii=True)
+    # inside <script>, "</script>" or "<!--" would end or confuse the element: escape < > &
+    blob = blob.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    template = resources.files("attnconv.analysis").joinpath(TEMPLATE).read_text(encoding="utf-8")
+    if template.count(PLACEHOLDER) != 1:
+        raise ValueError(f"explorer template must contain {PLACEHOLDER} exactly once")
+    return template.replace(PLACEHOLDER, blob)
+
+
+def write_explorer(data: dict, out: str | Path) -> Path:
+    out = Path(out)
+    if out.suffix.lower() not in (".html", ".htm"):
+        raise ValueError(f"explorer output must be an .html file, got {out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_html(data), encoding="utf-8")
+    return out
+
+
+def explore_model(
+    model: nn.Module,
+    images: torch.Tensor,
+    out: str | Path,
+    *,
+    average_images: torch.Tensor | None = None,
+    labels: Sequence[str] | None = None,
+    mean: Sequence[float],
+    std: Sequence[float],
+    title: str = "attention explorer",
+    max_queries: int = 256,
+    batch_size: int = 25,
+) -> Path:
+    """Compute the attention of ``model`` on ``images`` (uint8) and write the explorer page."""
+    single, avg, n = collect_attention(
+        model, images, average_images, mean=mean, std=std, batch_size=batch_size
+    )
+    data = build_data(
+        images,
+        single,
+        avg,
+        tuple(model.attention_grid),
+        num_prefix_tokens=int(getattr(model, "num_prefix_tokens", 0)),
+        num_average=n,
+        labels=labels,
+        title=title,
+        max_queries=max_queries,
+    )
+    return write_explorer(data, out)
