@@ -23,8 +23,10 @@ class _Tree:
     def __init__(self, path: Path):
         self.path = path
         self.zip = None
+        self.dirs: set[str] = set()  # top-level folders (a split may be an empty folder)
         if path.is_dir():
             self.names = [p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()]
+            self.dirs = {p.name for p in path.iterdir() if p.is_dir()}
         elif path.is_file():
             try:
                 self.zip = zipfile.ZipFile(path)
@@ -68,6 +70,8 @@ def read_image_folder(
     """Images (N, 3, H, W) uint8, labels (N,) int64, class names of ``split``."""
     path = Path(path)
     t = _Tree(path)
+    if split not in t.files and split in t.dirs:
+        raise ValueError(f"{path}: split {split!r} is empty (no images)")
     if split not in t.files:
         have = ", ".join(sorted(t.files)) or "none"
         raise ValueError(
