@@ -1,0 +1,62 @@
+"""`attnconv eval CHECKPOINT [--data SPEC]`: accuracy and loss of a checkpoint on a split."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+HELP = "evaluate a checkpoint (accuracy, loss) on a dataset split"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoint", help="run folder, checkpoint folder or its model.safetensors")
+    p.add_argument("--data", help="cifar10 | cifar100 | sample | PATH (default: the training data)")
+    p.add_argument("--root", help="folder holding the official CIFAR files (for --data cifar10)")
+    p.add_argument("--split", default="test")
+    p.add_argument("--batch-size", type=int, default=500)
+    p.add_argument("--max-per-class", type=int, default=None, help="evaluate on a subset")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from attnconv.data import CIFAR10_MEAN, CIFAR10_STD, Loader, load_dataset
+    from attnconv.train.checkpoint import load_model
+    from attnconv.train.distributed import DistInfo
+    from attnconv.train.loop import evaluate
+
+    model, info = load_model(args.checkpoint)
+    cfg_data = (info.get("config") or {}).get("data", {})
+    spec = args.data or cfg_data.get("dataset")
+    if spec is None:
+        raise ValueError("the checkpoint stores no dataset: pass --data")
+    root = args.root or (cfg_data.get("root") if not args.data else None)
+    ds = load_dataset(spec, args.split, root=root, max_per_class=args.max_per_class)
+    data_info = info.get("data", {})
+    classes = data_info.get("classes")
+    if classes is not None and len(classes) != ds.num_classes:
+        raise ValueError(
+            f"{spec}: {ds.num_classes} classes, the checkpoint was trained on {len(classes)}"
+        )
+    mean, std = data_info.get("mean", CIFAR10_MEAN), data_info.get("std", CIFAR10_STD)
+    loader = Loader(ds, args.batch_size, shuffle=False, mean=mean, std=std)
+    torch.manual_seed(0)
+    loss, acc = evaluate(model, loader, DistInfo())
+    res = {
+        "checkpoint": info["path"],
+        "model": info["model"],
+        "data": spec,
+        "split": args.split,
+        "images": len(ds),
+        "accuracy": acc,
+        "loss": loss,
+    }
+    if args.json:
+        print(json.dumps(res))
+    else:
+        print(
+            f"{info['model']} ({info['path']}) on {spec}:{args.split}, {len(ds)} images: "
+            f"accuracy {100 * acc:.2f}%, loss {loss:.4f}"
+        )
+    return 0
