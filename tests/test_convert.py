@@ -58,6 +58,38 @@ def test_soft_conversion_at_large_alpha_equals_conv(case, impl):
         assert_close_rel(m(x), conv(x), 1e-5)
 
 
+@given(conv_and_input(dtype=torch.float64), st.integers(0, 2**31 - 1), st.booleans())
+@settings(max_examples=20)
+def test_fast_shift_path_equals_layer_reference(case, seed, move):
+    """The hard fast path (kept queries only, shifts + channel mixes) equals the layer's own
+    one-hot attention on every padded pixel followed by the crop, for any centres (also moved
+    off the kernel grid, clamped at the border) and rank-limited heads; values and gradients."""
+    conv, x = case
+    gen = torch.Generator().manual_seed(seed)
+    hd = None if seed % 3 else 1 + seed % 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fast = conv_to_attention(conv, head_dim=hd)
+        ref = conv_to_attention(conv, head_dim=hd, impl="reference")
+    if move:
+        shift = torch.randn(fast.attention.num_heads, 2, generator=gen, dtype=x.dtype) * 3
+        for m in (fast, ref):
+            with torch.no_grad():
+                m.attention.positional_encoding.centers.add_(shift)
+    g = torch.randn(conv(x).shape, generator=gen, dtype=x.dtype)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya, yb = fast(xa), ref(xb)
+    torch.testing.assert_close(ya, yb, rtol=1e-10, atol=1e-10)
+    (ya * g).sum().backward()
+    (yb * g).sum().backward()
+    torch.testing.assert_close(xa.grad, xb.grad, rtol=1e-10, atol=1e-10)
+    for pa, pb in zip(fast.parameters(), ref.parameters()):
+        if pb.grad is not None and pa.grad is not None:
+            torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-10, atol=1e-10)
+        else:
+            assert pa.grad is None or pa.grad.abs().max() == 0
+
+
 @given(conv_and_input(dtype=torch.float64, max_channels=2))
 @settings(max_examples=10)
 def test_gradients_match_conv(case):

@@ -21,6 +21,7 @@ import warnings
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from .geometry import (
     ConvGeometry,
@@ -75,10 +76,37 @@ class ConvAttention2d(nn.Module):
         h, w = x.shape[-2:]
         self.geometry.output_size(h, w)  # ValueError if the image is smaller than the kernel
         xp = self.geometry.pad_input(x)  # (B, Cin, Hp, Wp), padded exactly as the conv pads
+        if self.hard and not return_attention and self.attention.impl == "auto":
+            return self._forward_shift(xp, h, w)
         out = self.attention(xp, return_attention=return_attention)
         y, attn = out if return_attention else (out, None)  # y (B, Cout, Hp, Wp)
         y = self.geometry.crop(y, h, w)  # (B, Cout, Ho, Wo): anchor + o * stride
         return (y, attn) if return_attention else y
+
+    def _forward_shift(self, xp: torch.Tensor, h: int, w: int) -> torch.Tensor:
+        """Fast hard path: the layer's one-hot attention evaluated at the kept queries only.
+
+        Head h reads pixel clamp(q + round(Delta_h)) of the padded image (the layer's
+        ``hard_indices``), so SA_h(X) is a strided slice of X; Lemma 1's sum_h X_{q+f(h)} W^(h)
+        is then one channel mix per head (W^(h) as a 1x1 conv, channels-last). Equals the
+        reference path (the layer's own forward on every query, then ``geometry.crop``).
+        """
+        g, layer = self.geometry, self.attention
+        oh, ow = g.output_size(h, w)
+        (ah, aw), (sh, sw) = g.anchor, g.stride
+        rows, cols = layer.positional_encoding.hard_indices(*xp.shape[-2:])  # (Nh, Hp), (Nh, Wp)
+        rows = rows[:, ah : ah + (oh - 1) * sh + 1 : sh].tolist()  # (Nh, Ho) kept queries
+        cols = cols[:, aw : aw + (ow - 1) * sw + 1 : sw].tolist()  # (Nh, Wo)
+        heads, bias = _head_matrices(layer, detach=False)  # (Nh, Cout, Cin), (Cout,) | None
+        xp = xp.contiguous(memory_format=torch.channels_last)
+        y = None
+        for r, c, wh in zip(rows, cols, heads):
+            xs = _take(_take(xp, 2, r), 3, c)  # (B, Cin, Ho, Wo) = SA_h(X) at the kept queries
+            t = F.conv2d(xs, wh[:, :, None, None])  # X_{q+f(h)} W^(h): (B, Cout, Ho, Wo)
+            y = t if y is None else (y.add_(t) if not torch.is_grad_enabled() else y + t)
+        if bias is not None:
+            y = y + bias[None, :, None, None]
+        return y
 
     def forward(self, x: torch.Tensor, return_attention: bool = False):
         """x (B, Cin, H, W) -> conv(x) (B, Cout, Ho, Wo); with return_attention also the
@@ -173,19 +201,36 @@ def conv_to_attention(
     return module.train(conv.training)
 
 
-def _head_matrices(layer: nn.Module) -> torch.Tensor:
-    """W^(h) = Wval^(h) Wout_h of an MHSA2d layer as (Nh, Cout, Cin) (Lemma 1)."""
+def _take(x: torch.Tensor, dim: int, idx: list[int]) -> torch.Tensor:
+    """x.index_select(dim, idx), as a strided slice when idx is an arithmetic progression."""
+    step = idx[1] - idx[0] if len(idx) > 1 else 1
+    if step > 0 and all(b - a == step for a, b in zip(idx, idx[1:])):
+        return x.narrow(dim, idx[0], (len(idx) - 1) * step + 1)[
+            (slice(None),) * dim + (slice(None, None, step),)
+        ]
+    return x.index_select(dim, torch.tensor(idx, device=x.device))
+
+
+def _head_matrices(
+    layer: nn.Module, detach: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """W^(h) = Wval^(h) Wout_h of an MHSA2d layer as (Nh, Cout, Cin) (Lemma 1), and the output
+    bias b_out + sum_h Wout_h b_val^(h) (one-hot attention rows sum to 1, so b_val passes)."""
     nh = layer.num_heads
-    out_w = layer.out_proj.weight.detach()  # (Cout, Nh*Dh)
+    out_w = layer.out_proj.weight  # (Cout, Nh*Dh)
+    bias = layer.out_proj.bias
     cout = out_w.shape[0]
     out_h = out_w.reshape(cout, nh, -1).permute(1, 0, 2)  # (Nh, Cout, Dh)
     vp = getattr(layer, "value_proj", None)
-    if vp is None:  # value="identity": Dh = Cin
-        return out_h
-    if vp.bias is not None and vp.bias.detach().abs().max() > 0:
-        raise ValueError("value_proj has a non-zero bias: not expressible as a convolution")
-    val = vp.weight.detach().reshape(nh, -1, vp.weight.shape[1])  # (Nh, Dh, Cin)
-    return out_h @ val
+    heads = out_h
+    if vp is not None:
+        heads = out_h @ vp.weight.reshape(nh, -1, vp.weight.shape[1])  # (Nh, Cout, Cin)
+        if vp.bias is not None:
+            vb = (out_h @ vp.bias.reshape(nh, -1, 1)).sum(0)[:, 0]  # (Cout,)
+            bias = vb if bias is None else bias + vb
+    if detach:
+        return heads.detach(), None if bias is None else bias.detach()
+    return heads, bias
 
 
 def attention_to_conv(module: nn.Module) -> nn.Conv2d | nn.Conv1d:
@@ -207,9 +252,8 @@ def attention_to_conv(module: nn.Module) -> nn.Conv2d | nn.Conv1d:
     centers = layer.positional_encoding.centers.detach()
     if not torch.equal(centers.round().long().cpu(), g.centers()):
         raise ValueError("the heads' centres are no longer the kernel's shifts")
-    heads = _head_matrices(layer)
+    heads, bias = _head_matrices(layer)
     weight = heads_to_kernel(heads, g.kernel, g.groups, g.ndim)
-    bias = layer.out_proj.bias
     cls = nn.Conv2d if g.ndim == 2 else nn.Conv1d
     size = g.kernel if g.ndim == 2 else g.kernel[1]
     pick = (lambda t: t) if g.ndim == 2 else (lambda t: t[1])
@@ -239,13 +283,12 @@ def mhsa_to_conv(layer: nn.Module) -> nn.Conv2d:
     if not getattr(pe, "hard", False):
         raise ValueError("mhsa_to_conv needs hard heads (alpha -> inf); this layer is soft")
     shifts = pe.centers.detach().round().long().cpu()  # (Nh, 2)
-    heads = _head_matrices(layer)  # (Nh, Cout, Cin)
+    heads, bias = _head_matrices(layer)  # (Nh, Cout, Cin), (Cout,) | None
     nh, cout, cin = heads.shape
     ph, pw = (int(v) for v in shifts.abs().amax(dim=0))
     weight = heads.new_zeros(cout, cin, 2 * ph + 1, 2 * pw + 1)
     for (dr, dc), wh in zip(shifts.tolist(), heads):
         weight[:, :, ph + dr, pw + dc] += wh
-    bias = layer.out_proj.bias
     conv = nn.Conv2d(
         cin, cout, weight.shape[-2:], padding=(ph, pw), bias=bias is not None,
         padding_mode="replicate",
