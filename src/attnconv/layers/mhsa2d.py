@@ -30,7 +30,7 @@ from .positional import (
     RelativeTables2d,
     relative_index,
 )
-from .quadratic import separable_attention, shift_gather
+from .quadratic import head_major, head_major_output, separable_attention, shift_gather
 
 POSITIONALS = (
     "none",
@@ -176,6 +176,12 @@ class MultiHeadSelfAttention2d(nn.Module):
             set(self.terms) & {"content_position", "global_content"}
         )
         self.has_qk = self.input_dependent or positional.startswith("absolute")
+        self.separable = not self.input_dependent and positional in (
+            "none",
+            "quadratic",
+            "relative",
+            "relative_learned",
+        )  # position-only with logits a(q1, k1) + b(q2, k2)
         if self.has_qk:
             self.query_proj = nn.Linear(in_channels, num_heads * qk_dim, bias=bias)
             self.key_proj = nn.Linear(in_channels, num_heads * qk_dim, bias=bias)
@@ -318,17 +324,20 @@ class MultiHeadSelfAttention2d(nn.Module):
     # ------------------------------------------------------------------ forward
     def forward(self, x: torch.Tensor, return_attention: bool = False):
         b, h, w = self._check_input(x)
-        xt = x.flatten(2).transpose(1, 2)  # (B, T, Cin)
-        v5 = self._values(xt, h, w)  # (B, H, W, Nh|1, Dv)
         p_drop = self.dropout if self.training else 0.0
-        if self.impl == "reference":
-            y = self._forward_reference(xt, v5, h, w, p_drop)
-        elif not self.input_dependent:
-            y = self._forward_position_only(v5, h, w, p_drop)
+        if self.impl == "auto" and self.separable and p_drop == 0.0:
+            y = self._forward_separable(x, h, w)  # (B, Cout, H, W)
         else:
-            y = self._forward_folded(xt, v5, h, w, p_drop)
-        y = self.out_proj(y.reshape(b, h * w, self.num_heads * self.head_dim))  # (B, T, Cout)
-        y = y.transpose(1, 2).reshape(b, self.out_channels, h, w)
+            xt = x.flatten(2).transpose(1, 2)  # (B, T, Cin)
+            v5 = self._values(xt, h, w)  # (B, H, W, Nh|1, Dv)
+            if self.impl == "reference":
+                y = self._forward_reference(xt, v5, h, w, p_drop)
+            elif not self.input_dependent:
+                y = self._forward_shared(v5, h, w, p_drop)
+            else:
+                y = self._forward_folded(xt, v5, h, w, p_drop)
+            y = self.out_proj(y.reshape(b, h * w, self.num_heads * self.head_dim))  # (B, T, Cout)
+            y = y.transpose(1, 2).reshape(b, self.out_channels, h, w)
         if return_attention:
             return y, self.attention_probs(x)
         return y
@@ -356,16 +365,26 @@ class MultiHeadSelfAttention2d(nn.Module):
         )  # (B, Nh, T, Dv)
         return y.transpose(1, 2)
 
-    def _forward_position_only(self, v5, h, w, p_drop) -> torch.Tensor:
-        """Input-independent attention: computed once, shared by the batch. -> (B, H, W, Nh, Dv)"""
-        b, dt = v5.shape[0], v5.dtype
+    def _forward_separable(self, x: torch.Tensor, h: int, w: int) -> torch.Tensor:
+        """Separable position-only attention in the head-major layout (Nh, D, H, B, W): a row
+        then a column operator (or, hard, a shift), never T x T. -> (B, Cout, H, W)"""
+        wv, bv = (
+            (self.value_proj.weight, self.value_proj.bias)
+            if self.value == "linear"
+            else (None,) * 2
+        )
+        v = head_major(x, wv, bv, self.num_heads)  # (Nh|1, D, H, B, W)
         enc = getattr(self, "positional_encoding", None)
-        if self.positional == "quadratic" and enc.hard:
-            rows, cols = enc.hard_indices(h, w)
-            return shift_gather(v5, rows, cols)  # the alpha -> infinity limit, a gather
-        axis = self._axis_logits(h, w, dt) if p_drop == 0.0 else None
-        if axis is not None:
-            return separable_attention(v5, axis[0].to(v5.device), axis[1].to(v5.device))
+        if self.positional == "quadratic" and enc.hard:  # the alpha -> infinity limit, a gather
+            y = shift_gather(v, *enc.hard_indices(h, w))
+        else:
+            row, col = self._axis_logits(h, w, x.dtype)
+            y = separable_attention(v, row.to(x.device), col.to(x.device))
+        return head_major_output(y, self.out_proj.weight, self.out_proj.bias)
+
+    def _forward_shared(self, v5, h, w, p_drop) -> torch.Tensor:
+        """Input-independent attention: computed once, shared by the batch. -> (B, T, Nh, Dv)"""
+        b, dt = v5.shape[0], v5.dtype
         q, k, bias = self._dense(None, h, w)
         probs = attention_probs(q, k, bias=bias, scale=self.scale).to(dt)  # (1, Nh, T, T)
         vs = v5.reshape(b, h * w, v5.shape[3], v5.shape[4])  # (B, T, Nh|1, Dv)

@@ -26,21 +26,41 @@ def axis_softmax(logits: torch.Tensor) -> torch.Tensor:
     return torch.softmax(logits, dim=-1, dtype=dt)
 
 
+def head_major(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+               num_heads: int) -> torch.Tensor:  # fmt: skip
+    """NCHW input -> values in the head-major layout (Nh, D, H, B, W) that lets both axis operators
+    run as plain batched matmuls: one GEMM (Wval X + b) on the input permuted to (C, H, B, W).
+    weight None: the raw input is every head's value (value="identity") -> (1, C, H, B, W)."""
+    b, c, h, w = x.shape
+    xp = x.permute(1, 2, 0, 3).reshape(c, h * b * w)  # (C, H*B*W)
+    if weight is None:
+        return xp.view(1, c, h, b, w)
+    v = torch.addmm(bias[:, None], weight, xp) if bias is not None else weight @ xp
+    return v.view(num_heads, -1, h, b, w)  # (Nh, D, H, B, W)
+
+
+def head_major_output(y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    """(Nh, D, H, B, W) -> Wout concat_h(y_h) + bout as NCHW (B, Cout, H, W)."""
+    nh, d, h, b, w = y.shape
+    y2 = y.reshape(nh * d, h * b * w)
+    out = torch.addmm(bias[:, None], weight, y2) if bias is not None else weight @ y2
+    return out.view(-1, h, b, w).permute(2, 0, 1, 3).contiguous()  # (B, Cout, H, W)
+
+
 def separable_attention(
     v: torch.Tensor, row_logits: torch.Tensor, col_logits: torch.Tensor
 ) -> torch.Tensor:
-    """y[b, i, j, h] = sum_{k, l} R_h[i, k] C_h[j, l] v[b, k, l, h].
+    """y[h, :, i, b, j] = sum_{k, l} R_h[i, k] C_h[j, l] v[h, :, k, b, l].
 
-    v (B, H, W, Nh or 1, D) (1: every head reads the same values, the reference code's layout),
-    row_logits (Nh, H, H) [query row, key row], col_logits (Nh, W, W) -> (B, H, W, Nh, D).
+    v (Nh or 1, D, H, B, W) (1: every head reads the same values), row_logits (Nh, H, H)
+    [query row, key row], col_logits (Nh, W, W) -> (Nh, D, H, B, W).
     """
     r = axis_softmax(row_logits).to(v.dtype)  # (Nh, H, H)
     c = axis_softmax(col_logits).to(v.dtype)  # (Nh, W, W)
-    if v.shape[3] == 1:
-        y = torch.einsum("hik,bkld->bilhd", r, v[:, :, :, 0])  # (B, H, W, Nh, D) row operator
-    else:
-        y = torch.einsum("hik,bklhd->bilhd", r, v)  # (B, H, W, Nh, D) row operator
-    return torch.einsum("hjl,bilhd->bijhd", c, y)  # column operator
+    nh, (_, d, h, b, w) = r.shape[0], v.shape
+    y = torch.matmul(r[:, None], v.reshape(-1, d, h, b * w))  # (Nh, D, H, B*W) row operator
+    y = torch.matmul(y.reshape(nh, d * h * b, w), c.transpose(1, 2))  # column operator
+    return y.view(nh, d, h, b, w)
 
 
 def separable_probs(row_logits: torch.Tensor, col_logits: torch.Tensor) -> torch.Tensor:
@@ -52,15 +72,12 @@ def separable_probs(row_logits: torch.Tensor, col_logits: torch.Tensor) -> torch
 
 
 def shift_gather(v: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """Hard attention: y[b, i, j, h] = v[b, rows[h, i], cols[h, j], h].
+    """Hard attention: y[h, :, i, b, j] = v[h, :, rows[h, i], b, cols[h, j]].
 
-    v (B, H, W, Nh or 1, D), rows (Nh, H), cols (Nh, W) long -> (B, H, W, Nh, D).
+    v (Nh or 1, D, H, B, W), rows (Nh, H), cols (Nh, W) long -> (Nh, D, H, B, W).
     """
-    nh = rows.shape[0]
-    ri = rows.t()[:, None, :]  # (H, 1, Nh)
-    ci = cols.t()[None, :, :]  # (1, W, Nh)
-    if v.shape[3] == 1:
-        hi = torch.zeros(1, 1, nh, dtype=torch.long, device=v.device)
-    else:
-        hi = torch.arange(nh, device=v.device)[None, None, :]  # (1, 1, Nh)
-    return v[:, ri, ci, hi]  # (B, H, W, Nh, D)
+    heads = [
+        v[h if v.shape[0] > 1 else 0].index_select(1, rows[h]).index_select(3, cols[h])
+        for h in range(rows.shape[0])
+    ]
+    return torch.stack(heads)  # (Nh, D, H, B, W)
