@@ -99,8 +99,8 @@ class _WindowAggregate(torch.autograd.Function):
     """out[:, :, :, i, j] = sum_o probs[:, :, o, i, j] sum_m mix[o, m] vpad[:, :, m, :, i+di, j+dj].
 
     probs (B, nh, k^2, H, W), vpad (B, nh, M, dv, Hp, Wp), mix (k^2, M) mixing M value maps
-    per offset (the attention stem's spatially-aware values; M = 1, mix = 1 for plain
-    attention) -> (B, nh, dv, H, W).
+    per offset (the attention stem's spatially-aware values) or None (M = 1, plain attention)
+    -> (B, nh, dv, H, W).
     """
 
     @staticmethod
@@ -108,17 +108,13 @@ class _WindowAggregate(torch.autograd.Function):
         bsz, nh, _, h, w = probs.shape
         ks, nm = kernel_size, vpad.shape[2]
         out = vpad.new_zeros(bsz, nh, vpad.shape[3], h, w)  # (B, nh, dv, H, W)
-        vo = torch.empty_like(out) if nm > 1 else None
         for di in range(ks):
             for dj in range(ks):
                 o = di * ks + dj
-                vs = vpad[..., di : di + h, dj : dj + w]  # (B, nh, M, dv, H, W)
-                if nm == 1:
-                    v_o = vs[:, :, 0]
-                else:
-                    torch.sum(vs * mix[o].view(1, 1, nm, 1, 1, 1), dim=2, out=vo)
-                    v_o = vo
-                out.addcmul_(probs[:, :, o].unsqueeze(2), v_o)
+                p_o = probs[:, :, o].unsqueeze(2)  # (B, nh, 1, H, W)
+                for m in range(nm):
+                    w_om = p_o if mix is None else p_o * mix[o, m]
+                    out.addcmul_(w_om, vpad[:, :, m, :, di : di + h, dj : dj + w])
         ctx.save_for_backward(probs, vpad, mix)
         ctx.kernel_size = ks
         return out
@@ -130,32 +126,26 @@ class _WindowAggregate(torch.autograd.Function):
         ks, nm = ctx.kernel_size, vpad.shape[2]
         h, w = probs.shape[-2:]
         need_p, need_v, need_m = ctx.needs_input_grad[:3]
-        gp = torch.empty_like(probs) if need_p else None
+        gp = torch.zeros_like(probs) if need_p else None
         gv = torch.zeros_like(vpad) if need_v else None
-        gm = torch.zeros_like(mix) if need_m else None
+        gm = torch.zeros_like(mix) if need_m and mix is not None else None
         tmp = torch.empty_like(g)
         for di in range(ks):
             for dj in range(ks):
                 o = di * ks + dj
-                vs = vpad[..., di : di + h, dj : dj + w]  # (B, nh, M, dv, H, W)
                 p_o = probs[:, :, o].unsqueeze(2)  # (B, nh, 1, H, W)
-                if nm == 1:
-                    if gp is not None:
-                        torch.mul(g, vs[:, :, 0], out=tmp)
-                        torch.sum(tmp, dim=2, out=gp[:, :, o])
+                for m in range(nm):
+                    vs = vpad[:, :, m, :, di : di + h, dj : dj + w]  # (B, nh, dv, H, W)
+                    if gp is not None or gm is not None:
+                        torch.mul(g, vs, out=tmp)
+                        s = tmp.sum(2)  # g . v^m_ab, (B, nh, H, W)
+                        if gm is not None:
+                            gm[o, m] = (probs[:, :, o] * s).sum()
+                        if gp is not None:
+                            gp[:, :, o].add_(s if mix is None else s * mix[o, m])
                     if gv is not None:
-                        gv[:, :, 0, :, di : di + h, dj : dj + w].addcmul_(p_o, g)
-                    if gm is not None:
-                        gm[o, 0] = (p_o * g * vs[:, :, 0]).sum()
-                    continue
-                pg = (p_o * g).unsqueeze(2)  # (B, nh, 1, dv, H, W)
-                if gp is not None:
-                    v_o = (vs * mix[o].view(1, 1, nm, 1, 1, 1)).sum(2)
-                    torch.sum(g * v_o, dim=2, out=gp[:, :, o])
-                if gv is not None:
-                    gv[..., di : di + h, dj : dj + w].add_(pg * mix[o].view(1, 1, nm, 1, 1, 1))
-                if gm is not None:
-                    gm[o] = (pg * vs).sum(dim=(0, 1, 3, 4, 5))
+                        w_om = p_o if mix is None else p_o * mix[o, m]
+                        gv[:, :, m, :, di : di + h, dj : dj + w].addcmul_(w_om, g)
         return gp, gv, gm, None
 
 
@@ -189,12 +179,13 @@ def local_attention(
         raise ValueError("local_attention needs keys k or relative tables rel_row/rel_col")
     bsz, nh, dk, h, w = q.shape
     ks = kernel_size
+    if (v.dim() == 6) != (mix is not None):
+        raise ValueError(f"v (B, nh, M, dv, H, W) goes with mix (k*k, M); got v {tuple(v.shape)}")
     if v.dim() == 5:
         v = v.unsqueeze(2)  # (B, nh, 1, dv, H, W)
     nm = v.shape[2]
-    if (mix is None) != (nm == 1) or (mix is not None and tuple(mix.shape) != (ks * ks, nm)):
-        shape = None if mix is None else tuple(mix.shape)
-        raise ValueError(f"mix must be ({ks * ks}, {nm}) for {nm} value maps, got {shape}")
+    if mix is not None and tuple(mix.shape) != (ks * ks, nm):
+        raise ValueError(f"mix must be ({ks * ks}, {nm}) for {nm} value maps, got {mix.shape}")
     qr = None
     if rel_row is not None:  # q^T r_{a-i,b-j} = q_row . rel_row[di] + q_col . rel_col[dj]
         half = dk // 2
@@ -216,8 +207,6 @@ def local_attention(
     if padding == "mask":
         logits.masked_fill_(~window_valid(ks, h, w, q.device), float("-inf"))
     probs = torch.softmax(logits, dim=2)  # (B, nh, k^2, H, W); the centre is always valid
-    if mix is None:
-        mix = torch.ones(1, 1, dtype=v.dtype, device=v.device).expand(ks * ks, 1)
     y = _WindowAggregate.apply(probs, _pad_hw(v, ks), mix, ks)  # (B, nh, dv, H, W)
     if return_attention:
         return y, probs.detach().flatten(3).transpose(2, 3)

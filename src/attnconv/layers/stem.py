@@ -1,0 +1,111 @@
+"""SASA attention stem with spatially-aware values (Ramachandran et al., NeurIPS 2019, sec. 3.2).
+
+RGB pixels are individually uninformative, so content-only attention struggles to learn edge
+detectors at the stem. The values are made position-aware instead (eq. 4-5):
+
+    v_ab = (sum_m p(a, b, m) W_V^m) x_ab,
+    p(a, b, m) = softmax_m((emb_row(a) + emb_col(b))^T nu^m),
+
+with emb_row / emb_col embeddings of the position inside the local window (relative to the
+query, like the offsets of a convolution kernel) and m = 1..M value matrices. The logits are
+content-only, q_ij^T k_ab, over the same per-pixel k x k window as LocalSelfAttention2d; the
+window kernel (fast loop and unfold reference) is the one in ``local.py``. The layer is
+followed by batch norm, ReLU and the stem's max pooling (``pool``; 4 in the paper's ImageNet
+stem, 1 for CIFAR-size inputs).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .functional import check_impl
+from .local import PADDINGS, local_attention
+
+
+class AttentionStem2d(nn.Module):
+    """Attention stem: local attention with spatially-aware values, then BN, ReLU, max pool.
+
+    x (B, C_in, H, W) -> (B, C_out, H/pool, W/pool). ``mixtures`` M value matrices per head,
+    ``kernel_size`` k the window (4 in the paper; even k covers offsets -(k-1)//2 .. k//2).
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        num_heads: int = 8,
+        kernel_size: int = 4,
+        mixtures: int = 4,
+        pool: int = 4,
+        norm: bool = True,
+        padding: str = "mask",
+        impl: str = "auto",
+    ):
+        super().__init__()
+        check_impl(impl)
+        if padding not in PADDINGS:
+            raise ValueError(f"padding must be one of {PADDINGS}, got {padding!r}")
+        if num_heads < 1 or out_channels % num_heads:
+            raise ValueError(f"out_channels={out_channels} not divisible by num_heads={num_heads}")
+        if kernel_size < 1 or mixtures < 1 or pool < 1:
+            raise ValueError(
+                f"kernel_size, mixtures, pool must be >= 1, got {kernel_size}, {mixtures}, {pool}"
+            )
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.num_heads, self.head_dim = num_heads, out_channels // num_heads
+        self.kernel_size, self.mixtures, self.pool = kernel_size, mixtures, pool
+        self.padding, self.impl = padding, impl
+        self.scale = self.head_dim**-0.5
+        self.query = nn.Conv2d(in_channels, out_channels, 1, bias=False)  # W_Q
+        self.key = nn.Conv2d(in_channels, out_channels, 1, bias=False)  # W_K
+        self.value = nn.Conv2d(in_channels, mixtures * out_channels, 1, bias=False)  # W_V^m
+        emb_dim = out_channels
+        self.emb_row = nn.Parameter(torch.randn(kernel_size, emb_dim) * emb_dim**-0.5)
+        self.emb_col = nn.Parameter(torch.randn(kernel_size, emb_dim) * emb_dim**-0.5)
+        self.nu = nn.Parameter(torch.randn(mixtures, emb_dim) * emb_dim**-0.5)  # nu^m
+        self.norm = nn.BatchNorm2d(out_channels) if norm else nn.Identity()
+
+    def mixture_weights(self) -> torch.Tensor:
+        """p(a, b, m): (k*k, M), offsets in row-major order, each row summing to 1 (eq. 5)."""
+        emb = self.emb_row[:, None, :] + self.emb_col[None, :, :]  # (k, k, D)
+        return torch.softmax(emb.flatten(0, 1) @ self.nu.t(), dim=-1)  # (k^2, M)
+
+    def forward(
+        self, x: torch.Tensor, return_attention: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """With ``return_attention`` also the window probabilities (B, nh, H*W, k*k) at the input
+        resolution."""
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(
+                f"expected input (B, {self.in_channels}, H, W), got shape {tuple(x.shape)}"
+            )
+        bsz, _, h, w = x.shape
+        if h < self.pool or w < self.pool:
+            raise ValueError(f"input {h}x{w} is smaller than the stem pooling {self.pool}")
+        nh, dh, nm = self.num_heads, self.head_dim, self.mixtures
+        q = self.query(x).view(bsz, nh, dh, h, w) * self.scale  # (B, nh, dh, H, W)
+        k = self.key(x).view(bsz, nh, dh, h, w)
+        v = self.value(x).view(bsz, nh, nm, dh, h, w)  # (B, nh, M, dh, H, W): W_V^m x
+        out = local_attention(
+            q,
+            k,
+            v,
+            kernel_size=self.kernel_size,
+            mix=self.mixture_weights(),
+            padding=self.padding,
+            impl=self.impl,
+            return_attention=return_attention,
+        )
+        y, attn = out if return_attention else (out, None)
+        y = F.relu(self.norm(y.reshape(bsz, self.out_channels, h, w)))
+        if self.pool > 1:
+            y = F.max_pool2d(y, self.pool)
+        return (y, attn) if return_attention else y
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.in_channels}, {self.out_channels}, num_heads={self.num_heads}, "
+            f"kernel_size={self.kernel_size}, mixtures={self.mixtures}, pool={self.pool}"
+        )
