@@ -1,0 +1,78 @@
+"""What ``attnconv analyze`` / ``attnconv explore`` read: a checkpoint's model and test images."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from attnconv.data import CIFAR10_MEAN, CIFAR10_STD, load_dataset
+
+
+def load_checkpoint_model(path: str | Path) -> tuple[nn.Module, dict]:
+    """(model in eval mode, checkpoint metadata) via the safetensors checkpoint loader."""
+    from attnconv.train.checkpoint import load_model
+
+    model, info = load_model(path)
+    for attr in ("attention_grid",):
+        if not hasattr(model, attr):
+            raise ValueError(
+                f"{path}: model {info.get('model')!r} has no {attr} (not an image model)"
+            )
+    return model.eval(), info
+
+
+def normalization(info: dict) -> tuple[list[float], list[float]]:
+    """The mean/std the checkpoint was trained with (CIFAR-10's if it does not say)."""
+    d = info.get("data") or {}
+    cfg = (info.get("config") or {}).get("data") or {}
+    mean = d.get("mean") or cfg.get("mean") or list(CIFAR10_MEAN)
+    std = d.get("std") or cfg.get("std") or list(CIFAR10_STD)
+    return [float(v) for v in mean], [float(v) for v in std]
+
+
+def data_spec(data: str | None, info: dict) -> str:
+    """``--data`` or, if not given, the dataset the checkpoint was trained on."""
+    if data:
+        return data
+    spec = ((info.get("config") or {}).get("data") or {}).get("dataset")
+    if not spec:
+        raise ValueError("no --data given and the checkpoint does not name its dataset")
+    return str(spec)
+
+
+def test_images(
+    spec: str, n: int, *, split: str = "test", cache_dir: str | None = None
+) -> tuple[torch.Tensor, list[str]]:
+    """``n`` images (uint8 (n, 3, H, W)) of ``split``, classes interleaved (image 0 of every
+    class first, then image 1, ...), and their class names."""
+    if n < 1:
+        raise ValueError(f"number of images must be >= 1, got {n}")
+    first = load_dataset(spec, split, max_per_class=1, cache_dir=cache_dir)
+    per_class = math.ceil(n / max(1, first.num_classes))
+    ds = (
+        first
+        if per_class == 1
+        else load_dataset(spec, split, max_per_class=per_class, cache_dir=cache_dir)
+    )
+    labels = ds.labels.tolist()
+    seen: dict[int, int] = {}
+    rank = []
+    for y in labels:
+        rank.append(seen.get(y, 0))
+        seen[y] = rank[-1] + 1
+    order = sorted(range(len(labels)), key=lambda i: (rank[i], labels[i]))[:n]
+    idx = torch.tensor(order, dtype=torch.long)
+    return ds.images[idx], [ds.classes[labels[i]] for i in order]
+
+
+def check_image_size(model: nn.Module, images: torch.Tensor, info: dict) -> None:
+    """The images must have the size the model was trained on (the attention grid assumes it)."""
+    size = (info.get("data") or {}).get("image_size")
+    if size and list(images.shape[2:]) != list(size):
+        raise ValueError(
+            f"test images are {images.shape[2]}x{images.shape[3]}, the checkpoint was trained on "
+            f"{size[0]}x{size[1]} images"
+        )

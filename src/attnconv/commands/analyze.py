@@ -1,0 +1,80 @@
+"""`attnconv analyze CHECKPOINT --data DATA --out DIR`: the papers' figures for a checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = "figures of what the attention heads learned (PNGs + index.md/index.html)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoint", help="checkpoint folder (or run folder with checkpoints/latest)")
+    p.add_argument(
+        "--data",
+        help="test data: a folder/.zip (split/class/img), CIFAR batches, 'sample' or 'cifar10' "
+        "(default: the dataset the checkpoint was trained on)",
+    )
+    p.add_argument("--split", default="test", help="split of --data to use (default: test)")
+    p.add_argument("--out", required=True, help="output folder for the figures")
+    p.add_argument("--num-images", type=int, default=100, help="images to average over (100)")
+    p.add_argument("--image", type=int, default=0, help="index of the single image shown (0)")
+    p.add_argument(
+        "--query",
+        type=int,
+        nargs=2,
+        metavar=("ROW", "COL"),
+        help="query pixel of the image (default: the centre)",
+    )
+    p.add_argument(
+        "--zoom", type=int, default=7, help="side of the zoomed key window (default 7; 0 = none)"
+    )
+    p.add_argument(
+        "--centers-log",
+        help="per-epoch centre log (default: centers.jsonl of the checkpoint's run folder)",
+    )
+    p.add_argument("--batch-size", type=int, default=25)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from attnconv.analysis.centers import find_center_log
+    from attnconv.analysis.inputs import (
+        check_image_size,
+        data_spec,
+        load_checkpoint_model,
+        normalization,
+        test_images,
+    )
+    from attnconv.analysis.report import analyze_model
+
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.zoom < 0:
+        raise ValueError(f"--zoom must be >= 0, got {args.zoom}")
+    log = Path(args.centers_log) if args.centers_log else find_center_log(args.checkpoint)
+    if args.centers_log and not log.is_file():
+        raise FileNotFoundError(f"--centers-log {log}: no such file")
+    model, info = load_checkpoint_model(args.checkpoint)
+    images, labels = test_images(data_spec(args.data, info), args.num_images, split=args.split)
+    check_image_size(model, images, info)
+    mean, std = normalization(info)
+    torch.set_grad_enabled(False)
+    report = analyze_model(
+        model,
+        images,
+        args.out,
+        mean=mean,
+        std=std,
+        labels=labels,
+        query=args.query,
+        image_index=args.image,
+        zoom=args.zoom or None,
+        center_log=log,
+        title=f"{info.get('model')} ({Path(info.get('path', args.checkpoint)).name})",
+        batch_size=args.batch_size,
+    )
+    out = Path(args.out)
+    print(f"wrote {len(report['figures'])} figures to {out} (index: {out / 'index.md'})")
+    return 0

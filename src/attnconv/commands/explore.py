@@ -1,0 +1,73 @@
+"""`attnconv explore CHECKPOINT --out page.html`: the interactive attention explorer page."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = "write a self-contained HTML page to explore every head's attention by clicking pixels"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoint", help="checkpoint folder (or run folder with checkpoints/latest)")
+    p.add_argument("--out", required=True, help="the .html file to write")
+    p.add_argument(
+        "--data",
+        help="test data: a folder/.zip (split/class/img), CIFAR batches, 'sample' or 'cifar10' "
+        "(default: the dataset the checkpoint was trained on)",
+    )
+    p.add_argument("--split", default="test", help="split of --data to use (default: test)")
+    p.add_argument("--images", type=int, default=4, help="test images shown (default 4)")
+    p.add_argument(
+        "--average", type=int, default=100, help="images of the average view (default 100; 0 = off)"
+    )
+    p.add_argument(
+        "--max-queries",
+        type=int,
+        default=256,
+        help="query tokens stored per layer; larger grids keep every k-th token (default 256)",
+    )
+    p.add_argument("--batch-size", type=int, default=25)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from attnconv.analysis.explorer import explore_model
+    from attnconv.analysis.inputs import (
+        check_image_size,
+        data_spec,
+        load_checkpoint_model,
+        normalization,
+        test_images,
+    )
+
+    for name in ("images", "max_queries", "batch_size"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.average < 0:
+        raise ValueError(f"--average must be >= 0, got {args.average}")
+    if Path(args.out).suffix.lower() not in (".html", ".htm"):
+        raise ValueError(f"--out must name an .html file, got {args.out}")
+    model, info = load_checkpoint_model(args.checkpoint)
+    spec = data_spec(args.data, info)
+    n = max(args.images, args.average)
+    images, labels = test_images(spec, n, split=args.split)
+    check_image_size(model, images, info)
+    mean, std = normalization(info)
+    torch.set_grad_enabled(False)
+    out = explore_model(
+        model,
+        images[: args.images],
+        args.out,
+        average_images=images[: args.average] if args.average else None,
+        labels=labels[: args.images],
+        mean=mean,
+        std=std,
+        title=f"attention explorer: {info.get('model')} ({Path(info.get('path', '')).name})",
+        max_queries=args.max_queries,
+        batch_size=args.batch_size,
+    )
+    size = out.stat().st_size / 1e6
+    print(f"wrote {out} ({size:.1f} MB, {args.images} images, average of {args.average})")
+    return 0
