@@ -321,3 +321,39 @@ def test_position_similarity_and_patch_pcs():
     assert abs(float(pcs[1].double().flatten() @ u[1])) == pytest.approx(1.0, abs=1e-4)
     assert float(ratio[:2].sum()) > 0.999 and bool((ratio[:-1] >= ratio[1:]).all())
     assert patch_filter_pcs(torch.randn(5, 3, 2, 2), n=28)[0].shape[0] == 5
+
+
+# ---------------------------------------------------------------------------- converted convs
+
+
+@pytest.mark.parametrize("k,dilation", [(3, 1), (5, 1), (3, 2)])
+def test_converted_convolution_scores_exactly_one(k, dilation):
+    from attnconv.analysis.centers import head_centers
+    from attnconv.convert import conv_to_attention
+
+    torch.manual_seed(0)
+    pad = dilation * (k // 2)
+    conv = torch.nn.Conv2d(3, 4, k, padding=pad, dilation=dilation)
+    layer = conv_to_attention(conv)  # hard heads (alpha -> inf), Theorem 1
+    x = torch.randn(2, 3, 7, 6)
+    y, attn = layer(x, return_attention=True)  # attention over the zero-padded image
+    assert torch.allclose(y, conv(x), atol=1e-5)
+    res = conv_likeness(attn, (7 + 2 * pad, 6 + 2 * pad))
+    assert res.score == 1.0 and min(res.stability) == 1.0
+    assert (res.kernel, res.dilation) == (k, dilation)
+    (centers,) = head_centers(layer)  # the wrapper delegates to its one attention layer
+    assert sorted(map(tuple, centers.round().int().tolist())) == sorted(res.offsets)
+
+
+def test_soft_converted_convolution_approaches_one_with_alpha():
+    from attnconv.convert import conv_to_attention
+
+    conv = torch.nn.Conv2d(2, 2, 3, padding=1)
+    x = torch.randn(1, 2, 6, 6)
+    scores = []
+    for alpha in (0.5, 2.0, 8.0):
+        _, attn = conv_to_attention(conv, alpha=alpha)(x, return_attention=True)
+        res = conv_likeness(attn, (8, 8))
+        assert res.kernel == 3  # the modal offsets are already the 3x3 grid
+        scores.append(res.score)
+    assert scores[0] < scores[1] < scores[2] < 1.0 and scores[2] > 0.99  # Lemma 2

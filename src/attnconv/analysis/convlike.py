@@ -94,7 +94,7 @@ class ConvLikeness:
             self.oidx = offset_index(self.lgrid)  # (hw, hw)
         n = batch if (batch is not None and attn.shape[0] == 1) else attn.shape[0]
         w = n / attn.shape[0]  # a shared (1, ...) map stands for n images
-        p = attn[:, :, self.prefix :, self.prefix :].double()  # (B, Nh, hw, hw)
+        p = attn.detach()[:, :, self.prefix :, self.prefix :].double()  # (B, Nh, hw, hw)
         nh = p.shape[1]
         h, wd = self.lgrid
         mass = torch.zeros(nh, (2 * h - 1) * (2 * wd - 1), dtype=torch.float64)

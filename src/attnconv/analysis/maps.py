@@ -48,7 +48,7 @@ def check_attention(attn: torch.Tensor, name: str = "attention") -> torch.Tensor
 def spatial(attn: torch.Tensor, num_prefix_tokens: int = 0, renormalize: bool = False):
     """Drop prefix tokens: (B, Nh, T, T) -> (B, Nh, hw, hw); optionally renormalize the rows."""
     check_attention(attn)
-    p = attn[..., num_prefix_tokens:, num_prefix_tokens:].float()
+    p = attn.detach()[..., num_prefix_tokens:, num_prefix_tokens:].float()
     if renormalize:
         p = p / p.sum(-1, keepdim=True).clamp_min(1e-30)
     return p
@@ -80,7 +80,9 @@ def query_maps(
         check_attention(a, f"attention of layer {i}")
         lg = layer_grid(a.shape[-1], grid, num_prefix_tokens)
         r, c = scale_query(query, grid, lg)
-        row = a[:, :, num_prefix_tokens + r * lg[1] + c, num_prefix_tokens:].float()  # (B, Nh, hw)
+        row = a.detach()[
+            :, :, num_prefix_tokens + r * lg[1] + c, num_prefix_tokens:
+        ].float()  # (B, Nh, hw)
         if image is None or a.shape[0] == 1:
             row = row.mean(0)
         else:
@@ -150,7 +152,7 @@ class MapAverage:
                 if rows is None
                 else a[:, :, rows, self.prefix :]
             )
-            s = p.float().sum(0) * (n if a.shape[0] == 1 else 1)  # (Nh, Q, hw)
+            s = p.detach().float().sum(0) * (n if a.shape[0] == 1 else 1)  # (Nh, Q, hw)
             self.sums[i] = s if self.sums[i] is None else self.sums[i] + s
         self.count += n
 
