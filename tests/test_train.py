@@ -1,0 +1,312 @@
+"""Training on real CIFAR-10: loss falls, exact resume (mid-epoch, after kill -9, after SIGTERM /
+SIGINT), non-finite guard, configs, optimizer groups, schedules, CLI errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+import yaml
+from safetensors.torch import load_file
+
+from attnconv.train.checkpoint import LATEST, load_model
+from attnconv.train.config import Config, ScheduleConfig, config_from_dict, load_config
+from attnconv.train.loop import Interrupted, Trainer
+from attnconv.train.monitor import centre_layers
+from attnconv.train.optim import lr_at, no_decay_names
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_globals():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(False)
+
+
+_CACHE: list[Path] = []  # decoded-images cache shared by this module's runs
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache(tmp_path_factory):
+    _CACHE[:] = [tmp_path_factory.mktemp("cache")]
+
+
+def small(cifar: Path, out: Path, **sections) -> dict:
+    """A config dict: tiny_cnn on 40 real images per class, 8 steps per epoch, 5 epochs."""
+    d = {
+        "model": {"name": "tiny_cnn", "kwargs": {"width": 32}},
+        "data": {
+            "dataset": str(cifar),
+            "max_per_class": 40,
+            "eval_max_per_class": 2,
+            "cache_dir": str(_CACHE[0]),
+        },
+        "optim": {"name": "sgd", "lr": 0.05},
+        "train": {
+            "epochs": 5,
+            "batch_size": 50,
+            "log_every": 4,
+            "checkpoint_every": 3,
+            "threads": 1,
+            "progress": False,
+        },
+        "out_dir": str(out),
+    }
+    for k, v in sections.items():
+        d[k] = {**d.get(k, {}), **v} if isinstance(v, dict) else v
+    return d
+
+
+def weights(run: Path) -> dict[str, torch.Tensor]:
+    ck = run / "checkpoints"
+    return load_file(ck / (ck / LATEST).read_text().strip() / "model.safetensors")
+
+
+def latest_step(run: Path) -> int:
+    p = run / "checkpoints" / LATEST
+    return int(p.read_text().strip().split("-")[1]) if p.is_file() else -1
+
+
+def assert_identical(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def cli(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "ATTNCONV_CACHE": str(_CACHE[0]), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "attnconv.cli", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    """An uninterrupted run (in-process) of ``small``; its config file and final weights."""
+    from conftest import CIFAR_ZIP
+
+    tmp = tmp_path_factory.mktemp("baseline")
+    d = small(CIFAR_ZIP, tmp / "run")
+    cfg_file = tmp / "small.yaml"
+    cfg_file.write_text(yaml.safe_dump({k: v for k, v in d.items() if k != "out_dir"}))
+    threads = torch.get_num_threads()
+    Trainer(config_from_dict(d)).fit()
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(False)
+    return cfg_file, weights(tmp / "run"), tmp / "run"
+
+
+def test_loss_falls_on_real_cifar(baseline):
+    import csv
+
+    _, _, run = baseline
+    rows = list(csv.DictReader(open(run / "metrics.csv")))
+    train = [r for r in rows if r["kind"] == "train"]
+    first = sum(float(r["loss"]) for r in train if r["epoch"] == "1") / 2
+    last = sum(float(r["loss"]) for r in train if r["epoch"] == "5") / 2
+    assert last < first - 0.15, (first, last)
+    assert {r["kind"] for r in rows} == {"train", "eval"} and float(train[-1]["images_per_s"]) > 0
+
+
+def test_resume_mid_epoch_is_exact(baseline, cifar_zip, tmp_path):
+    _, final, _ = baseline
+    d = small(cifar_zip, tmp_path / "run")
+    with pytest.raises(Interrupted):
+        Trainer(config_from_dict(d), stop_at_step=13).fit()  # epoch 2, batch 5 of 8
+    assert latest_step(tmp_path / "run") == 13
+    Trainer(config_from_dict(d), resume=True).fit()
+    assert_identical(weights(tmp_path / "run"), final)
+    # the metrics rows after step 13 were dropped and written again: same steps as uninterrupted
+    lines = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
+    base = (baseline[2] / "metrics.csv").read_text().splitlines()
+    assert [ln.split(",")[:6] for ln in lines] == [ln.split(",")[:6] for ln in base]
+
+
+def test_resume_refuses_changed_config(baseline, cifar_zip, tmp_path):
+    d = small(cifar_zip, tmp_path / "run")
+    with pytest.raises(Interrupted):
+        Trainer(config_from_dict(d), stop_at_step=2).fit()
+    d["optim"]["lr"] = 0.5
+    with pytest.raises(ValueError, match="config differs from the checkpoint's in optim.lr"):
+        Trainer(config_from_dict(d), resume=True)
+
+
+def test_kill_9_then_resume_is_exact(baseline, tmp_path):
+    cfg_file, final, _ = baseline
+    run = tmp_path / "run"
+    p = cli("train", str(cfg_file), "--out", str(run))
+    deadline = time.time() + 120
+    while latest_step(run) < 3 and p.poll() is None and time.time() < deadline:
+        time.sleep(0.005)
+    p.kill()  # SIGKILL: no handler runs
+    p.communicate()
+    killed_at = latest_step(run)
+    assert p.returncode == -signal.SIGKILL and 3 <= killed_at < 40, (p.returncode, killed_at)
+    r = cli("train", str(cfg_file), "--out", str(run), "--resume")
+    out, err = r.communicate(timeout=300)
+    assert r.returncode == 0, err
+    assert_identical(weights(run), final)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_saves_resumable_checkpoint_and_exits(baseline, tmp_path, sig):
+    cfg_file, final, _ = baseline
+    run = tmp_path / "run"
+    p = cli("train", str(cfg_file), "--out", str(run))
+    deadline = time.time() + 120
+    while latest_step(run) < 3 and p.poll() is None and time.time() < deadline:
+        time.sleep(0.005)
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 128 + sig, err
+    assert f"stopped by {signal.Signals(sig).name} at step" in err and "Traceback" not in err
+    stopped = latest_step(run)
+    assert 3 <= stopped < 40
+    load_model(run)  # a complete, loadable checkpoint
+    r = cli("train", str(cfg_file), "--out", str(run), "--resume")
+    _, err = r.communicate(timeout=300)
+    assert r.returncode == 0, err
+    assert_identical(weights(run), final)
+
+
+def test_non_finite_loss_stops_and_keeps_last_good(cifar_zip, tmp_path):
+    cfg = tmp_path / "nan.yaml"
+    d = small(
+        cifar_zip,
+        tmp_path / "run",
+        optim={"lr": 1.0e4, "weight_decay": 0.0},
+        schedule={"warmup": 0.0},
+        train={"checkpoint_every": 1, "batch_size": 20},
+    )
+    cfg.write_text(yaml.safe_dump(d))
+    p = cli("train", str(cfg))
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 3, err
+    line = [ln for ln in err.splitlines() if "non-finite" in ln]
+    assert len(line) == 1 and "Traceback" not in err
+    bad = int(line[0].split(" at step ")[1].split()[0])
+    good = latest_step(tmp_path / "run")
+    assert good == bad - 1 and f"last good checkpoint: {tmp_path / 'run'}" in line[0]
+    model, info = load_model(tmp_path / "run")
+    assert info["state"]["step"] == good
+    assert all(torch.isfinite(v).all() for v in model.state_dict().values())
+
+
+def test_bf16_grad_clip_label_smoothing(cifar_zip, tmp_path):
+    d = small(
+        cifar_zip,
+        tmp_path / "run",
+        optim={"momentum": 0.0, "weight_decay": 0.0},
+        schedule={"name": "constant", "warmup": 0.0},
+        train={
+            "epochs": 1,
+            "steps_per_epoch": 1,
+            "grad_clip": 1e-3,
+            "bf16": True,
+            "label_smoothing": 0.1,
+        },
+    )
+    tr = Trainer(config_from_dict(d))
+    before = [p.detach().clone() for p in tr.model.parameters()]
+    tr.fit()
+    delta = torch.cat([(p.detach() - b).flatten() for p, b in zip(tr.model.parameters(), before)])
+    # one plain SGD step of a gradient clipped to norm 1e-3: ||update|| = lr * 1e-3
+    assert delta.norm().item() == pytest.approx(0.05 * 1e-3, rel=1e-3)
+
+
+# ---- configs, optimizer groups, schedules ------------------------------------------------------
+
+
+def test_unknown_config_key_lists_close_matches(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("optim:\n  lrr: 0.1\n")
+    with pytest.raises(ValueError, match=r"unknown config key 'optim.lrr'; did you mean optim.lr"):
+        load_config(f)
+    with pytest.raises(ValueError, match=r"'train.epoch'; did you mean train.epochs"):
+        load_config(None, ["train.epoch=3"])
+    with pytest.raises(TypeError, match="train.epochs' must be an integer"):
+        load_config(None, ["train.epochs=1.5"])
+    with pytest.raises(ValueError, match="must look like key=value"):
+        load_config(None, ["optim.lr"])
+
+
+def test_config_base_and_overrides(tmp_path):
+    (tmp_path / "base.yaml").write_text("optim: {lr: 0.1, momentum: 0.8}\ntrain: {epochs: 300}\n")
+    (tmp_path / "cpu.yaml").write_text("base: base.yaml\ntrain: {epochs: 2}\n")
+    c = load_config(tmp_path / "cpu.yaml", ["optim.lr=0.05", "schedule.milestones=[1, 2]"])
+    assert (c.optim.lr, c.optim.momentum, c.train.epochs) == (0.05, 0.8, 2)
+    assert c.schedule.milestones == [1, 2]
+
+
+def test_cli_bad_config_and_data_one_line(tmp_path, capsys, cifar_zip):
+    from attnconv.cli import main
+
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump({"train": {"epochs": 1}, "data": {"dataset": "sample"}}))
+    assert main(["train", str(f), "--set", "optim.weight_decy=0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "did you mean optim.weight_decay" in err
+    assert main(["train", str(f), "--set", f"data.dataset={tmp_path / 'gone.zip'}"]) == 2
+    assert "gone.zip: no such dataset" in capsys.readouterr().err
+    assert main(["train", str(tmp_path / "nope.yaml")]) == 2
+    assert "nope.yaml: no such config file" in capsys.readouterr().err
+
+
+class _Quadratic(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.centers = nn.Parameter(torch.randn(4, 2))
+        self.alpha = nn.Parameter(torch.ones(4))
+        self.proj = nn.Linear(3, 3)
+
+    def attention_centers(self) -> torch.Tensor:
+        return self.centers
+
+
+def test_no_weight_decay_on_norms_biases_centres():
+    m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), _Quadratic(), nn.LayerNorm(3))
+    names = set(no_decay_names(m, ["centers", "alpha"]))
+    assert names == {
+        "0.bias",
+        "1.weight",
+        "1.bias",
+        "2.centers",
+        "2.alpha",
+        "2.proj.bias",
+        "3.weight",
+        "3.bias",
+    }
+    assert centre_layers(m) == [m[2]]
+
+
+def test_schedules():
+    cos = ScheduleConfig(name="cosine", warmup=0.1)
+    lrs = [lr_at(s, 1.0, cos, 100, 10) for s in range(100)]
+    assert lrs[:10] == pytest.approx([(i + 1) / 10 for i in range(10)])  # linear warm-up
+    assert lrs[10] == 1.0 and lrs[55] == pytest.approx(0.5, abs=0.02) and lrs[-1] < 1e-3
+    ms = ScheduleConfig(name="multistep", warmup=0.0, milestones=[2, 4], gamma=0.1)
+    assert [lr_at(s, 1.0, ms, 60, 10) for s in (0, 19, 20, 39, 40)] == pytest.approx(
+        [1, 1, 0.1, 0.1, 0.01]
+    )
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").rglob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_configs_are_valid(path):
+    from attnconv.models import list_models
+
+    cfg = load_config(path)
+    assert isinstance(cfg, Config) and cfg.model.name in list_models()
