@@ -122,8 +122,8 @@ def _offset_axes(ax, radius: float, label: bool = True):
     ax.set_aspect("equal")
     ax.grid(True, lw=0.3, alpha=0.5)
     if label:
-        ax.set_xlabel("column offset", fontsize=8)
-        ax.set_ylabel("row offset", fontsize=8)
+        ax.set_xlabel("column offset (tokens)", fontsize=8)
+        ax.set_ylabel("row offset (tokens)", fontsize=8)
     ax.tick_params(labelsize=7)
 
 
@@ -278,8 +278,7 @@ def plot_position_similarity(sim: torch.Tensor, out: str | Path) -> Path:
         for j in range(w):
             mosaic[i * (h + 1) : i * (h + 1) + h, j * (w + 1) : j * (w + 1) + w] = s[i, j]
     fig, ax = plt.subplots(figsize=(6.0, 5.2))
-    cmap = plt.get_cmap(CMAP).copy()
-    cmap.set_bad("white")
+    cmap = plt.get_cmap(CMAP).with_extremes(bad="white")
     im = ax.imshow(mosaic, cmap=cmap, vmin=-1, vmax=1, interpolation="nearest")
     ax.set_xticks([j * (w + 1) + (w - 1) / 2 for j in range(w)], [str(j + 1) for j in range(w)])
     ax.set_yticks([i * (h + 1) + (h - 1) / 2 for i in range(h)], [str(i + 1) for i in range(h)])
