@@ -10,10 +10,21 @@ import torch
 from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parents[1]
-# Real CIFAR-10 JPEGs (train/<class>/*.jpg, test/<class>/*.jpg); override with ATTNCONV_CIFAR_ZIP.
-CIFAR_ZIP = Path(
-    os.environ.get("ATTNCONV_CIFAR_ZIP", ROOT.parent / "shared" / "data" / "cifar10-jpeg.zip")
-)
+
+
+# Real CIFAR-10 JPEGs (train/<class>/*.jpg, test/<class>/*.jpg) at ../shared/data/ beside the
+# project (or beside any parent folder of it); override with ATTNCONV_CIFAR_ZIP.
+def _find_cifar_zip() -> Path:
+    if os.environ.get("ATTNCONV_CIFAR_ZIP"):
+        return Path(os.environ["ATTNCONV_CIFAR_ZIP"])
+    for parent in ROOT.parents:
+        candidate = parent / "shared" / "data" / "cifar10-jpeg.zip"
+        if candidate.exists():
+            return candidate
+    return ROOT.parent / "shared" / "data" / "cifar10-jpeg.zip"
+
+
+CIFAR_ZIP = _find_cifar_zip()
 
 settings.register_profile("ci", max_examples=25, deadline=None)
 settings.load_profile("ci")
