@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from attnconv.analysis.explorer import build_data, query_subgrid, render_html, write_explorer
-from attnconv.data import load_dataset
+from attnconv.data import CIFAR10_MEAN, CIFAR10_STD, load_dataset
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
@@ -195,3 +195,44 @@ def test_bad_inputs_raise_clear_errors(test_images, tmp_path):
         build_data(images, [[gaussian_layer((8, 8), [(0, 0)])]], None, (8, 8))
     with pytest.raises(ValueError, match=".html"):
         write_explorer(constructed(images), tmp_path / "page.txt")
+
+
+def test_page_from_a_real_checkpoint(browser, cifar_zip, tmp_path):
+    """`attnconv explore` on a tiny ViT checkpoint: clicking pixels shows the model's attention."""
+    import attnconv
+    from attnconv.analysis.explorer import normalize
+    from attnconv.analysis.inputs import test_images as load_test_images
+    from attnconv.cli import main
+    from attnconv.train.checkpoint import save_checkpoint
+
+    torch.manual_seed(0)
+    kw = dict(num_classes=10, depth=2, embed_dim=32, num_heads=2)
+    model = attnconv.create_model("vit_tiny_cifar", **kw)
+    with torch.no_grad():  # sharper attention than the near-uniform initialization
+        for blk in model.blocks:
+            for p in blk.attn.parameters():
+                p.mul_(8.0)
+    ck = save_checkpoint(tmp_path / "ck", model, "vit_tiny_cifar", kw)
+    page_path = tmp_path / "vit.html"
+    argv = ["explore", str(ck), "--data", str(cifar_zip), "--out", str(page_path)]
+    assert main(argv + ["--images", "2", "--average", "6"]) == 0
+    images, _ = load_test_images(str(cifar_zip), 6)
+    x = normalize(images[:2], CIFAR10_MEAN, CIFAR10_STD)  # no data info saved: CIFAR-10's
+    with torch.no_grad():
+        _, attns = model.eval()(x, return_attention=True)
+    page, requests, errors = open_page(browser, page_path)
+    before = heads_state(page)
+    for row, col in [(3, 3), (30, 20)]:
+        click_pixel(page, row, col)
+        state = heads_state(page)
+        assert state != before
+        before = state
+        q = 1 + (row // 4) * 8 + col // 4  # token of the pixel, after the class token
+        for s in state:
+            p = attns[s["layer"]][0, s["head"], q, 1:]  # image 0, keys without the class token
+            r, c = map(int, s["argmax"].split(","))
+            assert s["query"] == f"{row // 4},{col // 4}"
+            assert s["peak"] == pytest.approx(float(p.max()), rel=1e-4)
+            assert float(p[r * 8 + c]) >= float(p.max()) * (1 - 1 / 255)  # the brightest key
+    assert errors == [] and requests == [page_path.resolve().as_uri()]
+    page.close()
