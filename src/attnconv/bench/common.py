@@ -1,0 +1,177 @@
+"""Benchmark helpers shared by the suites: forward+backward time, peak memory and FLOPs on CPU.
+
+Method (each case runs in a fresh ``python`` subprocess, so cases cannot pollute each other):
+1. the child imports torch, sets its thread count, and calls the case factory
+   (``"package.module:function"`` with JSON kwargs) which builds the module and inputs and
+   returns ``step()``, one forward+backward;
+2. memory: RSS right after setup (``/proc/self/statm``) is the baseline; one ``step()`` runs;
+   peak = ``ru_maxrss`` (the process's RSS high-water mark) minus that baseline, i.e. the extra
+   resident memory one fwd+bwd needs (activations kept for backward, temporaries, gradients).
+   A setup transient above the baseline can only make this an over-estimate;
+3. FLOPs: one ``step()`` under ``torch.utils.flop_counter.FlopCounterMode`` (matmul, conv,
+   attention kernels; elementwise ops are not counted), with a formula added for PyTorch's CPU
+   flash attention kernel, which the counter does not know;
+4. time: ``warmup`` steps, then the median wall time of ``repeats`` steps (``time.perf_counter``).
+
+The machine may be shared: compare ratios measured in one run, not absolute times across runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+RESULTS_DIR = Path(__file__).resolve().parents[3] / "benchmarks" / "results"
+
+
+def median_time(step: Callable[[], object], repeats: int = 5, warmup: int = 1) -> list[float]:
+    """Run ``step`` warmup times, then return the wall times of ``repeats`` more runs."""
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _maxrss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: kilobytes
+
+
+def _register_cpu_flash_flops() -> None:
+    import torch
+    from torch.utils import flop_counter as fc
+
+    aten = torch.ops.aten
+    if aten._scaled_dot_product_flash_attention_for_cpu in fc.flop_registry:
+        return
+
+    @fc.register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu)
+    def _fwd(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+        return fc.sdpa_flop_count(query_shape, key_shape, value_shape)
+
+    @fc.register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu_backward)
+    def _bwd(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kw):
+        return fc.sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+
+def count_flops(step: Callable[[], object]) -> int:
+    """FLOPs of one call of ``step`` (matmul/conv/attention kernels) by FlopCounterMode."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    _register_cpu_flash_flops()
+    with FlopCounterMode(display=False) as counter:
+        step()
+    return int(counter.get_total_flops())
+
+
+def _child(spec: dict) -> dict:
+    import torch
+
+    torch.set_num_threads(spec.get("threads", 1))
+    mod_name, fn_name = spec["factory"].split(":")
+    step = getattr(importlib.import_module(mod_name), fn_name)(**spec.get("kwargs", {}))
+    out: dict = {}
+    if spec.get("memory", True):
+        base = _rss_bytes()
+        step()
+        out["peak_mb"] = max(_maxrss_bytes() - base, 0) / 2**20
+    if spec.get("flops", True):
+        out["gflop"] = count_flops(step) / 1e9
+    times = median_time(step, spec.get("repeats", 5), spec.get("warmup", 1))
+    out["times_s"] = times
+    out["median_s"] = statistics.median(times)
+    if "gflop" in out:
+        out["gflops_per_s"] = out["gflop"] / out["median_s"]
+    return out
+
+
+def run_case(
+    factory: str,
+    kwargs: dict | None = None,
+    *,
+    repeats: int = 5,
+    warmup: int = 1,
+    threads: int = 1,
+    memory: bool = True,
+    flops: bool = True,
+    timeout: float = 1800.0,
+    in_process: bool = False,
+) -> dict:
+    """Run one case in a fresh subprocess; returns median_s, times_s, peak_mb, gflop,
+    gflops_per_s (or ``error`` if the child failed, e.g. out of memory or timeout).
+    ``in_process=True`` (smoke tests) runs it here, without the memory measurement."""
+    spec = dict(factory=factory, kwargs=kwargs or {}, repeats=repeats, warmup=warmup,
+                threads=threads, memory=memory and not in_process, flops=flops)  # fmt: skip
+    if in_process:
+        return _child(spec)
+    cmd = [sys.executable, "-m", "attnconv.bench.common", json.dumps(spec)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timeout after {timeout:.0f} s"}
+    if proc.returncode != 0:
+        lines = (proc.stderr or "").strip().splitlines() or [f"exit code {proc.returncode}"]
+        return {"error": lines[-1][:200]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _matmul_step(n: int = 1024):
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    return lambda: a @ b
+
+
+def matmul_peak_gflops(
+    n: int = 1024, threads: int = 1, repeats: int = 7, in_process: bool = False
+) -> float:
+    """Measured fp32 matmul GFLOP/s (n x n @ n x n, median of repeats) in a fresh subprocess."""
+    res = run_case(
+        "attnconv.bench.common:_matmul_step", {"n": n}, repeats=repeats, warmup=2,
+        threads=threads, memory=False, flops=False, in_process=in_process,
+    )  # fmt: skip
+    if "error" in res:
+        raise RuntimeError(f"matmul peak measurement failed: {res['error']}")
+    return 2 * n**3 / res["median_s"] / 1e9
+
+
+def markdown_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
+    """columns: (key, header, format spec); missing values print as '-'."""
+    out = ["| " + " | ".join(h for _, h, _ in columns) + " |"]
+    out.append("|" + "|".join("---" for _ in columns) + "|")
+    for r in rows:
+        cells = []
+        for key, _, fmt in columns:
+            v = r.get(key)
+            cells.append("-" if v is None else format(v, fmt) if fmt else str(v))
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def write_results(name: str, payload: dict, markdown: str, out_dir: Path | None = None) -> Path:
+    """Write <out_dir>/<name>.json and <name>.md; returns the JSON path."""
+    out_dir = Path(out_dir) if out_dir is not None else RESULTS_DIR
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    (out_dir / f"{name}.md").write_text(markdown + "\n")
+    return out_dir / f"{name}.json"
+
+
+if __name__ == "__main__":
+    print(json.dumps(_child(json.loads(sys.argv[1]))))

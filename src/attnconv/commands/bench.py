@@ -1,0 +1,43 @@
+"""`attnconv bench --suite NAME [options] [-- suite options]`: run a benchmark suite.
+
+The suite is the module ``attnconv.bench.NAME``; its ``main(argv)`` receives the common options
+below (re-encoded as ``--quick``, ``--threads N``, ...) followed by anything after ``--``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+
+HELP = "run a benchmark suite (layers, local, convert): time, peak memory, GFLOP/s"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--suite", default="layers", help="suite name: module attnconv.bench.SUITE")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, one repeat (CI smoke test)")
+    p.add_argument("--threads", type=int, help="torch threads per case")
+    p.add_argument("--repeats", type=int, help="timed repeats per case (median is reported)")
+    p.add_argument("--out-dir", help="where to write NAME.json and NAME.md")
+    p.add_argument("--budget-gb", type=float, help="skip cases estimated to need more memory")
+    p.add_argument("suite_args", nargs=argparse.REMAINDER, help="after --: suite options")
+
+
+def suite_argv(args: argparse.Namespace) -> list[str]:
+    argv = ["--quick"] if args.quick else []
+    for opt in ("threads", "repeats", "out_dir", "budget_gb"):
+        val = getattr(args, opt)
+        if val is not None:
+            argv += ["--" + opt.replace("_", "-"), str(val)]
+    rest = list(args.suite_args or [])
+    return argv + (rest[1:] if rest[:1] == ["--"] else rest)
+
+
+def run(args: argparse.Namespace) -> int:
+    name = args.suite
+    if not name.isidentifier() or name == "common":
+        raise ValueError(f"unknown benchmark suite {name!r}")
+    if importlib.util.find_spec(f"attnconv.bench.{name}") is None:
+        raise ValueError(f"unknown benchmark suite {name!r} (no module attnconv.bench.{name})")
+    mod = importlib.import_module(f"attnconv.bench.{name}")
+    return int(mod.main(suite_argv(args)) or 0)

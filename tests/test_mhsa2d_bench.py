@@ -1,0 +1,30 @@
+"""The layer benchmark runs end to end (tiny --quick sizes) through the CLI and writes its files."""
+
+from __future__ import annotations
+
+import json
+
+from attnconv.bench.common import run_case
+from attnconv.cli import main
+
+
+def test_bench_layers_quick_writes_json_and_table(tmp_path):
+    assert main(["bench", "--suite", "layers", "--quick", "--out-dir", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "layers.json").read_text())
+    assert data["matmul_peak_gflops"] > 0
+    timed = [r for r in data["rows"] if "median_s" in r]
+    assert len(timed) == len(data["rows"]) >= 10
+    assert all(r["median_s"] > 0 and r["gflop"] > 0 for r in timed)
+    names = " ".join(r["name"] for r in timed)
+    assert "conv3x3" in names and "paper-code" in names and "reference" in names
+    assert "| case |" in (tmp_path / "layers.md").read_text()
+
+
+def test_run_case_subprocess_measures_memory():
+    res = run_case("attnconv.bench.common:_matmul_step", {"n": 256}, repeats=1, flops=False)
+    assert res["median_s"] > 0 and res["peak_mb"] >= 0
+
+
+def test_unknown_suite_is_a_clear_error(capsys):
+    assert main(["bench", "--suite", "nope"]) == 2
+    assert "unknown benchmark suite" in capsys.readouterr().err
