@@ -94,15 +94,17 @@ class ConvLikeness:
             self.oidx = offset_index(self.lgrid)  # (hw, hw)
         n = batch if (batch is not None and attn.shape[0] == 1) else attn.shape[0]
         w = n / attn.shape[0]  # a shared (1, ...) map stands for n images
-        p = attn.detach()[:, :, self.prefix :, self.prefix :].double()  # (B, Nh, hw, hw)
+        p = attn.detach()[:, :, self.prefix :, self.prefix :]  # (B, Nh, hw, hw)
         nh = p.shape[1]
         h, wd = self.lgrid
         mass = torch.zeros(nh, (2 * h - 1) * (2 * wd - 1), dtype=torch.float64)
-        mass.index_add_(1, self.oidx.reshape(-1), p.sum(0).reshape(nh, -1) * w)
+        psum = p.sum(0, dtype=torch.float64).reshape(nh, -1)  # summed over images
+        mass.index_add_(1, self.oidx.reshape(-1), psum * w)
         self.mass = mass if self.mass is None else self.mass + mass
         top, arg = p.max(-1)  # (B, Nh, hw)
-        off = torch.gather(self.oidx.expand(p.shape[0], nh, -1, -1), -1, arg[..., None])[..., 0]
+        off = self.oidx[torch.arange(p.shape[-2]), arg]  # offset index of each row's maximum
         self.argmax.append(off.expand(n, -1, -1) if off.shape[0] != n else off)
+        top = top.double()
         peak = top.sum((0, 2)) * w
         self.peak_sum = peak if self.peak_sum is None else self.peak_sum + peak
         self.count += n

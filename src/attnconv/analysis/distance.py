@@ -52,8 +52,14 @@ class MeanDistance:
             # a layer on a coarser grid has proportionally larger tokens
             ppt = (self.ppt[0] * self.grid[0] / lg[0], self.ppt[1] * self.grid[1] / lg[1])
             self.dist = pixel_distances(lg, ppt).float()
-        p = spatial(attn, self.prefix, renormalize=True)  # (B, Nh, hw, hw)
-        d = (p * self.dist).sum(-1).mean(-1)  # (B, Nh): mean over queries of d(q)
+        d = torch.stack(  # one image at a time: (p * dist) is as large as the maps
+            [
+                (spatial(attn[i : i + 1], self.prefix, renormalize=True)[0] * self.dist)
+                .sum(-1)
+                .mean(-1)
+                for i in range(attn.shape[0])
+            ]
+        )  # (B, Nh): mean over queries of d(q)
         n = batch if (batch is not None and attn.shape[0] == 1) else attn.shape[0]
         s = d.sum(0).double() * (n / attn.shape[0])
         self.sum = s if self.sum is None else self.sum + s

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .maps import Grid, MapAverage, check_attention, iter_attention, layer_grid
+from .maps import Grid, iter_attention, layer_grid
 
 TEMPLATE = "explorer.html"
 PLACEHOLDER = "/*__EXPLORER_DATA__*/"
@@ -74,11 +74,13 @@ def build_data(
     labels: Sequence[str] | None = None,
     title: str = "attention explorer",
     max_queries: int = 256,
+    rows: bool = False,
 ) -> dict:
     """The page's data from attention already computed.
 
     ``images`` (n, 3, H, W) uint8; ``single[i][l]`` image i's layer-l attention (Nh, T, T);
-    ``average[l]`` (Nh, T, T) averaged over ``num_average`` images (or None).
+    ``average[l]`` (Nh, T, T) averaged over ``num_average`` images (or None). Instead of full
+    maps, ``rows=True`` takes the stored query rows (Nh, Q, hw), as ``collect_attention`` returns.
     """
     if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 3:
         raise ValueError(
@@ -89,8 +91,10 @@ def build_data(
     ref = single[0] if single else average
     layers, picks = [], []
     for li, a in enumerate(ref):
-        check_attention(a[None], f"attention of layer {li}")
-        lg = layer_grid(a.shape[-1], grid, num_prefix_tokens)
+        if a.dim() != 3:
+            raise ValueError(f"attention of layer {li} must be (Nh, T, T), got {tuple(a.shape)}")
+        t = a.shape[-1] + (num_prefix_tokens if rows else 0)  # rows: keys without the prefix
+        lg = layer_grid(t, grid, num_prefix_tokens)
         qg, stride, idx = query_subgrid(lg, max_queries)
         layers.append(
             {"grid": list(lg), "heads": int(a.shape[0]), "qgrid": list(qg), "stride": stride}
@@ -101,9 +105,15 @@ def build_data(
         if len(attn_layers) != len(layers):
             raise ValueError(f"expected {len(layers)} attention layers, got {len(attn_layers)}")
         out = []
-        for a, idx in zip(attn_layers, picks):
-            rows = a[:, idx, num_prefix_tokens:]  # (Nh, Q, hw)
-            m, p = encode_rows(rows)
+        for li, (a, idx) in enumerate(zip(attn_layers, picks)):
+            hw = layers[li]["grid"][0] * layers[li]["grid"][1]
+            want = (len(idx), hw) if rows else (num_prefix_tokens + hw,) * 2
+            if tuple(a.shape[-2:]) != want:
+                raise ValueError(
+                    f"layer {li}: attention of shape {tuple(a.shape)}, expected (Nh, {want[0]}, "
+                    f"{want[1]}) like the first one"
+                )
+            m, p = encode_rows(a if rows else a[:, idx, num_prefix_tokens:])  # (Nh, Q, hw)
             out.append({"maps": m, "peaks": p})
         return out
 
@@ -143,24 +153,40 @@ def collect_attention(
     *,
     mean: Sequence[float],
     std: Sequence[float],
+    max_queries: int = 256,
     batch_size: int = 25,
 ) -> tuple[list[list[torch.Tensor]], list[torch.Tensor] | None, int]:
-    """Run ``model``: per shown image its attention per layer (Nh, T, T), and the average."""
+    """Run ``model``: the stored query rows (Nh, Q, hw) per layer of every shown image, and of
+    the average over ``average_images`` (prefix keys dropped). Returns (single, average, n)."""
+    grid = tuple(model.attention_grid)
+    prefix = int(getattr(model, "num_prefix_tokens", 0))
+    picks: list[torch.Tensor] = []
+
+    def pick(attns):
+        if not picks:
+            for a in attns:
+                lg = layer_grid(a.shape[-1], grid, prefix)
+                picks.append(query_subgrid(lg, max_queries)[2] + prefix)
+        return [a[:, :, idx, prefix:].float() for a, idx in zip(attns, picks)]  # (B, Nh, Q, hw)
+
     single = []
-    for _, attns in iter_attention(model, normalize(images, mean, std), batch_size):
-        for i in range(max(a.shape[0] for a in attns)):
-            single.append([a[min(i, a.shape[0] - 1)].float() for a in attns])
+    for start, stop, attns in iter_attention(model, normalize(images, mean, std), batch_size):
+        r = pick(attns)
+        for i in range(stop - start):
+            single.append([x[min(i, x.shape[0] - 1)] for x in r])
     single = single[: images.shape[0]]
     if average_images is None or average_images.shape[0] == 0:
         return single, None, 0
-    prefix = int(getattr(model, "num_prefix_tokens", 0))
-    grid = tuple(model.attention_grid)
-    acc = MapAverage(grid, prefix, queries=None)
-    for _, attns in iter_attention(model, normalize(average_images, mean, std), batch_size):
-        acc.update(attns)
-    # MapAverage drops prefix keys; put them back as zero columns so layers stay (Nh, T, T)
-    avg = [torch.nn.functional.pad(r, (prefix, 0, prefix, 0)) for r in acc.result()]
-    return single, avg, acc.count
+    sums, n = None, 0
+    for start, stop, attns in iter_attention(
+        model, normalize(average_images, mean, std), batch_size
+    ):
+        b = stop - start
+        # a (1, ...) map shared by the batch stands for b images
+        r = [x.sum(0) * (b if x.shape[0] == 1 else 1) for x in pick(attns)]
+        sums = r if sums is None else [s + x for s, x in zip(sums, r)]
+        n += b
+    return single, [s / n for s in sums], n
 
 
 def render_html(data: dict) -> str:
@@ -198,8 +224,9 @@ def explore_model(
 ) -> Path:
     """Compute the attention of ``model`` on ``images`` (uint8) and write the explorer page."""
     single, avg, n = collect_attention(
-        model, images, average_images, mean=mean, std=std, batch_size=batch_size
-    )
+        model, images, average_images, mean=mean, std=std, max_queries=max_queries,
+        batch_size=batch_size,
+    )  # fmt: skip
     data = build_data(
         images,
         single,
@@ -210,5 +237,6 @@ def explore_model(
         labels=labels,
         title=title,
         max_queries=max_queries,
+        rows=True,
     )
     return write_explorer(data, out)

@@ -93,20 +93,46 @@ def query_maps(
     return out
 
 
+MAP_BUDGET = 2**28  # bytes of attention maps one batch may hold (dense T x T maps are large)
+
+
 @torch.no_grad()
 def iter_attention(
-    model: nn.Module, images: torch.Tensor, batch_size: int = 25
-) -> Iterator[tuple[torch.Tensor, list[torch.Tensor]]]:
-    """Run ``model`` over ``images`` (N, C, H, W) in batches; yield (logits, attns) per batch."""
+    model: nn.Module,
+    images: torch.Tensor,
+    batch_size: int = 25,
+    *,
+    budget: int = MAP_BUDGET,
+    allow_empty: bool = False,
+) -> Iterator[tuple[int, int, list[torch.Tensor]]]:
+    """Run ``model`` over ``images`` (N, C, H, W); yield (start, stop, attns) per batch, the
+    batch being ``images[start:stop]`` (maps of batch 1 are shared by the whole batch).
+
+    The first batch is one image; its maps' size sets the next batches' size so that one batch
+    holds at most ``budget`` bytes of maps (and at most ``batch_size`` images). A model without
+    attention maps raises ValueError, or with ``allow_empty`` yields nothing.
+    """
     if images.dim() != 4:
         raise ValueError(f"images must have shape (N, C, H, W), got {tuple(images.shape)}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     model.eval()
-    for s in range(0, images.shape[0], batch_size):
-        x = images[s : s + batch_size]
-        logits, attns = model(x, return_attention=True)
+    start, b = 0, 1
+    while start < images.shape[0]:
+        stop = min(start + b, images.shape[0])
+        out = model(images[start:stop], return_attention=True)
+        attns = list(out[1]) if isinstance(out, tuple) and len(out) == 2 else []
         if not attns:
+            if allow_empty:
+                return
             raise ValueError(f"{type(model).__name__} returned no attention maps")
-        yield logits, [check_attention(a, f"attention of layer {i}") for i, a in enumerate(attns)]
+        for i, a in enumerate(attns):
+            check_attention(a, f"attention of layer {i}")
+        yield start, stop, attns
+        if start == 0:  # size the next batches from the first image's maps
+            per_image = sum(a.numel() * a.element_size() // a.shape[0] for a in attns)
+            b = max(1, min(batch_size, budget // max(per_image, 1)))
+        start = stop
 
 
 class MapAverage:

@@ -23,7 +23,7 @@ from .centers import head_centers, read_center_log
 from .convlike import ConvLikeness
 from .distance import MeanDistance, pixel_distances
 from .explorer import normalize
-from .maps import MapAverage, check_attention, query_maps
+from .maps import MapAverage, iter_attention, query_maps
 from .posemb import (
     find_patch_embedding,
     find_position_embedding,
@@ -86,17 +86,8 @@ def analyze_model(
     conv: list[ConvLikeness] = []
     single = None
     x = normalize(images, mean, std)
-    model.eval()
-    for seen in range(0, n, batch_size):
-        xb = x[seen : seen + batch_size]
-        b = xb.shape[0]
-        with torch.no_grad():
-            out_b = model(xb, return_attention=True)
-        attns = list(out_b[1]) if isinstance(out_b, tuple) else []
-        if not attns:
-            break  # no attention layers (a CNN): only the embedding figures apply
-        for i, a in enumerate(attns):
-            check_attention(a, f"attention of layer {i}")
+    for seen, stop, attns in iter_attention(model, x, batch_size, allow_empty=True):
+        b = stop - seen  # no attention maps (a CNN): no batches, only the embedding figures
         if not dist:
             dist = [MeanDistance(grid, prefix, ppt) for _ in attns]
             conv = [ConvLikeness(grid, prefix) for _ in attns]
@@ -104,7 +95,7 @@ def analyze_model(
         for a, d, c in zip(attns, dist, conv):
             d.update(a, batch=b)
             c.update(a, batch=b)
-        if seen <= image_index < seen + b:
+        if seen <= image_index < stop:
             single = query_maps(
                 attns, grid, qtok, num_prefix_tokens=prefix, image=image_index - seen
             )
