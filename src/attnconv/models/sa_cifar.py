@@ -1,0 +1,216 @@
+"""The fully-attentional CIFAR network of Cordonnier, Loukas, Jaggi (ICLR 2020), sec. 4.
+
+A BERT encoder on pixels (reference code epfml/attention-cnn): 2x2 space-to-depth of the 32x32
+image (16x16x12), Linear(12, 400), then 6 post-LayerNorm layers of
+
+    a = MHSA(x)                                   (eq. 1-2: 9 heads over the raw 400-d input,
+                                                   Wval Wout = one Linear(9*400, 400))
+    x = LayerNorm(x + Dropout(Dense(a)))          (BERT self-output, 400x400)
+    x = LayerNorm(x + Dropout(W2 GELU(W1 x)))     (feed-forward 400 -> 512 -> 400)
+
+mean pooling over pixels and Linear(400, classes). Positional encodings (sec. 4.2-4.3):
+quadratic (eq. 9, isotropic Gaussian per head), its generalized form (learned PSD precision),
+learned relative (position-only) and learned relative + content.
+Table 1 parameters at 10 classes: 12.1M / 12.3M / 29.5M (these models: 12.09M, 12.28M, 29.49M).
+Width, depth, heads, feed-forward size and input downsampling are overridable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..layers.functional import check_impl
+from ..layers.mhsa2d import MultiHeadSelfAttention2d
+from ._common import build_config, check_images
+from .registry import register_model
+
+__all__ = [
+    "SACifarConfig",
+    "SelfAttentionCifar",
+    "sa_quadratic",
+    "sa_quadratic_generalized",
+    "sa_learned",
+    "sa_learned_content",
+]
+
+_LEARNED_TABLES = ("absolute_learned", "relative_learned")
+
+
+@dataclass
+class SACifarConfig:
+    num_classes: int = 10
+    img_size: int = 32
+    in_chans: int = 3
+    downsample: int = 2  # space-to-depth factor: 32x32x3 -> 16x16x12
+    hidden_size: int = 400
+    num_layers: int = 6
+    num_heads: int = 9
+    ff_size: int = 512
+    dropout: float = 0.1  # hidden dropout (BERT hidden_dropout_prob)
+    attn_dropout: float = 0.1  # on the attention probabilities
+    positional: str = "quadratic"  # any MultiHeadSelfAttention2d positional
+    content: bool = False
+    max_size: int | None = None  # side of learned tables; default img_size // downsample
+    init_centers_std: float = 2.0  # Delta ~ N(0, 2^2 I) pixels (reference init)
+    init_alpha: float = 0.5
+    init_std: float = 0.02  # BERT initializer_range
+    layer_norm_eps: float = 1e-12
+    impl: str = "auto"
+
+
+class SALayer(nn.Module):
+    """One BERT layer on a (B, H, W, D) pixel grid, attention by MultiHeadSelfAttention2d."""
+
+    def __init__(self, cfg: SACifarConfig, max_size: int) -> None:
+        super().__init__()
+        D = cfg.hidden_size
+        quad = cfg.positional.startswith("quadratic")
+        extra = {"init_centers_std": cfg.init_centers_std} if quad else {}
+        if cfg.positional == "quadratic":
+            extra["init_alpha"] = cfg.init_alpha
+        self.attn = MultiHeadSelfAttention2d(
+            D,
+            D,
+            cfg.num_heads,
+            positional=cfg.positional,
+            content=cfg.content,
+            dropout=cfg.attn_dropout,
+            impl=cfg.impl,
+            value="identity",  # each head attends over the raw D-d input; out_proj = Wval Wout
+            max_size=max_size,
+            **extra,
+        )
+        self.attn_dense = nn.Linear(D, D)  # BERT self-output dense
+        self.norm1 = nn.LayerNorm(D, eps=cfg.layer_norm_eps)
+        self.fc1 = nn.Linear(D, cfg.ff_size)
+        self.fc2 = nn.Linear(cfg.ff_size, D)
+        self.norm2 = nn.LayerNorm(D, eps=cfg.layer_norm_eps)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False):
+        a = self.attn(x.permute(0, 3, 1, 2), return_attention=return_attention)  # NCHW
+        a, probs = a if return_attention else (a, None)
+        a = a.permute(0, 2, 3, 1)  # (B, H, W, D)
+        x = self.norm1(x + self.drop(self.attn_dense(a)))  # post-LN
+        x = self.norm2(x + self.drop(self.fc2(F.gelu(self.fc1(x)))))
+        return x, probs
+
+
+class SelfAttentionCifar(nn.Module):
+    """Cordonnier et al.'s network: NCHW images -> logits.
+
+    ``forward(x, return_attention=True)`` -> (logits, [attn per layer]), attn (B or 1, Nh, T, T)
+    over the T = (H/ds)*(W/ds) pixels of the downsampled grid (``attention_grid``), row-major.
+    ``forward_features`` -> (B, D, H/ds, W/ds); ``forward_head`` mean-pools and classifies.
+    ``attention_centers()`` -> (layers, Nh, 2) head centres Delta in pixels (quadratic).
+    """
+
+    num_prefix_tokens = 0
+
+    def __init__(self, cfg: SACifarConfig) -> None:
+        super().__init__()
+        check_impl(cfg.impl)
+        for name in ("downsample", "hidden_size", "num_layers", "num_heads", "ff_size"):
+            if getattr(cfg, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+        if cfg.img_size % cfg.downsample != 0:
+            raise ValueError(
+                f"img_size {cfg.img_size} is not a multiple of downsample {cfg.downsample}"
+            )
+        self.cfg = cfg
+        grid = cfg.img_size // cfg.downsample
+        self.attention_grid = (grid, grid)
+        self.max_size = cfg.max_size or grid
+        self.embed = nn.Linear(cfg.in_chans * cfg.downsample**2, cfg.hidden_size)  # 12 -> 400
+        self.layers = nn.ModuleList([SALayer(cfg, self.max_size) for _ in range(cfg.num_layers)])
+        self.head = nn.Linear(cfg.hidden_size, cfg.num_classes)
+        self.num_features = cfg.hidden_size
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """BERT init (reference code): Linear N(0, 0.02), zero bias; learned tables N(0, 0.02)."""
+        std = self.cfg.init_std
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=std)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+        for name, p in self.named_parameters():
+            if name.endswith(("rel_row", "rel_col")):
+                nn.init.normal_(p, std=std)
+
+    def _check(self, x: torch.Tensor) -> None:
+        check_images(x, self.cfg.in_chans, "sa_cifar")
+        h, w, ds = x.shape[2], x.shape[3], self.cfg.downsample
+        if h % ds or w % ds:
+            raise ValueError(
+                f"image size {h}x{w} is not a multiple of the space-to-depth factor {ds}"
+            )
+        if self.cfg.positional in _LEARNED_TABLES and max(h, w) > self.max_size * ds:
+            s = self.max_size * ds
+            raise ValueError(
+                f"image size {h}x{w} is too large for the learned positional tables of this "
+                f"model: it expects images up to {s}x{s} (build it with img_size or max_size "
+                "larger)"
+            )
+
+    def forward_features(self, x: torch.Tensor, return_attention: bool = False):
+        self._check(x)
+        x = F.pixel_unshuffle(x, self.cfg.downsample)  # (B, 3*ds*ds, H/ds, W/ds)
+        x = self.embed(x.permute(0, 2, 3, 1))  # (B, h, w, D)
+        attns = []
+        for layer in self.layers:
+            x, a = layer(x, return_attention)
+            attns.append(a)
+        feats = x.permute(0, 3, 1, 2)  # (B, D, h, w)
+        return (feats, attns) if return_attention else feats
+
+    def forward_head(self, feats: torch.Tensor) -> torch.Tensor:
+        return self.head(feats.mean(dim=(2, 3)))  # mean pooling over pixels
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False):
+        if return_attention:
+            feats, attns = self.forward_features(x, return_attention=True)
+            return self.forward_head(feats), attns
+        return self.forward_head(self.forward_features(x))
+
+    def attention_centers(self) -> torch.Tensor:
+        """(layers, Nh, 2) (row, col) centres Delta of every quadratic head, in pixels of the
+        downsampled grid."""
+        return torch.stack([layer.attn.attention_centers() for layer in self.layers])
+
+
+def _sa(name: str, num_classes: int, defaults: dict, overrides: dict) -> SelfAttentionCifar:
+    defaults = {**defaults, "num_classes": num_classes}
+    return SelfAttentionCifar(build_config(SACifarConfig, name, defaults, overrides))
+
+
+@register_model
+def sa_quadratic(num_classes: int = 10, **overrides) -> SelfAttentionCifar:
+    """Quadratic (isotropic Gaussian) encoding, position only: Table 1 "SA quadratic", 12.1M."""
+    return _sa("sa_quadratic", num_classes, {"positional": "quadratic"}, overrides)
+
+
+@register_model
+def sa_quadratic_generalized(num_classes: int = 10, **overrides) -> SelfAttentionCifar:
+    """Generalized quadratic encoding (learned PSD precision per head), position only."""
+    defaults = {"positional": "quadratic_generalized"}
+    return _sa("sa_quadratic_generalized", num_classes, defaults, overrides)
+
+
+@register_model
+def sa_learned(num_classes: int = 10, **overrides) -> SelfAttentionCifar:
+    """Learned relative encoding, position only: Table 1 "SA learned relative", 12.3M."""
+    defaults = {"positional": "relative_learned", "content": False}
+    return _sa("sa_learned", num_classes, defaults, overrides)
+
+
+@register_model
+def sa_learned_content(num_classes: int = 10, **overrides) -> SelfAttentionCifar:
+    """Learned relative encoding + content: Table 1 "SA learned relative + content", 29.5M."""
+    defaults = {"positional": "relative_learned", "content": True}
+    return _sa("sa_learned_content", num_classes, defaults, overrides)
