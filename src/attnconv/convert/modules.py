@@ -323,7 +323,7 @@ def convert_model(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # one summary warning below instead of one per layer
         for parent in list(model.modules()):
-            for child_name, child in list(parent.named_children()):
+            for child_name, child in list(parent._modules.items()):  # shared convs repeat here
                 if isinstance(child, (nn.Conv1d, nn.Conv2d)):
                     if id(child) not in converted:
                         converted[id(child)] = conv_to_attention(

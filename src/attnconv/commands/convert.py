@@ -1,0 +1,108 @@
+"""`attnconv convert SOURCE [--data SPEC]`: every convolution of a model -> self-attention
+(Cordonnier et al. 2020, Theorem 1), checked layer by layer on real images and end to end."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+HELP = "convert every convolution of a model (checkpoint or model name) into self-attention"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", help="checkpoint (run folder, checkpoint folder, .safetensors) or a "
+                   "registry model name (random weights)")  # fmt: skip
+    p.add_argument("--data", help="dataset for accuracy before/after: cifar10 | sample | PATH "
+                   "(e.g. ../shared/data/cifar10-jpeg.zip); default: per-layer check only, on "
+                   "the embedded real sample")  # fmt: skip
+    p.add_argument("--split", default="test")
+    p.add_argument("--max-per-class", type=int, default=None, help="evaluate on a subset")
+    p.add_argument("--num-images", type=int, default=64,
+                   help="real images for the per-layer check (default 64)")  # fmt: skip
+    p.add_argument("--batch-size", type=int, default=250)
+    p.add_argument("--alpha", type=float, default=None,
+                   help="finite precision: Lemma 2 soft layers (default: hard)")  # fmt: skip
+    p.add_argument("--head-dim", type=int, default=None,
+                   help="rank-limited heads (default: exact, head_dim = in_channels)")  # fmt: skip
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+
+
+def _load(source: str):
+    import torch
+
+    from attnconv.models import create_model, list_models
+
+    if Path(source).exists():
+        from attnconv.train.checkpoint import load_model
+
+        model, info = load_model(source)
+        return model, info, f"{info['model']} ({info.get('path', source)})"
+    if source in list_models():
+        torch.manual_seed(0)
+        return create_model(source), {"model": source}, f"{source} (random weights, seed 0)"
+    create_model(source)  # raises "unknown model ... did you mean"
+    raise FileNotFoundError(f"{source}: no such checkpoint")
+
+
+def run(args: argparse.Namespace) -> int:
+    import warnings
+
+    import torch
+
+    from attnconv.convert import convert_model
+    from attnconv.convert.report import compare_predictions, layer_report
+    from attnconv.data import CIFAR10_MEAN, CIFAR10_STD, Loader, load_dataset
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    for name in ("num_images", "batch_size"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    model, info, label = _load(args.source)
+    model.eval()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        converted = convert_model(model, alpha=args.alpha, head_dim=args.head_dim).eval()
+    data_info = info.get("data") or {}
+    mean, std = data_info.get("mean", CIFAR10_MEAN), data_info.get("std", CIFAR10_STD)
+    spec = args.data or "sample"
+    ds = load_dataset(spec, args.split, max_per_class=args.max_per_class)
+    x = next(Loader(ds, min(args.num_images, len(ds)), shuffle=False, mean=mean, std=std)
+             .batches(0))[0]  # fmt: skip
+    rows = layer_report(model, converted, x)
+    if not rows:
+        raise ValueError(f"{label}: the model has no Conv1d/Conv2d layer to convert")
+    mode = "hard (alpha -> inf)" if args.alpha is None else f"soft, alpha={args.alpha:g}"
+    heads = "exact heads" if args.head_dim is None else f"head_dim={args.head_dim}"
+    print(f"{label}: {len(rows)} convolutions -> self-attention ({mode}, {heads})")
+    for w in caught:
+        print(f"warning: {w.message}")
+    name_w = max(len("layer"), *(len(r["name"]) for r in rows))
+    print(f"{'layer':<{name_w}}  kernel  stride  heads  head_dim  max|diff|  max|out|")
+    for r in rows:
+        k, s = "x".join(map(str, r["kernel"])), "x".join(map(str, r["stride"]))
+        print(f"{r['name']:<{name_w}}  {k:<6}  {s:<6}  {r['heads']:<5}  {r['head_dim']:<8}  "
+              f"{r['max_abs_diff']:<9.2e}  {r['max_abs_out']:.3g}")  # fmt: skip
+    report = {"source": label, "alpha": args.alpha, "head_dim": args.head_dim, "layers": rows,
+              "layer_check_images": f"{len(x)} images of {spec}:{args.split}"}  # fmt: skip
+    with torch.no_grad():
+        d = (model(x) - converted(x)).abs().max().item()
+        same = (model(x).argmax(-1) == converted(x).argmax(-1)).sum().item()
+    print(f"end to end on {len(x)} real images ({spec}:{args.split}): max |logit diff| {d:.2e}, "
+          f"same prediction {same}/{len(x)}")  # fmt: skip
+    report["end_to_end"] = {"images": len(x), "max_abs_logit_diff": d, "same_prediction": same}
+    if args.data:
+        loader = Loader(ds, args.batch_size, shuffle=False, mean=mean, std=std)
+        res = compare_predictions(model, converted, loader.batches(0))
+        print(f"{spec}:{args.split}, {res['images']} images: accuracy "
+              f"{100 * res['accuracy_before']:.2f}% before, {100 * res['accuracy_after']:.2f}% "
+              f"after; predictions differ on {res['predictions_differ']} images; max |logit "
+              f"diff| {res['max_abs_logit_diff']:.2e}; time {res['seconds_before']:.1f} s -> "
+              f"{res['seconds_after']:.1f} s")  # fmt: skip
+        report["test_set"] = res
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return 0
