@@ -149,8 +149,15 @@ def test_vit_resamples_position_embeddings():
     assert m.pos_embed.shape == (1, 257, 24) and m.attention_grid == (16, 16)
     torch.testing.assert_close(m.pos_embed[:, 0], cls_before)
     assert m(torch.randn(1, 3, 64, 64)).shape == (1, 10)
-    with pytest.raises(ValueError, match="not a multiple of the patch size 4.*expects 32x32"):
+    with pytest.raises(ValueError, match="not a multiple of the patch size 4.*expects 64x64"):
         m(torch.randn(1, 3, 30, 32))
+    # a state dict saved at 32x32 loads into a 64x64 model (resampled), and back
+    small = create_model("vit_tiny_cifar", depth=1, embed_dim=24, num_heads=3)
+    big = create_model("vit_tiny_cifar", depth=1, embed_dim=24, num_heads=3, img_size=64)
+    big.load_state_dict(small.state_dict())
+    expect = resample_pos_embed(small.pos_embed.detach(), (8, 8), (16, 16))
+    torch.testing.assert_close(big.pos_embed.detach(), expect)
+    small.load_state_dict(big.state_dict())
 
 
 def test_sinusoidal_2d_rows_and_columns():

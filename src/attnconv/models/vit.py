@@ -195,6 +195,29 @@ class VisionTransformer(nn.Module):
         else:
             self.register_buffer("pos_embed", pe, persistent=False)
         self.grid = grid
+        if h == w:
+            self.cfg.img_size = h
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        """Loading learned position embeddings saved at another (square) image size resamples
+        them to this model's grid (bicubic, class token kept)."""
+        key = prefix + "pos_embed"
+        pe = state_dict.get(key)
+        if (
+            isinstance(self.pos_embed, nn.Parameter)
+            and isinstance(pe, torch.Tensor)
+            and pe.dim() == 3
+            and pe.shape != self.pos_embed.shape
+        ):
+            n = pe.shape[1] - self.num_prefix_tokens
+            side = math.isqrt(n)
+            if side * side != n:
+                raise ValueError(
+                    f"{key}: cannot resample {n} patch embeddings (not a square grid) to "
+                    f"{self.grid[0]}x{self.grid[1]}"
+                )
+            state_dict[key] = resample_pos_embed(pe, (side, side), self.grid)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _grid_of(self, h: int, w: int) -> tuple[int, int]:
         P = self.cfg.patch_size
