@@ -71,15 +71,19 @@ def test_fast_shift_path_equals_layer_reference(case, seed, move):
         warnings.simplefilter("ignore")
         fast = conv_to_attention(conv, head_dim=hd)
         ref = conv_to_attention(conv, head_dim=hd, impl="reference")
+        gather = conv_to_attention(conv, head_dim=hd)  # the layer's fast hard path (a gather)
+    gather.fast_shift = False
     if move:
         shift = torch.randn(fast.attention.num_heads, 2, generator=gen, dtype=x.dtype) * 3
-        for m in (fast, ref):
+        for m in (fast, ref, gather):
             with torch.no_grad():
                 m.attention.positional_encoding.centers.add_(shift)
     g = torch.randn(conv(x).shape, generator=gen, dtype=x.dtype)
     xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
     ya, yb = fast(xa), ref(xb)
     torch.testing.assert_close(ya, yb, rtol=1e-10, atol=1e-10)
+    with torch.no_grad():
+        torch.testing.assert_close(gather(x), yb, rtol=1e-10, atol=1e-10)
     (ya * g).sum().backward()
     (yb * g).sum().backward()
     torch.testing.assert_close(xa.grad, xb.grad, rtol=1e-10, atol=1e-10)

@@ -51,6 +51,9 @@ class ConvAttention2d(nn.Module):
         self.geometry = geometry
         self.attention = attention
         self.rank_error = rank_error  # ||W - W_r||_F / ||W||_F of the kernel (0 = exact)
+        # hard + impl="auto": evaluate the one-hot attention at the kept queries only (a shift);
+        # False: the layer's own forward on every padded pixel, then the crop (the reference)
+        self.fast_shift = True
 
     @property
     def hard(self) -> bool:
@@ -76,7 +79,7 @@ class ConvAttention2d(nn.Module):
         h, w = x.shape[-2:]
         self.geometry.output_size(h, w)  # ValueError if the image is smaller than the kernel
         xp = self.geometry.pad_input(x)  # (B, Cin, Hp, Wp), padded exactly as the conv pads
-        if self.hard and not return_attention and self.attention.impl == "auto":
+        if self.fast_shift and self.hard and self.attention.impl == "auto" and not return_attention:
             return self._forward_shift(xp, h, w)
         out = self.attention(xp, return_attention=return_attention)
         y, attn = out if return_attention else (out, None)  # y (B, Cout, Hp, Wp)

@@ -1,0 +1,229 @@
+"""`attnconv bench --suite convert`: Theorem 1 conversion, measured.
+
+1. Speed: CIFAR ResNet18 inference (batch of 32x32 real images) original vs converted with
+   ``convert_model`` (hard, exact heads): medians of interleaved repeats, one process, ratio.
+2. Lemma 2: output error of the soft conversion of a conv against alpha (0.5 .. 1e4), float32
+   and float64, on real CIFAR images -> JSON + PNG.
+3. With ``--checkpoint CK --data ZIP``: predictions of the trained model and its converted twin
+   on a whole test split (identical predictions check).
+
+Writes ``convert.json``, ``convert.md`` and ``convert_lemma2.png`` into ``--out``
+(default benchmarks/results). ``--quick``: tiny sizes (CI smoke test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+COMMAND = "attnconv bench --suite convert"
+
+
+def _real_images(n: int, spec: str = "sample") -> torch.Tensor:
+    from attnconv.data import Loader, load_dataset
+
+    ds = load_dataset(spec, "test")
+    return next(Loader(ds, min(n, len(ds)), shuffle=False).batches(0))[0]
+
+
+def _timings(fns: dict, x: torch.Tensor, repeats: int) -> dict[str, float]:
+    """Median seconds per call of each fn, interleaved (a load spike hits every variant)."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    with torch.no_grad():
+        for f in fns.values():  # warm-up
+            f(x)
+        for _ in range(repeats):
+            for k, f in fns.items():
+                t0 = time.perf_counter()
+                f(x)
+                times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def bench_speed(batch: int, repeats: int, widths: tuple[int, ...] | None) -> dict:
+    from attnconv.convert import convert_model
+    from attnconv.models import create_model
+
+    torch.manual_seed(0)
+    kw = {"widths": widths} if widths else {}
+    model = create_model("resnet18_cifar", **kw).eval()
+    fast = convert_model(model).eval()
+    gather = convert_model(model).eval()  # the layer's own hard attention (a gather) + crop
+    for m in gather.modules():
+        if hasattr(m, "fast_shift"):
+            m.fast_shift = False
+    x = _real_images(batch)
+    with torch.no_grad():
+        diff = (fast(x) - model(x)).abs().max().item()
+    fns = {"conv": model, "attention_hard": fast}
+    t = _timings(fns, x, repeats)
+    t_ref = _timings({"attention_hard_layer_gather": gather}, x, max(1, repeats // 5))
+    return {
+        "model": "resnet18_cifar" + (f" widths={widths}" if widths else ""),
+        "batch": len(x),
+        "image": list(x.shape[-2:]),
+        "threads": torch.get_num_threads(),
+        "repeats": repeats,
+        "seconds": {**t, **t_ref},
+        "ratio_attention_over_conv": t["attention_hard"] / t["conv"],
+        "ratio_layer_gather_over_conv": t_ref["attention_hard_layer_gather"] / t["conv"],
+        "max_abs_logit_diff": diff,
+        "target_ratio": 2.0,
+        "target_met": t["attention_hard"] / t["conv"] <= 2.0,
+    }
+
+
+def bench_lemma2(alphas: list[float], n_images: int) -> dict:
+    from attnconv.convert.report import lemma2_sweep
+
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 16, 3, padding=1)
+    x = _real_images(n_images)
+    out = {"conv": "Conv2d(3, 16, 3, padding=1) on real CIFAR test images", "images": len(x)}
+    for dt in (torch.float32, torch.float64):
+        rows = lemma2_sweep(conv.to(dt), x.to(dt), alphas)
+        finite = [r["rel_err"] for r in rows if math.isfinite(r["alpha"])]
+        floor = 10 * torch.finfo(dt).eps
+        mono = all(b < a or b <= floor for a, b in zip(finite, finite[1:]))
+        out[str(dt).replace("torch.", "")] = {"rows": rows, "monotone_to_precision": mono}
+    return out
+
+
+def plot_lemma2(res: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=120)
+    for dt, style in (("float32", "o-"), ("float64", "s-")):
+        rows = res[dt]["rows"]
+        a = [r["alpha"] for r in rows if math.isfinite(r["alpha"])]
+        e = [max(r["rel_err"], 1e-18) for r in rows if math.isfinite(r["alpha"])]
+        (line,) = ax.loglog(a, e, style, ms=3, label=f"soft, {dt}")
+        hard = max(rows[-1]["rel_err"], 1e-18)
+        ax.axhline(hard, color=line.get_color(), ls=":", lw=1, label=f"hard limit, {dt}")
+    ax.set_xlabel(r"$\alpha$ (precision of every head)")
+    ax.set_ylabel(r"max $|$attention $-$ conv$|$ / max $|$conv$|$")
+    ax.set_title("Lemma 2: quadratic-encoding MHSA -> conv as alpha grows", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(True, which="major", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def bench_predictions(checkpoint: str, data: str, batch: int) -> dict:
+    from attnconv.convert import convert_model
+    from attnconv.convert.report import compare_predictions
+    from attnconv.data import CIFAR10_MEAN, CIFAR10_STD, Loader, load_dataset
+    from attnconv.train.checkpoint import load_model
+
+    model, info = load_model(checkpoint)
+    converted = convert_model(model).eval()
+    d = info.get("data") or {}
+    ds = load_dataset(data, "test")
+    loader = Loader(ds, batch, shuffle=False, mean=d.get("mean", CIFAR10_MEAN),
+                    std=d.get("std", CIFAR10_STD))  # fmt: skip
+    res = compare_predictions(model, converted, loader.batches(0))
+    state = info.get("state") or {}
+    return {"checkpoint": checkpoint, "model": info["model"], "data": f"{data}:test",
+            "train_step": state.get("step"), **res}  # fmt: skip
+
+
+def _markdown(res: dict, argv: list[str]) -> str:
+    cmd = " ".join([COMMAND, *argv])
+    lines = [f"# Conversion benchmark (`{cmd}`)", "",
+             f"Machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
+             "shared CPU: timings are noisy, ratios from one interleaved run.", ""]  # fmt: skip
+    s = res["speed"]
+    lines += ["## Speed: converted (hard) vs original", "",
+              f"{s['model']}, batch {s['batch']} of {s['image'][0]}x{s['image'][1]} real images, "
+              f"{s['threads']} thread(s), median of {s['repeats']} interleaved repeats.", "",
+              "| model | seconds / batch | ratio to conv |", "|---|---|---|"]  # fmt: skip
+    for k, v in s["seconds"].items():
+        lines.append(f"| {k} | {v:.4f} | {v / s['seconds']['conv']:.2f}x |")
+    met = "met" if s["target_met"] else "NOT met"
+    lines += ["", f"Target <= 2x: **{met}** ({s['ratio_attention_over_conv']:.2f}x). "
+              f"Max |logit diff| {s['max_abs_logit_diff']:.2e}.", ""]  # fmt: skip
+    lines += ["## Lemma 2: error of the soft conversion vs alpha", "", res["lemma2"]["conv"] +
+              f" ({res['lemma2']['images']} images); relative error = max|attn - conv| / "
+              "max|conv|. Figure: convert_lemma2.png.", "",
+              "| alpha | float32 | float64 |", "|---|---|---|"]  # fmt: skip
+    r32, r64 = res["lemma2"]["float32"]["rows"], res["lemma2"]["float64"]["rows"]
+    for a, b in zip(r32, r64):
+        alpha = "inf (hard)" if not math.isfinite(a["alpha"]) else f"{a['alpha']:g}"
+        lines.append(f"| {alpha} | {a['rel_err']:.2e} | {b['rel_err']:.2e} |")
+    mono = all(res["lemma2"][d]["monotone_to_precision"] for d in ("float32", "float64"))
+    lines += ["", f"Monotone decreasing down to float precision: {mono}.", ""]
+    if "predictions" in res:
+        p = res["predictions"]
+        lines += ["## Trained model: predictions before/after conversion", "",
+                  f"{p['model']} checkpoint `{p['checkpoint']}` (train step {p['train_step']}) on "
+                  f"{p['data']}, {p['images']} images: accuracy {100 * p['accuracy_before']:.2f}% "
+                  f"before, {100 * p['accuracy_after']:.2f}% after, predictions differ on "
+                  f"**{p['predictions_differ']}** images, max |logit diff| "
+                  f"{p['max_abs_logit_diff']:.2e}; {p['seconds_before']:.1f} s vs "
+                  f"{p['seconds_after']:.1f} s.", ""]  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(prog=COMMAND, description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="tiny sizes (CI smoke test)")
+    p.add_argument("--out", default="benchmarks/results", help="output folder")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--checkpoint", help="trained checkpoint for the predictions check")
+    p.add_argument("--data", help="dataset for the predictions check (e.g. the CIFAR-10 zip)")
+    args = p.parse_args(argv)
+    if (args.checkpoint is None) != (args.data is None):
+        raise ValueError("--checkpoint and --data go together")
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.quick:
+        speed = bench_speed(4, 3, (8, 8, 8, 8))
+        lemma2 = bench_lemma2([0.5, 2.0, 10.0, 1e4], 2)
+    else:
+        speed = bench_speed(args.batch, args.repeats, None)
+        alphas = [float(f"{a:.3g}") for a in torch.logspace(math.log10(0.5), 4, 22).tolist()]
+        lemma2 = bench_lemma2(alphas, 8)
+    res = {"command": " ".join([COMMAND, *argv]), "speed": speed, "lemma2": lemma2}
+    if args.checkpoint:
+        res["predictions"] = bench_predictions(args.checkpoint, args.data, 500)
+    plot_lemma2(lemma2, out / "convert_lemma2.png")
+    (out / "convert.json").write_text(json.dumps(res, indent=1))
+    (out / "convert.md").write_text(_markdown(res, argv))
+    s = speed
+    print(f"speed: conv {s['seconds']['conv']:.4f} s, attention (hard) "
+          f"{s['seconds']['attention_hard']:.4f} s: {s['ratio_attention_over_conv']:.2f}x "
+          f"(target <= 2x {'met' if s['target_met'] else 'NOT met'})")  # fmt: skip
+    for dt in ("float32", "float64"):
+        rows = lemma2[dt]["rows"]
+        print(f"lemma 2 ({dt}): rel err {rows[0]['rel_err']:.2e} at alpha={rows[0]['alpha']:g} "
+              f"-> {rows[-2]['rel_err']:.2e} at alpha={rows[-2]['alpha']:g}; monotone: "
+              f"{lemma2[dt]['monotone_to_precision']}")  # fmt: skip
+    if "predictions" in res:
+        pr = res["predictions"]
+        print(
+            f"predictions: {pr['images']} images, differ on {pr['predictions_differ']}, "
+            f"accuracy {100 * pr['accuracy_before']:.2f}% -> {100 * pr['accuracy_after']:.2f}%"
+        )
+    print(f"wrote {out / 'convert.md'}, {out / 'convert.json'}, {out / 'convert_lemma2.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

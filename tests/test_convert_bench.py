@@ -1,0 +1,23 @@
+"""Smoke test of `attnconv bench --suite convert --quick` (sizes tiny; no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from attnconv.bench.convert import main
+
+
+def test_bench_convert_quick(tmp_path, capsys):
+    assert main(["--quick", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "convert.json").read_text())
+    assert (tmp_path / "convert_lemma2.png").stat().st_size > 1000
+    assert "Lemma 2" in (tmp_path / "convert.md").read_text()
+    speed = res["speed"]
+    assert speed["max_abs_logit_diff"] < 1e-4 and speed["seconds"]["conv"] > 0
+    for dt, floor in (("float32", 1e-6), ("float64", 1e-14)):
+        rows = res["lemma2"][dt]["rows"]
+        assert res["lemma2"][dt]["monotone_to_precision"]
+        assert rows[0]["rel_err"] > 0.1 and math.isinf(rows[-1]["alpha"])
+        assert rows[-2]["rel_err"] < floor and rows[-1]["rel_err"] < floor
+    assert "speed: conv" in capsys.readouterr().out
