@@ -8,7 +8,6 @@ import json
 import numpy as np
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 from PIL import Image
 
@@ -17,9 +16,7 @@ from attnconv.analysis.centers import head_centers, read_center_log, write_cente
 from attnconv.analysis.distance import mean_attention_distance
 from attnconv.analysis.explorer import normalize
 from attnconv.analysis.inputs import test_images as load_test_images
-from attnconv.analysis.report import analyze_model
 from attnconv.cli import main
-from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
 from attnconv.train.checkpoint import save_checkpoint
 
 VIT_KW = dict(num_classes=10, depth=2, embed_dim=32, num_heads=4)
@@ -84,57 +81,44 @@ def test_explore_vit_checkpoint(vit_checkpoint, cifar_zip, tmp_path, capsys):
     assert [L["grid"] for L in data["layers"]] == [[8, 8], [8, 8]]
 
 
-class TinySA(nn.Module):
-    """Two quadratic-encoding layers on a 2x2 space-to-depth grid (Cordonnier sec. 4, tiny)."""
-
-    num_prefix_tokens = 0
-
-    def __init__(self, dim: int = 18, heads: int = 9):
-        super().__init__()
-        self.embed = nn.Conv2d(12, dim, 1)
-        self.layers = nn.ModuleList(
-            MultiHeadSelfAttention2d(dim, dim, heads, positional="quadratic", content=False)
-            for _ in range(2)
-        )
-        self.head = nn.Linear(dim, 10)
-        self.attention_grid = (16, 16)
-
-    def forward(self, x, return_attention=False):
-        x = self.embed(F.pixel_unshuffle(x, 2))  # (B, dim, 16, 16)
-        attns = []
-        for layer in self.layers:
-            x, a = layer(x, return_attention=True)
-            attns.append(a)  # (1, Nh, 256, 256): position-only, shared by the batch
-        y = self.head(x.mean((2, 3)))
-        return (y, attns) if return_attention else y
-
-
-def test_quadratic_model_centres_contours_and_trajectories(cifar_zip, tmp_path):
+def test_sa_quadratic_run_centres_contours_and_trajectories(cifar_zip, tmp_path, capsys):
+    """A tiny quadratic-encoding model trained a few SGD steps per epoch on real images, its
+    centres logged per epoch in the run folder, analyzed from its step checkpoint."""
     torch.manual_seed(0)
-    model = TinySA()
-    log = tmp_path / "centers.jsonl"
-    for epoch in range(4):  # centres spreading out, as in training (fig. 3)
-        with torch.no_grad():
-            for layer in model.layers:
-                layer.positional_encoding.centers.mul_(1.2)
-        write_center_log_line(log, epoch, head_centers(model))
-    images, labels = load_test_images(str(cifar_zip), 6)
-    rep = analyze_model(
-        model, images, tmp_path / "sa", mean=DATA["mean"], std=DATA["std"], labels=labels,
-        center_log=log, zoom=None,
-    )  # fmt: skip
+    kw = dict(num_classes=10, hidden_size=18, num_layers=2, num_heads=9, ff_size=16)
+    model = attnconv.create_model("sa_quadratic", **kw)
+    images, labels = load_test_images(str(cifar_zip), 20)
+    x = normalize(images, DATA["mean"], DATA["std"])
+    y = torch.tensor([sorted(set(labels)).index(c) for c in labels])
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    run = tmp_path / "run"
+    run.mkdir()
+    for epoch in range(3):
+        write_center_log_line(run / "centers.jsonl", epoch, head_centers(model))
+        for _ in range(2):
+            loss = F.cross_entropy(model.train()(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    write_center_log_line(run / "centers.jsonl", 3, head_centers(model))
+    ck = save_checkpoint(run / "checkpoints" / "step-6", model, "sa_quadratic", kw)
+    out = tmp_path / "figs"
+    argv = ["analyze", str(ck), "--data", str(cifar_zip), "--out", str(out)]
+    assert main(argv + ["--num-images", "6", "--zoom", "0"]) == 0  # log found in the run folder
+    rep = json.loads((out / "report.json").read_text())
     figs = rep["figures"]
     assert {"mass_contours", "center_trajectories", "center_trajectories_gif"} <= set(figs)
-    assert "position_similarity" not in figs and "patch_pcs" not in figs
+    assert "position_similarity" not in figs and "attention_single_zoom" not in figs
     for name in figs.values():
         if name.endswith(".png"):
-            png_ok(tmp_path / "sa" / name)
-    with Image.open(tmp_path / "sa" / figs["center_trajectories_gif"]) as gif:
+            png_ok(out / name)
+    with Image.open(out / figs["center_trajectories_gif"]) as gif:
         assert gif.format == "GIF" and gif.n_frames == 4
-    now = [layer.attention_centers().tolist() for layer in model.layers]
-    assert np.allclose(rep["centers"], now)
-    _, traj = read_center_log(log)
-    assert np.allclose(traj[0][-1], now[0]) and np.allclose(traj[1][-1], now[1])
+    now = [c.tolist() for c in head_centers(model)]
+    assert np.allclose(rep["centers"], now, atol=1e-6)
+    epochs, traj = read_center_log(run / "centers.jsonl")
+    assert epochs.tolist() == [0, 1, 2, 3] and np.allclose(traj[1][-1], now[1], atol=1e-6)
+    assert not np.allclose(traj[0][0], traj[0][-1])  # training moved the centres
     # position-only attention: the same for every image, so the modal offsets are stable
     assert all(s == 1.0 for layer in rep["conv_likeness"] for s in layer["stability"])
 

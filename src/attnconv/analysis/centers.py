@@ -124,9 +124,11 @@ def write_center_log_line(path: str | Path, epoch: int, centers: Sequence[torch.
 
 
 def find_center_log(checkpoint: str | Path) -> Path | None:
-    """The run folder's ``centers.jsonl`` next to (or inside) a checkpoint path, if any."""
+    """The run folder's ``centers.jsonl`` for a checkpoint path, if any: the path itself (a run
+    folder), or up to two folders up (``run/checkpoints/step-N``)."""
     p = Path(checkpoint)
-    for d in (p, p.parent) if p.is_dir() else (p.parent, p.parent.parent):
-        if (d / CENTER_LOG).is_file():
-            return d / CENTER_LOG
+    d = p if p.is_dir() else p.parent
+    for cand in (d, d.parent, d.parent.parent):
+        if (cand / CENTER_LOG).is_file():
+            return cand / CENTER_LOG
     return None

@@ -93,7 +93,7 @@ def query_maps(
     return out
 
 
-MAP_BUDGET = 2**28  # bytes of attention maps one batch may hold (dense T x T maps are large)
+MAP_BUDGET = 2**27  # bytes of attention maps one batch may hold (dense T x T maps are large)
 
 
 @torch.no_grad()

@@ -60,21 +60,21 @@ def run(args: argparse.Namespace) -> int:
     images, labels = test_images(data_spec(args.data, info), args.num_images, split=args.split)
     check_image_size(model, images, info)
     mean, std = normalization(info)
-    torch.set_grad_enabled(False)
-    report = analyze_model(
-        model,
-        images,
-        args.out,
-        mean=mean,
-        std=std,
-        labels=labels,
-        query=args.query,
-        image_index=args.image,
-        zoom=args.zoom or None,
-        center_log=log,
-        title=f"{info.get('model')} ({Path(info.get('path', args.checkpoint)).name})",
-        batch_size=args.batch_size,
-    )
+    with torch.no_grad():
+        report = analyze_model(
+            model,
+            images,
+            args.out,
+            mean=mean,
+            std=std,
+            labels=labels,
+            query=args.query,
+            image_index=args.image,
+            zoom=args.zoom or None,
+            center_log=log,
+            title=f"{info.get('model')} ({Path(info.get('path', args.checkpoint)).name})",
+            batch_size=args.batch_size,
+        )
     out = Path(args.out)
     print(f"wrote {len(report['figures'])} figures to {out} (index: {out / 'index.md'})")
     return 0

@@ -55,19 +55,19 @@ def run(args: argparse.Namespace) -> int:
     images, labels = test_images(spec, n, split=args.split)
     check_image_size(model, images, info)
     mean, std = normalization(info)
-    torch.set_grad_enabled(False)
-    out = explore_model(
-        model,
-        images[: args.images],
-        args.out,
-        average_images=images[: args.average] if args.average else None,
-        labels=labels[: args.images],
-        mean=mean,
-        std=std,
-        title=f"attention explorer: {info.get('model')} ({Path(info.get('path', '')).name})",
-        max_queries=args.max_queries,
-        batch_size=args.batch_size,
-    )
+    with torch.no_grad():
+        out = explore_model(
+            model,
+            images[: args.images],
+            args.out,
+            average_images=images[: args.average] if args.average else None,
+            labels=labels[: args.images],
+            mean=mean,
+            std=std,
+            title=f"attention explorer: {info.get('model')} ({Path(info.get('path', '')).name})",
+            max_queries=args.max_queries,
+            batch_size=args.batch_size,
+        )
     size = out.stat().st_size / 1e6
     print(f"wrote {out} ({size:.1f} MB, {args.images} images, average of {args.average})")
     return 0
