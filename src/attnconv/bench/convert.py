@@ -14,6 +14,7 @@ Writes ``convert.json``, ``convert.md`` and ``convert_lemma2.png`` into ``--out`
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import platform
@@ -64,7 +65,12 @@ def bench_speed(batch: int, repeats: int, widths: tuple[int, ...] | None) -> dic
     x = _real_images(batch)
     with torch.no_grad():
         diff = (fast(x) - model(x)).abs().max().item()
-    fns = {"conv": model, "attention_hard": fast}
+    model_cl = copy.deepcopy(model).to(memory_format=torch.channels_last)
+    fns = {
+        "conv": model,
+        "conv_channels_last": lambda x: model_cl(x.contiguous(memory_format=torch.channels_last)),
+        "attention_hard": fast,
+    }
     t = _timings(fns, x, repeats)
     t_ref = _timings({"attention_hard_layer_gather": gather}, x, max(1, repeats // 5))
     return {
@@ -75,10 +81,11 @@ def bench_speed(batch: int, repeats: int, widths: tuple[int, ...] | None) -> dic
         "repeats": repeats,
         "seconds": {**t, **t_ref},
         "ratio_attention_over_conv": t["attention_hard"] / t["conv"],
+        "ratio_attention_over_conv_channels_last": t["attention_hard"] / t["conv_channels_last"],
         "ratio_layer_gather_over_conv": t_ref["attention_hard_layer_gather"] / t["conv"],
         "max_abs_logit_diff": diff,
         "target_ratio": 2.0,
-        "target_met": t["attention_hard"] / t["conv"] <= 2.0,
+        "target_met": t["attention_hard"] / min(t["conv"], t["conv_channels_last"]) <= 2.0,
     }
 
 
@@ -153,7 +160,9 @@ def _markdown(res: dict, argv: list[str]) -> str:
     for k, v in s["seconds"].items():
         lines.append(f"| {k} | {v:.4f} | {v / s['seconds']['conv']:.2f}x |")
     met = "met" if s["target_met"] else "NOT met"
-    lines += ["", f"Target <= 2x: **{met}** ({s['ratio_attention_over_conv']:.2f}x). "
+    lines += ["", f"Target <= 2x of the faster original: **{met}** "
+              f"({s['ratio_attention_over_conv']:.2f}x NCHW, "
+              f"{s['ratio_attention_over_conv_channels_last']:.2f}x channels-last). "
               f"Max |logit diff| {s['max_abs_logit_diff']:.2e}.", ""]  # fmt: skip
     lines += ["## Lemma 2: error of the soft conversion vs alpha", "", res["lemma2"]["conv"] +
               f" ({res['lemma2']['images']} images); relative error = max|attn - conv| / "
