@@ -186,7 +186,22 @@ def test_mhsa_to_conv_is_replicate_padded_conv():
     assert_close_rel(conv(x), layer(x), 1e-12)
 
 
+def test_return_attention_is_one_hot_over_padded_image():
+    conv = nn.Conv2d(2, 3, 3, padding=1)
+    x = torch.randn(2, 2, 5, 6)
+    y, attn = conv_to_attention(conv)(x, return_attention=True)
+    assert attn.shape == (1, 9, 7 * 8, 7 * 8)  # (1, Nh, Tp, Tp) over the padded 7x8 image
+    assert torch.equal(attn.amax(-1), torch.ones(1, 9, 56)) and torch.equal(
+        attn.sum(-1), attn.amax(-1)
+    )
+    torch.testing.assert_close(y, conv(x))
+    y1, attn1 = conv_to_attention(nn.Conv1d(2, 3, 3))(torch.randn(2, 2, 7), return_attention=True)
+    assert y1.shape == (2, 3, 5) and attn1.shape == (1, 3, 7, 7)
+
+
 def test_bad_inputs():
+    with pytest.raises(ValueError, match="lazy"):
+        conv_to_attention(nn.LazyConv2d(3, 3))
     conv = nn.Conv2d(2, 2, 3)
     with pytest.raises(TypeError, match="nn.Conv1d or nn.Conv2d"):
         conv_to_attention(nn.Conv3d(1, 1, 3))

@@ -153,6 +153,8 @@ def conv_to_attention(
     truncated SVD (exact when >= every head's rank; else warns, error in ``.rank_error``).
     """
     geom = conv_geometry(conv)  # TypeError for non-convs
+    if isinstance(conv.weight, nn.parameter.UninitializedParameter):
+        raise ValueError("lazy convolution is not initialized yet: run one forward first")
     if alpha is not None and not (isinstance(alpha, (int, float)) and math.isfinite(alpha)):
         raise TypeError(f"alpha must be None (hard) or a finite number, got {alpha!r}")
     if alpha is not None and alpha <= 0:
