@@ -182,3 +182,14 @@ def test_bad_inputs():
         create_model("vit_tiny_cifar", embed_dim=50, num_heads=3)
     with pytest.raises(ValueError, match="channels|\\(B, 3, H, W\\)"):
         create_model("resnet18_cifar", widths=(8,), depths=(1,))(torch.randn(1, 1, 32, 32))
+
+
+@pytest.mark.parametrize("pos_embed", ["learned", "sinusoidal_2d"])
+def test_vit_gradcheck_float64(pos_embed):
+    torch.manual_seed(4)
+    m = create_model(
+        "vit_tiny_cifar", img_size=8, depth=1, embed_dim=8, num_heads=2, pos_embed=pos_embed
+    ).double()
+    torch.nn.init.normal_(m.head.weight)  # the zero-initialized head would hide the features
+    x = torch.randn(1, 3, 12, 8, dtype=torch.float64, requires_grad=True)  # resampled grid
+    assert torch.autograd.gradcheck(m, (x,))

@@ -166,3 +166,12 @@ def test_memorizes_real_cifar_images(cifar_zip, name):
         opt.step()
     acc = (m.eval()(x).argmax(1) == y).float().mean().item()
     assert loss.item() < first / 3 and acc >= 0.9, (first, loss.item(), acc)
+
+
+@pytest.mark.parametrize("name", SA_MODELS)
+def test_gradcheck_float64_through_the_model(name):
+    torch.manual_seed(3)
+    tiny = dict(hidden_size=6, num_layers=1, num_heads=2, ff_size=4, dropout=0.0)
+    m = create_model(name, img_size=8, downsample=2, attn_dropout=0.0, **tiny).double().eval()
+    x = torch.randn(2, 3, 8, 6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x: m.forward_features(x), (x,))
