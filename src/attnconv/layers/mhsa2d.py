@@ -27,10 +27,9 @@ from .positional import (
     AbsolutePositionalEncoding2d,
     GeneralizedQuadraticEncoding,
     QuadraticEncoding,
-    RelativeTables2d,
-    relative_index,
 )
 from .quadratic import head_major, head_major_output, separable_attention, shift_gather
+from .relative import RELATIVE_TERMS, LearnedRelativeEncoding, RelativeEncoding
 
 POSITIONALS = (
     "none",
@@ -41,16 +40,8 @@ POSITIONALS = (
     "quadratic",
     "quadratic_generalized",
 )
-RELATIVE_TERMS = ("content_content", "content_position", "global_content", "global_position")
 VALUES = ("linear", "identity")
 _LOW = (torch.bfloat16, torch.float16)
-
-
-def _rel_gather(full: torch.Tensor, n: int, pos: torch.Tensor) -> torch.Tensor:
-    """full (..., T, 2n-1) scores per offset -> (..., T, n) per key index: [t, k] = full[t, k -
-    pos[t] + n - 1] (relative-to-absolute)."""
-    idx = torch.arange(n, device=full.device)[None, :] - pos[:, None] + n - 1  # (T, n)
-    return full.gather(-1, idx.expand(*full.shape[:-1], n))
 
 
 class MultiHeadSelfAttention2d(nn.Module):
@@ -150,21 +141,14 @@ class MultiHeadSelfAttention2d(nn.Module):
                 in_channels, learned=positional == "absolute_learned", max_size=max_size
             )
         elif positional == "relative":
-            dp = rel_dim or qk_dim
-            self.positional_encoding = RelativeTables2d(
-                dp // 2, dp - dp // 2, learned=learned_r, max_size=max_size
-            )
-            self.key_pos_proj = nn.Linear(dp, num_heads * qk_dim, bias=False)  # What_k
-            self.content_bias = nn.Parameter(torch.randn(num_heads, qk_dim) * 0.02)  # u
-            self.position_bias = nn.Parameter(torch.randn(num_heads, qk_dim) * 0.02)  # v
+            self.positional_encoding = RelativeEncoding(
+                num_heads, qk_dim, rel_dim or qk_dim, self.terms, learned=learned_r,
+                max_size=max_size,
+            )  # fmt: skip
         elif positional == "relative_learned":
-            if content:  # the query reads the tables: half its channels rows, half columns
-                dr, dc = qk_dim // 2, qk_dim - qk_dim // 2
-            else:  # per-head keys read them
-                dr = dc = rel_dim or qk_dim
-                self.head_keys_row = nn.Linear(dr, num_heads, bias=False)
-                self.head_keys_col = nn.Linear(dc, num_heads, bias=False)
-            self.positional_encoding = RelativeTables2d(dr, dc, learned=True, max_size=max_size)
+            self.positional_encoding = LearnedRelativeEncoding(
+                num_heads, qk_dim, rel_dim or qk_dim, content=self.content, max_size=max_size
+            )
         elif quad:
             cls = QuadraticEncoding if positional == "quadratic" else GeneralizedQuadraticEncoding
             kw = {"init_alpha": init_alpha} if positional == "quadratic" else {}
@@ -233,36 +217,16 @@ class MultiHeadSelfAttention2d(nn.Module):
         q, k = self.query_proj(src), self.key_proj(src)  # (B|1, T, Nh*dk)
         return self._heads(q, self.qk_dim), self._heads(k, self.qk_dim)
 
-    def _tables(self, h: int, w: int, dtype):
-        r_row, r_col = self.positional_encoding(h, w)
-        return r_row.to(dtype), r_col.to(dtype)
-
-    def _rel_head_tables(self, h: int, w: int, dtype):
-        """Dai eq. 8: What_k r_row (2h-1, Nh, dk) and What_k r_col (2w-1, Nh, dk)."""
-        r_row, r_col = self._tables(h, w, dtype)
-        wk = self.key_pos_proj.weight  # (Nh*dk, Dp)
-        dr = r_row.shape[1]
-        kr = (r_row @ wk[:, :dr].t()).view(-1, self.num_heads, self.qk_dim)
-        kc = (r_col @ wk[:, dr:].t()).view(-1, self.num_heads, self.qk_dim)
-        return kr, kc
-
     def _axis_logits(self, h: int, w: int, dtype):
         """Row (Nh, h, h) and column (Nh, w, w) logits of a separable position-only attention."""
-        ri, ci = relative_index(h), relative_index(w)
         if self.positional == "none":
             return torch.zeros(self.num_heads, h, h, dtype=dtype), torch.zeros(
                 self.num_heads, w, w, dtype=dtype
             )
         if self.positional == "quadratic":
             return self.positional_encoding.axis_logits(h, w)
-        if self.positional == "relative_learned":
-            r_row, r_col = self._tables(h, w, dtype)
-            return self.head_keys_row(r_row).t()[:, ri], self.head_keys_col(r_col).t()[:, ci]
-        if self.positional == "relative":  # global positional bias only: v^T What_k r_delta
-            kr, kc = self._rel_head_tables(h, w, dtype)
-            gr = torch.einsum("hd,rhd->hr", self.position_bias, kr) * self.scale
-            gc = torch.einsum("hd,rhd->hr", self.position_bias, kc) * self.scale
-            return gr[:, ri], gc[:, ci]
+        if self.positional.startswith("relative"):  # learned tables, or Dai's v^T What_k r
+            return self.positional_encoding.axis_logits(h, w, dtype)
         return None  # absolute, quadratic_generalized: not separable
 
     def _dense(self, xt: torch.Tensor | None, h: int, w: int):
@@ -274,35 +238,10 @@ class MultiHeadSelfAttention2d(nn.Module):
             self.positional != "relative" or "content_content" in self.terms
         )
         bias = None
-        rows = torch.arange(t, device=dev) // w
-        cols = torch.arange(t, device=dev) % w
-        d1 = rows[None, :] - rows[:, None] + h - 1  # (T, T) key row - query row + h - 1
-        d2 = cols[None, :] - cols[:, None] + w - 1
         if self.positional.startswith("quadratic"):
             bias = self.positional_encoding.dense_logits(h, w)[None]  # float32 if bf16
-        elif self.positional == "relative_learned":
-            r_row, r_col = self._tables(h, w, dt)
-            e_row, e_col = r_row[d1], r_col[d2]  # (T, T, dr), (T, T, dc)
-            if self.content:
-                dr = e_row.shape[-1]
-                bias = torch.einsum("bhqd,qkd->bhqk", q[..., :dr], e_row)
-                bias = (bias + torch.einsum("bhqd,qkd->bhqk", q[..., dr:], e_col)) * self.scale
-            else:
-                wr, wc = self.head_keys_row.weight, self.head_keys_col.weight  # (Nh, dr)
-                bias = torch.einsum("qkd,hd->hqk", e_row, wr)
-                bias = (bias + torch.einsum("qkd,hd->hqk", e_col, wc))[None]
-        elif self.positional == "relative":
-            r_row, r_col = self._tables(h, w, dt)
-            r = torch.cat([r_row[d1], r_col[d2]], dim=-1)  # (T, T, Dp) r_delta
-            rk = self.key_pos_proj(r).view(t, t, nh, self.qk_dim)  # What_k r_delta
-            bias = torch.zeros(1, nh, t, t, dtype=dt, device=dev)
-            if "content_position" in self.terms:
-                bias = bias + torch.einsum("bhqd,qkhd->bhqk", q, rk)
-            if "global_content" in self.terms:
-                bias = bias + torch.einsum("hd,bhkd->bhk", self.content_bias, k)[:, :, None, :]
-            if "global_position" in self.terms:
-                bias = bias + torch.einsum("hd,qkhd->hqk", self.position_bias, rk)[None]
-            bias = bias * self.scale
+        elif self.positional.startswith("relative"):
+            bias = self.positional_encoding.dense_bias(q, k, h, w, dt)
         if not qk_product:
             b = q.shape[0] if q is not None else (bias.shape[0] if bias is not None else 1)
             q = k = torch.zeros(b, nh, t, 0, dtype=dt, device=dev)
@@ -397,7 +336,7 @@ class MultiHeadSelfAttention2d(nn.Module):
 
     def _forward_folded(self, xt, v5, h, w, p_drop) -> torch.Tensor:
         """Content attention with every positional term folded into q/k: fused SDPA, no bias."""
-        b, t, nh, dt = xt.shape[0], h * w, self.num_heads, xt.dtype
+        b, nh, dt = xt.shape[0], self.num_heads, xt.dtype
         q, k = self._qk(xt, h, w)  # (B, Nh, T, dk)
         v = self._seq_values(v5)
         qs, ks = [], []
@@ -410,35 +349,9 @@ class MultiHeadSelfAttention2d(nn.Module):
             q_pos, k_pos = self.positional_encoding.fold(h, w)  # (Nh, T, 3|5), (T, 3|5)
             qs.append(q_pos[None].to(qs[0].dtype).expand(b, -1, -1, -1))
             ks.append(k_pos[None, None].to(qs[0].dtype).expand(b, nh, -1, -1))
-        elif self.positional.startswith("relative"):
-            rows = torch.arange(t, device=xt.device) // w
-            cols = torch.arange(t, device=xt.device) % w
-            row_full = col_full = None  # (B|1, Nh, T, 2h-1), (B|1, Nh, T, 2w-1)
-            if self.positional == "relative_learned":
-                r_row, r_col = self._tables(h, w, dt)
-                dr = r_row.shape[1]
-                row_full, col_full = q[..., :dr] @ r_row.t(), q[..., dr:] @ r_col.t()
-            else:
-                kr, kc = self._rel_head_tables(h, w, dt)
-                if "content_position" in self.terms:
-                    row_full = torch.einsum("bhtd,rhd->bhtr", q, kr)
-                    col_full = torch.einsum("bhtd,rhd->bhtr", q, kc)
-                if "global_position" in self.terms:
-                    gr = torch.einsum("hd,rhd->hr", self.position_bias, kr)[None, :, None, :]
-                    gc = torch.einsum("hd,rhd->hr", self.position_bias, kc)[None, :, None, :]
-                    row_full = gr if row_full is None else row_full + gr
-                    col_full = gc if col_full is None else col_full + gc
-            if row_full is not None:
-                row_full = row_full.expand(b, nh, t, -1)
-                col_full = col_full.expand(b, nh, t, -1)
-                qs += [_rel_gather(row_full, h, rows) * self.scale,
-                       _rel_gather(col_full, w, cols) * self.scale]  # fmt: skip
-                onehot_r = F.one_hot(rows, h).to(dt)  # (T, h): key row
-                onehot_c = F.one_hot(cols, w).to(dt)
-                ks += [onehot_r.expand(b, nh, t, h), onehot_c.expand(b, nh, t, w)]
-            if "global_content" in self.terms:  # u^T Wk X_k: a key-only logit
-                qs.append(torch.full((b, nh, t, 1), self.scale, dtype=dt, device=xt.device))
-                ks.append(torch.einsum("hd,bhkd->bhk", self.content_bias, k)[..., None])
+        elif self.positional.startswith("relative"):  # scores vs one-hot key rows/columns
+            q_rel, k_rel = self.positional_encoding.fold(q, k, h, w)
+            qs, ks = qs + q_rel, ks + k_rel
         q_aug, k_aug = torch.cat(qs, dim=-1), torch.cat(ks, dim=-1)
         y = scaled_dot_product_attention(
             q_aug, k_aug, v.to(q_aug.dtype), scale=1.0, dropout_p=p_drop, impl="auto"

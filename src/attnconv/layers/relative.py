@@ -1,0 +1,172 @@
+"""Relative positional encodings of an image attention layer, delta = key - query (row, col).
+
+- ``RelativeEncoding``: Dai et al. (2019) eq. 8 as written in Cordonnier et al. (ICLR 2020):
+      A_qk = X_q^T Wq^T Wk X_k            content-content   (the layer's q.k)
+           + X_q^T Wq^T What_k r_delta     content-position
+           + u^T Wk X_k                    global content bias
+           + v^T What_k r_delta            global positional bias
+  with r_delta = concat(r_row(delta1), r_col(delta2)) fixed (sinusoids) or learned, shared by
+  the heads; What_k separate from Wk; each term switchable. All terms are scaled by 1/sqrt(Dk).
+- ``LearnedRelativeEncoding``: Cordonnier sec. 4.3 (reference: Learned2DRelativeSelfAttention):
+  position only, logits_h = w_row_h . r_row(delta1) + w_col_h . r_col(delta2) (no scaling);
+  with content, the query reads the tables: (q.k + q[:Dk/2] . r_row(delta1)
+  + q[Dk/2:] . r_col(delta2)) / sqrt(Dk).
+
+Each module gives the same logits three ways: ``dense_bias`` (the plain (B|1, Nh, T, T) tensor
+of the equations, for impl="reference"), ``fold`` (extra query/key columns so that
+q_aug . k_aug = the positional logits: the query's scores against each key row and column
+(B, Nh, T, H + W), relative-to-absolute gathered, meet one-hot key rows/columns), and, when only
+input-independent terms are on, ``axis_logits`` (row (Nh, H, H) and column (Nh, W, W) logits of
+a separable attention).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .positional import RelativeTables2d, relative_index
+
+RELATIVE_TERMS = ("content_content", "content_position", "global_content", "global_position")
+
+
+def rel_gather(full: torch.Tensor, n: int, pos: torch.Tensor) -> torch.Tensor:
+    """Relative-to-absolute: full (..., T, 2n-1) scores per offset -> (..., T, n) per key index,
+    [t, k] = full[t, k - pos[t] + n - 1]."""
+    idx = torch.arange(n, device=full.device)[None, :] - pos[:, None] + n - 1  # (T, n)
+    return full.gather(-1, idx.expand(*full.shape[:-1], n))
+
+
+def _pair_index(h: int, w: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(T, T) table rows of delta1 and delta2 for every (query, key) pair."""
+    t = torch.arange(h * w, device=device)
+    rows, cols = t // w, t % w
+    return rows[None, :] - rows[:, None] + h - 1, cols[None, :] - cols[:, None] + w - 1
+
+
+def fold_axis_scores(row_full, col_full, h: int, w: int, batch: int, scale: float):
+    """Scores per key offset (B|1, Nh, T, 2h-1) and (B|1, Nh, T, 2w-1) -> query columns
+    (B, Nh, T, h + w) and the matching one-hot key columns."""
+    t, nh, dev, dt = h * w, row_full.shape[1], row_full.device, row_full.dtype
+    rows = torch.arange(t, device=dev) // w
+    cols = torch.arange(t, device=dev) % w
+    row_full, col_full = row_full.expand(batch, nh, t, -1), col_full.expand(batch, nh, t, -1)
+    q_cols = torch.cat([rel_gather(row_full, h, rows), rel_gather(col_full, w, cols)], -1) * scale
+    onehot = torch.cat([F.one_hot(rows, h), F.one_hot(cols, w)], -1).to(dt)  # (T, h + w)
+    return q_cols, onehot.expand(batch, nh, t, h + w)
+
+
+class RelativeEncoding(nn.Module):
+    """Dai et al. eq. 8 (see module docstring). ``key_pos_proj`` = What_k, ``content_bias`` = u,
+    ``position_bias`` = v; r_delta width ``rel_dim`` (half rows, half columns)."""
+
+    def __init__(self, num_heads: int, qk_dim: int, rel_dim: int, terms: tuple[str, ...], *,
+                 learned: bool = False, max_size: int = 64):  # fmt: skip
+        super().__init__()
+        self.num_heads, self.qk_dim, self.terms = num_heads, qk_dim, tuple(terms)
+        self.scale = qk_dim**-0.5
+        self.tables = RelativeTables2d(
+            rel_dim // 2, rel_dim - rel_dim // 2, learned=learned, max_size=max_size
+        )
+        self.key_pos_proj = nn.Linear(rel_dim, num_heads * qk_dim, bias=False)  # What_k
+        self.content_bias = nn.Parameter(torch.randn(num_heads, qk_dim) * 0.02)  # u
+        self.position_bias = nn.Parameter(torch.randn(num_heads, qk_dim) * 0.02)  # v
+
+    @property
+    def learned(self) -> bool:
+        return self.tables.learned
+
+    def head_tables(self, h: int, w: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """What_k r_row (2h-1, Nh, dk) and What_k r_col (2w-1, Nh, dk)."""
+        r_row, r_col = self.tables(h, w)
+        wk = self.key_pos_proj.weight  # (Nh*dk, Dp)
+        dr = r_row.shape[1]
+        kr = (r_row.to(dtype) @ wk[:, :dr].t()).view(-1, self.num_heads, self.qk_dim)
+        kc = (r_col.to(dtype) @ wk[:, dr:].t()).view(-1, self.num_heads, self.qk_dim)
+        return kr, kc
+
+    def axis_logits(self, h: int, w: int, dtype):
+        """Only the global positional bias: v^T What_k r_delta, separable."""
+        kr, kc = self.head_tables(h, w, dtype)
+        gr = torch.einsum("hd,rhd->hr", self.position_bias, kr) * self.scale
+        gc = torch.einsum("hd,rhd->hr", self.position_bias, kc) * self.scale
+        return gr[:, relative_index(h, gr.device)], gc[:, relative_index(w, gc.device)]
+
+    def dense_bias(self, q, k, h: int, w: int, dtype) -> torch.Tensor:
+        """The plain equations: (B|1, Nh, T, T) of the positional and global terms, scaled."""
+        t, dev = h * w, self.position_bias.device
+        d1, d2 = _pair_index(h, w, dev)
+        r_row, r_col = self.tables(h, w)
+        r = torch.cat([r_row[d1], r_col[d2]], dim=-1).to(dtype)  # (T, T, Dp) r_delta
+        rk = self.key_pos_proj(r).view(t, t, self.num_heads, self.qk_dim)  # What_k r_delta
+        bias = torch.zeros(1, self.num_heads, t, t, dtype=dtype, device=dev)
+        if "content_position" in self.terms:
+            bias = bias + torch.einsum("bhqd,qkhd->bhqk", q, rk)
+        if "global_content" in self.terms:
+            bias = bias + torch.einsum("hd,bhkd->bhk", self.content_bias, k)[:, :, None, :]
+        if "global_position" in self.terms:
+            bias = bias + torch.einsum("hd,qkhd->hqk", self.position_bias, rk)[None]
+        return bias * self.scale
+
+    def fold(self, q, k, h: int, w: int) -> tuple[list, list]:
+        """Extra (query, key) columns whose dot product is dense_bias (per query row)."""
+        b, nh, t, _ = q.shape
+        kr, kc = self.head_tables(h, w, q.dtype)
+        row_full = col_full = None  # scores per offset (B|1, Nh, T, 2h-1), (B|1, Nh, T, 2w-1)
+        if "content_position" in self.terms:
+            row_full = torch.einsum("bhtd,rhd->bhtr", q, kr)
+            col_full = torch.einsum("bhtd,rhd->bhtr", q, kc)
+        if "global_position" in self.terms:
+            gr = torch.einsum("hd,rhd->hr", self.position_bias, kr)[None, :, None, :]
+            gc = torch.einsum("hd,rhd->hr", self.position_bias, kc)[None, :, None, :]
+            row_full = gr if row_full is None else row_full + gr
+            col_full = gc if col_full is None else col_full + gc
+        qs, ks = [], []
+        if row_full is not None:
+            qc, kc1 = fold_axis_scores(row_full, col_full, h, w, b, self.scale)
+            qs, ks = [qc], [kc1]
+        if "global_content" in self.terms:  # u^T Wk X_k: a key-only logit
+            qs.append(torch.full((b, nh, t, 1), self.scale, dtype=q.dtype, device=q.device))
+            ks.append(torch.einsum("hd,bhkd->bhk", self.content_bias, k)[..., None])
+        return qs, ks
+
+
+class LearnedRelativeEncoding(nn.Module):
+    """Cordonnier sec. 4.3 (see module docstring): learned row and column tables of offsets."""
+
+    def __init__(self, num_heads: int, qk_dim: int, rel_dim: int, *, content: bool,
+                 max_size: int = 64):  # fmt: skip
+        super().__init__()
+        self.num_heads, self.content, self.scale = num_heads, content, qk_dim**-0.5
+        if content:  # the query reads the tables: half its channels rows, half columns
+            dr, dc = qk_dim // 2, qk_dim - qk_dim // 2
+        else:  # per-head keys read them
+            dr = dc = rel_dim
+            self.head_keys_row = nn.Linear(dr, num_heads, bias=False)
+            self.head_keys_col = nn.Linear(dc, num_heads, bias=False)
+        self.tables = RelativeTables2d(dr, dc, learned=True, max_size=max_size)
+
+    def axis_logits(self, h: int, w: int, dtype):
+        r_row, r_col = self.tables(h, w)
+        gr, gc = self.head_keys_row(r_row.to(dtype)).t(), self.head_keys_col(r_col.to(dtype)).t()
+        return gr[:, relative_index(h, gr.device)], gc[:, relative_index(w, gc.device)]
+
+    def dense_bias(self, q, k, h: int, w: int, dtype) -> torch.Tensor:
+        d1, d2 = _pair_index(h, w, self.tables.rel_row.device)
+        r_row, r_col = self.tables(h, w)
+        e_row, e_col = r_row[d1].to(dtype), r_col[d2].to(dtype)  # (T, T, dr), (T, T, dc)
+        if not self.content:
+            bias = torch.einsum("qkd,hd->hqk", e_row, self.head_keys_row.weight)
+            return (bias + torch.einsum("qkd,hd->hqk", e_col, self.head_keys_col.weight))[None]
+        dr = e_row.shape[-1]
+        bias = torch.einsum("bhqd,qkd->bhqk", q[..., :dr], e_row)
+        return (bias + torch.einsum("bhqd,qkd->bhqk", q[..., dr:], e_col)) * self.scale
+
+    def fold(self, q, k, h: int, w: int) -> tuple[list, list]:
+        r_row, r_col = self.tables(h, w)
+        dr = r_row.shape[1]
+        row_full = q[..., :dr] @ r_row.to(q.dtype).t()  # (B, Nh, T, 2h-1)
+        col_full = q[..., dr:] @ r_col.to(q.dtype).t()  # (B, Nh, T, 2w-1)
+        qc, kc = fold_axis_scores(row_full, col_full, h, w, q.shape[0], self.scale)
+        return [qc], [kc]
