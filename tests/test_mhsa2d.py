@@ -146,3 +146,58 @@ def test_bad_input_raises_value_error(build, x, match):
     with pytest.raises(ValueError, match=match):
         layer = MultiHeadSelfAttention2d(**build)
         layer(torch.randn(*x))
+
+
+class _MaxNumel(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the largest tensor any aten op produces (forward and backward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.max_numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.max_numel = max(self.max_numel, t.numel())
+        return out
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(positional="quadratic", content=False),
+        dict(positional="quadratic", content=False, hard=True),
+        dict(positional="relative_learned", content=False),
+        dict(positional="quadratic", content=True),
+        dict(positional="quadratic_generalized", content=True),
+        dict(positional="relative_learned", content=True),
+        dict(positional="relative", content=True),
+    ],
+)
+def test_fast_paths_never_build_t_by_t(kw):
+    """Separable and folded paths: no tensor of T*T elements (T = 24*24) in forward or backward;
+    the reference path does build them."""
+    layer = MultiHeadSelfAttention2d(2, 4, 2, **kw)
+    x = torch.randn(1, 2, 24, 24, requires_grad=True)
+    t = 24 * 24
+    for impl, small in (("auto", True), ("reference", False)):
+        layer.impl = impl
+        with _MaxNumel() as mode:
+            layer(x).sum().backward()
+        assert (mode.max_numel < t * t) == small, (impl, mode.max_numel)
+
+
+@pytest.mark.parametrize("positional,content", VARIANTS)
+def test_dropout_trains_and_eval_is_deterministic(positional, content):
+    torch.manual_seed(0)
+    layer = MultiHeadSelfAttention2d(4, 6, 2, positional=positional, content=content, dropout=0.5)
+    x = torch.randn(2, 4, 5, 5)
+    y = layer(x)
+    y.sum().backward()
+    assert torch.isfinite(y).all()
+    layer.eval()
+    y1, y2 = layer(x), layer(x)
+    torch.testing.assert_close(y1, y2)
+    layer.impl = "reference"
+    torch.testing.assert_close(layer(x), y1, rtol=1e-4, atol=1e-5)

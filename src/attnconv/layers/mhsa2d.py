@@ -185,6 +185,8 @@ class MultiHeadSelfAttention2d(nn.Module):
     def _check_input(self, x: torch.Tensor) -> tuple[int, int, int]:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"expected a torch.Tensor, got {type(x).__name__}")
+        if not x.is_floating_point():
+            raise TypeError(f"expected a floating-point input, got dtype {x.dtype}")
         if x.dim() != 4:
             raise ValueError(f"expected a 4-D NCHW input (B, C, H, W), got shape {tuple(x.shape)}")
         if x.shape[1] != self.in_channels:
