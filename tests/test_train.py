@@ -310,3 +310,8 @@ def test_shipped_configs_are_valid(path):
 
     cfg = load_config(path)
     assert isinstance(cfg, Config) and cfg.model.name in list_models()
+    if path.parent.name == "cpu":  # the small models build and run with these kwargs
+        from attnconv import create_model
+
+        model = create_model(cfg.model.name, num_classes=10, **cfg.model.kwargs)
+        assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)

@@ -21,8 +21,17 @@ from pathlib import Path
 import numpy as np
 
 CIFAR10_CLASSES = (
-    "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
-)  # fmt: skip
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
+)
 
 
 @dataclass(frozen=True)

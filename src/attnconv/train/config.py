@@ -79,6 +79,7 @@ class TrainConfig:
     progress: bool = True
     deterministic: bool = True
     threads: int | None = None  # torch.set_num_threads
+    time_limit: float | None = None  # seconds of training; then eval + checkpoint and finish
 
 
 @dataclass

@@ -242,7 +242,7 @@ class Trainer:
             for s, h in old.items():
                 signal.signal(s, h)
 
-    def _log_window(self, epoch: int, lr: float, t0: float, final: bool) -> float:
+    def _log_window(self, epoch: int, lr: float, t0: float) -> float:
         s = self.sums
         loss, correct, n = D.all_reduce_sum(
             [s["win_loss"], s["win_correct"], s["win_n"]], self.info
@@ -261,9 +261,10 @@ class Trainer:
         if self.step == 0:
             self.mon.centres(self.model, 0, 0)
         self.net.train()
+        out_of_time, lr = False, cfg.optim.lr
         with self._signals():
-            t0 = time.time()
-            while self.step < self.total:
+            t0 = t_start = time.time()
+            while self.step < self.total and not out_of_time:
                 epoch, start = divmod(self.step, L)
                 if start == 0:
                     for k in ("ep_loss", "ep_correct", "ep_n"):
@@ -273,6 +274,16 @@ class Trainer:
                         self.stop_at_step is not None and self.step >= self.stop_at_step
                     ):
                         self._interrupt()
+                    if t.time_limit is not None and D.any_rank(
+                        time.time() - t_start > t.time_limit, self.info
+                    ):
+                        out_of_time = True
+                        t0 = self._log_window(epoch, lr, t0)
+                        self.mon.message(
+                            f"time limit of {t.time_limit:g} s reached at step "
+                            f"{self.step}/{self.total}"
+                        )
+                        break
                     lr = lr_at(self.step, cfg.optim.lr, cfg.schedule, self.total, L)
                     set_lr(self.opt, lr)
                     x, y = x.to(self.info.device), y.to(self.info.device)
@@ -297,7 +308,7 @@ class Trainer:
                         self.sums["win_" + p] += v
                     end_of_epoch = start == L
                     if self.step % t.log_every == 0 or end_of_epoch:
-                        t0 = self._log_window(epoch, lr, t0, end_of_epoch)
+                        t0 = self._log_window(epoch, lr, t0)
                     if (
                         t.checkpoint_every
                         and self.step % t.checkpoint_every == 0
@@ -306,10 +317,16 @@ class Trainer:
                         self.save()
                 # end of epoch: eval, centres, checkpoint (in this order: a checkpoint at an
                 # epoch boundary always has its epoch's logs)
-                if (epoch + 1) % t.eval_every == 0 or self.step == self.total:
+                if (epoch + 1) % t.eval_every == 0 or self.step == self.total or out_of_time:
                     el, ea = evaluate(self.model, self.eval_loader, self.info, t.bf16)
                     self.mon.row("eval", epoch + 1, self.step, lr, el, ea, 0.0)
-                    last = {"eval_loss": el, "eval_acc": ea, "step": self.step, "epoch": epoch + 1}
+                    last = {
+                        "eval_loss": el,
+                        "eval_acc": ea,
+                        "step": self.step,
+                        "epoch": epoch + 1,
+                        "seconds": time.time() - t_start,
+                    }
                 self.mon.centres(self.model, epoch + 1, self.step)
                 self.save()
                 t0 = time.time()
