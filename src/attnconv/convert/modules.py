@@ -101,6 +101,7 @@ class ConvAttention2d(nn.Module):
         rows = rows[:, ah : ah + (oh - 1) * sh + 1 : sh].tolist()  # (Nh, Ho) kept queries
         cols = cols[:, aw : aw + (ow - 1) * sw + 1 : sw].tolist()  # (Nh, Wo)
         heads, bias = _head_matrices(layer, detach=False)  # (Nh, Cout, Cin), (Cout,) | None
+        heads = heads.contiguous()  # oneDNN reorders strided weights on every call
         xp = xp.contiguous(memory_format=torch.channels_last)
         y = None
         for r, c, wh in zip(rows, cols, heads):
