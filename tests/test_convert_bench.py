@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import math
 
-from attnconv.bench.convert import main
+from attnconv.cli import main
 
 
 def test_bench_convert_quick(tmp_path, capsys):
-    assert main(["--quick", "--out", str(tmp_path)]) == 0
+    assert main(["bench", "--suite", "convert", "--quick", "--out-dir", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "convert.json").read_text())
     assert (tmp_path / "convert_lemma2.png").stat().st_size > 1000
     assert "Lemma 2" in (tmp_path / "convert.md").read_text()

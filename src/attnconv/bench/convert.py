@@ -1,4 +1,4 @@
-"""`attnconv bench --suite convert`: Theorem 1 conversion, measured.
+"""`attnconv bench --suite convert [-- --checkpoint CK --data ZIP]`: Theorem 1, measured.
 
 1. Speed: CIFAR ResNet18 inference (batch of 32x32 real images) original vs converted with
    ``convert_model`` (hard, exact heads): medians of interleaved repeats, one process, ratio.
@@ -7,7 +7,7 @@
 3. With ``--checkpoint CK --data ZIP``: predictions of the trained model and its converted twin
    on a whole test split (identical predictions check).
 
-Writes ``convert.json``, ``convert.md`` and ``convert_lemma2.png`` into ``--out``
+Writes ``convert.json``, ``convert.md`` and ``convert_lemma2.png`` into ``--out-dir``
 (default benchmarks/results). ``--quick``: tiny sizes (CI smoke test).
 """
 
@@ -203,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog=COMMAND, description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="tiny sizes (CI smoke test)")
-    p.add_argument("--out", default="benchmarks/results", help="output folder")
+    p.add_argument("--out-dir", "--out", dest="out", default=None,
+                   help="output folder (default: the repo's benchmarks/results)")  # fmt: skip
+    p.add_argument("--budget-gb", type=float, help="(accepted for `attnconv bench`; unused)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--threads", type=int, default=1)
@@ -213,7 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     if (args.checkpoint is None) != (args.data is None):
         raise ValueError("--checkpoint and --data go together")
     torch.set_num_threads(args.threads)
-    out = Path(args.out)
+    from attnconv.bench.common import RESULTS_DIR
+
+    out = Path(args.out) if args.out else RESULTS_DIR
     out.mkdir(parents=True, exist_ok=True)
     if args.quick:
         speed = bench_speed(4, 3, (8, 8, 8, 8))
