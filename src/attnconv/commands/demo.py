@@ -112,13 +112,13 @@ def run(args: argparse.Namespace) -> int:
     cfg.train.threads = cfg.train.threads or threads
     budget = 60 * args.minutes - (time.time() - t0)
     steps = max(10, int(ips * budget * 0.85 / cfg.train.batch_size))  # eval + saving take a bit
+    # at least 6 (short) epochs so centers.jsonl shows the heads' centres moving; eval at the end
     per_epoch = len(train_ds) // cfg.train.batch_size
-    if steps <= per_epoch:
-        cfg.train.epochs, cfg.train.steps_per_epoch = 1, steps
-    else:
-        cfg.train.epochs, cfg.train.steps_per_epoch = max(1, steps // per_epoch), None
+    cfg.train.epochs = max(6, steps // per_epoch)
+    cfg.train.steps_per_epoch = min(per_epoch, max(1, steps // cfg.train.epochs))
+    cfg.train.eval_every = cfg.train.epochs
     cfg.train.time_limit = 1.25 * max(budget, 10.0)
-    n_img = cfg.train.epochs * min(per_epoch, steps) * cfg.train.batch_size
+    n_img = cfg.train.epochs * cfg.train.steps_per_epoch * cfg.train.batch_size
     print(
         f"demo: {cfg.model.name} {cfg.model.kwargs} on {data} ({len(train_ds)} training images); "
         f"~{ips:.0f} images/s here ({threads} thread(s)) -> {cfg.train.epochs} epoch(s), "
