@@ -9,8 +9,7 @@ from hypothesis import strategies as st
 
 from attnconv.layers.local import (
     LocalSelfAttention2d,
-    _WindowAggregate,
-    _WindowLogits,
+    _LocalAttention,
     local_attention,
     local_to_dense,
     window_pad,
@@ -25,6 +24,15 @@ MODES = [
     ("absolute", "qr"),
     ("none", "qk"),
 ]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """These kernels run many small ops: one thread avoids OpenMP overhead on a busy machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def _run(m, x, impl):
@@ -72,19 +80,28 @@ def test_float32_close_to_reference():
 
 
 @pytest.mark.parametrize("ks", [3, 4])
-def test_gradcheck_kernels(ks):
+@pytest.mark.parametrize("masked", [True, False])
+def test_gradcheck_fused_kernel(ks, masked):
+    """The fused autograd function: every input (q, keys, values, mixture, relative logits)."""
     torch.manual_seed(0)
     opts = dict(dtype=torch.float64, requires_grad=True)
-    q = torch.randn(1, 2, 2, 3, 4, **opts)
-    kp = torch.randn(1, 2, 2, 3 + ks - 1, 4 + ks - 1, **opts)
-    assert torch.autograd.gradcheck(lambda a, c: _WindowLogits.apply(a, c, ks), (q, kp))
-    p = torch.randn(1, 1, ks * ks, 3, 4, **opts)
-    vp = torch.randn(1, 1, 2, 2, 3 + ks - 1, 4 + ks - 1, **opts)
+    h, w = 3, 4
+    q = torch.randn(1, 2, 2, h, w, **opts)
+    kp = torch.randn(1, 2, 2, h + ks - 1, w + ks - 1, **opts)
+    vp = torch.randn(1, 2, 2, 2, h + ks - 1, w + ks - 1, **opts)  # M = 2 value maps
     mix = torch.randn(ks * ks, 2, **opts)
-    agg = _WindowAggregate.apply
-    assert torch.autograd.gradcheck(lambda a, c, d: agg(a, c, d, ks), (p, vp, mix))
-    v1 = vp[:, :, :1].detach().clone().requires_grad_()
-    assert torch.autograd.gradcheck(lambda a, c: agg(a, c, None, ks), (p, v1))
+    qr_row = torch.randn(1, 2, ks, h, w, **opts)
+    qr_col = torch.randn(1, 2, ks, h, w, **opts)
+    valid = window_valid(ks, h, w) if masked else None
+
+    def f(*a):
+        return _LocalAttention.apply(*a, valid, ks)[0]
+
+    assert torch.autograd.gradcheck(f, (q, kp, vp, mix, qr_row, qr_col), fast_mode=True)
+    v1 = vp[:, :, :1].detach().clone().requires_grad_()  # plain values, position-only logits
+    assert torch.autograd.gradcheck(
+        lambda a, b, c, d: f(a, None, b, None, c, d), (q, v1, qr_row, qr_col)
+    )
 
 
 @pytest.mark.parametrize("padding", ["mask", "zeros"])
@@ -92,7 +109,7 @@ def test_gradcheck_layer(padding):
     torch.manual_seed(0)
     m = LocalSelfAttention2d(3, 8, 2, 3, 2, padding=padding).double()
     x = torch.randn(1, 3, 5, 4, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(m, (x,))
+    assert torch.autograd.gradcheck(m, (x,), fast_mode=True)
 
 
 @pytest.mark.parametrize("k", [3, 5, 7])

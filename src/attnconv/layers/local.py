@@ -10,9 +10,10 @@ tables do). Stride s = s x s average pooling after the attention (sec. 3.1).
 The local kernel is written once, here, in two implementations of the same equation:
 - ``impl="reference"``: unfold keys and values into k^2 copies and call the shared plain kernel
   ``functional.scaled_dot_product_attention(impl="reference")`` with one query per window.
-- ``impl="auto"`` (fast): loop over the k^2 offsets on shifted views of the padded keys and
-  values (custom autograd functions, in-place accumulation in backward). Only the logits and
-  probabilities (B, nh, k^2, H, W) are stored: O(k^2 HW nh) memory, not O(k^2 HW C).
+- ``impl="auto"`` (fast): one custom autograd function looping over the k^2 offsets on shifted
+  views of the padded keys and values, softmax and its backward in place, in-place
+  accumulation of the gradients. Only the probabilities (B, nh, k^2, H, W) are stored:
+  O(k^2 HW nh) memory, not O(k^2 HW C).
 
 Borders: ``padding="mask"`` (default) excludes keys outside the image from the softmax;
 ``padding="zeros"`` treats them as zero pixels (keys and values 0), as the public
@@ -57,96 +58,121 @@ def _pad_hw(x: torch.Tensor, kernel_size: int) -> torch.Tensor:
     return F.pad(x, (b, a, b, a))
 
 
-class _WindowLogits(torch.autograd.Function):
-    """logits[:, :, o, i, j] = q[:, :, :, i, j] . kpad[:, :, :, i+di, j+dj] for the k^2 offsets.
-
-    q (B, nh, d, H, W), kpad (B, nh, d, H+k-1, W+k-1) -> (B, nh, k^2, H, W).
-    """
-
-    @staticmethod
-    def forward(ctx, q, kpad, kernel_size: int):
-        bsz, nh, _, h, w = q.shape
-        ks = kernel_size
-        out = q.new_empty(bsz, nh, ks * ks, h, w)  # (B, nh, k^2, H, W)
-        tmp = torch.empty_like(q)
-        for di in range(ks):
-            for dj in range(ks):
-                torch.mul(q, kpad[..., di : di + h, dj : dj + w], out=tmp)
-                torch.sum(tmp, dim=2, out=out[:, :, di * ks + dj])
-        ctx.save_for_backward(q, kpad)
-        ctx.kernel_size = ks
-        return out
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, g):
-        q, kpad = ctx.saved_tensors
-        ks = ctx.kernel_size
-        h, w = q.shape[-2:]
-        gq = torch.zeros_like(q) if ctx.needs_input_grad[0] else None
-        gk = torch.zeros_like(kpad) if ctx.needs_input_grad[1] else None
-        for di in range(ks):
-            for dj in range(ks):
-                go = g[:, :, di * ks + dj].unsqueeze(2)  # (B, nh, 1, H, W)
-                if gq is not None:
-                    gq.addcmul_(go, kpad[..., di : di + h, dj : dj + w])
-                if gk is not None:
-                    gk[..., di : di + h, dj : dj + w].addcmul_(go, q)
-        return gq, gk, None
+def _window_logits(q: torch.Tensor, kpad: torch.Tensor, ks: int, out: torch.Tensor) -> None:
+    """out[:, :, o] = q . kpad shifted by offset o: q (B, nh, d, H, W), kpad (B, nh, d, Hp, Wp),
+    out (B, nh, k^2, H, W). One shifted view per offset, no k^2 copies of the keys."""
+    h, w = q.shape[-2:]
+    tmp = torch.empty_like(q)
+    for di in range(ks):
+        for dj in range(ks):
+            torch.mul(q, kpad[..., di : di + h, dj : dj + w], out=tmp)
+            torch.sum(tmp, dim=2, out=out[:, :, di * ks + dj])
 
 
-class _WindowAggregate(torch.autograd.Function):
-    """out[:, :, :, i, j] = sum_o probs[:, :, o, i, j] sum_m mix[o, m] vpad[:, :, m, :, i+di, j+dj].
+def _window_logits_grad(gl, q, kpad, ks, need_q, need_k):
+    """Gradients of _window_logits for the logit gradient gl (B, nh, k^2, H, W)."""
+    h, w = q.shape[-2:]
+    gq = torch.zeros_like(q) if need_q else None
+    gk = torch.zeros_like(kpad) if need_k else None
+    for di in range(ks):
+        for dj in range(ks):
+            go = gl[:, :, di * ks + dj].unsqueeze(2)  # (B, nh, 1, H, W)
+            if gq is not None:
+                gq.addcmul_(go, kpad[..., di : di + h, dj : dj + w])
+            if gk is not None:
+                gk[..., di : di + h, dj : dj + w].addcmul_(go, q)
+    return gq, gk
+
+
+def _window_aggregate(probs, vpad, mix, ks):
+    """sum_o probs[:, :, o] * sum_m mix[o, m] vpad[:, :, m] shifted by o -> (B, nh, dv, H, W).
 
     probs (B, nh, k^2, H, W), vpad (B, nh, M, dv, Hp, Wp), mix (k^2, M) mixing M value maps
-    per offset (the attention stem's spatially-aware values) or None (M = 1, plain attention)
-    -> (B, nh, dv, H, W).
+    per offset (the attention stem's spatially-aware values) or None (M = 1, plain attention).
+    """
+    bsz, nh, _, h, w = probs.shape
+    out = vpad.new_zeros(bsz, nh, vpad.shape[3], h, w)
+    for di in range(ks):
+        for dj in range(ks):
+            o = di * ks + dj
+            p_o = probs[:, :, o].unsqueeze(2)  # (B, nh, 1, H, W)
+            for m in range(vpad.shape[2]):
+                w_om = p_o if mix is None else p_o * mix[o, m]
+                out.addcmul_(w_om, vpad[:, :, m, :, di : di + h, dj : dj + w])
+    return out
+
+
+def _window_aggregate_grad(g, probs, vpad, mix, ks, need_v, need_m):
+    """Gradients of _window_aggregate for the output gradient g (B, nh, dv, H, W)."""
+    h, w = probs.shape[-2:]
+    gp = torch.zeros_like(probs)
+    gv = torch.zeros_like(vpad) if need_v else None
+    gm = torch.zeros_like(mix) if need_m and mix is not None else None
+    tmp = torch.empty_like(g)
+    for di in range(ks):
+        for dj in range(ks):
+            o = di * ks + dj
+            p_o = probs[:, :, o].unsqueeze(2)  # (B, nh, 1, H, W)
+            for m in range(vpad.shape[2]):
+                vs = vpad[:, :, m, :, di : di + h, dj : dj + w]  # (B, nh, dv, H, W)
+                torch.mul(g, vs, out=tmp)
+                s = tmp.sum(2)  # g . v^m_ab, (B, nh, H, W)
+                if gm is not None:
+                    gm[o, m] = (probs[:, :, o] * s).sum()
+                gp[:, :, o].add_(s if mix is None else s * mix[o, m])
+                if gv is not None:
+                    w_om = p_o if mix is None else p_o * mix[o, m]
+                    gv[:, :, m, :, di : di + h, dj : dj + w].addcmul_(w_om, g)
+    return gp, gv, gm
+
+
+class _LocalAttention(torch.autograd.Function):
+    """Fused window attention: logits, mask, softmax and weighted sum over the k^2 offsets.
+
+    Keeps only q, the padded keys and values and the probabilities (B, nh, k^2, H, W) for
+    backward; the softmax and its backward run in place on one (B, nh, k^2, H, W) buffer each.
     """
 
     @staticmethod
-    def forward(ctx, probs, vpad, mix, kernel_size: int):
-        bsz, nh, _, h, w = probs.shape
-        ks, nm = kernel_size, vpad.shape[2]
-        out = vpad.new_zeros(bsz, nh, vpad.shape[3], h, w)  # (B, nh, dv, H, W)
-        for di in range(ks):
-            for dj in range(ks):
-                o = di * ks + dj
-                p_o = probs[:, :, o].unsqueeze(2)  # (B, nh, 1, H, W)
-                for m in range(nm):
-                    w_om = p_o if mix is None else p_o * mix[o, m]
-                    out.addcmul_(w_om, vpad[:, :, m, :, di : di + h, dj : dj + w])
-        ctx.save_for_backward(probs, vpad, mix)
-        ctx.kernel_size = ks
-        return out
+    def forward(ctx, q, kpad, vpad, mix, qr_row, qr_col, valid, ks: int):
+        bsz, nh, _, h, w = q.shape
+        logits = q.new_zeros(bsz, nh, ks * ks, h, w)  # (B, nh, k^2, H, W)
+        if kpad is not None:
+            _window_logits(q, kpad, ks, logits)  # q_ij . k_ab
+        if qr_row is not None:  # + q_ij . r_{a-i,b-j} = q . rel_row[di] + q . rel_col[dj]
+            lg = logits.view(bsz, nh, ks, ks, h, w)
+            lg.add_(qr_row.unsqueeze(3)).add_(qr_col.unsqueeze(2))
+        if valid is not None:  # keys outside the image leave the softmax
+            logits.masked_fill_(~valid, float("-inf"))
+        # softmax over the window, in place; the centre key is always valid
+        probs = logits.sub_(logits.amax(dim=2, keepdim=True)).exp_()
+        probs.div_(probs.sum(dim=2, keepdim=True))
+        y = _window_aggregate(probs, vpad, mix, ks)  # (B, nh, dv, H, W)
+        ctx.save_for_backward(q, kpad, vpad, mix, probs)
+        ctx.ks, ctx.has_qr = ks, qr_row is not None
+        ctx.mark_non_differentiable(probs)
+        return y, probs
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, g):
-        probs, vpad, mix = ctx.saved_tensors
-        ks, nm = ctx.kernel_size, vpad.shape[2]
-        h, w = probs.shape[-2:]
-        need_p, need_v, need_m = ctx.needs_input_grad[:3]
-        gp = torch.zeros_like(probs) if need_p else None
-        gv = torch.zeros_like(vpad) if need_v else None
-        gm = torch.zeros_like(mix) if need_m and mix is not None else None
-        tmp = torch.empty_like(g)
-        for di in range(ks):
-            for dj in range(ks):
-                o = di * ks + dj
-                p_o = probs[:, :, o].unsqueeze(2)  # (B, nh, 1, H, W)
-                for m in range(nm):
-                    vs = vpad[:, :, m, :, di : di + h, dj : dj + w]  # (B, nh, dv, H, W)
-                    if gp is not None or gm is not None:
-                        torch.mul(g, vs, out=tmp)
-                        s = tmp.sum(2)  # g . v^m_ab, (B, nh, H, W)
-                        if gm is not None:
-                            gm[o, m] = (probs[:, :, o] * s).sum()
-                        if gp is not None:
-                            gp[:, :, o].add_(s if mix is None else s * mix[o, m])
-                    if gv is not None:
-                        w_om = p_o if mix is None else p_o * mix[o, m]
-                        gv[:, :, m, :, di : di + h, dj : dj + w].addcmul_(w_om, g)
-        return gp, gv, gm, None
+    def backward(ctx, gy, _gprobs):
+        q, kpad, vpad, mix, probs = ctx.saved_tensors
+        ks = ctx.ks
+        need = ctx.needs_input_grad
+        gl, gv, gm = _window_aggregate_grad(gy, probs, vpad, mix, ks, need[2], need[3])
+        # softmax backward in place: gl = p * (gp - sum_o p_o gp_o)
+        dot = torch.zeros_like(probs[:, :, 0])  # (B, nh, H, W)
+        for o in range(ks * ks):
+            dot.addcmul_(probs[:, :, o], gl[:, :, o])
+        gl.sub_(dot.unsqueeze(2)).mul_(probs)
+        g_row = g_col = None
+        if ctx.has_qr:
+            gl6 = gl.view(*gl.shape[:2], ks, ks, *gl.shape[-2:])  # (B, nh, k, k, H, W)
+            g_row, g_col = gl6.sum(3), gl6.sum(2)
+        gq = gk = None
+        if kpad is not None:
+            gq, gk = _window_logits_grad(gl, q, kpad, ks, need[0], need[1])
+        return gq, gk, gv, gm, g_row, g_col, None, None
 
 
 def local_attention(
@@ -196,19 +222,11 @@ def local_attention(
     if impl == "reference":
         return _reference(q, k, v, qr, mix, ks, padding, return_attention)
 
-    if k is not None:
-        logits = _WindowLogits.apply(q, _pad_hw(k, ks), ks)  # (B, nh, k^2, H, W)
-    else:
-        logits = q.new_zeros(bsz, nh, ks * ks, h, w)
-    if qr is not None:
-        lg = logits.view(bsz, nh, ks, ks, h, w)
-        lg.add_(qr[0].unsqueeze(3))  # + q . rel_row[di]
-        lg.add_(qr[1].unsqueeze(2))  # + q . rel_col[dj]
-    if padding == "mask":
-        logits.masked_fill_(~window_valid(ks, h, w, q.device), float("-inf"))
-    probs = torch.softmax(logits, dim=2)  # (B, nh, k^2, H, W); the centre is always valid
-    y = _WindowAggregate.apply(probs, _pad_hw(v, ks), mix, ks)  # (B, nh, dv, H, W)
-    if return_attention:
+    valid = window_valid(ks, h, w, q.device) if padding == "mask" else None
+    kpad = _pad_hw(k, ks) if k is not None else None
+    qr_row, qr_col = qr if qr is not None else (None, None)
+    y, probs = _LocalAttention.apply(q, kpad, _pad_hw(v, ks), mix, qr_row, qr_col, valid, ks)
+    if return_attention:  # (B, nh, H*W, k^2)
         return y, probs.detach().flatten(3).transpose(2, 3)
     return y
 
