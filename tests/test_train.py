@@ -315,3 +315,42 @@ def test_shipped_configs_are_valid(path):
 
         model = create_model(cfg.model.name, num_classes=10, **cfg.model.kwargs)
         assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+
+
+@pytest.mark.parametrize("name", ["sa_quadratic", "sa_learned"])
+def test_centre_log_of_attention_models(cifar_zip, tmp_path, name):
+    from attnconv.analysis.centers import read_center_log
+
+    kw = {"downsample": 4, "hidden_size": 16, "num_layers": 2, "num_heads": 4, "ff_size": 16}
+    d = small(
+        cifar_zip,
+        tmp_path / "run",
+        model={"name": name, "kwargs": kw},
+        data={"max_per_class": 4},
+        train={"epochs": 2, "batch_size": 20},
+    )
+    tr = Trainer(config_from_dict(d))
+    tr.fit()
+    log = tmp_path / "run" / "centers.jsonl"
+    if name == "sa_learned":  # no Gaussian centres: no log, training unaffected
+        assert not log.exists()
+        return
+    epochs, layers = read_center_log(log)  # the analysis reader accepts the training log
+    assert epochs.tolist() == [0, 1, 2] and [a.shape for a in layers] == [(3, 4, 2)] * 2
+    for layer, a in zip(tr.model.layers, layers):
+        assert torch.allclose(layer.attn.attention_centers(), torch.tensor(a[-1]).float())
+    assert not torch.equal(torch.tensor(layers[0][0]), torch.tensor(layers[0][-1]))  # they moved
+    assert "layers.0.attn.positional_encoding.centers" in no_decay_names(tr.model, ["centers"])
+
+
+def test_tensorboard_missing_is_a_clear_error(cifar_zip, tmp_path):
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        d = small(cifar_zip, tmp_path / "run", train={"tensorboard": True})
+        with pytest.raises(ValueError, match="needs the tensorboard package"):
+            Trainer(config_from_dict(d))
+        return
+    d = small(cifar_zip, tmp_path / "run", train={"tensorboard": True, "epochs": 1})
+    Trainer(config_from_dict(d)).fit()
+    assert list((tmp_path / "run" / "tb").glob("events.*"))

@@ -31,7 +31,15 @@ def centre_layers(model: nn.Module) -> list[nn.Module]:
 
 
 def centres(model: nn.Module) -> list[list[list[float]]]:
-    return [m.attention_centers().detach().float().cpu().tolist() for m in centre_layers(model)]
+    """Centres (Nh, 2) per quadratic layer; layers whose encoding has none (raising) are skipped."""
+    out = []
+    for m in centre_layers(model):
+        try:
+            c = m.attention_centers()
+        except (ValueError, TypeError, NotImplementedError):
+            continue  # e.g. a learned relative encoding: no Gaussian centres
+        out.append(c.detach().float().cpu().tolist())
+    return out
 
 
 def _truncate_csv(path: Path, step: int) -> None:
