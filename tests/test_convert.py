@@ -17,6 +17,7 @@ from attnconv.convert import (
     conv_to_attention,
     mhsa_to_conv,
 )
+from attnconv.convert import modules as convert_modules
 from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
 from convert_strategies import conv_and_input
 
@@ -58,12 +59,26 @@ def test_soft_conversion_at_large_alpha_equals_conv(case, impl):
         assert_close_rel(m(x), conv(x), 1e-5)
 
 
-@given(conv_and_input(dtype=torch.float64), st.integers(0, 2**31 - 1), st.booleans())
-@settings(max_examples=20)
-def test_fast_shift_path_equals_layer_reference(case, seed, move):
+@given(
+    conv_and_input(dtype=torch.float64),
+    st.integers(0, 2**31 - 1),
+    st.booleans(),
+    st.sampled_from([0, 10**9]),
+)
+@settings(max_examples=25)
+def test_fast_shift_path_equals_layer_reference(case, seed, move, concat_max):
     """The hard fast path (kept queries only, shifts + channel mixes) equals the layer's own
     one-hot attention on every padded pixel followed by the crop, for any centres (also moved
     off the kernel grid, clamped at the border) and rank-limited heads; values and gradients."""
+    old = convert_modules.CONCAT_MAX_CHANNELS  # both channel-mix strategies of the fast path
+    convert_modules.CONCAT_MAX_CHANNELS = concat_max
+    try:
+        _check_fast_shift(case, seed, move)
+    finally:
+        convert_modules.CONCAT_MAX_CHANNELS = old
+
+
+def _check_fast_shift(case, seed, move):
     conv, x = case
     gen = torch.Generator().manual_seed(seed)
     hd = None if seed % 3 else 1 + seed % 4
