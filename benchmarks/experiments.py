@@ -1,0 +1,231 @@
+"""Reproduce the papers' experiments at CPU scale and regenerate the README's tables and figures.
+
+    python benchmarks/experiments.py run [NAME ...]   # train every configs/experiments/*.yaml
+    python benchmarks/experiments.py report           # tables + figures from the run folders
+
+`run` trains each experiment with `attnconv train` into runs/experiments/<name>/ (resuming an
+interrupted run, skipping a finished one), then the follow-ups: `attnconv analyze` for the
+attention models, `attnconv convert` of the trained ResNet18 on the 10,000 test images, and the
+Lemma 2 sweep. `report` reads only those folders: it writes benchmarks/results/experiments.md,
+copies the figures to docs/figures/, and replaces the block between the experiments markers of
+README.md. Nothing in the tables is typed by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs" / "experiments"
+RUNS = ROOT / "runs" / "experiments"
+FIGS = ROOT / "docs" / "figures"
+RESULTS = ROOT / "benchmarks" / "results" / "experiments.md"
+BEGIN, END = "<!-- experiments:begin -->", "<!-- experiments:end -->"
+CLI = [sys.executable, "-m", "attnconv.cli"]
+
+
+def default_data() -> Path:
+    for parent in ROOT.parents:
+        p = parent / "shared" / "data" / "cifar10-jpeg.zip"
+        if p.exists():
+            return p
+    return ROOT.parent / "shared" / "data" / "cifar10-jpeg.zip"
+
+
+def experiments(names: list[str]) -> list[Path]:
+    cfgs = sorted(p for p in CONFIGS.glob("*.yaml") if not p.name.startswith("_"))
+    if names:
+        known = {p.stem: p for p in cfgs}
+        missing = [n for n in names if n not in known]
+        if missing:
+            raise SystemExit(f"unknown experiments {missing}; known: {sorted(known)}")
+        cfgs = [known[n] for n in names]
+    return cfgs
+
+
+def sh(cmd: list[str], log: Path) -> float:
+    """Run a command, appending its output to ``log``; returns wall seconds; raises on failure."""
+    t0 = time.time()
+    with open(log, "a") as f:
+        f.write(f"$ {' '.join(map(str, cmd))}\n")
+        f.flush()
+        rc = subprocess.call([str(c) for c in cmd], stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+    if rc != 0:
+        raise SystemExit(f"command failed (exit {rc}), see {log}: {' '.join(map(str, cmd))}")
+    return time.time() - t0
+
+
+def run(args: argparse.Namespace) -> None:
+    data = Path(args.data)
+    if not data.exists():
+        raise SystemExit(f"--data {data}: no such file")
+    for cfg in experiments(args.names):
+        out = RUNS / cfg.stem
+        out.mkdir(parents=True, exist_ok=True)
+        log = out / "experiment.log"
+        done = out / "wall.json"
+        if not done.exists():
+            cmd = [*CLI, "train", cfg, "--out", out, "--set", f"data.dataset={data}"]
+            if (out / "checkpoints" / "latest").exists():
+                cmd.append("--resume")
+            print(f"[{time.strftime('%H:%M:%S')}] train {cfg.stem}", flush=True)
+            wall = sh(cmd, log)
+            done.write_text(json.dumps({"train_seconds": wall}))
+        if cfg.stem.startswith("table1_sa") and not (out / "analysis" / "report.json").exists():
+            print(f"[{time.strftime('%H:%M:%S')}] analyze {cfg.stem}", flush=True)
+            sh([*CLI, "analyze", out, "--data", data, "--out", out / "analysis"], log)
+        if cfg.stem == "table1_resnet18" and not (out / "convert.json").exists():
+            print(f"[{time.strftime('%H:%M:%S')}] convert {cfg.stem}", flush=True)
+            sh([*CLI, "convert", out, "--data", data, "--json", out / "convert.json"], log)
+
+
+# ---------------------------------------------------------------- report
+
+
+def read_metrics(run: Path) -> dict:
+    rows = list(csv.DictReader(open(run / "metrics.csv")))
+    train = [r for r in rows if r["kind"] == "train"]
+    evals = [r for r in rows if r["kind"] == "eval"]
+    ips = sorted(float(r["images_per_s"]) for r in train)
+    return {
+        "test_acc": float(evals[-1]["acc"]) if evals else float("nan"),
+        "images_per_s": ips[len(ips) // 2] if ips else float("nan"),
+        "steps": int(train[-1]["step"]) if train else 0,
+    }
+
+
+def n_params(run: Path) -> int:
+    from attnconv.train.checkpoint import load_model
+
+    model, _ = load_model(run)
+    return sum(p.numel() for p in model.parameters())
+
+
+def table1(lines: list[str]) -> None:
+    paper = {"resnet18": (93.8, "11.2M"), "sa_quadratic": (93.8, "12.1M"),
+             "sa_learned": (91.8, "12.3M"), "sa_learned_content": (87.1, "29.5M")}  # fmt: skip
+    lines += ["### Table 1 at CPU scale (Cordonnier et al. 2020)", "",
+              "| model | test acc. (here) | params (here) | train images/s | train wall | "
+              "paper acc. (params) |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for name, (acc, par) in paper.items():
+        run = RUNS / f"table1_{name}"
+        if not (run / "wall.json").exists():
+            lines.append(f"| {name} | not run | | | | {acc}% ({par}) |")
+            continue
+        m, wall = read_metrics(run), json.loads((run / "wall.json").read_text())
+        lines.append(
+            f"| {name} | {100 * m['test_acc']:.1f}% | {n_params(run) / 1e6:.2f}M | "
+            f"{m['images_per_s']:.0f} | {wall['train_seconds'] / 60:.1f} min | {acc}% ({par}) |"
+        )
+    lines.append("")
+
+
+def sasa(lines: list[str]) -> None:
+    rows = [("k=3", "sasa_k3"), ("k=5", "sasa_k5"), ("k=7 (default)", "sasa_k7"),
+            ("k=9", "sasa_k9"), ("positional none", "sasa_pos_none"),
+            ("positional absolute", "sasa_pos_absolute"), ("logits q^T r only", "sasa_logits_qr"),
+            ("conv stem", "sasa_convstem")]  # fmt: skip
+    lines += ["### SASA ablations at CPU scale (Ramachandran et al. 2019)", "",
+              "| variant (one change from the default) | test acc. | params | train images/s | "
+              "train wall |", "|---|---|---|---|---|"]  # fmt: skip
+    for label, name in rows:
+        run = RUNS / name
+        if not (run / "wall.json").exists():
+            lines.append(f"| {label} | not run | | | |")
+            continue
+        m, wall = read_metrics(run), json.loads((run / "wall.json").read_text())
+        lines.append(
+            f"| {label} | {100 * m['test_acc']:.1f}% | {n_params(run) / 1e6:.2f}M | "
+            f"{m['images_per_s']:.0f} | {wall['train_seconds'] / 60:.1f} min |"
+        )
+    lines.append("")
+
+
+def analysis(lines: list[str]) -> None:
+    for name in ("sa_quadratic", "sa_learned", "sa_learned_content"):
+        rep = RUNS / f"table1_{name}" / "analysis" / "report.json"
+        if not rep.exists():
+            continue
+        r = json.loads(rep.read_text())
+        dst = FIGS / name
+        dst.mkdir(parents=True, exist_ok=True)
+        lines += [f"#### What the heads of {name} learned", ""]
+        for key, fname in r.get("figures", {}).items():
+            shutil.copy(rep.parent / fname, dst / fname)
+            lines.append(f"- {key}: ![{key}](docs/figures/{name}/{fname})")
+        if "mean_distance_px" in r:
+            means = [sum(d) / len(d) for d in r["mean_distance_px"]]
+            lines.append(
+                "- mean attention distance per layer, px (layer 1 -> last; uniform head "
+                f"{r['uniform_distance_px']:.1f}): " + ", ".join(f"{m:.1f}" for m in means)
+            )
+        if "conv_likeness" in r:
+            lines.append(
+                "- conv-likeness per layer (layer 1 -> last): "
+                + ", ".join(f"{c['score']:.2f}" for c in r["conv_likeness"])
+            )
+        lines.append("")
+
+
+def conversion(lines: list[str]) -> None:
+    conv = RUNS / "table1_resnet18" / "convert.json"
+    if conv.exists():
+        c = json.loads(conv.read_text())
+        t = c.get("test_set", {})
+        worst = max(r["max_abs_diff"] for r in c["layers"])
+        lines += ["### Theorem 1 on the trained ResNet18", "",
+                  f"`attnconv convert` replaced its {len(c['layers'])} convolutions by hard "
+                  f"quadratic self-attention layers (worst per-layer max |diff| {worst:.1e}). "
+                  f"On the {t.get('images', 0)} CIFAR-10 test images: accuracy "
+                  f"{100 * t.get('accuracy_before', float('nan')):.2f}% before, "
+                  f"{100 * t.get('accuracy_after', float('nan')):.2f}% after, predictions "
+                  f"differ on {t.get('predictions_differ', 'n/a')} images, max |logit diff| "
+                  f"{t.get('max_abs_logit_diff', float('nan')):.1e}.", ""]  # fmt: skip
+    png = ROOT / "benchmarks" / "results" / "convert_lemma2.png"
+    if png.exists():
+        lines += ["Lemma 2, error of the soft conversion against alpha (from `attnconv bench "
+                  "--suite convert`):", "", "![lemma2](benchmarks/results/convert_lemma2.png)",
+                  ""]  # fmt: skip
+
+
+def report(args: argparse.Namespace) -> None:
+    lines = [f"Machine: {platform.machine()}, {platform.processor() or 'CPU'}, "
+             f"{__import__('os').cpu_count()} cores, Python {platform.python_version()}; "
+             "regenerated by `python benchmarks/experiments.py report`.", ""]  # fmt: skip
+    table1(lines)
+    sasa(lines)
+    analysis(lines)
+    conversion(lines)
+    text = "\n".join(lines) + "\n"
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(text)
+    readme = ROOT / "README.md"
+    s = readme.read_text()
+    if BEGIN in s and END in s:
+        s = s[: s.index(BEGIN) + len(BEGIN)] + "\n" + text + s[s.index(END) :]
+        readme.write_text(s)
+    print(text)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="train the experiments (all, or the NAMEs given)")
+    r.add_argument("names", nargs="*")
+    r.add_argument("--data", default=str(default_data()), help="CIFAR-10 zip/folder")
+    r.set_defaults(fn=run)
+    sub.add_parser("report", help="regenerate tables and figures").set_defaults(fn=report)
+    args = p.parse_args()
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    main()
