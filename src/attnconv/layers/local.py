@@ -151,11 +151,14 @@ class _LocalAttention(torch.autograd.Function):
         ctx.save_for_backward(q, kpad, vpad, mix, probs)
         ctx.ks, ctx.has_qr = ks, qr_row is not None
         ctx.mark_non_differentiable(probs)
+        ctx.set_materialize_grads(False)  # no zero (B, nh, k^2, H, W) gradient for probs
         return y, probs
 
     @staticmethod
     @once_differentiable
     def backward(ctx, gy, _gprobs):
+        if gy is None:  # probs is non-differentiable: nothing flows back
+            return (None,) * 8
         q, kpad, vpad, mix, probs = ctx.saved_tensors
         ks = ctx.ks
         need = ctx.needs_input_grad
