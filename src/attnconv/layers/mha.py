@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from .checks import check_tensor, positive_int
 from .functional import check_impl, scaled_dot_product_attention
 
 __all__ = ["MultiHeadAttention", "SinusoidalPositionalEncoding", "sinusoidal_encoding"]
@@ -47,6 +48,11 @@ class MultiHeadAttention(nn.Module):
         impl: str = "auto",
     ) -> None:
         super().__init__()
+        positive_int("embed_dim", embed_dim)
+        positive_int("num_heads", num_heads)
+        for name, val in (("kdim", kdim), ("vdim", vdim)):
+            if val is not None:
+                positive_int(name, val)
         if num_heads < 1 or embed_dim % num_heads != 0:
             raise ValueError(
                 f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})"
@@ -120,6 +126,7 @@ class MultiHeadAttention(nn.Module):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
             if t.dim() != 3 or t.shape[-1] != width:
                 raise ValueError(f"{name} must be (B, T, {width}), got shape {tuple(t.shape)}")
+            check_tensor(t, self.q_proj.weight.dtype, name=name, allow_empty=True)
         if key.shape[:2] != value.shape[:2] or key.shape[0] != query.shape[0]:
             raise ValueError(
                 f"batch/length mismatch: query {tuple(query.shape)}, key {tuple(key.shape)}, "

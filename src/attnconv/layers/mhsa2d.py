@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .checks import check_tensor, positive_int
 from .functional import attention_probs, check_impl, scaled_dot_product_attention
 from .positional import (
     AbsolutePositionalEncoding2d,
@@ -123,6 +124,8 @@ class MultiHeadSelfAttention2d(nn.Module):
             raise ValueError("relative_terms only applies to positional='relative'")
         if rel_dim is not None and positional not in ("relative", "relative_learned"):
             raise ValueError("rel_dim only applies to positional='relative' or 'relative_learned'")
+        if rel_dim is not None:
+            positive_int("rel_dim", rel_dim)
 
         self.in_channels, self.out_channels, self.num_heads = in_channels, out_channels, num_heads
         self.head_dim, self.qk_dim, self.value = head_dim, qk_dim, value
@@ -194,6 +197,7 @@ class MultiHeadSelfAttention2d(nn.Module):
                 f"expected {self.in_channels} input channels, got {x.shape[1]} (shape "
                 f"{tuple(x.shape)})"
             )
+        check_tensor(x, self.out_proj.weight.dtype)  # non-empty, the parameters' dtype
         b, _, h, w = x.shape
         if self.positional in ("absolute_learned", "relative_learned") or (
             self.positional == "relative" and self.positional_encoding.learned

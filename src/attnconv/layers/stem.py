@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .checks import check_tensor, positive_int
 from .functional import check_impl
 from .local import PADDINGS, local_attention
 
@@ -47,6 +48,10 @@ class AttentionStem2d(nn.Module):
         check_impl(impl)
         if padding not in PADDINGS:
             raise ValueError(f"padding must be one of {PADDINGS}, got {padding!r}")
+        for name, val in (("in_channels", in_channels), ("out_channels", out_channels),
+                          ("num_heads", num_heads), ("kernel_size", kernel_size),
+                          ("mixtures", mixtures), ("pool", pool)):  # fmt: skip
+            positive_int(name, val)
         if num_heads < 1 or out_channels % num_heads:
             raise ValueError(f"out_channels={out_channels} not divisible by num_heads={num_heads}")
         if kernel_size < 1 or mixtures < 1 or pool < 1:
@@ -77,6 +82,7 @@ class AttentionStem2d(nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """With ``return_attention`` also the window probabilities (B, nh, H*W, k*k) at the input
         resolution."""
+        check_tensor(x, self.query.weight.dtype)
         if x.dim() != 4 or x.shape[1] != self.in_channels:
             raise ValueError(
                 f"expected input (B, {self.in_channels}, H, W), got shape {tuple(x.shape)}"

@@ -1,0 +1,36 @@
+"""Argument and input checks shared by the public layers: one clear ValueError/TypeError line.
+
+``positive_int`` for sizes (channels, heads, kernel sizes), ``check_tensor`` for the tensor a
+layer's forward receives (a floating tensor, non-empty, of the layer's parameter dtype). Found
+by tests/test_fuzz.py: without them wrong dtypes, empty tensors and zero/float sizes surfaced as
+RuntimeError/ZeroDivisionError/AttributeError from deep inside PyTorch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def positive_int(name: str, val) -> int:
+    """``val`` if it is an int >= 1 (not a bool), else ValueError naming ``name``."""
+    if not isinstance(val, int) or isinstance(val, bool) or val < 1:
+        raise ValueError(f"{name} must be a positive int, got {val!r}")
+    return val
+
+
+def check_tensor(
+    x, dtype: torch.dtype | None, *, name: str = "input", allow_empty: bool = False
+) -> None:
+    """x must be a floating-point tensor (non-empty unless ``allow_empty``) of dtype ``dtype``
+    (the layer's parameters; None or an active autocast: any floating dtype)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be floating-point, got dtype {x.dtype}")
+    if x.numel() == 0 and not allow_empty:
+        raise ValueError(f"{name} is empty: shape {tuple(x.shape)}")
+    if dtype is not None and x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
+        raise TypeError(
+            f"{name} dtype {x.dtype} differs from the layer's parameters ({dtype}); cast the "
+            f"input (x.to({dtype})) or the layer (layer.to({x.dtype}))"
+        )
