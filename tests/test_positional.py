@@ -139,4 +139,4 @@ def test_gradcheck_float64(positional, content):
 
     for impl in ("auto", "reference"):
         layer.impl = impl
-        assert torch.autograd.gradcheck(f, (x, *params))
+        assert torch.autograd.gradcheck(f, (x, *params), fast_mode=True)
