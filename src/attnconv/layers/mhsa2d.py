@@ -350,7 +350,7 @@ class MultiHeadSelfAttention2d(nn.Module):
             qs.append(q * self.scale)
             ks.append(k)
         if self.positional.startswith("quadratic"):
-            if dt in _LOW:  # the folded logits are large: run this attention in float32
+            if q.dtype in _LOW:  # the folded logits are large: run this attention in float32
                 qs, ks, v = [qs[0].float()], [ks[0].float()], v.float()
             q_pos, k_pos = self.positional_encoding.fold(h, w)  # (Nh, T, 3|5), (T, 3|5)
             qs.append(q_pos[None].to(qs[0].dtype).expand(b, -1, -1, -1))
