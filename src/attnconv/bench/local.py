@@ -113,27 +113,18 @@ def cases(quick: bool, budget_gb: float) -> list[dict]:
                     name=f"local k={k} {sweep}x{sweep} B={sb} {impl}",
                 )
             )
-    for model, impl in (
-        ("resnet26", "auto"),
-        ("sasa_resnet26", "auto"),
-        ("sasa_resnet26", "reference"),
-    ):
-        b = mb
-        while impl == "reference" and b > 1 and ref_model_gb(b, msize) > budget_gb:
-            b //= 2
-        note = f" (B={mb} estimated over budget)" if b != mb else ""
-        out.append(
-            dict(
-                group="model",
-                kind="model",
-                model=model,
-                b=b,
-                h=msize,
-                w=msize,
-                impl=impl,
-                name=f"{model} forward {msize}x{msize} B={b} {impl}{note}",
-            )
-        )
+    rb = mb  # the reference's batch: the largest power-of-2 fraction of mb within the budget
+    while rb > 1 and ref_model_gb(rb, msize) > budget_gb:
+        rb //= 2
+    runs = [("resnet26", "auto", mb), ("sasa_resnet26", "auto", mb)]
+    if rb != mb:  # the fast path at the reference's batch too, for a like-for-like ratio
+        runs.append(("sasa_resnet26", "auto", rb))
+    runs.append(("sasa_resnet26", "reference", rb))
+    for model, impl, b in runs:
+        note = f" (B={mb} estimated over --budget-gb)" if impl == "reference" and b != mb else ""
+        name = f"{model} forward {msize}x{msize} B={b} {impl}{note}"
+        out.append(dict(group="model", kind="model", model=model, b=b, h=msize, w=msize,
+                        impl=impl, name=name))  # fmt: skip
     return out
 
 
