@@ -4,14 +4,15 @@ Method (each case runs in a fresh ``python`` subprocess, so cases cannot pollute
 1. the child imports torch, sets its thread count, and calls the case factory
    (``"package.module:function"`` with JSON kwargs) which builds the module and inputs and
    returns ``step()``, one forward+backward;
-2. memory: RSS right after setup (``/proc/self/statm``) is the baseline; one ``step()`` runs;
-   peak = ``ru_maxrss`` (the process's RSS high-water mark) minus that baseline, i.e. the extra
-   resident memory one fwd+bwd needs (activations kept for backward, temporaries, gradients).
-   A setup transient above the baseline can only make this an over-estimate;
-3. FLOPs: one ``step()`` under ``torch.utils.flop_counter.FlopCounterMode`` (matmul, conv,
-   attention kernels; elementwise ops are not counted), with a formula added for PyTorch's CPU
-   flash attention kernel, which the counter does not know;
-4. time: ``warmup`` steps, then the median wall time of ``repeats`` steps (``time.perf_counter``).
+2. memory: RSS right after setup (``/proc/self/statm``) is the baseline; the first ``step()``
+   runs; peak = ``ru_maxrss`` (the process's RSS high-water mark) minus that baseline, i.e. the
+   extra resident memory one fwd+bwd needs (activations kept for backward, temporaries,
+   gradients). A setup transient above the baseline can only make this an over-estimate;
+3. FLOPs: that same first step runs under ``torch.utils.flop_counter.FlopCounterMode`` (matmul,
+   conv, attention kernels; elementwise ops are not counted), with a formula added for
+   PyTorch's CPU flash attention kernel, which the counter does not know;
+4. time: the first step counts as one warm-up; then the median wall time of ``repeats`` steps
+   (``time.perf_counter``).
 
 The machine may be shared: compare ratios measured in one run, not absolute times across runs.
 """
@@ -87,13 +88,18 @@ def _child(spec: dict) -> dict:
     mod_name, fn_name = spec["factory"].split(":")
     step = getattr(importlib.import_module(mod_name), fn_name)(**spec.get("kwargs", {}))
     out: dict = {}
-    if spec.get("memory", True):
+    warmup = spec.get("warmup", 1)
+    if spec.get("memory", True) or spec.get("flops", True):
+        # the first step measures memory and counts FLOPs (FlopCounterMode keeps no tensors);
+        # it is also the warm-up
         base = _rss_bytes()
-        step()
-        out["peak_mb"] = max(_maxrss_bytes() - base, 0) / 2**20
-    if spec.get("flops", True):
-        out["gflop"] = count_flops(step) / 1e9
-    times = median_time(step, spec.get("repeats", 5), spec.get("warmup", 1))
+        flops = count_flops(step)
+        if spec.get("memory", True):
+            out["peak_mb"] = max(_maxrss_bytes() - base, 0) / 2**20
+        if spec.get("flops", True):
+            out["gflop"] = flops / 1e9
+        warmup = max(warmup - 1, 0)
+    times = median_time(step, spec.get("repeats", 5), warmup)
     out["times_s"] = times
     out["median_s"] = statistics.median(times)
     if "gflop" in out:
