@@ -172,6 +172,13 @@ def test_download_checks_md5(real_small, tmp_path):
     assert np.array_equal(x, train.images.numpy())
 
 
+def test_sample_script_regenerates_it_byte_for_byte(cifar_zip, tmp_path):
+    from attnconv.data.make_sample import make_sample
+
+    out = make_sample(cifar_zip, tmp_path / "s.zip")
+    assert out.read_bytes() == SAMPLE_PATH.read_bytes()
+
+
 def test_embedded_sample_is_real_cifar(cifar_zip):
     assert SAMPLE_PATH.stat().st_size <= 6_000_000
     tr = load_dataset("sample", "train", use_cache=False)

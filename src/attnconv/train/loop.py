@@ -75,6 +75,8 @@ def evaluate(model: nn.Module, loader: Loader, info: D.DistInfo, bf16: bool = Fa
     loss_sum = correct = n = 0.0
     with torch.no_grad():
         for x, y in loader.batches(0):
+            if len(y) == 0:  # more ranks than images in the last batch
+                continue
             x, y = x.to(info.device), y.to(info.device)
             with torch.autocast(info.device.type, dtype=torch.bfloat16, enabled=bf16):
                 logits = model(x)
