@@ -1,1 +1,25 @@
-"""attnconv.train"""
+"""Training: YAML configs, the resumable loop (one process or torchrun), safetensors checkpoints.
+
+    from attnconv.train import load_config, train, load_model
+    cfg = load_config("configs/cpu/sa_quadratic.yaml", ["train.epochs=1"])
+    train(cfg)                      # writes runs/... (checkpoints, metrics.csv, centers.jsonl)
+    model, info = load_model(cfg.out_dir)
+"""
+
+from .checkpoint import CheckpointError, load_model, save_checkpoint
+from .config import Config, config_from_dict, load_config
+from .loop import Interrupted, NonFiniteLoss, Trainer, evaluate, train
+
+__all__ = [
+    "CheckpointError",
+    "Config",
+    "Interrupted",
+    "NonFiniteLoss",
+    "Trainer",
+    "config_from_dict",
+    "evaluate",
+    "load_config",
+    "load_model",
+    "save_checkpoint",
+    "train",
+]
