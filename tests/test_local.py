@@ -79,6 +79,17 @@ def test_float32_close_to_reference():
     torch.testing.assert_close(y1, m(x), atol=1e-5, rtol=1e-5)
 
 
+def test_bfloat16_computes_in_float32():
+    torch.manual_seed(0)
+    m = LocalSelfAttention2d(8, 16, 2, 5)
+    x = torch.randn(2, 8, 9, 7)
+    y = m(x)
+    mb = m.to(torch.bfloat16)
+    yb = mb(x.to(torch.bfloat16))
+    assert yb.dtype == torch.bfloat16
+    torch.testing.assert_close(yb.float(), y, atol=0.05, rtol=0.05)
+
+
 @pytest.mark.parametrize("ks", [3, 4])
 @pytest.mark.parametrize("masked", [True, False])
 def test_gradcheck_fused_kernel(ks, masked):

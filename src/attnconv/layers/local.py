@@ -215,6 +215,17 @@ def local_attention(
     nm = v.shape[2]
     if mix is not None and tuple(mix.shape) != (ks * ks, nm):
         raise ValueError(f"mix must be ({ks * ks}, {nm}) for {nm} value maps, got {mix.shape}")
+    if q.dtype in (torch.float16, torch.bfloat16):  # softmax and sums in float32, cast back
+
+        def up(t):
+            return None if t is None else t.float()
+
+        out = local_attention(
+            up(q), up(k), up(v.squeeze(2) if mix is None else v), kernel_size=ks,
+            rel_row=up(rel_row), rel_col=up(rel_col), mix=up(mix), padding=padding, impl=impl,
+            return_attention=return_attention,
+        )  # fmt: skip
+        return (out[0].to(q.dtype), out[1]) if return_attention else out.to(q.dtype)
     qr = None
     if rel_row is not None:  # q^T r_{a-i,b-j} = q_row . rel_row[di] + q_col . rel_col[dj]
         half = dk // 2
