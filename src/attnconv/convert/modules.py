@@ -23,6 +23,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from attnconv.layers.checks import check_tensor
+
 from .geometry import (
     ConvGeometry,
     conv_geometry,
@@ -72,6 +74,7 @@ class ConvAttention2d(nn.Module):
 
     def _check(self, x: torch.Tensor, dims: int) -> None:
         g = self.geometry
+        check_tensor(x, self.attention.out_proj.weight.dtype)  # a non-empty float of our dtype
         if x.dim() != dims + 2 or x.shape[1] != g.in_channels:
             shape = "(B, C, H, W)" if dims == 2 else "(B, C, L)"
             raise ValueError(
