@@ -11,7 +11,7 @@ The local kernel is written once, here, in two implementations of the same equat
 - ``impl="reference"``: unfold keys and values into k^2 copies and call the shared plain kernel
   ``functional.scaled_dot_product_attention(impl="reference")`` with one query per window.
 - ``impl="auto"`` (fast): one custom autograd function looping over the k^2 offsets on shifted
-  views of the padded keys and values, softmax and its backward in place, in-place
+  views of the keys and values (clipped to the image), softmax and its backward in place, in-place
   accumulation of the gradients. Only the probabilities (B, nh, k^2, H, W) are stored:
   O(k^2 HW nh) memory, not O(k^2 HW C).
 
@@ -58,87 +58,90 @@ def _pad_hw(x: torch.Tensor, kernel_size: int) -> torch.Tensor:
     return F.pad(x, (b, a, b, a))
 
 
-def _window_logits(q: torch.Tensor, kpad: torch.Tensor, ks: int, out: torch.Tensor) -> None:
-    """out[:, :, o] = q . kpad shifted by offset o: q (B, nh, d, H, W), kpad (B, nh, d, Hp, Wp),
+def _offsets(ks: int, h: int, w: int):
+    """For each offset o = (di, dj) of the window: the query box (rows, cols) whose keys
+    (i + di - c, j + dj - c) lie inside the image, and that key box. Keys outside the image
+    are never read: no padded copies of the keys or values."""
+    before, _ = window_pad(ks)
+    for di in range(ks):
+        ri = di - before
+        qi, ki = slice(max(0, -ri), min(h, h - ri)), slice(max(0, ri), min(h, h + ri))
+        for dj in range(ks):
+            rj = dj - before
+            qj, kj = slice(max(0, -rj), min(w, w - rj)), slice(max(0, rj), min(w, w + rj))
+            if qi.start < qi.stop and qj.start < qj.stop:
+                yield di * ks + dj, (..., qi, qj), (..., ki, kj)
+
+
+def _window_logits(q: torch.Tensor, k: torch.Tensor, ks: int, out: torch.Tensor) -> None:
+    """out[:, :, o] += q . k shifted by offset o, inside the image: q, k (B, nh, d, H, W),
     out (B, nh, k^2, H, W). One shifted view per offset, no k^2 copies of the keys."""
-    h, w = q.shape[-2:]
-    tmp = torch.empty_like(q)
-    for di in range(ks):
-        for dj in range(ks):
-            torch.mul(q, kpad[..., di : di + h, dj : dj + w], out=tmp)
-            torch.sum(tmp, dim=2, out=out[:, :, di * ks + dj])
+    for o, qb, kb in _offsets(ks, *q.shape[-2:]):
+        out[:, :, o][qb].add_((q[qb] * k[kb]).sum(2))
 
 
-def _window_logits_grad(gl, q, kpad, ks, need_q, need_k):
+def _window_logits_grad(gl, q, k, ks, need_q, need_k):
     """Gradients of _window_logits for the logit gradient gl (B, nh, k^2, H, W)."""
-    h, w = q.shape[-2:]
     gq = torch.zeros_like(q) if need_q else None
-    gk = torch.zeros_like(kpad) if need_k else None
-    for di in range(ks):
-        for dj in range(ks):
-            go = gl[:, :, di * ks + dj].unsqueeze(2)  # (B, nh, 1, H, W)
-            if gq is not None:
-                gq.addcmul_(go, kpad[..., di : di + h, dj : dj + w])
-            if gk is not None:
-                gk[..., di : di + h, dj : dj + w].addcmul_(go, q)
+    gk = torch.zeros_like(k) if need_k else None
+    for o, qb, kb in _offsets(ks, *q.shape[-2:]):
+        go = gl[:, :, o].unsqueeze(2)[qb]  # (B, nh, 1, h', w')
+        if gq is not None:
+            gq[qb].addcmul_(go, k[kb])
+        if gk is not None:
+            gk[kb].addcmul_(go, q[qb])
     return gq, gk
 
 
-def _window_aggregate(probs, vpad, mix, ks):
-    """sum_o probs[:, :, o] * sum_m mix[o, m] vpad[:, :, m] shifted by o -> (B, nh, dv, H, W).
+def _window_aggregate(probs, v, mix, ks):
+    """sum_o probs[:, :, o] * sum_m mix[o, m] v[:, :, m] shifted by o -> (B, nh, dv, H, W).
 
-    probs (B, nh, k^2, H, W), vpad (B, nh, M, dv, Hp, Wp), mix (k^2, M) mixing M value maps
-    per offset (the attention stem's spatially-aware values) or None (M = 1, plain attention).
+    probs (B, nh, k^2, H, W), v (B, nh, M, dv, H, W), mix (k^2, M) mixing M value maps per
+    offset (the attention stem's spatially-aware values) or None (M = 1, plain attention).
+    Keys outside the image contribute nothing (masked: zero probability; zeros: zero value).
     """
     bsz, nh, _, h, w = probs.shape
-    out = vpad.new_zeros(bsz, nh, vpad.shape[3], h, w)
-    for di in range(ks):
-        for dj in range(ks):
-            o = di * ks + dj
-            p_o = probs[:, :, o].unsqueeze(2)  # (B, nh, 1, H, W)
-            for m in range(vpad.shape[2]):
-                w_om = p_o if mix is None else p_o * mix[o, m]
-                out.addcmul_(w_om, vpad[:, :, m, :, di : di + h, dj : dj + w])
+    out = v.new_zeros(bsz, nh, v.shape[3], h, w)
+    for o, qb, kb in _offsets(ks, h, w):
+        p_o = probs[:, :, o].unsqueeze(2)[qb]  # (B, nh, 1, h', w')
+        for m in range(v.shape[2]):
+            w_om = p_o if mix is None else p_o * mix[o, m]
+            out[qb].addcmul_(w_om, v[:, :, m][kb])
     return out
 
 
-def _window_aggregate_grad(g, probs, vpad, mix, ks, need_v, need_m):
+def _window_aggregate_grad(g, probs, v, mix, ks, need_v, need_m):
     """Gradients of _window_aggregate for the output gradient g (B, nh, dv, H, W)."""
-    h, w = probs.shape[-2:]
     gp = torch.zeros_like(probs)
-    gv = torch.zeros_like(vpad) if need_v else None
+    gv = torch.zeros_like(v) if need_v else None
     gm = torch.zeros_like(mix) if need_m and mix is not None else None
-    tmp = torch.empty_like(g)
-    for di in range(ks):
-        for dj in range(ks):
-            o = di * ks + dj
-            p_o = probs[:, :, o].unsqueeze(2)  # (B, nh, 1, H, W)
-            for m in range(vpad.shape[2]):
-                vs = vpad[:, :, m, :, di : di + h, dj : dj + w]  # (B, nh, dv, H, W)
-                torch.mul(g, vs, out=tmp)
-                s = tmp.sum(2)  # g . v^m_ab, (B, nh, H, W)
-                if gm is not None:
-                    gm[o, m] = (probs[:, :, o] * s).sum()
-                gp[:, :, o].add_(s if mix is None else s * mix[o, m])
-                if gv is not None:
-                    w_om = p_o if mix is None else p_o * mix[o, m]
-                    gv[:, :, m, :, di : di + h, dj : dj + w].addcmul_(w_om, g)
+    for o, qb, kb in _offsets(ks, *probs.shape[-2:]):
+        p_o = probs[:, :, o].unsqueeze(2)[qb]  # (B, nh, 1, h', w')
+        g_o = g[qb]
+        for m in range(v.shape[2]):
+            s = (g_o * v[:, :, m][kb]).sum(2)  # g . v^m_ab, (B, nh, h', w')
+            if gm is not None:
+                gm[o, m] = (p_o.squeeze(2) * s).sum()
+            gp[:, :, o][qb].add_(s if mix is None else s * mix[o, m])
+            if gv is not None:
+                w_om = p_o if mix is None else p_o * mix[o, m]
+                gv[:, :, m][kb].addcmul_(w_om, g_o)
     return gp, gv, gm
 
 
 class _LocalAttention(torch.autograd.Function):
     """Fused window attention: logits, mask, softmax and weighted sum over the k^2 offsets.
 
-    Keeps only q, the padded keys and values and the probabilities (B, nh, k^2, H, W) for
-    backward; the softmax and its backward run in place on one (B, nh, k^2, H, W) buffer each.
+    Keeps only q, k, v and the probabilities (B, nh, k^2, H, W) for backward; the softmax and
+    its backward run in place on one (B, nh, k^2, H, W) buffer each.
     """
 
     @staticmethod
-    def forward(ctx, q, kpad, vpad, mix, qr_row, qr_col, valid, ks: int):
+    def forward(ctx, q, k, v, mix, qr_row, qr_col, valid, ks: int):
         bsz, nh, _, h, w = q.shape
         logits = q.new_zeros(bsz, nh, ks * ks, h, w)  # (B, nh, k^2, H, W)
-        if kpad is not None:
-            _window_logits(q, kpad, ks, logits)  # q_ij . k_ab
+        if k is not None:
+            _window_logits(q, k, ks, logits)  # q_ij . k_ab (0 for keys outside the image)
         if qr_row is not None:  # + q_ij . r_{a-i,b-j} = q . rel_row[di] + q . rel_col[dj]
             lg = logits.view(bsz, nh, ks, ks, h, w)
             lg.add_(qr_row.unsqueeze(3)).add_(qr_col.unsqueeze(2))
@@ -147,8 +150,8 @@ class _LocalAttention(torch.autograd.Function):
         # softmax over the window, in place; the centre key is always valid
         probs = logits.sub_(logits.amax(dim=2, keepdim=True)).exp_()
         probs.div_(probs.sum(dim=2, keepdim=True))
-        y = _window_aggregate(probs, vpad, mix, ks)  # (B, nh, dv, H, W)
-        ctx.save_for_backward(q, kpad, vpad, mix, probs)
+        y = _window_aggregate(probs, v, mix, ks)  # (B, nh, dv, H, W)
+        ctx.save_for_backward(q, k, v, mix, probs)
         ctx.ks, ctx.has_qr = ks, qr_row is not None
         ctx.mark_non_differentiable(probs)
         ctx.set_materialize_grads(False)  # no zero (B, nh, k^2, H, W) gradient for probs
@@ -159,10 +162,10 @@ class _LocalAttention(torch.autograd.Function):
     def backward(ctx, gy, _gprobs):
         if gy is None:  # probs is non-differentiable: nothing flows back
             return (None,) * 8
-        q, kpad, vpad, mix, probs = ctx.saved_tensors
+        q, k, v, mix, probs = ctx.saved_tensors
         ks = ctx.ks
         need = ctx.needs_input_grad
-        gl, gv, gm = _window_aggregate_grad(gy, probs, vpad, mix, ks, need[2], need[3])
+        gl, gv, gm = _window_aggregate_grad(gy, probs, v, mix, ks, need[2], need[3])
         # softmax backward in place: gl = p * (gp - sum_o p_o gp_o)
         dot = torch.zeros_like(probs[:, :, 0])  # (B, nh, H, W)
         for o in range(ks * ks):
@@ -173,8 +176,8 @@ class _LocalAttention(torch.autograd.Function):
             gl6 = gl.view(*gl.shape[:2], ks, ks, *gl.shape[-2:])  # (B, nh, k, k, H, W)
             g_row, g_col = gl6.sum(3), gl6.sum(2)
         gq = gk = None
-        if kpad is not None:
-            gq, gk = _window_logits_grad(gl, q, kpad, ks, need[0], need[1])
+        if k is not None:
+            gq, gk = _window_logits_grad(gl, q, k, ks, need[0], need[1])
         return gq, gk, gv, gm, g_row, g_col, None, None
 
 
@@ -237,9 +240,8 @@ def local_attention(
         return _reference(q, k, v, qr, mix, ks, padding, return_attention)
 
     valid = window_valid(ks, h, w, q.device) if padding == "mask" else None
-    kpad = _pad_hw(k, ks) if k is not None else None
     qr_row, qr_col = qr if qr is not None else (None, None)
-    y, probs = _LocalAttention.apply(q, kpad, _pad_hw(v, ks), mix, qr_row, qr_col, valid, ks)
+    y, probs = _LocalAttention.apply(q, k, v, mix, qr_row, qr_col, valid, ks)
     if return_attention:  # (B, nh, H*W, k^2)
         return y, probs.detach().flatten(3).transpose(2, 3)
     return y
