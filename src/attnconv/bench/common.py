@@ -92,6 +92,8 @@ def _child(spec: dict) -> dict:
     if spec.get("memory", True) or spec.get("flops", True):
         # the first step measures memory and counts FLOPs (FlopCounterMode keeps no tensors);
         # it is also the warm-up
+        # load the counter's machinery (imports on its first dispatched op) before the baseline
+        count_flops(lambda: torch.ones(2, 2, requires_grad=True).mm(torch.ones(2, 2)).sum())
         base = _rss_bytes()
         flops = count_flops(step)
         if spec.get("memory", True):
