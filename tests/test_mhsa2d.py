@@ -201,3 +201,10 @@ def test_dropout_trains_and_eval_is_deterministic(positional, content):
     torch.testing.assert_close(y1, y2)
     layer.impl = "reference"
     torch.testing.assert_close(layer(x), y1, rtol=1e-4, atol=1e-5)
+
+
+def test_hard_set_after_construction_on_a_content_layer_is_an_error():
+    layer = MultiHeadSelfAttention2d(4, 8, 2, positional="quadratic", content=True)
+    layer.positional_encoding.hard = True
+    with pytest.raises(ValueError, match="hard"):
+        layer(torch.randn(1, 4, 3, 3))

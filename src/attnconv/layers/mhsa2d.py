@@ -198,6 +198,8 @@ class MultiHeadSelfAttention2d(nn.Module):
                 f"{tuple(x.shape)})"
             )
         check_tensor(x, self.out_proj.weight.dtype)  # non-empty, the parameters' dtype
+        if self.content and getattr(getattr(self, "positional_encoding", None), "hard", False):
+            raise ValueError("hard=True (one-hot attention) needs content=False")
         b, _, h, w = x.shape
         if self.positional in ("absolute_learned", "relative_learned") or (
             self.positional == "relative" and self.positional_encoding.learned
