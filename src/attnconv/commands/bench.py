@@ -39,5 +39,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"unknown benchmark suite {name!r}")
     if importlib.util.find_spec(f"attnconv.bench.{name}") is None:
         raise ValueError(f"unknown benchmark suite {name!r} (no module attnconv.bench.{name})")
+    for opt in ("threads", "repeats"):
+        if getattr(args, opt) is not None and getattr(args, opt) < 1:
+            raise ValueError(f"--{opt} must be >= 1, got {getattr(args, opt)}")
+    if args.budget_gb is not None and not args.budget_gb > 0:
+        raise ValueError(f"--budget-gb must be > 0, got {args.budget_gb}")
     mod = importlib.import_module(f"attnconv.bench.{name}")
     return int(mod.main(suite_argv(args)) or 0)

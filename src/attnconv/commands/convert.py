@@ -55,11 +55,11 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.convert.report import compare_predictions, layer_report
     from attnconv.data import CIFAR10_MEAN, CIFAR10_STD, Loader, load_dataset
 
+    for name in ("num_images", "batch_size", "threads"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
     if args.threads:
         torch.set_num_threads(args.threads)
-    for name in ("num_images", "batch_size"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
     model, info, label = _load(args.source)
     model.eval()
     with warnings.catch_warnings(record=True) as caught:

@@ -250,6 +250,8 @@ def validate(cfg: Config) -> None:
             raise ValueError(f"train.{key} must be >= 1, got {getattr(t, key)}")
     if t.checkpoint_every < 0:
         raise ValueError(f"train.checkpoint_every must be >= 0, got {t.checkpoint_every}")
+    if t.threads is not None and t.threads < 1:
+        raise ValueError(f"train.threads must be >= 1 or null, got {t.threads}")
     if not 0 <= t.label_smoothing < 1:
         raise ValueError(f"train.label_smoothing must be in [0, 1), got {t.label_smoothing}")
     if t.grad_clip is not None and t.grad_clip <= 0:
