@@ -76,8 +76,10 @@ def _offsets(ks: int, h: int, w: int):
 def _window_logits(q: torch.Tensor, k: torch.Tensor, ks: int, out: torch.Tensor) -> None:
     """out[:, :, o] += q . k shifted by offset o, inside the image: q, k (B, nh, d, H, W),
     out (B, nh, k^2, H, W). One shifted view per offset, no k^2 copies of the keys."""
+    tmp = torch.empty_like(q)  # one scratch buffer, viewed per offset (no allocations)
     for o, qb, kb in _offsets(ks, *q.shape[-2:]):
-        out[:, :, o][qb].add_((q[qb] * k[kb]).sum(2))
+        t = torch.mul(q[qb], k[kb], out=tmp[qb])
+        torch.sum(t, dim=2, out=out[:, :, o][qb])  # out is 0 there before
 
 
 def _window_logits_grad(gl, q, k, ks, need_q, need_k):
@@ -115,11 +117,13 @@ def _window_aggregate_grad(g, probs, v, mix, ks, need_v, need_m):
     gp = torch.zeros_like(probs)
     gv = torch.zeros_like(v) if need_v else None
     gm = torch.zeros_like(mix) if need_m and mix is not None else None
+    tmp, stmp = torch.empty_like(g), torch.empty_like(probs[:, :, 0])  # scratch buffers
     for o, qb, kb in _offsets(ks, *probs.shape[-2:]):
         p_o = probs[:, :, o].unsqueeze(2)[qb]  # (B, nh, 1, h', w')
         g_o = g[qb]
         for m in range(v.shape[2]):
-            s = (g_o * v[:, :, m][kb]).sum(2)  # g . v^m_ab, (B, nh, h', w')
+            t = torch.mul(g_o, v[:, :, m][kb], out=tmp[qb])
+            s = torch.sum(t, dim=2, out=stmp[qb])  # g . v^m_ab, (B, nh, h', w')
             if gm is not None:
                 gm[o, m] = (p_o.squeeze(2) * s).sum()
             gp[:, :, o][qb].add_(s if mix is None else s * mix[o, m])
@@ -330,7 +334,7 @@ class LocalSelfAttention2d(nn.Module):
     "relative" (learned rel_row/rel_col tables, concat = r_{a-i,b-j}), "absolute" (fixed 2D
     sinusoid added to the keys: q^T (k_ab + p_ab)) or "none". ``logits``: "qk+qr" (eq. 3),
     "qk" (content only) or "qr" (position only, no W_K). Queries are scaled by 1/sqrt(d_h).
-    ``stride`` s: s x s average pooling after the attention.
+    ``stride`` s: s x s average pooling after the attention (output ceil(H/s) x ceil(W/s)).
     """
 
     def __init__(
@@ -394,8 +398,6 @@ class LocalSelfAttention2d(nn.Module):
                 f"expected input (B, {self.in_channels}, H, W), got shape {tuple(x.shape)}"
             )
         bsz, _, h, w = x.shape
-        if h < self.stride or w < self.stride:
-            raise ValueError(f"input {h}x{w} is smaller than the stride {self.stride}")
         q = self._heads(self.query(x)) * self.scale  # (B, nh, dh, H, W)
         v = self._heads(self.value(x))
         k = self._heads(self.key(x)) if self.key is not None else None
@@ -417,7 +419,8 @@ class LocalSelfAttention2d(nn.Module):
         y, attn = out if return_attention else (out, None)
         y = y.reshape(bsz, self.out_channels, h, w)  # (B, nh*dv, H, W)
         if self.stride > 1:
-            y = F.avg_pool2d(y, self.stride)  # downsampling after attention (sec. 3.1)
+            # downsampling after attention (sec. 3.1); ceil: ceil(H/s) like a strided conv
+            y = F.avg_pool2d(y, self.stride, ceil_mode=True)
         return (y, attn) if return_attention else y
 
     def extra_repr(self) -> str:

@@ -84,8 +84,9 @@ class Bottleneck(nn.Module):
     def forward(self, x: torch.Tensor, maps: list | None = None) -> torch.Tensor:
         y = F.relu(self.bn1(self.conv1(x)))  # (B, width, H, W)
         if maps is not None and isinstance(self.conv2, LocalSelfAttention2d):
+            h, w = y.shape[-2:]  # the attention's grid, before its stride pooling
             y, attn = self.conv2(y, return_attention=True)
-            maps.append((attn, y.shape[-2] * self.conv2.stride, y.shape[-1] * self.conv2.stride))
+            maps.append((attn, h, w))
         else:
             y = self.conv2(y)  # (B, width, H/s, W/s)
         y = F.relu(self.bn2(y))
@@ -157,8 +158,9 @@ class SASAResNet(nn.Module):
     def _features(self, x: torch.Tensor, maps: list | None) -> torch.Tensor:
         check_images(x, self.cfg.in_chans, "sasa_resnet")
         if maps is not None and isinstance(self.stem, AttentionStem2d):
+            h, w = x.shape[-2:]
             x, attn = self.stem(x, return_attention=True)
-            maps.append((attn, x.shape[-2] * self.stem.pool, x.shape[-1] * self.stem.pool))
+            maps.append((attn, h, w))
         else:
             x = self.stem(x)  # (B, 64, H/4, W/4), or (B, 64, H, W) with the small stem
         for stage in self.layers:
