@@ -1,0 +1,184 @@
+"""Every `attnconv` subcommand with bad arguments, run as a real subprocess (issue 8).
+
+Bad input never shows a traceback: argparse-level mistakes (unknown command or option, missing or
+mistyped argument) print the usage and one ``error:`` line; mistakes found while running (missing
+or foreign files, unknown model names or config keys, out-of-range values) print exactly one line
+``attnconv COMMAND: error: ...`` on stderr. Both exit with code 2 and write nothing on stdout
+that looks like a crash. The subprocesses run two at a time in one module fixture.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnconv.models import create_model
+from attnconv.train.checkpoint import save_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (id, argv with {tmp} placeholders, regex the last stderr line must match, usage error?)
+USAGE = [
+    ("unknown-command", ["frobnicate"], r"invalid choice: 'frobnicate'"),
+    ("train-no-config", ["train"], r"required: config"),
+    ("train-unknown-option", ["train", "{ok}", "--bogus"], r"unrecognized arguments: --bogus"),
+    ("train-int-type", ["train", "{ok}", "--stop-at-step", "abc"], r"invalid int value: 'abc'"),
+    ("eval-int-type", ["eval", "{ckpt}", "--batch-size", "x"], r"invalid int value: 'x'"),
+    ("convert-float-type", ["convert", "tiny_cnn", "--alpha", "x"], r"invalid float value"),
+    ("analyze-no-out", ["analyze", "{ckpt}"], r"required: --out"),
+    ("explore-no-out", ["explore", "{ckpt}"], r"required: --out"),
+    ("bench-int-type", ["bench", "--threads", "two"], r"invalid int value: 'two'"),
+    ("demo-float-type", ["demo", "--minutes", "soon"], r"invalid float value: 'soon'"),
+]
+RUN = [
+    # train: config files, keys, values, model names, data, resume
+    ("train-missing-config", ["train", "{tmp}/nope.yaml"], r"nope.yaml: no such config file"),
+    ("train-unknown-key", ["train", "{tmp}/typo.yaml"], r"unknown config key 'modle'.*model"),
+    ("train-bad-yaml", ["train", "{tmp}/broken.yaml"], r"broken.yaml: invalid YAML"),
+    ("train-unknown-override", ["train", "{ok}", "--set", "optim.lrr=0.1", "--out", "{tmp}/r1"],
+     r"unknown config key 'optim.lrr'; did you mean optim.lr"),
+    ("train-override-type", ["train", "{ok}", "--set", "optim.lr=abc", "--out", "{tmp}/r2"],
+     r"'optim.lr' must be a number, got 'abc'"),
+    ("train-unknown-model", ["train", "{ok}", "--set", "model.name=resnet99", "--out", "{tmp}/r3"],
+     r"unknown model 'resnet99'"),
+    ("train-missing-data", ["train", "{ok}", "--set", "data.dataset={tmp}/none.zip",
+                            "--out", "{tmp}/r4"], r"none.zip: no such dataset"),
+    ("train-threads", ["train", "{ok}", "--set", "train.threads=0", "--out", "{tmp}/r5"],
+     r"train.threads must be >= 1"),
+    ("train-resume-nothing", ["train", "{ok}", "--resume", "--out", "{tmp}/r6"],
+     r"--resume: no checkpoint"),
+    # eval: missing, pickle, truncated checkpoints; data and split
+    ("eval-missing", ["eval", "{tmp}/nothing"], r"nothing: missing checkpoint"),
+    ("eval-pickle", ["eval", "{tmp}/weights.pt"], r"weights.pt: pickle checkpoint"),
+    ("eval-truncated", ["eval", "{tmp}/trunc"], r"truncated checkpoint"),
+    ("eval-missing-data", ["eval", "{ckpt}", "--data", "{tmp}/none.zip"], r"none.zip: no such"),
+    ("eval-unknown-split", ["eval", "{ckpt}", "--data", "sample", "--split", "val"],
+     r"no split 'val'"),
+    ("eval-batch-size", ["eval", "{ckpt}", "--data", "sample", "--batch-size", "0"],
+     r"batch_size must be >= 1"),
+    # convert: unknown model, bad options, pickle
+    ("convert-unknown-model", ["convert", "resnet99"], r"unknown model 'resnet99'"),
+    ("convert-pickle", ["convert", "{tmp}/weights.pt"], r"pickle checkpoint"),
+    ("convert-head-dim", ["convert", "tiny_cnn", "--head-dim", "0"], r"head_dim must be"),
+    ("convert-alpha", ["convert", "tiny_cnn", "--alpha", "-1"], r"alpha must be > 0"),
+    ("convert-threads", ["convert", "tiny_cnn", "--threads", "-1"], r"--threads must be >= 1"),
+    # analyze / explore: checkpoints, ranges, output file
+    ("analyze-truncated", ["analyze", "{tmp}/trunc", "--out", "{tmp}/an"], r"truncated"),
+    ("analyze-image-range", ["analyze", "{ckpt}", "--out", "{tmp}/an", "--data", "sample",
+                             "--image", "100000"], r"--image 100000 is out of range"),
+    ("explore-not-html", ["explore", "{ckpt}", "--out", "{tmp}/page.txt", "--data", "sample"],
+     r"--out must name an .html file"),
+    ("explore-missing", ["explore", "{tmp}/nothing", "--out", "{tmp}/p.html"], r"missing"),
+    # bench (nothing is written: the options are refused first)
+    ("bench-unknown-suite", ["bench", "--suite", "nosuch"], r"unknown benchmark suite 'nosuch'"),
+    ("bench-repeats", ["bench", "--repeats", "0", "--out-dir", "{tmp}/b"], r"--repeats must be"),
+    # demo
+    ("demo-minutes", ["demo", "--minutes", "-1", "--out", "{tmp}/d1"], r"--minutes must be > 0"),
+    ("demo-missing-data", ["demo", "--data", "{tmp}/none.zip", "--out", "{tmp}/d2"],
+     r"none.zip: no such dataset"),
+    ("demo-unknown-key", ["demo", "--set", "modle.name=x", "--out", "{tmp}/d3"],
+     r"unknown config key 'modle'"),
+]  # fmt: skip
+CASES = [(i, a, m, True) for i, a, m in USAGE] + [(i, a, m, False) for i, a, m in RUN]
+# run as real subprocesses (each imports torch, ~1.2 s of CPU): every usage error (cheap) and at
+# least one run-time error per subcommand; the others run in-process through attnconv.cli.main
+SUBPROCESS = {i for i, *_ in USAGE} | {
+    "train-unknown-key", "train-threads", "eval-truncated", "convert-unknown-model",
+    "analyze-image-range", "explore-not-html", "bench-unknown-suite", "bench-repeats",
+    "demo-unknown-key",
+}  # fmt: skip
+
+
+def _files(tmp: Path) -> dict[str, str]:
+    torch.manual_seed(0)
+    model = create_model("tiny_cnn", num_classes=10, width=4)
+    ckpt = save_checkpoint(tmp / "ckpt", model, "tiny_cnn", {"num_classes": 10, "width": 4})
+    trunc = save_checkpoint(tmp / "trunc", model, "tiny_cnn", {"num_classes": 10, "width": 4})
+    w = Path(trunc) / "model.safetensors"
+    w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
+    torch.save(model.state_dict(), tmp / "weights.pt")  # a pickle: must be refused, not loaded
+    (tmp / "ok.yaml").write_text("model:\n  name: tiny_cnn\ndata:\n  dataset: sample\n")
+    (tmp / "typo.yaml").write_text("modle:\n  name: tiny_cnn\n")
+    (tmp / "broken.yaml").write_text("model: [\n")
+    return {"tmp": str(tmp), "ok": str(tmp / "ok.yaml"), "ckpt": str(ckpt)}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, str]:
+    return _files(tmp_path_factory.mktemp("cli"))
+
+
+@pytest.fixture(scope="module")
+def results(files):
+    """Run every SUBPROCESS case once, two at a time: {id: (returncode, stdout, stderr)}."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+
+    def run(case):
+        cmd = [sys.executable, "-m", "attnconv.cli", *[a.format(**files) for a in case[1]]]
+        p = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=300, cwd=files["tmp"], env=env
+        )
+        return case[0], (p.returncode, p.stdout, p.stderr)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(run, [c for c in CASES if c[0] in SUBPROCESS]))
+
+
+def _in_process(argv: list[str], capsys) -> tuple[int, str, str]:
+    """attnconv.cli.main(argv) as the console script runs it (SystemExit -> its code)."""
+    from attnconv.cli import main
+
+    capsys.readouterr()
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse usage errors
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_arguments_exit_2_with_one_clear_line(case, files, results, capsys):
+    name, argv, pattern, usage = case
+    if name in SUBPROCESS:
+        code, out, err = results[name]
+    else:
+        code, out, err = _in_process([a.format(**files) for a in argv], capsys)
+    assert "Traceback" not in err + out, err
+    assert code == 2, (code, err)
+    lines = err.strip().splitlines()
+    assert lines, "no message on stderr"
+    last = lines[-1]
+    # argparse names the subcommand ("attnconv train: error:") except for unknown options
+    prefix = "attnconv" if usage else f"attnconv {argv[0]}: error: "
+    assert last.startswith(prefix) and ": error: " in last, last
+    assert re.search(pattern, last), f"{pattern!r} not in {last!r}"
+    if usage:  # argparse: usage lines, then the error
+        assert err.startswith("usage: attnconv"), err
+    else:  # a mistake found while running: exactly one line, no usage dump
+        assert len(lines) == 1, err
+
+
+def test_no_command_prints_help_and_exits_2():
+    proc = subprocess.run(
+        [sys.executable, "-m", "attnconv.cli"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "usage: attnconv" in proc.stdout and "COMMAND" in proc.stdout
+
+
+def test_console_script_is_the_same_entry_point():
+    """The installed `attnconv` script (pip install -e .) behaves like python -m attnconv.cli."""
+    script = Path(sys.executable).with_name("attnconv")
+    if not script.exists():
+        pytest.skip("console script not installed next to this interpreter")
+    proc = subprocess.run([str(script), "frobnicate"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "invalid choice: 'frobnicate'" in proc.stderr
+    assert "Traceback" not in proc.stderr
