@@ -27,6 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from .checks import check_tensor, positive_int
 from .functional import check_impl, scaled_dot_product_attention
 from .mha import sinusoidal_encoding
 
@@ -350,6 +351,10 @@ class LocalSelfAttention2d(nn.Module):
         impl: str = "auto",
     ):
         super().__init__()
+        for name, val in (("in_channels", in_channels), ("out_channels", out_channels),
+                          ("num_heads", num_heads), ("kernel_size", kernel_size),
+                          ("stride", stride)):  # fmt: skip
+            positive_int(name, val)
         if positional not in POSITIONALS:
             raise ValueError(f"positional must be one of {POSITIONALS}, got {positional!r}")
         logits = logits or ("qk" if positional == "none" else "qk+qr")
@@ -393,11 +398,14 @@ class LocalSelfAttention2d(nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x (B, C_in, H, W) -> (B, C_out, H/s, W/s); with ``return_attention`` also the window
         probabilities (B, nh, H*W, k*k) at the input resolution (see ``local_to_dense``)."""
+        check_tensor(x, self.query.weight.dtype)  # a non-empty float of the parameters' dtype
         if x.dim() != 4 or x.shape[1] != self.in_channels:
             raise ValueError(
                 f"expected input (B, {self.in_channels}, H, W), got shape {tuple(x.shape)}"
             )
         bsz, _, h, w = x.shape
+        if h < self.stride or w < self.stride:
+            raise ValueError(f"input {h}x{w} is smaller than the stride {self.stride}")
         q = self._heads(self.query(x)) * self.scale  # (B, nh, dh, H, W)
         v = self._heads(self.value(x))
         k = self._heads(self.key(x)) if self.key is not None else None
