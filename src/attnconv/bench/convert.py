@@ -155,11 +155,15 @@ def bench_predictions(checkpoint: str, data: str, batch: int) -> dict:
     res = compare_predictions(model, converted, loader.batches(0))
     state = info.get("state") or {}
     return {"checkpoint": checkpoint, "model": info["model"], "data": f"{data}:test",
-            "train_step": state.get("step"), **res}  # fmt: skip
+            "train_step": state.get("step"), "batch": batch, **res}  # fmt: skip
+
+
+def _command(argv: list[str]) -> str:
+    return " ".join([COMMAND, "--", *argv]) if argv else COMMAND
 
 
 def _markdown(res: dict, argv: list[str]) -> str:
-    cmd = " ".join([COMMAND, *argv])
+    cmd = _command(argv)
     lines = [f"# Conversion benchmark (`{cmd}`)", "",
              f"Machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
              "shared CPU: timings are noisy, ratios from one interleaved run.", ""]  # fmt: skip
@@ -188,8 +192,8 @@ def _markdown(res: dict, argv: list[str]) -> str:
         lines.append(f"| {alpha} | {a['rel_err']:.2e} | {b['rel_err']:.2e} |")
     mono = all(res["lemma2"][d]["monotone_to_precision"] for d in ("float32", "float64"))
     lines += ["", f"Monotone decreasing down to float precision: {mono}. (At large alpha the "
-              "float32 soft layer's weights are exactly one-hot, so its error can be exactly 0; "
-              "the hard path sums the heads in another order, hence its ~1e-7.)", ""]  # fmt: skip
+              "float32 attention weights are exactly one-hot, so the error is 0 or float32 "
+              "rounding, depending on the order in which the heads are summed.)", ""]  # fmt: skip
     if "predictions" in res:
         p = res["predictions"]
         lines += ["## Trained model: predictions before/after conversion", "",
@@ -198,7 +202,8 @@ def _markdown(res: dict, argv: list[str]) -> str:
                   f"before, {100 * p['accuracy_after']:.2f}% after, predictions differ on "
                   f"**{p['predictions_differ']}** images, max |logit diff| "
                   f"{p['max_abs_logit_diff']:.2e}; {p['seconds_before']:.1f} s vs "
-                  f"{p['seconds_after']:.1f} s.", ""]  # fmt: skip
+                  f"{p['seconds_after']:.1f} s in batches of {p['batch']} (not interleaved: "
+                  "a rough figure; the speed table above is the measurement).", ""]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -229,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         speed = bench_speed(args.batch, args.repeats, None)
         alphas = [float(f"{a:.3g}") for a in torch.logspace(math.log10(0.5), 4, 22).tolist()]
         lemma2 = bench_lemma2(alphas, 8)
-    res = {"command": " ".join([COMMAND, *argv]), "speed": speed, "lemma2": lemma2}
+    res = {"command": _command(argv), "speed": speed, "lemma2": lemma2}
     if args.checkpoint:
         res["predictions"] = bench_predictions(args.checkpoint, args.data, 500)
     plot_lemma2(lemma2, out / "convert_lemma2.png")
