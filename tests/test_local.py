@@ -57,6 +57,7 @@ def _run(m, x, impl):
 )
 def test_fast_equals_reference(b, cin, heads, dh, h, w, k, stride, mode, padding, seed):
     torch.manual_seed(seed)
+    h, w = max(h, stride), max(w, stride)
     pos, logits = mode
     m = LocalSelfAttention2d(cin, heads * dh, heads, k, stride, pos, logits, padding).double()
     x = torch.randn(b, cin, h, w, dtype=torch.float64, requires_grad=True)
@@ -231,4 +232,6 @@ def test_bad_input_shape():
     m = LocalSelfAttention2d(4, 8, 2, 3, stride=2)
     with pytest.raises(ValueError, match=r"expected input \(B, 4, H, W\)"):
         m(torch.randn(1, 3, 5, 5))
-    assert m(torch.randn(1, 4, 1, 5)).shape == (1, 8, 1, 3)  # ceil(H / s), like a strided conv
+    assert m(torch.randn(1, 4, 3, 5)).shape == (1, 8, 2, 3)  # ceil(H / s), like a strided conv
+    with pytest.raises(ValueError, match="smaller than the stride"):
+        m(torch.randn(1, 4, 1, 5))

@@ -15,7 +15,10 @@ and local.md (default benchmarks/results/).
 from __future__ import annotations
 
 import argparse
+import json
 import platform
+import subprocess
+import sys
 
 import torch
 
@@ -70,7 +73,6 @@ def alloc_peak_mb(**kw) -> float:
     """Peak of the memory PyTorch's CPU allocator hands out during one step, above what is live
     before it (profiler memory timeline: tensors only, no malloc fragmentation or lazy library
     state, unlike the RSS measure). Run in this process, single-threaded."""
-    import json
     import tempfile
     import warnings
 
@@ -88,6 +90,19 @@ def alloc_peak_mb(**kw) -> float:
         _, sizes = json.load(open(f"{d}/t.raw.json"))
     total = [sum(x) for x in sizes]
     return (max(total) - total[0]) / 2**20
+
+
+def _alloc_peak_subprocess(kw: dict) -> float | None:
+    """alloc_peak_mb in a fresh process: this one must stay small, because children inherit
+    the parent's ru_maxrss across fork + exec (it would inflate the RSS peaks of later cases)."""
+    code = "import json, sys; from attnconv.bench.local import alloc_peak_mb; "
+    code += "print(alloc_peak_mb(**json.loads(sys.argv[1])))"
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(kw)], capture_output=True,
+                          text=True)  # fmt: skip
+    try:
+        return float(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return None
 
 
 def ref_layer_gb(b: int, c: int, h: int, w: int, k: int) -> float:
@@ -225,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
         if g == "target" and case["kind"] == "local" and not args.quick and "error" not in row:
-            row["alloc_mb"] = alloc_peak_mb(**kw)
+            row["alloc_mb"] = _alloc_peak_subprocess(kw)
         rows.append(row)
         print(
             f"{row['name']:<62} "
