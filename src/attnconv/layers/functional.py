@@ -27,6 +27,50 @@ def check_impl(impl: str) -> str:
     return impl
 
 
+def _check_args(q, k, v, bias, mask, dropout_p: float = 0.0) -> None:
+    """One-line TypeError/ValueError for arguments the kernels would reject deep inside PyTorch:
+    non-tensors, integer or mixed dtypes (any floating mix under autocast), a non-bool mask,
+    masks/biases that do not broadcast to (B, nh, Tq, Tk), dropout outside [0, 1)."""
+    named = (("q", q), ("k", k)) + ((("v", v),) if v is not None else ())
+    for name, t in named:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be floating-point, got dtype {t.dtype}")
+    dtypes = {t.dtype for _, t in named}
+    if len(dtypes) > 1 and not torch.is_autocast_enabled(q.device.type):
+        raise TypeError(f"q, k, v dtypes differ: {', '.join(str(t.dtype) for _, t in named)}")
+    if q.dim() != 4 or k.dim() != 4 or (v is not None and v.dim() != 4):
+        shapes = ", ".join(str(tuple(t.shape)) for _, t in named)
+        raise ValueError(f"q, k, v must be 4-D (B, nh, T, d); got {shapes}")
+    try:
+        lead = torch.broadcast_shapes(*(t.shape[:2] for _, t in named))  # (B, nh)
+    except RuntimeError:
+        shapes = ", ".join(str(tuple(t.shape)) for _, t in named)
+        raise ValueError(f"q, k, v batch/head dims do not broadcast: {shapes}") from None
+    logits = (*lead, q.shape[-2], k.shape[-2])
+    for name, t in (("bias", bias), ("mask", mask)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
+        if name == "mask" and t.dtype != torch.bool:
+            raise TypeError(f"mask must be a bool tensor (True = may attend), got {t.dtype}")
+        if name == "bias" and not t.is_floating_point():
+            raise TypeError(f"bias must be floating-point, got dtype {t.dtype}")
+        try:
+            ok = torch.broadcast_shapes(t.shape, logits) == logits
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(
+                f"{name} of shape {tuple(t.shape)} does not broadcast to the logits "
+                f"(B, nh, Tq, Tk) = {tuple(logits)}"
+            )
+    if not (isinstance(dropout_p, (int, float)) and 0.0 <= dropout_p < 1.0):
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p!r}")
+
+
 def _combine_masks(
     bias: torch.Tensor | None,
     mask: torch.Tensor | None,
@@ -63,6 +107,9 @@ def attention_probs(
     bias broadcasts to (B, nh, Tq, Tk); mask is boolean, True = may attend, broadcasting likewise.
     Rows whose keys are all masked get zero probabilities instead of NaN.
     """
+    _check_args(q, k, None, bias, mask)
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q/k widths differ: q {tuple(q.shape)}, k {tuple(k.shape)}")
     dk = q.shape[-1]
     scale = (1.0 / math.sqrt(dk) if dk > 0 else 1.0) if scale is None else scale
     logits = (q @ k.transpose(-2, -1)) * scale  # (B, nh, Tq, Tk)
@@ -102,11 +149,7 @@ def scaled_dot_product_attention(
     returns the probabilities (B, nh, Tq, Tk) (computed by the plain path, so identical).
     """
     check_impl(impl)
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(
-            f"q, k, v must be 4-D (B, nh, T, d); got {tuple(q.shape)}, {tuple(k.shape)}, "
-            f"{tuple(v.shape)}"
-        )
+    _check_args(q, k, v, bias, mask, dropout_p)
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
         raise ValueError(
             f"q/k widths or k/v lengths differ: q {tuple(q.shape)}, k {tuple(k.shape)}, "
