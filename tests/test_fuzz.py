@@ -12,7 +12,7 @@ Three kinds of test per layer:
   str, None, bool sizes; unknown options; wrong dtypes, ranks, channels; empty tensors): work
   and match, or a clear error;
 - ``faults``: exactly one known-bad argument or input must raise the clear error.
-The examples per test are set below (``settings(max_examples=...)``); 350 in all.
+The examples per test are set below (``fuzz(n)``): 400 in all.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
 from attnconv.convert import conv_to_attention
+from attnconv.layers.functional import scaled_dot_product_attention
 from attnconv.layers.local import LOGITS, PADDINGS, LocalSelfAttention2d
 from attnconv.layers.local import POSITIONALS as LOCAL_POSITIONALS
 from attnconv.layers.mha import MultiHeadAttention
@@ -473,6 +474,83 @@ def test_conv_to_attention(data):
     ref = copy.deepcopy(m)
     ref.fast_shift, ref.attention.impl = False, "reference"
     assert_fast_equals_reference(m, ref, x)
+
+
+# ------------------------------------------------- functional.scaled_dot_product_attention
+
+SDPA_FAULTS = ["dtype", "int", "rank", "heads", "width", "length", "mask_dtype", "mask_shape",
+               "bias_shape", "bias_int", "dropout", "impl", "list"]  # fmt: skip
+
+
+@fuzz(50)
+@given(data=st.data())
+def test_scaled_dot_product_attention(data):
+    """The shared kernel: bias, boolean mask (rows may be fully masked), causal, dk != dv,
+    broadcast batch/heads, dk = 0 (position-only); or one fault -> a clear error."""
+    d = data.draw
+    b, nh, tq, tk = (d(st.integers(1, 2)), d(st.sampled_from([1, 2, 16])), d(st.integers(1, 5)),
+                     d(st.integers(1, 5)))  # fmt: skip
+    dk, dv = d(st.integers(0, 4)), d(st.integers(1, 4))
+    gen = torch.Generator().manual_seed(d(st.integers(0, 2**31 - 1)))
+
+    def rnd(*shape, dtype=F64):
+        return torch.randn(*shape, generator=gen, dtype=dtype)
+
+    q, k, v = rnd(b, nh, tq, dk), rnd(d(st.sampled_from([1, b])), nh, tk, dk), rnd(b, nh, tk, dv)
+    kw = dict(causal=d(st.booleans()), impl="auto")
+    if d(st.booleans()):
+        kw["bias"] = rnd(*d(st.sampled_from([(tq, tk), (1, nh, tq, tk), (b, 1, 1, tk)])))
+    if d(st.booleans()):
+        kw["mask"] = torch.rand(b, 1, tq, tk, generator=gen) < 0.6
+    fault = d(st.sampled_from([None] * 13 + SDPA_FAULTS))
+    if fault == "dtype":
+        v = v.float()
+    elif fault == "int":
+        q = q.long()
+    elif fault == "rank":
+        q = q[0]
+    elif fault == "heads":
+        k = rnd(b, nh + 1, tk, dk)
+    elif fault == "width":
+        k = rnd(b, nh, tk, dk + 1)
+    elif fault == "length":
+        v = rnd(b, nh, tk + 1, dv)
+    elif fault == "mask_dtype":
+        kw["mask"] = torch.ones(tq, tk)
+    elif fault == "mask_shape":
+        kw["mask"] = torch.ones(tq + 1, tk, dtype=torch.bool)
+    elif fault == "bias_shape":
+        kw["bias"] = rnd(tq, tk + 2)
+    elif fault == "bias_int":
+        kw["bias"] = torch.zeros(tq, tk, dtype=torch.long)
+    elif fault == "dropout":
+        kw["dropout_p"] = d(st.sampled_from([-0.1, 1.0, 2.0]))
+    elif fault == "impl":
+        kw["impl"] = "flash"
+    elif fault == "list":
+        q = q.tolist()
+
+    out, err = attempt(lambda: scaled_dot_product_attention(q, k, v, **kw), "call")
+    if fault is None:
+        assert err is None, err
+    if err is not None:
+        if fault != "impl":  # the plain path refuses the same arguments
+            expect_error(
+                lambda: scaled_dot_product_attention(q, k, v, **kw | {"impl": "reference"})
+            )
+        return
+    ins = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    refs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    y = scaled_dot_product_attention(*ins, **kw)
+    yr = scaled_dot_product_attention(*refs, **kw | {"impl": "reference"})
+    torch.testing.assert_close(y, yr, rtol=1e-7, atol=1e-9)
+    assert torch.isfinite(y).all()  # fully masked rows: zeros, not NaN
+    g = torch.randn_like(yr)
+    ga = torch.autograd.grad(y, ins, g, allow_unused=True)
+    gr = torch.autograd.grad(yr, refs, g, allow_unused=True)
+    for a, r, t in zip(ga, gr, ins):
+        a, r = (torch.zeros_like(t) if x is None else x for x in (a, r))
+        torch.testing.assert_close(a, r, rtol=1e-6, atol=1e-8)
 
 
 # ---------------------------------------------------------------------------------------- faults
