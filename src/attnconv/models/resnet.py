@@ -80,7 +80,7 @@ class ResNetCifar(nn.Module):
         self.attention_grid = (s, s)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        check_images(x, self.cfg.in_chans, "resnet")
+        check_images(x, self.cfg.in_chans, "resnet", self)
         x = F.relu(self.bn1(self.conv1(x)))  # (B, 64, H, W)
         return self.layers(x)  # (B, 512, H/8, W/8)
 

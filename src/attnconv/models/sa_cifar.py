@@ -144,7 +144,7 @@ class SelfAttentionCifar(nn.Module):
                 nn.init.normal_(p, std=std)
 
     def _check(self, x: torch.Tensor) -> None:
-        check_images(x, self.cfg.in_chans, "sa_cifar")
+        check_images(x, self.cfg.in_chans, "sa_cifar", self)
         h, w, ds = x.shape[2], x.shape[3], self.cfg.downsample
         if h % ds or w % ds:
             raise ValueError(

@@ -156,7 +156,7 @@ class SASAResNet(nn.Module):
         return grids
 
     def _features(self, x: torch.Tensor, maps: list | None) -> torch.Tensor:
-        check_images(x, self.cfg.in_chans, "sasa_resnet")
+        check_images(x, self.cfg.in_chans, "sasa_resnet", self)
         if maps is not None and isinstance(self.stem, AttentionStem2d):
             h, w = x.shape[-2:]
             x, attn = self.stem(x, return_attention=True)

@@ -6,6 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ._common import check_images
 from .registry import register_model
 
 
@@ -41,6 +42,7 @@ class TinyCNN(nn.Module):
         self.attention_grid = (img_size // 2, img_size // 2)  # no attention: the feature grid
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        check_images(x, self.conv1.in_channels, "tiny_cnn", self)
         x = F.relu(self.norm1(self.conv1(x)))  # (B, w, H, W)
         return F.relu(self.norm2(self.conv2(x)))  # (B, 2w, H/2, W/2)
 

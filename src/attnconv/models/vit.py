@@ -229,7 +229,7 @@ class VisionTransformer(nn.Module):
         return (h // P, w // P)
 
     def forward_features(self, x: torch.Tensor, return_attention: bool = False):
-        check_images(x, self.cfg.in_chans, "vit")
+        check_images(x, self.cfg.in_chans, "vit", self)
         grid = self._grid_of(x.shape[2], x.shape[3])
         x = self.patch_embed(x).flatten(2).transpose(1, 2)  # (B, N, D), row-major patches
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1+N, D)
