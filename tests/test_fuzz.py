@@ -33,6 +33,7 @@ from attnconv.layers.local import POSITIONALS as LOCAL_POSITIONALS
 from attnconv.layers.mha import MultiHeadAttention
 from attnconv.layers.mhsa2d import POSITIONALS, MultiHeadSelfAttention2d
 from attnconv.layers.stem import AttentionStem2d
+from attnconv.models import create_model
 
 ERRORS = (ValueError, TypeError)
 F64 = torch.float64
@@ -623,3 +624,32 @@ def test_learned_tables_refuse_larger_images():
     m = MultiHeadSelfAttention2d(2, 4, 2, positional="absolute_learned", max_size=3).double()
     err = expect_error(lambda: m(torch.randn(1, 2, 4, 3, dtype=F64)))
     assert "max_size=3" in str(err)
+
+
+MODELS = ["tiny_cnn", "resnet18_cifar", "sa_quadratic", "sa_learned_content", "vit_tiny_cifar",
+          "sasa_resnet26_cifar", "resnet26_cifar"]  # fmt: skip
+MODEL_INPUTS = {
+    "float64": lambda: torch.randn(1, 3, 32, 32, dtype=F64),
+    "int": lambda: torch.ones(1, 3, 32, 32, dtype=torch.long),
+    "3-D": lambda: torch.randn(3, 32, 32),
+    "channels": lambda: torch.randn(1, 4, 32, 32),
+    "empty": lambda: torch.randn(0, 3, 32, 32),
+    "list": lambda: [[1.0]],
+}
+
+
+@pytest.fixture(scope="module")
+def models():
+    torch.manual_seed(0)
+    return {name: create_model(name, num_classes=10).eval() for name in MODELS}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_models_refuse_bad_images_clearly(models, name):
+    """create_model(...) models: each bad image batch gives its one-line error; a good one runs."""
+    m = models[name]
+    for make in MODEL_INPUTS.values():
+        x = make()
+        expect_error(lambda x=x: m(x))
+    with torch.no_grad():
+        assert m(torch.randn(1, 3, 32, 32)).shape == (1, 10)
