@@ -29,7 +29,8 @@ CIFAR_ZIP = _find_cifar_zip()
 settings.register_profile("ci", max_examples=25, deadline=None)
 settings.load_profile("ci")
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# One intra-op thread: the tests are many small ops, where a second spinning thread only costs.
+torch.set_num_threads(1)
 
 
 @pytest.fixture
