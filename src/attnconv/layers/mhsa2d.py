@@ -29,7 +29,13 @@ from .positional import (
     GeneralizedQuadraticEncoding,
     QuadraticEncoding,
 )
-from .quadratic import head_major, head_major_output, separable_attention, shift_gather
+from .quadratic import (
+    axis_softmax,
+    head_major,
+    head_major_output,
+    separable_attention,
+    shift_gather,
+)
 from .relative import RELATIVE_TERMS, LearnedRelativeEncoding, RelativeEncoding
 
 POSITIONALS = (
@@ -332,8 +338,12 @@ class MultiHeadSelfAttention2d(nn.Module):
     def _forward_shared(self, v5, h, w, p_drop) -> torch.Tensor:
         """Input-independent attention: computed once, shared by the batch. -> (B, T, Nh, Dv)"""
         b, dt = v5.shape[0], v5.dtype
-        q, k, bias = self._dense(None, h, w)
-        probs = attention_probs(q, k, bias=bias, scale=self.scale).to(dt)  # (1, Nh, T, T)
+        if self.positional == "quadratic_generalized":  # rank-5 fold: one (Nh, T, T) tensor
+            q_pos, k_pos = self.positional_encoding.fold(h, w)  # (Nh, T, 5), (T, 5)
+            probs = axis_softmax(q_pos @ k_pos.t())[None].to(dt)  # (1, Nh, T, T)
+        else:
+            q, k, bias = self._dense(None, h, w)
+            probs = attention_probs(q, k, bias=bias, scale=self.scale).to(dt)  # (1, Nh, T, T)
         vs = v5.reshape(b, h * w, v5.shape[3], v5.shape[4])  # (B, T, Nh|1, Dv)
         if p_drop > 0:  # dropout is per sample: expand the shared probabilities
             p = F.dropout(probs.expand(b, -1, -1, -1), p_drop)
