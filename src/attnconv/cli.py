@@ -41,8 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args._run(args) or 0)
-    except (ValueError, FileNotFoundError, KeyError, TypeError) as e:
-        # bad input: one clear line, no traceback
+    except (ValueError, OSError, KeyError, TypeError) as e:
+        # bad input (or an unwritable/occupied output path): one clear line, no traceback
         print(f"attnconv {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

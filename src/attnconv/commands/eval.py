@@ -39,6 +39,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             f"{spec}: {ds.num_classes} classes, the checkpoint was trained on {len(classes)}"
         )
+    n_out = (info.get("model_kwargs") or {}).get("num_classes")
+    if classes is None and n_out is not None and n_out != ds.num_classes:
+        raise ValueError(f"{spec}: {ds.num_classes} classes, the model predicts {n_out}")
     mean, std = data_info.get("mean", CIFAR10_MEAN), data_info.get("std", CIFAR10_STD)
     loader = Loader(ds, args.batch_size, shuffle=False, mean=mean, std=std)
     torch.manual_seed(0)
