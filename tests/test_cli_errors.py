@@ -52,6 +52,7 @@ RUN = [
                             "--out", "{tmp}/r4"], r"none.zip: no such dataset"),
     ("train-threads", ["train", "{ok}", "--set", "train.threads=0", "--out", "{tmp}/r5"],
      r"train.threads must be >= 1"),
+    ("train-out-is-a-file", ["train", "{ok}", "--out", "{ok}"], r"File exists"),
     ("train-resume-nothing", ["train", "{ok}", "--resume", "--out", "{tmp}/r6"],
      r"--resume: no checkpoint"),
     # eval: missing, pickle, truncated checkpoints; data and split
@@ -61,6 +62,8 @@ RUN = [
     ("eval-missing-data", ["eval", "{ckpt}", "--data", "{tmp}/none.zip"], r"none.zip: no such"),
     ("eval-unknown-split", ["eval", "{ckpt}", "--data", "sample", "--split", "val"],
      r"no split 'val'"),
+    ("eval-class-count", ["eval", "{tmp}/two", "--data", "sample"],
+     r"sample: 10 classes, the model predicts 2"),
     ("eval-batch-size", ["eval", "{ckpt}", "--data", "sample", "--batch-size", "0"],
      r"batch_size must be >= 1"),
     # convert: unknown model, bad options, pickle
@@ -73,6 +76,8 @@ RUN = [
     ("analyze-truncated", ["analyze", "{tmp}/trunc", "--out", "{tmp}/an"], r"truncated"),
     ("analyze-image-range", ["analyze", "{ckpt}", "--out", "{tmp}/an", "--data", "sample",
                              "--image", "100000"], r"--image 100000 is out of range"),
+    ("analyze-out-is-a-file", ["analyze", "{ckpt}", "--out", "{ok}", "--data", "sample"],
+     r"File exists"),
     ("explore-not-html", ["explore", "{ckpt}", "--out", "{tmp}/page.txt", "--data", "sample"],
      r"--out must name an .html file"),
     ("explore-missing", ["explore", "{tmp}/nothing", "--out", "{tmp}/p.html"], r"missing"),
@@ -90,9 +95,9 @@ CASES = [(i, a, m, True) for i, a, m in USAGE] + [(i, a, m, False) for i, a, m i
 # run as real subprocesses (each imports torch, ~1.2 s of CPU): every usage error (cheap) and at
 # least one run-time error per subcommand; the others run in-process through attnconv.cli.main
 SUBPROCESS = {i for i, *_ in USAGE} | {
-    "train-unknown-key", "train-threads", "eval-truncated", "convert-unknown-model",
-    "analyze-image-range", "explore-not-html", "bench-unknown-suite", "bench-repeats",
-    "demo-unknown-key",
+    "train-unknown-key", "train-threads", "eval-truncated", "eval-class-count",
+    "convert-unknown-model", "analyze-image-range", "explore-not-html",
+    "bench-unknown-suite", "bench-repeats", "demo-unknown-key",
 }  # fmt: skip
 
 
@@ -103,6 +108,8 @@ def _files(tmp: Path) -> dict[str, str]:
     trunc = save_checkpoint(tmp / "trunc", model, "tiny_cnn", {"num_classes": 10, "width": 4})
     w = Path(trunc) / "model.safetensors"
     w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
+    two = create_model("tiny_cnn", num_classes=2, width=4)  # a 2-class model vs 10-class data
+    save_checkpoint(tmp / "two", two, "tiny_cnn", {"num_classes": 2, "width": 4})
     torch.save(model.state_dict(), tmp / "weights.pt")  # a pickle: must be refused, not loaded
     (tmp / "ok.yaml").write_text("model:\n  name: tiny_cnn\ndata:\n  dataset: sample\n")
     (tmp / "typo.yaml").write_text("modle:\n  name: tiny_cnn\n")
