@@ -164,7 +164,12 @@ def save_checkpoint(
             old = path.with_name(f".{path.name}.old")
             shutil.rmtree(old, ignore_errors=True)
             os.replace(path, old)
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            if old is not None:  # put the previous checkpoint back
+                os.replace(old, path)
+            raise
         _fsync_dir(path.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
@@ -195,6 +200,12 @@ def find_checkpoint(path: str | Path) -> Path:
     (``latest`` pointer), a checkpoint folder, or its checkpoint.json / model.safetensors."""
     p = Path(path)
     if not p.exists():
+        old = p.with_name(f".{p.name}.old")
+        if old.is_dir():  # killed between the two renames of save_checkpoint's replacement
+            raise CheckpointError(
+                f"{p}: missing checkpoint; an interrupted save left the previous one at {old} "
+                f"(rename it back to use it)"
+            )
         raise CheckpointError(f"{p}: missing checkpoint (no such file or folder)")
     if p.is_file():
         if p.name in (META, WEIGHTS, STATE):
