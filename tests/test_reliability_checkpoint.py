@@ -1,10 +1,12 @@
 """A checkpoint write that fails half-way (disk full, I/O error) leaves the previous checkpoint
-loadable and unchanged and no temporary files behind (issue 8: "written atomically"). The
-kill -9 cases are tests/test_train.py and tests/test_reliability_distributed.py."""
+loadable and unchanged and no temporary files behind (issue 8: "written atomically"); a kill
+between the two renames of a folder replacement is named at load time, never silent. The
+kill -9 training cases are tests/test_train.py and tests/test_reliability_distributed.py."""
 
 from __future__ import annotations
 
 import errno
+from pathlib import Path
 
 import pytest
 import torch
@@ -38,3 +40,33 @@ def test_failed_save_keeps_previous_checkpoint(tmp_path, monkeypatch, fail_at):
     for k, v in old.state_dict().items():
         assert torch.equal(loaded.state_dict()[k], v), k
     assert not list(tmp_path.glob(".*")), list(tmp_path.glob(".*"))  # no temp folders left
+
+
+def test_failed_final_rename_puts_previous_checkpoint_back(tmp_path, monkeypatch):
+    """Replacing a checkpoint folder is two renames (old aside, new in): if the second fails,
+    the previous checkpoint is moved back."""
+    torch.manual_seed(0)
+    old = create_model("tiny_cnn", **KW)
+    path = ck.save_checkpoint(tmp_path / "ckpt", old, "tiny_cnn", KW)
+    real_replace = ck.os.replace
+
+    def failing_replace(src, dst):
+        if Path(src).name.endswith(".tmp") and Path(dst) == path:
+            raise OSError(errno.EIO, "Input/output error", str(dst))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(ck.os, "replace", failing_replace)
+    with pytest.raises(OSError, match="Input/output error"):
+        ck.save_checkpoint(path, create_model("tiny_cnn", **KW), "tiny_cnn", KW)
+    monkeypatch.setattr(ck.os, "replace", real_replace)
+    loaded, _ = ck.load_model(path)
+    assert torch.equal(loaded.conv1.weight, old.conv1.weight)
+    assert not list(tmp_path.glob(".*"))
+
+
+def test_kill_between_renames_is_named_not_silent(tmp_path):
+    """A process killed between the two renames leaves only `.NAME.old`: loading says so."""
+    path = ck.save_checkpoint(tmp_path / "ckpt", create_model("tiny_cnn", **KW), "tiny_cnn", KW)
+    path.rename(tmp_path / ".ckpt.old")  # the state such a kill leaves behind
+    with pytest.raises(ck.CheckpointError, match=r"interrupted save left the previous one at"):
+        ck.load_model(path)
