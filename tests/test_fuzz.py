@@ -420,6 +420,7 @@ class _MHA(nn.Module):
 # ------------------------------------------------------------------------ convert.conv_to_attention
 
 
+@pytest.mark.filterwarnings("ignore:conv_to_attention. head_dim")  # rank-limited: expected
 @fuzz(60)
 @given(data=st.data())
 def test_conv_to_attention(data):
