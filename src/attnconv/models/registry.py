@@ -27,4 +27,16 @@ def create_model(name: str, **kwargs) -> nn.Module:
         close = difflib.get_close_matches(name, list(_MODELS), n=3)
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
         raise ValueError(f"unknown model {name!r}{hint}; known models: {', '.join(list_models())}")
+    for key, val in kwargs.items():  # sizes: a clear error here, not a crash in a constructor
+        if key in _SIZES and val is not None:
+            if not isinstance(val, int) or isinstance(val, bool) or val < 1:
+                raise ValueError(f"{name}: {key} must be a positive int, got {val!r}")
     return _MODELS[name](**kwargs)
+
+
+_SIZES = {
+    "num_classes", "in_chans", "img_size", "width", "depth", "num_layers", "num_heads",
+    "patch_size", "embed_dim", "hidden_size", "kernel_size", "downsample", "max_size",
+    "stem_heads", "stem_kernel_size", "stem_mixtures", "d_model", "d_ff", "ff_size", "max_len",
+    "num_encoder_layers", "num_decoder_layers", "src_vocab_size", "tgt_vocab_size",
+}  # fmt: skip
