@@ -654,3 +654,16 @@ def test_models_refuse_bad_images_clearly(models, name):
         expect_error(lambda x=x: m(x))
     with torch.no_grad():
         assert m(torch.randn(1, 3, 32, 32)).shape == (1, 10)
+
+
+@pytest.mark.parametrize(
+    "name,bad",
+    [("sa_quadratic", {"num_classes": 0}), ("sa_quadratic", {"num_heads": True}),
+     ("vit_tiny_cifar", {"patch_size": 0}), ("vit_tiny_cifar", {"num_classes": -1}),
+     ("vit_tiny_cifar", {"depth": 0}), ("resnet18_cifar", {"in_chans": 0}),
+     ("tiny_cnn", {"width": 2.5}), ("transformer_small", {"num_heads": 0}),
+     ("sasa_resnet26_cifar", {"kernel_size": 0}), ("sa_learned", {"no_such_option": 1})],
+)  # fmt: skip
+def test_create_model_refuses_bad_sizes_clearly(name, bad):
+    err = expect_error(lambda: create_model(name, **bad))
+    assert next(iter(bad)) in str(err)
