@@ -80,6 +80,15 @@ class ConvGeometry:
             return x
         if self.padding_mode == "zeros":
             return F.pad(x, self.pad)
+        h, w = x.shape[-2:]
+        left, right, top, bottom = self.pad
+        limit = {"circular": 0, "reflect": 1}.get(self.padding_mode)  # pad <= size - limit
+        if limit is not None and (max(left, right) > w - limit or max(top, bottom) > h - limit):
+            size = (h, w) if self.ndim == 2 else w
+            raise ValueError(
+                f"{self.padding_mode} padding {self.pad if self.ndim == 2 else self.pad[:2]} "
+                f"needs an input larger than {size}"
+            )
         if self.ndim == 1:  # reflect/replicate/circular of a 3-D input pad the last dim only
             return F.pad(x.squeeze(2), self.pad[:2], mode=self.padding_mode).unsqueeze(2)
         return F.pad(x, self.pad, mode=self.padding_mode)
