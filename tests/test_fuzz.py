@@ -141,7 +141,7 @@ BAD_INPUTS = {
     "list": lambda x: x.tolist(),
     "numpy": lambda x: x.detach().numpy(),
 }
-MODES = ["zeros", "replicate", "circular"]
+MODES = ["zeros", "replicate", "circular", "reflect"]
 BAD_SIZE = [0, -1, 2.0, "2", None, True]
 
 
