@@ -30,6 +30,8 @@ FIGS = ROOT / "docs" / "figures"
 RESULTS = ROOT / "benchmarks" / "results" / "experiments.md"
 BEGIN, END = "<!-- experiments:begin -->", "<!-- experiments:end -->"
 CLI = [sys.executable, "-m", "attnconv.cli"]
+# figures shown inline in the README (the rest are linked)
+README_FIGURES = ("attention_average", "mass_contours", "center_trajectories_gif")
 
 
 def default_data() -> Path:
@@ -115,6 +117,7 @@ def table1(lines: list[str]) -> None:
     lines += ["### Table 1 at CPU scale (Cordonnier et al. 2020)", "",
               "| model | test acc. (here) | params (here) | train images/s | train wall | "
               "paper acc. (params) |", "|---|---|---|---|---|---|"]  # fmt: skip
+    accs = {}
     for name, (acc, par) in paper.items():
         run = RUNS / f"table1_{name}"
         if not (run / "wall.json").exists():
@@ -125,14 +128,22 @@ def table1(lines: list[str]) -> None:
             f"| {name} | {100 * m['test_acc']:.1f}% | {n_params(run) / 1e6:.2f}M | "
             f"{m['images_per_s']:.0f} | {wall['train_seconds'] / 60:.1f} min | {acc}% ({par}) |"
         )
+        accs[name] = m["test_acc"]
+    if len(accs) == len(paper):
+        order = " > ".join(
+            f"{n} ({100 * a:.1f}%)" for n, a in sorted(accs.items(), key=lambda t: -t[1])
+        )
+        lines += ["", "Paper's order: sa_quadratic ~ resnet18 > sa_learned > sa_learned_content. "
+                  f"Order here: {order}."]  # fmt: skip
     lines.append("")
 
 
 def sasa(lines: list[str]) -> None:
     rows = [("k=3", "sasa_k3"), ("k=5", "sasa_k5"), ("k=7 (default)", "sasa_k7"),
             ("k=9", "sasa_k9"), ("positional none", "sasa_pos_none"),
-            ("positional absolute", "sasa_pos_absolute"), ("logits q^T r only", "sasa_logits_qr"),
-            ("conv stem", "sasa_convstem")]  # fmt: skip
+            ("logits q^T r only", "sasa_logits_qr"), ("conv stem", "sasa_convstem"),
+            ("4 heads: positional absolute", "sasa_pos_absolute"),
+            ("4 heads: positional relative (default)", "sasa_pos_relative_h4")]  # fmt: skip
     lines += ["### SASA ablations at CPU scale (Ramachandran et al. 2019)", "",
               "| variant (one change from the default) | test acc. | params | train images/s | "
               "train wall |", "|---|---|---|---|---|"]  # fmt: skip
@@ -158,9 +169,15 @@ def analysis(lines: list[str]) -> None:
         dst = FIGS / name
         dst.mkdir(parents=True, exist_ok=True)
         lines += [f"#### What the heads of {name} learned", ""]
-        for key, fname in r.get("figures", {}).items():
+        figs = r.get("figures", {})
+        for fname in figs.values():  # every figure lands in docs/figures/<model>/
             shutil.copy(rep.parent / fname, dst / fname)
-            lines.append(f"- {key}: ![{key}](docs/figures/{name}/{fname})")
+        links = [f"[{k.replace('_', ' ')}](docs/figures/{name}/{f})" for k, f in figs.items()]
+        lines.append("All figures: " + ", ".join(links) + ".")
+        lines.append("")
+        for key in README_FIGURES:  # the ones shown inline
+            if key in figs:
+                lines += [f"![{key}](docs/figures/{name}/{figs[key]})", ""]
         if "mean_distance_px" in r:
             means = [sum(d) / len(d) for d in r["mean_distance_px"]]
             lines.append(
