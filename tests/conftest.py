@@ -29,12 +29,19 @@ CIFAR_ZIP = _find_cifar_zip()
 settings.register_profile("ci", max_examples=25, deadline=None)
 settings.load_profile("ci")
 
-# One intra-op thread: the tests are many small ops, where a second spinning thread only costs.
-torch.set_num_threads(1)
-
 
 @pytest.fixture
 def cifar_zip() -> Path:
     if not CIFAR_ZIP.exists():
         pytest.fail(f"real CIFAR-10 zip not found at {CIFAR_ZIP} (set ATTNCONV_CIFAR_ZIP)")
     return CIFAR_ZIP
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One intra-op thread for every test: the tests are many small ops, where a second spinning
+    thread only costs; restored afterwards, so code under test that sets threads cannot leak."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -26,15 +26,6 @@ MODES = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """These kernels run many small ops: one thread avoids OpenMP overhead on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _run(m, x, impl):
     m.impl = impl
     y, attn = m(x, return_attention=True)

@@ -17,16 +17,6 @@ from attnconv.layers.mha import (
 )
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small shapes: one intra-op thread is faster, and idle-spinning threads stall on a
-    machine shared with other jobs."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _copy_to_torch(mha: MultiHeadAttention) -> nn.MultiheadAttention:
     """A torch.nn.MultiheadAttention with the same weights (independent reference)."""
     same = mha.kdim == mha.embed_dim and mha.vdim == mha.embed_dim

@@ -2,48 +2,17 @@
 
 from __future__ import annotations
 
-import functools
-import io
-import zipfile
-
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from PIL import Image
 
 import attnconv
 from attnconv.models import create_model, list_models
 from attnconv.models._common import num_params
 from attnconv.models.vit import resample_pos_embed, sinusoidal_2d
+from cifar_images import cifar_batch
 
 MINE = ("resnet18_cifar", "vit_tiny_cifar", "vit_small_cifar", "vit_base_patch16_224")
-CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small shapes: one intra-op thread is faster, and idle-spinning threads stall on a
-    machine shared with other jobs."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@functools.lru_cache(maxsize=2)
-def cifar_batch(zip_path, n: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
-    """n real CIFAR-10 test images (one per class, cycling) as a normalized NCHW batch."""
-    xs, ys = [], []
-    with zipfile.ZipFile(zip_path) as z:
-        for i in range(n):
-            c = i % len(CLASSES)
-            img = Image.open(io.BytesIO(z.read(f"test/{CLASSES[c]}/{i // 10:04d}.jpg")))
-            xs.append(np.asarray(img.convert("RGB"), dtype=np.float32) / 255.0)
-            ys.append(c)
-    x = torch.from_numpy(np.stack(xs)).permute(0, 3, 1, 2)  # (B, 3, 32, 32)
-    x = (x - 0.5) / 0.25
-    return x.contiguous(), torch.tensor(ys)
 
 
 def _forward_backward(model, x, y):

@@ -3,46 +3,16 @@ attention maps, fast == reference through the whole model, overrides and bad inp
 
 from __future__ import annotations
 
-import functools
-import io
-import zipfile
-
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from PIL import Image
 
 from attnconv.models import create_model
 from attnconv.models._common import num_params
+from cifar_images import cifar_batch
 
 SA_MODELS = ("sa_quadratic", "sa_quadratic_generalized", "sa_learned", "sa_learned_content")
 SMALL = dict(hidden_size=24, num_layers=2, num_heads=3, ff_size=32)
-CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small shapes: one intra-op thread is faster, and idle-spinning threads stall on a
-    machine shared with other jobs."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@functools.lru_cache(maxsize=2)
-def cifar_batch(zip_path, n: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
-    """n real CIFAR-10 training images (one per class, cycling), normalized NCHW."""
-    xs, ys = [], []
-    with zipfile.ZipFile(zip_path) as z:
-        for i in range(n):
-            c = i % len(CLASSES)
-            img = Image.open(io.BytesIO(z.read(f"train/{CLASSES[c]}/{i // 10:04d}.jpg")))
-            xs.append(np.asarray(img.convert("RGB"), dtype=np.float32) / 255.0)
-            ys.append(c)
-    x = torch.from_numpy(np.stack(xs)).permute(0, 3, 1, 2)
-    return ((x - 0.5) / 0.25).contiguous(), torch.tensor(ys)
 
 
 @pytest.mark.parametrize(
@@ -80,7 +50,7 @@ def test_paper_configuration():
 @pytest.mark.parametrize("name", SA_MODELS)
 def test_real_cifar_forward_backward_and_attention_maps(cifar_zip, name):
     torch.manual_seed(0)
-    x, y = (t.clone() for t in cifar_batch(cifar_zip))
+    x, y = (t.clone() for t in cifar_batch(cifar_zip, split="train"))
     m = create_model(name, **SMALL).train()
     logits, attns = m(x, return_attention=True)
     loss = F.cross_entropy(logits, y)
@@ -154,7 +124,7 @@ def test_memorizes_real_cifar_images(cifar_zip, name):
     """End to end, the gradients are right: 16 real images (4x4 space-to-depth, CPU scale)
     are fitted by a few Adam steps."""
     torch.manual_seed(0)
-    x, y = cifar_batch(cifar_zip, 16)
+    x, y = cifar_batch(cifar_zip, 16, split="train")
     m = create_model(name, downsample=4, dropout=0.0, attn_dropout=0.0, **SMALL)
     opt = torch.optim.Adam(m.parameters(), lr=3e-3)
     first = None

@@ -22,15 +22,6 @@ PAPER = {
 SMALL = dict(widths=(8, 16, 16, 32), num_heads=2, stem_heads=2)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """These kernels run many small ops: one thread avoids OpenMP overhead on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _count(m):
     return sum(p.numel() for p in m.parameters())
 

@@ -11,15 +11,6 @@ from attnconv.layers.local import LocalSelfAttention2d, window_pad
 from attnconv.layers.stem import AttentionStem2d
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """These kernels run many small ops: one thread avoids OpenMP overhead on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _run(m, x, impl):
     m.impl = impl
     y, attn = m(x, return_attention=True)

@@ -36,16 +36,6 @@ def small(**kw):
     return create_model("transformer_small", **{**cfg, **kw})
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small shapes: one intra-op thread is faster, and idle-spinning threads stall on a
-    machine shared with other jobs."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def test_reverse_task_greedy_decoding_over_99_percent():
     """Learns to reverse random token strings (variable length, padded) to > 99% token
     accuracy with greedy decoding on fresh strings; ~10-20 s on this 2-core machine."""
