@@ -111,6 +111,17 @@ def n_params(run: Path) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def run_cells(run: Path) -> tuple[str, float | None]:
+    """The table cells 'test acc. | params | train images/s | train wall' of a run folder, and
+    its test accuracy (None, with empty cells, for a run not finished)."""
+    if not (run / "wall.json").exists():
+        return "not run | | |", None
+    m, wall = read_metrics(run), json.loads((run / "wall.json").read_text())
+    cells = (f"{100 * m['test_acc']:.1f}% | {n_params(run) / 1e6:.2f}M | "
+             f"{m['images_per_s']:.0f} | {wall['train_seconds'] / 60:.1f} min")  # fmt: skip
+    return cells, m["test_acc"]
+
+
 def table1(lines: list[str]) -> None:
     paper = {"resnet18": (93.8, "11.2M"), "sa_quadratic": (93.8, "12.1M"),
              "sa_learned": (91.8, "12.3M"), "sa_learned_content": (87.1, "29.5M")}  # fmt: skip
@@ -119,16 +130,10 @@ def table1(lines: list[str]) -> None:
               "paper acc. (params) |", "|---|---|---|---|---|---|"]  # fmt: skip
     accs = {}
     for name, (acc, par) in paper.items():
-        run = RUNS / f"table1_{name}"
-        if not (run / "wall.json").exists():
-            lines.append(f"| {name} | not run | | | | {acc}% ({par}) |")
-            continue
-        m, wall = read_metrics(run), json.loads((run / "wall.json").read_text())
-        lines.append(
-            f"| {name} | {100 * m['test_acc']:.1f}% | {n_params(run) / 1e6:.2f}M | "
-            f"{m['images_per_s']:.0f} | {wall['train_seconds'] / 60:.1f} min | {acc}% ({par}) |"
-        )
-        accs[name] = m["test_acc"]
+        cells, test_acc = run_cells(RUNS / f"table1_{name}")
+        lines.append(f"| {name} | {cells} | {acc}% ({par}) |")
+        if test_acc is not None:
+            accs[name] = test_acc
     if len(accs) == len(paper):
         order = " > ".join(
             f"{n} ({100 * a:.1f}%)" for n, a in sorted(accs.items(), key=lambda t: -t[1])
@@ -149,15 +154,7 @@ def sasa(lines: list[str]) -> None:
               "| variant (one change from the default) | test acc. | params | train images/s | "
               "train wall |", "|---|---|---|---|---|"]  # fmt: skip
     for label, name in rows:
-        run = RUNS / name
-        if not (run / "wall.json").exists():
-            lines.append(f"| {label} | not run | | | |")
-            continue
-        m, wall = read_metrics(run), json.loads((run / "wall.json").read_text())
-        lines.append(
-            f"| {label} | {100 * m['test_acc']:.1f}% | {n_params(run) / 1e6:.2f}M | "
-            f"{m['images_per_s']:.0f} | {wall['train_seconds'] / 60:.1f} min |"
-        )
+        lines.append(f"| {label} | {run_cells(RUNS / name)[0]} |")
     lines.append("")
 
 
