@@ -19,6 +19,7 @@ The machine may be shared: compare ratios measured in one run, not absolute time
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import os
@@ -31,6 +32,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 RESULTS_DIR = Path(__file__).resolve().parents[3] / "benchmarks" / "results"
+
+
+def suite_parser(suite: str, description: str | None, only: list[str]) -> argparse.ArgumentParser:
+    """The options every timing suite takes (``attnconv bench --suite SUITE -- ...``)."""
+    p = argparse.ArgumentParser(prog=f"attnconv bench --suite {suite}", description=description)
+    p.add_argument("--quick", action="store_true", help="tiny sizes, in-process, no memory")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--out-dir", default=None)
+    p.add_argument("--budget-gb", type=float, default=6.0)
+    p.add_argument("--only", choices=only, default=None)
+    return p
 
 
 def median_time(step: Callable[[], object], repeats: int = 5, warmup: int = 1) -> list[float]:

@@ -15,12 +15,17 @@ Writes <out-dir>/layers.json and layers.md (default benchmarks/results/).
 
 from __future__ import annotations
 
-import argparse
 import platform
 
 import torch
 
-from attnconv.bench.common import markdown_table, matmul_peak_gflops, run_case, write_results
+from attnconv.bench.common import (
+    markdown_table,
+    matmul_peak_gflops,
+    run_case,
+    suite_parser,
+    write_results,
+)
 from attnconv.layers.mhsa2d import POSITIONALS, MultiHeadSelfAttention2d
 
 FACTORY = "attnconv.bench.layers:make_step"
@@ -164,14 +169,7 @@ def check_targets(rows: list[dict]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="attnconv bench --suite layers", description=__doc__)
-    p.add_argument("--quick", action="store_true", help="tiny sizes, in-process, no memory")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=None)
-    p.add_argument("--out-dir", default=None)
-    p.add_argument("--budget-gb", type=float, default=6.0)
-    p.add_argument("--only", choices=["sweep", "targets"], default=None)
-    args = p.parse_args(argv)
+    args = suite_parser("layers", __doc__, ["sweep", "targets"]).parse_args(argv)
     repeats = args.repeats or (1 if args.quick else 3)
 
     peak = matmul_peak_gflops(256 if args.quick else 2048, args.threads, in_process=args.quick)

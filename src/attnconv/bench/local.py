@@ -14,7 +14,6 @@ and local.md (default benchmarks/results/).
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import subprocess
@@ -22,7 +21,7 @@ import sys
 
 import torch
 
-from attnconv.bench.common import markdown_table, run_case, write_results
+from attnconv.bench.common import markdown_table, run_case, suite_parser, write_results
 
 FACTORY = "attnconv.bench.local:make_step"
 
@@ -203,14 +202,7 @@ def check_targets(rows: list[dict]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="attnconv bench --suite local", description=__doc__)
-    p.add_argument("--quick", action="store_true", help="tiny sizes, in-process, no memory")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=None)
-    p.add_argument("--out-dir", default=None)
-    p.add_argument("--budget-gb", type=float, default=6.0)
-    p.add_argument("--only", choices=["target", "sweep", "model"], default=None)
-    args = p.parse_args(argv)
+    args = suite_parser("local", __doc__, ["target", "sweep", "model"]).parse_args(argv)
     repeats = args.repeats or (1 if args.quick else 3)
 
     rows = []
