@@ -15,6 +15,13 @@ Method (each case runs in a fresh ``python`` subprocess, so cases cannot pollute
    (``time.perf_counter``).
 
 The machine may be shared: compare ratios measured in one run, not absolute times across runs.
+
+Allocator (``--malloc``): glibc returns freed blocks above its trim/mmap thresholds to the OS,
+so a step whose temporaries are tens of MB page-faults them in again on every call; how much
+depends on the allocation order, and it is a large share of some cases (the dense reference
+paths most). ``glibc`` (default) keeps the default policy a user gets; ``retain`` sets glibc's
+thresholds so freed memory is kept and reused (what jemalloc/tcmalloc do), for every case of
+the run alike.
 """
 
 from __future__ import annotations
@@ -32,6 +39,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 RESULTS_DIR = Path(__file__).resolve().parents[3] / "benchmarks" / "results"
+MALLOC_POLICIES = {
+    "glibc": {},
+    "retain": {"MALLOC_MMAP_THRESHOLD_": "4000000000", "MALLOC_TRIM_THRESHOLD_": "4000000000"},
+}
 
 
 def suite_parser(suite: str, description: str | None, only: list[str]) -> argparse.ArgumentParser:
@@ -43,6 +54,12 @@ def suite_parser(suite: str, description: str | None, only: list[str]) -> argpar
     p.add_argument("--out-dir", default=None)
     p.add_argument("--budget-gb", type=float, default=6.0)
     p.add_argument("--only", choices=only, default=None)
+    p.add_argument(
+        "--malloc",
+        choices=list(MALLOC_POLICIES),
+        default="glibc",
+        help="glibc allocator policy for every case (see bench/common.py)",
+    )
     return p
 
 
@@ -133,17 +150,20 @@ def run_case(
     flops: bool = True,
     timeout: float = 1800.0,
     in_process: bool = False,
+    malloc: str = "glibc",
 ) -> dict:
     """Run one case in a fresh subprocess; returns median_s, times_s, peak_mb, gflop,
     gflops_per_s (or ``error`` if the child failed, e.g. out of memory or timeout).
-    ``in_process=True`` (smoke tests) runs it here, without the memory measurement."""
+    ``in_process=True`` (smoke tests) runs it here, without the memory measurement.
+    ``malloc``: a key of MALLOC_POLICIES, the child's allocator policy."""
     spec = dict(factory=factory, kwargs=kwargs or {}, repeats=repeats, warmup=warmup,
                 threads=threads, memory=memory and not in_process, flops=flops)  # fmt: skip
     if in_process:
         return _child(spec)
     cmd = [sys.executable, "-m", "attnconv.bench.common", json.dumps(spec)]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        env = {**os.environ, **MALLOC_POLICIES[malloc]}
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"timeout after {timeout:.0f} s"}
     if proc.returncode != 0:
@@ -160,12 +180,16 @@ def _matmul_step(n: int = 1024):
 
 
 def matmul_peak_gflops(
-    n: int = 1024, threads: int = 1, repeats: int = 7, in_process: bool = False
+    n: int = 1024,
+    threads: int = 1,
+    repeats: int = 7,
+    in_process: bool = False,
+    malloc: str = "glibc",
 ) -> float:
     """Measured fp32 matmul GFLOP/s (n x n @ n x n, median of repeats) in a fresh subprocess."""
     res = run_case(
         "attnconv.bench.common:_matmul_step", {"n": n}, repeats=repeats, warmup=2,
-        threads=threads, memory=False, flops=False, in_process=in_process,
+        threads=threads, memory=False, flops=False, in_process=in_process, malloc=malloc,
     )  # fmt: skip
     if "error" in res:
         raise RuntimeError(f"matmul peak measurement failed: {res['error']}")

@@ -7,7 +7,9 @@
 2. Targets of issue 2: quadratic position-only (B=32, C=144, 9 heads of 16) vs the reference
    path and vs the paper code's algorithm (dense T x T probabilities computed once, shared across
    the batch, one einsum with the values); a global quadratic layer on a 224x224 image; quadratic
-   + content at 32x32 (B=32, 9 heads of 48).
+   + content at 32x32 (B=32, 9 heads of 48), plus its attention kernel alone (fast: the fused
+   SDPA call on the folded q/k/v; reference: the plain softmax(q k^T * scale + bias) v), whose
+   ratio bounds the layer's: both paths add the same q/k/v/out projections.
 Every case runs in a fresh subprocess (see common.py for the method). Reference cases whose
 T x T tensors would exceed --budget-gb are skipped and reported as such.
 Writes <out-dir>/layers.json and layers.md (default benchmarks/results/).
@@ -26,9 +28,11 @@ from attnconv.bench.common import (
     suite_parser,
     write_results,
 )
+from attnconv.layers.functional import scaled_dot_product_attention
 from attnconv.layers.mhsa2d import POSITIONALS, MultiHeadSelfAttention2d
 
 FACTORY = "attnconv.bench.layers:make_step"
+KERNEL_FACTORY = "attnconv.bench.layers:make_kernel_step"
 
 
 class PaperQuadraticAttention(torch.nn.Module):
@@ -70,6 +74,32 @@ def make_step(kind: str, b: int, c: int, h: int, w: int, heads: int = 8, head_di
         x.grad = None
         model.zero_grad(set_to_none=True)
         model(x).sum().backward()
+
+    return step
+
+
+def make_kernel_step(impl: str, b: int, c: int, h: int, w: int, heads: int = 9, seed: int = 0):
+    """Only the attention kernel of a quadratic + content layer, fwd+bwd: the exact q/k/v (and,
+    reference, positional bias) the layer's ``impl`` path feeds it, as leaf tensors."""
+    torch.manual_seed(seed)
+    lay = MultiHeadSelfAttention2d(c, c, heads, positional="quadratic", content=True, impl=impl)
+    with torch.no_grad():
+        xt = torch.randn(b, c, h * w).transpose(1, 2)  # (B, T, Cin)
+        v5 = lay._values(xt, h, w)
+        if impl == "auto":
+            q, k, v = lay.folded_qkv(xt, v5, h, w)
+            bias, scale = None, 1.0
+        else:
+            q, k, bias = lay._dense(xt, h, w)
+            v, scale = lay._seq_values(v5), lay.scale
+    leaves = [t.contiguous().requires_grad_() for t in (q, k, v) + ((bias,) if bias is not None
+              else ())]  # fmt: skip
+
+    def step():
+        for t in leaves:
+            t.grad = None
+        scaled_dot_product_attention(*leaves[:3], bias=leaves[3] if len(leaves) > 3 else None,
+                                     scale=scale, impl=impl).sum().backward()  # fmt: skip
 
     return step
 
@@ -129,6 +159,10 @@ def target_cases(quick: bool) -> list[dict]:
         cases.append(dict(qc, group="quadcontent", impl=impl,
                           name=f"quadratic +content {qc['h']}x{qc['w']} B={qc['b']} C={qc['c']} "
                           f"9 heads {impl}"))  # fmt: skip
+    for impl in ("auto", "reference"):
+        cases.append(dict(group="quadkernel", factory=KERNEL_FACTORY, impl=impl, b=qc["b"],
+                          c=qc["c"], h=qc["h"], w=qc["w"], heads=9,
+                          name=f"  its attention kernel alone {impl}"))  # fmt: skip
     return cases
 
 
@@ -145,7 +179,8 @@ def check_targets(rows: list[dict]) -> list[dict]:
     t = []
 
     def add(what, value, need, better="higher"):
-        ok = None if value is None else (value >= need if better == "higher" else value <= need)
+        ok = None if value is None or need is None else (
+            value >= need if better == "higher" else value <= need)  # fmt: skip
         t.append(dict(target=what, measured=value, required=need, met=ok))
 
     add("quad pos-only 32x32: reference / fast time", _ratio(rows, "quad32", "median_s",
@@ -156,6 +191,8 @@ def check_targets(rows: list[dict]) -> list[dict]:
         "auto", "reference"), 0.1, "lower")  # fmt: skip
     add("quad pos-only 32x32 B=32: paper-code / fast time", _ratio(rows, "quad32p", "median_s",
         "paper", "auto"), 5.0)  # fmt: skip
+    add("  (FLOP ratio paper-code / fast: the ratio at equal GFLOP/s)", _ratio(rows, "quad32p",
+        "gflop", "paper", "auto"), None)  # fmt: skip
     add("quad pos-only 64x64 B=8: paper-code / fast time", _ratio(rows, "quad64p", "median_s",
         "paper", "auto"), 10.0)  # fmt: skip
     g = [r for r in rows if r.get("group") == "global224" and "peak_mb" in r]
@@ -165,6 +202,8 @@ def check_targets(rows: list[dict]) -> list[dict]:
         "reference", "auto"), 2.5)  # fmt: skip
     add("quad +content 32x32: fast / reference peak memory", _ratio(rows, "quadcontent",
         "peak_mb", "auto", "reference"), 1 / 3, "lower")  # fmt: skip
+    add("  (its attention kernels alone: reference / fast time, a bound on the layer ratio)",
+        _ratio(rows, "quadkernel", "median_s", "reference", "auto"), None)  # fmt: skip
     return t
 
 
@@ -172,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     args = suite_parser("layers", __doc__, ["sweep", "targets"]).parse_args(argv)
     repeats = args.repeats or (1 if args.quick else 3)
 
-    peak = matmul_peak_gflops(256 if args.quick else 2048, args.threads, in_process=args.quick)
+    peak = matmul_peak_gflops(256 if args.quick else 2048, args.threads, in_process=args.quick,
+                              malloc=args.malloc)  # fmt: skip
     print(f"fp32 matmul peak: {peak:.1f} GFLOP/s ({args.threads} thread(s))", flush=True)
     cases = []
     if args.only in (None, "sweep"):
@@ -181,21 +221,23 @@ def main(argv: list[str] | None = None) -> int:
         cases += target_cases(args.quick)
     rows: list[dict] = []
     for case in cases:
-        kw = {k: v for k, v in case.items() if k not in ("group", "name")}
+        kw = {k: v for k, v in case.items() if k not in ("group", "name", "factory")}
         row = dict(case)
         est = ref_bytes(case["b"], case.get("heads", 1), case["h"] * case["w"],
                         case.get("positional", "none")) / 2**30  # fmt: skip
         if case.get("impl") == "reference" and est > args.budget_gb:
             row["error"] = f"skipped: reference needs ~{est:.0f} GB > budget {args.budget_gb} GB"
         else:
-            row.update(run_case(FACTORY, kw, repeats=repeats, threads=args.threads,
-                                in_process=args.quick))  # fmt: skip
+            row.update(run_case(case.get("factory", FACTORY), kw, repeats=repeats,
+                                threads=args.threads, in_process=args.quick,
+                                malloc=args.malloc))  # fmt: skip
         rows.append(row)
         print(f"{row['name']:<60} " + (f"{row['median_s']:.4f} s  {row.get('peak_mb', 0):.0f} MB"
               if "median_s" in row else row["error"]), flush=True)  # fmt: skip
 
     # the machine is shared: measure the matmul peak again at the end and keep the best
-    peak_end = matmul_peak_gflops(256 if args.quick else 2048, args.threads, in_process=args.quick)
+    peak_end = matmul_peak_gflops(256 if args.quick else 2048, args.threads,
+                                  in_process=args.quick, malloc=args.malloc)  # fmt: skip
     peak = max(peak, peak_end)
     print(f"fp32 matmul peak at the end: {peak_end:.1f} GFLOP/s; using {peak:.1f}", flush=True)
     for row in rows:
@@ -209,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     tcols = [("target", "target", ""), ("measured", "measured", ".3g"),
              ("required", "required", ".3g"), ("met", "met", "")]  # fmt: skip
     cmd = "attnconv bench --suite layers" + (" --quick" if args.quick else "")
+    cmd += f" -- --malloc {args.malloc}" if args.malloc != "glibc" else ""
     md = [f"# Layer benchmark\n\nCommand: `{cmd} --threads {args.threads}`; "
           f"{repeats} timed repeat(s) per case (median), each case in a fresh subprocess.",
           f"Machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
@@ -217,11 +260,15 @@ def main(argv: list[str] | None = None) -> int:
           "machine was less loaded, and oneDNN convolutions (Winograd), can exceed 100%).",
           "Peak MB = extra resident memory of one forward+backward above the process after "
           "setup (ru_maxrss). GFLOP = matmul/conv/attention FLOPs counted by FlopCounterMode.",
+          f"Allocator policy: `{args.malloc}` (bench/common.py: `glibc` = the default a user "
+          "gets, freed blocks return to the OS and are page-faulted in again; `retain` = freed "
+          "memory is kept and reused, as jemalloc/tcmalloc do).",
           "The machine is shared with other jobs: compare ratios within this run.\n"]  # fmt: skip
     if targets:
         md += ["## Targets (issue 2)\n", markdown_table(targets, tcols), ""]
     md += ["## All cases\n", markdown_table(rows, cols)]
-    payload = dict(command=cmd, threads=args.threads, repeats=repeats, matmul_peak_gflops=peak,
+    payload = dict(command=cmd, threads=args.threads, repeats=repeats, malloc=args.malloc,
+                   matmul_peak_gflops=peak,
                    torch=torch.__version__, rows=rows, targets=targets)  # fmt: skip
     path = write_results("layers", payload, "\n".join(md), args.out_dir)
     if targets:

@@ -229,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                     threads=args.threads,
                     flops=False,
                     in_process=args.quick,
+                    malloc=args.malloc,
                 )
             )
         if g == "target" and case["kind"] == "local" and not args.quick and "error" not in row:
@@ -265,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         ("met", "met", ""),
     ]
     cmd = "attnconv bench --suite local" + (" --quick" if args.quick else "")
+    cmd += f" -- --malloc {args.malloc}" if args.malloc != "glibc" else ""
     md = [
         f"# Local (SASA) attention benchmark\n\nCommand: `{cmd} --threads {args.threads}`; "
         f"{repeats} timed repeat(s) per layer case (median; model forwards: 1 after a warmup), "
@@ -289,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         command=cmd,
         threads=args.threads,
         repeats=repeats,
+        malloc=args.malloc,
         torch=torch.__version__,
         rows=rows,
         targets=targets,

@@ -354,7 +354,16 @@ class MultiHeadSelfAttention2d(nn.Module):
 
     def _forward_folded(self, xt, v5, h, w, p_drop) -> torch.Tensor:
         """Content attention with every positional term folded into q/k: fused SDPA, no bias."""
-        b, nh, dt = xt.shape[0], self.num_heads, xt.dtype
+        q_aug, k_aug, v = self.folded_qkv(xt, v5, h, w)
+        y = scaled_dot_product_attention(
+            q_aug, k_aug, v, scale=1.0, dropout_p=p_drop, impl="auto"
+        )  # (B, Nh, T, Dv)
+        return y.to(xt.dtype).transpose(1, 2)
+
+    def folded_qkv(self, xt, v5, h, w):
+        """Augmented q, k (B, Nh, T, dk + folded terms) and v (B, Nh, T, Dv) such that
+        softmax(q_aug k_aug^T) v is the layer's attention (scale folded into q_aug)."""
+        b, nh = xt.shape[0], self.num_heads
         q, k = self._qk(xt, h, w)  # (B, Nh, T, dk)
         v = self._seq_values(v5)
         qs, ks = [], []
@@ -371,7 +380,4 @@ class MultiHeadSelfAttention2d(nn.Module):
             q_rel, k_rel = self.positional_encoding.fold(q, k, h, w)
             qs, ks = qs + q_rel, ks + k_rel
         q_aug, k_aug = torch.cat(qs, dim=-1), torch.cat(ks, dim=-1)
-        y = scaled_dot_product_attention(
-            q_aug, k_aug, v.to(q_aug.dtype), scale=1.0, dropout_p=p_drop, impl="auto"
-        )  # (B, Nh, T, Dv)
-        return y.to(dt).transpose(1, 2)
+        return q_aug, k_aug, v.to(q_aug.dtype)
