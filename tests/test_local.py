@@ -7,8 +7,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attnconv.layers.local import (
-    LocalSelfAttention2d,
+from attnconv.layers.local import LocalSelfAttention2d
+from attnconv.layers.local_kernel import (
     _LocalAttention,
     local_attention,
     local_to_dense,

@@ -76,3 +76,13 @@ def check_image_size(model: nn.Module, images: torch.Tensor, info: dict) -> None
             f"test images are {images.shape[2]}x{images.shape[3]}, the checkpoint was trained on "
             f"{size[0]}x{size[1]} images"
         )
+
+
+def load_for_analysis(checkpoint: str | Path, data: str | None, n: int, split: str = "test"):
+    """What both ``analyze`` and ``explore`` start from: (model in eval mode, checkpoint
+    metadata, ``n`` test images uint8 (n, 3, H, W), their class names, mean, std)."""
+    model, info = load_checkpoint_model(checkpoint)
+    images, labels = test_images(data_spec(data, info), n, split=split)
+    check_image_size(model, images, info)
+    mean, std = normalization(info)
+    return model, info, images, labels, mean, std

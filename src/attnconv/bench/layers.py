@@ -251,7 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     tcols = [("target", "target", ""), ("measured", "measured", ".3g"),
              ("required", "required", ".3g"), ("met", "met", "")]  # fmt: skip
     cmd = "attnconv bench --suite layers" + (" --quick" if args.quick else "")
-    cmd += f" -- --malloc {args.malloc}" if args.malloc != "glibc" else ""
+    extra = ([f"--only {args.only}"] if args.only else []) + (
+        [f"--malloc {args.malloc}"] if args.malloc != "glibc" else [])  # fmt: skip
+    cmd += " -- " + " ".join(extra) if extra else ""
     md = [f"# Layer benchmark\n\nCommand: `{cmd} --threads {args.threads}`; "
           f"{repeats} timed repeat(s) per case (median), each case in a fresh subprocess.",
           f"Machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, "

@@ -266,7 +266,9 @@ def main(argv: list[str] | None = None) -> int:
         ("met", "met", ""),
     ]
     cmd = "attnconv bench --suite local" + (" --quick" if args.quick else "")
-    cmd += f" -- --malloc {args.malloc}" if args.malloc != "glibc" else ""
+    extra = ([f"--only {args.only}"] if args.only else []) + (
+        [f"--malloc {args.malloc}"] if args.malloc != "glibc" else [])  # fmt: skip
+    cmd += " -- " + " ".join(extra) if extra else ""
     md = [
         f"# Local (SASA) attention benchmark\n\nCommand: `{cmd} --threads {args.threads}`; "
         f"{repeats} timed repeat(s) per layer case (median; model forwards: 1 after a warmup), "

@@ -40,13 +40,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from attnconv.analysis.centers import find_center_log
-    from attnconv.analysis.inputs import (
-        check_image_size,
-        data_spec,
-        load_checkpoint_model,
-        normalization,
-        test_images,
-    )
+    from attnconv.analysis.inputs import load_for_analysis
     from attnconv.analysis.report import analyze_model
 
     if args.batch_size < 1:
@@ -56,10 +50,9 @@ def run(args: argparse.Namespace) -> int:
     log = Path(args.centers_log) if args.centers_log else find_center_log(args.checkpoint)
     if args.centers_log and not log.is_file():
         raise FileNotFoundError(f"--centers-log {log}: no such file")
-    model, info = load_checkpoint_model(args.checkpoint)
-    images, labels = test_images(data_spec(args.data, info), args.num_images, split=args.split)
-    check_image_size(model, images, info)
-    mean, std = normalization(info)
+    model, info, images, labels, mean, std = load_for_analysis(
+        args.checkpoint, args.data, args.num_images, args.split
+    )
     with torch.no_grad():
         report = analyze_model(
             model,

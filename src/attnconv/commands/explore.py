@@ -34,13 +34,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from attnconv.analysis.explorer import explore_model
-    from attnconv.analysis.inputs import (
-        check_image_size,
-        data_spec,
-        load_checkpoint_model,
-        normalization,
-        test_images,
-    )
+    from attnconv.analysis.inputs import load_for_analysis
 
     for name in ("images", "max_queries", "batch_size"):
         if getattr(args, name) < 1:
@@ -49,12 +43,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--average must be >= 0, got {args.average}")
     if Path(args.out).suffix.lower() not in (".html", ".htm"):
         raise ValueError(f"--out must name an .html file, got {args.out}")
-    model, info = load_checkpoint_model(args.checkpoint)
-    spec = data_spec(args.data, info)
-    n = max(args.images, args.average)
-    images, labels = test_images(spec, n, split=args.split)
-    check_image_size(model, images, info)
-    mean, std = normalization(info)
+    model, info, images, labels, mean, std = load_for_analysis(
+        args.checkpoint, args.data, max(args.images, args.average), args.split
+    )
     with torch.no_grad():
         out = explore_model(
             model,

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from .checks import check_tensor, positive_int
 from .functional import check_impl
-from .local import PADDINGS, local_attention
+from .local_kernel import PADDINGS, local_attention
 
 
 class AttentionStem2d(nn.Module):

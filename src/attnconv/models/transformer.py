@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
+from ..layers.feedforward import FeedForward
 from ..layers.functional import check_impl
 from ..layers.mha import MultiHeadAttention, SinusoidalPositionalEncoding
 from ._common import build_config
@@ -44,19 +44,6 @@ class TransformerConfig:
     bos_id: int = 1
     eos_id: int = 2
     impl: str = "auto"
-
-
-class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2 (eq. 2)."""
-
-    def __init__(self, d_model: int, d_ff: int, dropout: float) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(d_model, d_ff)
-        self.fc2 = nn.Linear(d_ff, d_model)
-        self.drop = nn.Dropout(dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.drop(F.relu(self.fc1(x))))
 
 
 class EncoderLayer(nn.Module):

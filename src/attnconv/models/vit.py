@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..layers.feedforward import FeedForward
 from ..layers.functional import check_impl
 from ..layers.mha import MultiHeadAttention, sinusoidal_encoding
 from ._common import build_config, check_images
@@ -85,17 +86,6 @@ def resample_pos_embed(
     return torch.cat([prefix, grid], dim=1)
 
 
-class Mlp(nn.Module):
-    def __init__(self, dim: int, hidden: int, dropout: float) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.fc2 = nn.Linear(hidden, dim)
-        self.drop = nn.Dropout(dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.fc2(self.drop(F.gelu(self.fc1(x)))))
-
-
 class Block(nn.Module):
     """Pre-LN Transformer encoder block (ViT eq. 2-3)."""
 
@@ -108,7 +98,9 @@ class Block(nn.Module):
         )
         self.drop = nn.Dropout(cfg.dropout)
         self.norm2 = nn.LayerNorm(D, eps=1e-6)
-        self.mlp = Mlp(D, int(D * cfg.mlp_ratio), cfg.dropout)
+        self.mlp = FeedForward(
+            D, int(D * cfg.mlp_ratio), cfg.dropout, activation="gelu", out_dropout=True
+        )
 
     def forward(self, x: torch.Tensor, return_attention: bool = False):
         a = self.attn(self.norm1(x), return_attention=return_attention)
