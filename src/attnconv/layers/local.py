@@ -25,22 +25,10 @@ from .local_kernel import (  # noqa: F401  (re-exported: the kernel's public nam
     window_pad,
     window_valid,
 )
-from .mha import sinusoidal_encoding
+from .sinusoidal import sinusoid_2d
 
 POSITIONALS = ("relative", "absolute", "none")
 LOGITS = ("qk+qr", "qk", "qr")
-
-
-def sinusoid_2d(dim: int, h: int, w: int, device=None, dtype=None) -> torch.Tensor:
-    """Fixed 2D sinusoidal encoding (H, W, dim): Vaswani's 1D sinusoid of the row on the first
-    half of the channels, of the column on the second half."""
-    if dim % 4:
-        raise ValueError(f"absolute sinusoidal encoding needs head dim divisible by 4, got {dim}")
-    d = dim // 2
-    rows = sinusoidal_encoding(torch.arange(h, device=device), d)  # (H, d)
-    cols = sinusoidal_encoding(torch.arange(w, device=device), d)  # (W, d)
-    pe = torch.cat((rows[:, None, :].expand(h, w, d), cols[None, :, :].expand(h, w, d)), dim=-1)
-    return pe.to(dtype or torch.get_default_dtype())
 
 
 class LocalSelfAttention2d(nn.Module):
@@ -127,7 +115,8 @@ class LocalSelfAttention2d(nn.Module):
         k = self._heads(self.key(x)) if self.key is not None else None
         rel_row, rel_col = self.rel_row, self.rel_col
         if self.positional == "absolute":
-            pe = sinusoid_2d(self.head_dim, h, w, x.device, x.dtype).permute(2, 0, 1)  # (dh, H, W)
+            pe = sinusoid_2d(h, w, self.head_dim, device=x.device).to(x.dtype).t()  # (dh, H*W)
+            pe = pe.view(self.head_dim, h, w)
             k = pe.expand(bsz, self.num_heads, -1, h, w) if k is None else k + pe
         out = local_attention(
             q,

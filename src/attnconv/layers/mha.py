@@ -14,6 +14,7 @@ import torch.nn as nn
 
 from .checks import check_tensor, positive_int
 from .functional import check_impl, scaled_dot_product_attention
+from .sinusoidal import sinusoid_1d, sinusoid_rotation_1d
 
 __all__ = ["MultiHeadAttention", "SinusoidalPositionalEncoding", "sinusoidal_encoding"]
 
@@ -159,12 +160,7 @@ def sinusoidal_encoding(
     """
     if dim < 2 or dim % 2 != 0:
         raise ValueError(f"sinusoidal encoding needs an even dim >= 2, got {dim}")
-    dtype = torch.float64 if positions.dtype == torch.float64 else torch.float32
-    pos = positions.to(dtype)[:, None]  # (T, 1)
-    omega = base ** (-torch.arange(0, dim, 2, dtype=dtype, device=positions.device) / dim)
-    angles = pos * omega  # (T, dim/2)
-    pe = torch.stack([angles.sin(), angles.cos()], dim=-1)  # (T, dim/2, 2)
-    return pe.flatten(1)  # (T, dim), sin at even, cos at odd channels
+    return sinusoid_1d(positions, dim, base)  # (T, dim), sin at even, cos at odd channels
 
 
 class SinusoidalPositionalEncoding(nn.Module):
@@ -192,16 +188,8 @@ class SinusoidalPositionalEncoding(nn.Module):
         return self.pe[:length]
 
     def rotation(self, offset: float) -> torch.Tensor:
-        """R(k) (dim, dim): PE(pos + k) = R(k) @ PE(pos) for every pos."""
-        half = self.dim // 2
-        omega = self.base ** (-torch.arange(0, self.dim, 2, dtype=torch.float64) / self.dim)
-        c, s = torch.cos(omega * offset), torch.sin(omega * offset)  # (dim/2,)
-        # [sin(a+b), cos(a+b)] = [[cos b, sin b], [-sin b, cos b]] [sin a, cos a]
-        blocks = torch.stack([torch.stack([c, s], -1), torch.stack([-s, c], -1)], -2)
-        R = torch.zeros(self.dim, self.dim, dtype=torch.float64)
-        for i in range(half):
-            R[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = blocks[i]
-        return R
+        """R(k) (dim, dim) float64: PE(pos + k) = R(k) @ PE(pos) for every pos."""
+        return sinusoid_rotation_1d(offset, self.dim, self.base)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 3 or x.shape[-1] != self.dim:

@@ -20,7 +20,8 @@ import torch.nn.functional as F
 
 from ..layers.feedforward import FeedForward
 from ..layers.functional import check_impl
-from ..layers.mha import MultiHeadAttention, sinusoidal_encoding
+from ..layers.mha import MultiHeadAttention
+from ..layers.sinusoidal import sinusoid_2d
 from ._common import build_config, check_images
 from .registry import register_model
 
@@ -58,12 +59,7 @@ def sinusoidal_2d(grid_h: int, grid_w: int, dim: int) -> torch.Tensor:
     """(grid_h * grid_w, dim) fixed 2D encoding: [PE_1D(row) (dim/2), PE_1D(col) (dim/2)]."""
     if dim % 4 != 0:
         raise ValueError(f"2D sinusoidal position embeddings need embed_dim % 4 == 0, got {dim}")
-    rows = sinusoidal_encoding(torch.arange(grid_h), dim // 2)  # (gh, dim/2)
-    cols = sinusoidal_encoding(torch.arange(grid_w), dim // 2)  # (gw, dim/2)
-    pe = torch.cat(
-        [rows[:, None, :].expand(-1, grid_w, -1), cols[None, :, :].expand(grid_h, -1, -1)], -1
-    )  # (gh, gw, dim), row-major patches
-    return pe.reshape(grid_h * grid_w, dim)
+    return sinusoid_2d(grid_h, grid_w, dim)  # row-major patches
 
 
 def resample_pos_embed(
