@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from attnconv.bench.common import run_case
+from attnconv.bench.common import MALLOC_POLICIES, run_case
 from attnconv.cli import main
 
 
@@ -23,6 +23,16 @@ def test_bench_layers_quick_writes_json_and_table(tmp_path):
 def test_run_case_subprocess_measures_memory():
     res = run_case("attnconv.bench.common:_matmul_step", {"n": 256}, repeats=1, flops=False)
     assert res["median_s"] > 0 and res["peak_mb"] >= 0
+
+
+def test_malloc_policy_reaches_the_case_process(monkeypatch):
+    for key in MALLOC_POLICIES["retain"]:  # the glibc case must not inherit them from here
+        monkeypatch.delenv(key, raising=False)
+    kw = dict(repeats=1, flops=False, memory=False)
+    retain = run_case("attnconv.bench.common:_matmul_step", {"n": 64}, malloc="retain", **kw)
+    assert retain["malloc_env"] == MALLOC_POLICIES["retain"]
+    plain = run_case("attnconv.bench.common:_matmul_step", {"n": 64}, **kw)
+    assert plain["malloc_env"] == {}
 
 
 def test_unknown_suite_is_a_clear_error(capsys):

@@ -133,6 +133,8 @@ def _child(spec: dict) -> dict:
         warmup = max(warmup - 1, 0)
     times = median_time(step, spec.get("repeats", 5), warmup)
     out["times_s"] = times
+    keys = {k for policy in MALLOC_POLICIES.values() for k in policy}
+    out["malloc_env"] = {k: os.environ[k] for k in sorted(keys) if k in os.environ}
     out["median_s"] = statistics.median(times)
     if "gflop" in out:
         out["gflops_per_s"] = out["gflop"] / out["median_s"]
