@@ -264,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
           "setup (ru_maxrss). GFLOP = matmul/conv/attention FLOPs counted by FlopCounterMode.",
           f"Allocator policy: `{args.malloc}` (bench/common.py: `glibc` = the default a user "
           "gets, freed blocks return to the OS and are page-faulted in again; `retain` = freed "
-          "memory is kept and reused, as jemalloc/tcmalloc do).",
+          "memory is kept and reused, as jemalloc/tcmalloc do; its peak MB then counts that "
+          "kept memory too: read memory from a `glibc` run).",
           "The machine is shared with other jobs: compare ratios within this run.\n"]  # fmt: skip
     if targets:
         md += ["## Targets (issue 2)\n", markdown_table(targets, tcols), ""]
