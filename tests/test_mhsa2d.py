@@ -64,6 +64,21 @@ def test_fast_equals_reference_float32(positional, content):
     assert_fast_equals_reference(layer, x, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("layout", ["channels_last", "strided", "sliced"])
+@pytest.mark.parametrize("positional,content", VARIANTS)
+def test_fast_equals_reference_on_non_contiguous_inputs(positional, content, layout):
+    """The fast paths reshape and permute their input: any memory layout must give the same."""
+    torch.manual_seed(0)
+    layer = MultiHeadSelfAttention2d(6, 6, 3, positional=positional, content=content).double()
+    x = torch.randn(2, 12, 5, 7, dtype=torch.float64)
+    x = {
+        "channels_last": x[:, :6].contiguous(memory_format=torch.channels_last),
+        "strided": x[:, :6].transpose(2, 3).contiguous().transpose(2, 3),
+        "sliced": x[:, ::2],
+    }[layout].requires_grad_()
+    assert_fast_equals_reference(layer, x)
+
+
 @pytest.mark.parametrize(
     "kw",
     [
