@@ -30,8 +30,8 @@ def axis_softmax(logits: torch.Tensor) -> torch.Tensor:
 def head_major(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                num_heads: int) -> torch.Tensor:  # fmt: skip
     """NCHW input -> values in the head-major layout (Nh, D, H, B, W) that lets both axis operators
-    run as plain batched matmuls. Wval X + b runs as a 1x1 convolution on the NCHW input (oneDNN:
-    no layout copy of the input, and faster than the same GEMM through nn.Linear on this CPU).
+    run as plain batched matmuls. Wval X + b runs as a 1x1 convolution on the NCHW input (oneDNN
+    on CPU), with no layout copy of the input.
     weight None: the raw input is every head's value (value="identity") -> (1, C, H, B, W).
     Returns a permuted view; the row operator makes it contiguous."""
     b, c, h, w = x.shape
