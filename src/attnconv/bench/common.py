@@ -63,6 +63,18 @@ def suite_parser(suite: str, description: str | None, only: list[str]) -> argpar
     return p
 
 
+def suite_command(suite: str, args: argparse.Namespace) -> str:
+    """The ``attnconv bench`` command line that reproduces a suite_parser run (for its report)."""
+    cmd = f"attnconv bench --suite {suite}" + (" --quick" if args.quick else "")
+    extra = ([f"--only {args.only}"] if args.only else []) + (
+        [f"--malloc {args.malloc}"] if args.malloc != "glibc" else [])  # fmt: skip
+    return cmd + (" -- " + " ".join(extra) if extra else "")
+
+
+TARGET_COLUMNS = [("target", "target", ""), ("measured", "measured", ".3g"),
+                  ("required", "required", ".3g"), ("met", "met", "")]  # fmt: skip
+
+
 def median_time(step: Callable[[], object], repeats: int = 5, warmup: int = 1) -> list[float]:
     """Run ``step`` warmup times, then return the wall times of ``repeats`` more runs."""
     for _ in range(warmup):

@@ -22,9 +22,11 @@ import platform
 import torch
 
 from attnconv.bench.common import (
+    TARGET_COLUMNS,
     markdown_table,
     matmul_peak_gflops,
     run_case,
+    suite_command,
     suite_parser,
     write_results,
 )
@@ -248,12 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             ("pct_peak", "% matmul peak", ".0f"), ("error", "note", "")]  # fmt: skip
     # the targets are defined at the issue's sizes: not evaluated on --quick's tiny ones
     targets = check_targets(rows) if args.only in (None, "targets") and not args.quick else []
-    tcols = [("target", "target", ""), ("measured", "measured", ".3g"),
-             ("required", "required", ".3g"), ("met", "met", "")]  # fmt: skip
-    cmd = "attnconv bench --suite layers" + (" --quick" if args.quick else "")
-    extra = ([f"--only {args.only}"] if args.only else []) + (
-        [f"--malloc {args.malloc}"] if args.malloc != "glibc" else [])  # fmt: skip
-    cmd += " -- " + " ".join(extra) if extra else ""
+    cmd = suite_command("layers", args)
     md = [f"# Layer benchmark\n\nCommand: `{cmd} --threads {args.threads}`; "
           f"{repeats} timed repeat(s) per case (median), each case in a fresh subprocess.",
           f"Machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
@@ -268,14 +265,14 @@ def main(argv: list[str] | None = None) -> int:
           "kept memory too: read memory from a `glibc` run).",
           "The machine is shared with other jobs: compare ratios within this run.\n"]  # fmt: skip
     if targets:
-        md += ["## Targets (issue 2)\n", markdown_table(targets, tcols), ""]
+        md += ["## Targets (issue 2)\n", markdown_table(targets, TARGET_COLUMNS), ""]
     md += ["## All cases\n", markdown_table(rows, cols)]
     payload = dict(command=cmd, threads=args.threads, repeats=repeats, malloc=args.malloc,
                    matmul_peak_gflops=peak,
                    torch=torch.__version__, rows=rows, targets=targets)  # fmt: skip
     path = write_results("layers", payload, "\n".join(md), args.out_dir)
     if targets:
-        print(markdown_table(targets, tcols))
+        print(markdown_table(targets, TARGET_COLUMNS))
     print(f"wrote {path} and {path.with_suffix('.md')}")
     return 0
 

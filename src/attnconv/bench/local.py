@@ -21,7 +21,14 @@ import sys
 
 import torch
 
-from attnconv.bench.common import markdown_table, run_case, suite_parser, write_results
+from attnconv.bench.common import (
+    TARGET_COLUMNS,
+    markdown_table,
+    run_case,
+    suite_command,
+    suite_parser,
+    write_results,
+)
 
 FACTORY = "attnconv.bench.local:make_step"
 
@@ -259,16 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         ("error", "note", ""),
     ]
     targets = check_targets(rows) if not args.quick and args.only in (None, "target") else []
-    tcols = [
-        ("target", "target", ""),
-        ("measured", "measured", ".3g"),
-        ("required", "required", ".3g"),
-        ("met", "met", ""),
-    ]
-    cmd = "attnconv bench --suite local" + (" --quick" if args.quick else "")
-    extra = ([f"--only {args.only}"] if args.only else []) + (
-        [f"--malloc {args.malloc}"] if args.malloc != "glibc" else [])  # fmt: skip
-    cmd += " -- " + " ".join(extra) if extra else ""
+    cmd = suite_command("local", args)
     md = [
         f"# Local (SASA) attention benchmark\n\nCommand: `{cmd} --threads {args.threads}`; "
         f"{repeats} timed repeat(s) per layer case (median; model forwards: 1 after a warmup), "
@@ -282,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         "The machine is shared with other jobs: compare ratios within this run.\n",
     ]
     if targets:
-        md += ["## Targets (issue 4)\n", markdown_table(targets, tcols), ""]
+        md += ["## Targets (issue 4)\n", markdown_table(targets, TARGET_COLUMNS), ""]
     if fast and conv:
         md += [
             f"Fast local attention (k=7) / Conv2d 3x3 time at the target size: "
@@ -300,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     path = write_results("local", payload, "\n".join(md), args.out_dir)
     if targets:
-        print(markdown_table(targets, tcols))
+        print(markdown_table(targets, TARGET_COLUMNS))
     print(f"wrote {path} and {path.with_suffix('.md')}")
     return 0
 
