@@ -77,6 +77,16 @@ def latest_step(run: Path) -> int:
     return int(p.read_text().strip().split("-")[1]) if p.is_file() else -1
 
 
+def train_until_step(cfg_file: Path, run: Path, step: int) -> subprocess.Popen:
+    """Start `attnconv train` into ``run``; return once it has checkpointed ``step`` (or died,
+    or 120 s passed)."""
+    p = cli("train", str(cfg_file), "--out", str(run))
+    deadline = time.time() + 120
+    while latest_step(run) < step and p.poll() is None and time.time() < deadline:
+        time.sleep(0.005)
+    return p
+
+
 def assert_identical(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
     for k in a:
@@ -148,10 +158,7 @@ def test_resume_refuses_changed_config(baseline, cifar_zip, tmp_path):
 def test_kill_9_then_resume_is_exact(baseline, tmp_path):
     cfg_file, final, _ = baseline
     run = tmp_path / "run"
-    p = cli("train", str(cfg_file), "--out", str(run))
-    deadline = time.time() + 120
-    while latest_step(run) < 3 and p.poll() is None and time.time() < deadline:
-        time.sleep(0.005)
+    p = train_until_step(cfg_file, run, 3)
     p.kill()  # SIGKILL: no handler runs
     p.communicate()
     killed_at = latest_step(run)
@@ -166,10 +173,7 @@ def test_kill_9_then_resume_is_exact(baseline, tmp_path):
 def test_signal_saves_resumable_checkpoint_and_exits(baseline, tmp_path, sig):
     cfg_file, final, _ = baseline
     run = tmp_path / "run"
-    p = cli("train", str(cfg_file), "--out", str(run))
-    deadline = time.time() + 120
-    while latest_step(run) < 3 and p.poll() is None and time.time() < deadline:
-        time.sleep(0.005)
+    p = train_until_step(cfg_file, run, 3)
     p.send_signal(sig)
     _, err = p.communicate(timeout=120)
     assert p.returncode == 128 + sig, err
