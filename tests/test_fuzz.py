@@ -239,7 +239,7 @@ def test_mhsa2d(cfg, data):
         if quad is not None and layer.positional == "quadratic":
             with torch.no_grad():
                 layer.positional_encoding.centers.copy_(quad[0])
-                layer.positional_encoding.alpha.copy_(quad[1])
+                layer.positional_encoding.set_alpha(quad[1])
         return layer
 
     b, h, w = d(st.integers(1, 2)), d(st.integers(1, 5)), d(st.integers(1, 5))

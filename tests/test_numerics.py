@@ -31,7 +31,7 @@ def test_layer_under_bf16_autocast_stays_finite(positional, content, impl):
     with torch.no_grad():
         enc.centers.copy_(torch.tensor(CENTERS))
         if positional == "quadratic":
-            enc.alpha.fill_(1e4)
+            enc.set_alpha(1e4)
         else:
             enc.precision_factor.copy_(torch.eye(2) * 140.0)  # Sigma^-1 ~ 2e4 I
     x = torch.randn(2, 4, 12, 10, requires_grad=True)
@@ -50,7 +50,7 @@ def test_sa_quadratic_model_under_bf16_autocast_stays_finite():
     assert layers
     with torch.no_grad():
         for m in layers:
-            m.positional_encoding.alpha.fill_(1e4)
+            m.positional_encoding.set_alpha(1e4)
             m.positional_encoding.centers.mul_(1e3)  # far outside the 16x16 token grid
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits = model(torch.randn(2, 3, 32, 32))

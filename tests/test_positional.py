@@ -54,7 +54,7 @@ def test_large_alpha_puts_mass_on_shifted_pixel(shape):
     enc = QuadraticEncoding(9, init_centers_std=1.0)
     with torch.no_grad():
         enc.centers.copy_(torch.tensor([[a, b] for a in (-1, 0, 1) for b in (-1, 0, 1)]) + 0.2)
-        enc.alpha.fill_(50.0)
+        enc.set_alpha(50.0)
     probs = separable_probs(*enc.axis_logits(h, w)).view(9, h, w, h, w)
     dense = torch.softmax(enc.dense_logits(h, w), -1).view(9, h, w, h, w)
     torch.testing.assert_close(probs, dense)
@@ -76,7 +76,7 @@ def test_hard_mode_is_the_large_alpha_limit_including_borders():
     x = torch.randn(2, 3, 5, 6)
     y_hard = layer(x)
     layer.positional_encoding.hard = False
-    layer.positional_encoding.alpha.data.fill_(1e4)
+    layer.positional_encoding.set_alpha(1e4)
     torch.testing.assert_close(layer(x), y_hard, rtol=1e-5, atol=1e-5)
     layer.impl = "reference"
     torch.testing.assert_close(layer(x), y_hard, rtol=1e-5, atol=1e-5)
@@ -93,7 +93,7 @@ def test_extreme_precision_and_far_centres_stay_finite(dtype, positional, conten
     with torch.no_grad():
         enc.centers.copy_(torch.tensor([[0.0, 1.0], [300.0, -500.0], [1e4, 1e4], [-2.4, 1.6]]))
         if positional == "quadratic":
-            enc.alpha.fill_(1e4)
+            enc.set_alpha(1e4)
         else:
             enc.precision_factor.copy_(torch.eye(2) * 140.0)  # Sigma^-1 ~ 2e4 I
     ref = layer.double()(torch.randn(2, 4, 12, 10, dtype=torch.float64))

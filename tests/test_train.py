@@ -285,7 +285,7 @@ class _Quadratic(nn.Module):
 
 def test_no_weight_decay_on_norms_biases_centres():
     m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), _Quadratic(), nn.LayerNorm(3))
-    names = set(no_decay_names(m, ["centers", "alpha"]))
+    names = set(no_decay_names(m, ["centers", "alpha"]))  # names given in the config
     assert names == {
         "0.bias",
         "1.weight",

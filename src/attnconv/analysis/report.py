@@ -23,6 +23,7 @@ from .centers import head_centers, read_center_log
 from .convlike import ConvLikeness
 from .distance import MeanDistance, pixel_distances
 from .explorer import normalize
+from .grid import grid_scores
 from .maps import MapAverage, iter_attention, query_maps
 from .posemb import (
     find_patch_embedding,
@@ -158,6 +159,9 @@ def analyze_model(
         report["conv_likeness_table"] = F.convlikeness_table(conv_res)
     if centers:
         report["centers"] = [c.tolist() for c in centers]
+    scores = grid_scores(model, grid)
+    if scores:
+        report["grid_score"] = [g.to_dict() for g in scores]
     if center_log is not None and Path(center_log).is_file():
         epochs, traj = read_center_log(center_log)
         figs["center_trajectories"] = F.plot_center_trajectories(

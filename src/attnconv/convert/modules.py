@@ -200,7 +200,7 @@ def conv_to_attention(
     pe = layer.positional_encoding
     with torch.no_grad():
         pe.centers.copy_(geom.centers().to(pe.centers))
-        pe.alpha.fill_(1.0 if alpha is None else float(alpha))
+        pe.set_alpha(1.0 if alpha is None else float(alpha))
         layer.out_proj.weight.copy_(out_w)
         if bias:
             layer.out_proj.bias.copy_(conv.bias.detach())

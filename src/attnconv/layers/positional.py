@@ -101,11 +101,15 @@ class QuadraticEncoding(nn.Module):
     """Eq. 9: logits_h(q, k) = -alpha_h ||k - q - Delta_h||^2 (the ||Delta||^2 term of the paper's
     v^T r_delta is constant per query and cancels in the softmax).
 
-    ``centers`` (Nh, 2) = Delta in pixels (row, col), init N(0, init_centers_std^2 I);
-    ``alpha`` (Nh,) precision, stored directly, init near ``init_alpha`` (the reference code's
-    0.5 * (1 + N(0, 0.01))^2). ``hard=True`` is the alpha -> infinity limit: one-hot on pixel
-    clamp(q + round(Delta_h)) per axis.
+    ``centers`` (Nh, 2) = Delta in pixels (row, col), init N(0, init_centers_std^2 I).
+    ``spread`` (Nh,) = s, the reference code's inverse standard deviation: Sigma^-1 = s^2 I, so
+    alpha = s^2 / 2 >= 0 whatever s, and a step on s moves alpha by s ds (faster as the head
+    sharpens). Init s = sqrt(2 init_alpha) (1 + N(0, init_spread_std^2)): 1 + N(0, 0.01^2) at
+    the default alpha 0.5, as in the reference. ``hard=True`` is the alpha -> infinity limit:
+    one-hot on pixel clamp(q + round(Delta_h)) per axis.
     """
+
+    no_weight_decay = ("centers", "spread")  # geometry, never decayed (reference code)
 
     def __init__(
         self,
@@ -114,11 +118,29 @@ class QuadraticEncoding(nn.Module):
         hard: bool = False,
         init_centers_std: float = 2.0,
         init_alpha: float = 0.5,
+        init_spread_std: float = 0.01,
     ):
         super().__init__()
+        if not init_alpha > 0:
+            raise ValueError(f"init_alpha must be > 0, got {init_alpha}")
         self.num_heads, self.hard = num_heads, hard
         self.centers = nn.Parameter(torch.randn(num_heads, 2) * init_centers_std)
-        self.alpha = nn.Parameter(init_alpha * (1 + 0.01 * torch.randn(num_heads)) ** 2)
+        s0 = (2.0 * init_alpha) ** 0.5
+        self.spread = nn.Parameter(s0 * (1 + init_spread_std * torch.randn(num_heads)))
+        self.register_load_state_dict_pre_hook(_alpha_to_spread)
+
+    @property
+    def alpha(self) -> torch.Tensor:
+        """(Nh,) precision alpha = s^2 / 2 (float32 at least), differentiable in ``spread``."""
+        return 0.5 * hi(self.spread) ** 2
+
+    @torch.no_grad()
+    def set_alpha(self, alpha) -> None:
+        """Set every head's (or, with an (Nh,) tensor, each head's) alpha: s = sqrt(2 alpha)."""
+        a = torch.as_tensor(alpha, dtype=torch.float64)
+        if not bool(torch.isfinite(a).all()) or bool((a < 0).any()):
+            raise ValueError(f"alpha must be finite and >= 0, got {alpha}")
+        self.spread.copy_(torch.sqrt(2 * a).to(self.spread).expand_as(self.spread))
 
     def axis_logits(self, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Separable form: row logits (Nh, h, h) [q1, k1] and column logits (Nh, w, w)."""
@@ -164,8 +186,11 @@ class QuadraticEncoding(nn.Module):
 
 class GeneralizedQuadraticEncoding(nn.Module):
     """Generalized eq. 9: logits_h = -1/2 (delta - Delta_h)^T Sigma_h^-1 (delta - Delta_h), with
-    Sigma_h^-1 = L_h^T L_h positive semi-definite (L init I + N(0, 0.01^2): alpha near 0.5).
-    As a relative encoding, r_delta = (d1^2, d2^2, d1 d2, d1, d2): Dp = 5."""
+    Sigma_h^-1 = A_h A_h^T positive semi-definite, A = ``precision_factor`` init I + N(0, 0.01^2)
+    (the reference code's ``attention_spreads``, same product). As a relative encoding,
+    r_delta = (d1^2, d2^2, d1 d2, d1, d2): Dp = 5."""
+
+    no_weight_decay = ("centers", "precision_factor")  # never decayed (reference code)
 
     def __init__(self, num_heads: int, *, init_centers_std: float = 2.0, hard: bool = False):
         super().__init__()
@@ -179,9 +204,9 @@ class GeneralizedQuadraticEncoding(nn.Module):
 
     @property
     def precision(self) -> torch.Tensor:
-        """Sigma^-1 (Nh, 2, 2) = L^T L."""
-        lf = hi(self.precision_factor)
-        return lf.transpose(-1, -2) @ lf
+        """Sigma^-1 (Nh, 2, 2) = A A^T."""
+        a = hi(self.precision_factor)
+        return a @ a.transpose(-1, -2)
 
     def dense_logits(self, h: int, w: int) -> torch.Tensor:
         ctr = hi(self.centers)
@@ -201,3 +226,25 @@ class GeneralizedQuadraticEncoding(nn.Module):
         q_pos = torch.cat([lin, quad[:, None, :].expand(-1, h * w, 3)], dim=-1)  # (Nh, T, 5)
         k_pos = torch.cat([p, p.pow(2), p[:, :1] * p[:, 1:]], dim=-1)  # (T, 5)
         return q_pos, k_pos
+
+
+def _alpha_to_spread(module, state_dict, prefix, *args) -> None:
+    """Load checkpoints written before alpha was parametrized by s: spread = sqrt(2 alpha)."""
+    old, new = prefix + "alpha", prefix + "spread"
+    if old in state_dict and new not in state_dict:
+        alpha = state_dict.pop(old)
+        if bool((alpha < 0).any()):
+            raise ValueError(
+                f"{old}: a negative alpha {alpha.min().item():g} (from a checkpoint of the old "
+                "direct parametrization) has no spread s with alpha = s^2 / 2"
+            )
+        state_dict[new] = torch.sqrt(2 * alpha)
+
+
+def upgrade_state_dict(state_dict: dict) -> dict:
+    """A copy of ``state_dict`` with every quadratic encoding's old ``alpha`` entry replaced by
+    its ``spread`` (for loaders that check names before ``load_state_dict``)."""
+    out = dict(state_dict)
+    for key in [k for k in state_dict if k.endswith("positional_encoding.alpha")]:
+        _alpha_to_spread(None, out, key[: -len("alpha")])
+    return out

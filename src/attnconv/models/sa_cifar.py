@@ -13,6 +13,11 @@ quadratic (eq. 9, isotropic Gaussian per head), its generalized form (learned PS
 learned relative (position-only) and learned relative + content.
 Table 1 parameters at 10 classes: 12.1M / 12.3M / 29.5M (these models: 12.09M, 12.28M, 29.49M).
 Width, depth, heads, feed-forward size and input downsampling are overridable.
+
+Initialisation and parametrization follow the reference code, not BERT's paper: PyTorch's
+default Linear init, N(0, 1) learned relative tables, Gaussian spreads s with alpha = s^2 / 2
+(``init="bert"`` gives BERT's N(0, 0.02) instead). ``reference_port.py`` maps a reference
+checkpoint's parameters onto these models.
 """
 
 from __future__ import annotations
@@ -38,6 +43,11 @@ __all__ = [
 ]
 
 _LEARNED_TABLES = ("absolute_learned", "relative_learned")
+# "reference": what epfml/attention-cnn's BertImage does (it never calls BERT's
+#   init_bert_weights): PyTorch's default Linear init, learned relative tables N(0, 1) as
+#   nn.Embedding; "bert": BERT's init_bert_weights, Linear N(0, 0.02) with zero bias and the
+#   tables N(0, 0.02) (this project's init before; kept to compare).
+INITS = ("reference", "bert")
 
 
 @dataclass
@@ -56,8 +66,9 @@ class SACifarConfig:
     content: bool = False
     max_size: int | None = None  # side of learned tables; default img_size // downsample
     init_centers_std: float = 2.0  # Delta ~ N(0, 2^2 I) pixels (reference init)
-    init_alpha: float = 0.5
-    init_std: float = 0.02  # BERT initializer_range
+    init_alpha: float = 0.5  # alpha = s^2 / 2, s init sqrt(2 init_alpha) (1 + N(0, 0.01^2))
+    init: str = "reference"  # "reference": the reference code's init; "bert": BERT's (see INITS)
+    init_std: float = 0.02  # BERT initializer_range (init="bert" only)
     layer_norm_eps: float = 1e-12
     impl: str = "auto"
 
@@ -121,6 +132,8 @@ class SelfAttentionCifar(nn.Module):
             raise ValueError(
                 f"img_size {cfg.img_size} is not a multiple of downsample {cfg.downsample}"
             )
+        if cfg.init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {cfg.init!r}")
         self.cfg = cfg
         grid = cfg.img_size // cfg.downsample
         self.attention_grid = (grid, grid)
@@ -129,10 +142,11 @@ class SelfAttentionCifar(nn.Module):
         self.layers = nn.ModuleList([SALayer(cfg, self.max_size) for _ in range(cfg.num_layers)])
         self.head = nn.Linear(cfg.hidden_size, cfg.num_classes)
         self.num_features = cfg.hidden_size
-        self._init_weights()
+        if cfg.init == "bert":  # "reference": the modules' own init is the reference code's
+            self._init_bert()
 
-    def _init_weights(self) -> None:
-        """BERT init (reference code): Linear N(0, 0.02), zero bias; learned tables N(0, 0.02)."""
+    def _init_bert(self) -> None:
+        """BERT's init_bert_weights: Linear N(0, 0.02), zero bias; learned tables N(0, 0.02)."""
         std = self.cfg.init_std
         for m in self.modules():
             if isinstance(m, nn.Linear):

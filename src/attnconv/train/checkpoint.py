@@ -313,6 +313,7 @@ def load_model(
     ``model_name``, if given, must match the stored one. ``overrides`` are extra
     ``create_model`` arguments that don't change the weights (e.g. ``impl``).
     """
+    from attnconv.layers.positional import upgrade_state_dict
     from attnconv.models import create_model, list_models
 
     meta, weights, _ = read_checkpoint(path)
@@ -328,6 +329,10 @@ def load_model(
         model = create_model(name, **{**meta.get("model_kwargs", {}), **overrides})
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{where}: foreign checkpoint: cannot build {name!r} ({e})") from None
+    try:
+        weights = upgrade_state_dict(weights)  # quadratic alpha -> spread (older checkpoints)
+    except ValueError as e:
+        raise CheckpointError(f"{where}: {e}") from None
     check_fits(model, weights, where, name)
     model.load_state_dict(weights, strict=True)
     model.eval()

@@ -47,8 +47,10 @@ class OptimConfig:
     betas: list = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
     weight_decay: float = 1e-4
-    # parameters without weight decay: norms, biases, and these names (Gaussian centres / precision)
-    no_decay: list = field(default_factory=lambda: ["centers", "alpha"])
+    # parameter names without weight decay (the Gaussian centres and spreads never are: their
+    # modules declare them)
+    no_decay: list = field(default_factory=list)
+    decay_1d: bool = False  # decay norms and biases too (the reference code does)
 
 
 @dataclass
@@ -58,6 +60,7 @@ class ScheduleConfig:
     milestones: list = field(default_factory=list)  # epochs where multistep multiplies by gamma
     gamma: float = 0.1
     min_lr: float = 0.0
+    per_epoch: bool = False  # cosine stepped once per epoch, staircase warm-up (reference code)
 
 
 @dataclass

@@ -1,0 +1,63 @@
+"""Grid score of quadratic layers: do the heads sit on the integer offsets of a convolution
+kernel (Cordonnier et al. 2020, Theorem 1 and fig. 3)?
+
+A head is *sharp* when it puts more than half of its mass on one key for a query in the middle
+of the image (alpha large enough: Lemma 2's hard head is the limit); its offset is that key's
+position minus the query's. A layer's score counts the *distinct* offsets of sharp heads inside
+the 3x3 (out of 9) and the 5x5 (out of 25) neighbourhood: a layer that became a 3x3
+convolution's attention scores 9/9.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn as nn
+
+from ..layers.mhsa2d import MultiHeadSelfAttention2d
+
+SHARP = 0.5  # a head is sharp when its top key holds more than this share of its mass
+
+
+@dataclass
+class GridScore:
+    peak_mass: list[float]  # per head, the top key's probability
+    offsets: list[list[int]]  # per head, (row, col) of its top key relative to the query
+    sharp_heads: int
+    grid3: int  # distinct offsets of sharp heads with max(|row|, |col|) <= 1 (of 9)
+    grid5: int  # ... <= 2 (of 25)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@torch.no_grad()
+def layer_grid_score(layer: MultiHeadSelfAttention2d, h: int, w: int) -> GridScore:
+    """Grid score of one position-only quadratic layer on an h x w grid (query at the middle)."""
+    dt = layer.out_proj.weight.dtype
+    x = torch.zeros(1, layer.in_channels, h, w, dtype=dt, device=layer.out_proj.weight.device)
+    qr, qc = h // 2, w // 2
+    probs = layer.attention_probs(x)[0, :, qr * w + qc].float()  # (Nh, T)
+    peak, idx = probs.max(-1)
+    offsets = [[int(i) // w - qr, int(i) % w - qc] for i in idx]
+    sharp = {tuple(o) for o, p in zip(offsets, peak.tolist()) if p > SHARP}
+    return GridScore(
+        peak_mass=[round(p, 4) for p in peak.tolist()],
+        offsets=offsets,
+        sharp_heads=int((peak > SHARP).sum()),
+        grid3=sum(max(abs(r), abs(c)) <= 1 for r, c in sharp),
+        grid5=sum(max(abs(r), abs(c)) <= 2 for r, c in sharp),
+    )
+
+
+def grid_scores(model: nn.Module, grid: tuple[int, int]) -> list[GridScore]:
+    """Per position-only quadratic layer of ``model`` (input -> output), its grid score on the
+    model's token grid; [] for a model without such layers."""
+    return [
+        layer_grid_score(m, *grid)
+        for m in model.modules()
+        if isinstance(m, MultiHeadSelfAttention2d)
+        and m.positional.startswith("quadratic")
+        and not m.content
+    ]

@@ -1,0 +1,135 @@
+"""Parameter mapping between the paper models (sa_cifar.py) and the reference code,
+epfml/attention-cnn's ``BertImage`` (models/bert.py), so a reference checkpoint can be loaded.
+
+Reference names (``encoder.layer.{i}.`` prefix inside layers) -> attnconv (``layers.{i}.``):
+
+- ``features_upscale`` (Linear(ds*ds*3, D)) -> ``embed``, input columns permuted (below)
+- ``attention.self.attention_centers`` (Nh, 2) -> ``attn.positional_encoding.centers``
+- ``attention.self.attention_spreads``: isotropic (Nh,) = s -> ``...spread`` (alpha = s^2 / 2);
+  full (Nh, 2, 2) = A -> ``...precision_factor`` (Sigma^-1 = A A^T in both)
+- ``attention.self.row_embeddings`` / ``col_embeddings`` -> ``...tables.rel_row`` / ``rel_col``
+- ``attention.self.head_keys_row`` / ``head_keys_col`` -> ``...head_keys_row`` / ``head_keys_col``
+- ``attention.self.query`` / ``key`` (content) -> ``attn.query_proj`` / ``key_proj``
+  (zero bias where the reference has none)
+- ``attention.self.value`` (Linear(Nh*D, D), head-major) -> ``attn.out_proj`` (Wval Wout)
+- ``attention.output.dense`` / ``attention.output.LayerNorm`` -> ``attn_dense`` / ``norm1``
+- ``intermediate.dense`` / ``output.dense`` / ``output.LayerNorm`` -> ``fc1`` / ``fc2`` / ``norm2``
+- ``classifier`` -> ``head``
+
+Space-to-depth: the reference's ``downsample_concatenate`` orders a ds x ds block's values as
+(block row, block column, channel), channel fastest; ``F.pixel_unshuffle`` orders them
+(channel, block row, block column). Both number offsets (row, col) = key - query and the
+Gaussian centres (row, col) alike, so centres need no change. Buffers (the Gaussian's ``R``,
+``attention_mask``) and the unused ``mask_embedding`` / ``cls_embedding`` are skipped.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .sa_cifar import SelfAttentionCifar
+
+_LAYER = {  # reference suffix -> attnconv suffix, inside encoder.layer.{i}. / layers.{i}.
+    "attention.self.attention_centers": "attn.positional_encoding.centers",
+    "attention.self.row_embeddings.weight": "attn.positional_encoding.tables.rel_row",
+    "attention.self.col_embeddings.weight": "attn.positional_encoding.tables.rel_col",
+    "attention.self.head_keys_row.weight": "attn.positional_encoding.head_keys_row.weight",
+    "attention.self.head_keys_col.weight": "attn.positional_encoding.head_keys_col.weight",
+    "attention.self.query.weight": "attn.query_proj.weight",
+    "attention.self.query.bias": "attn.query_proj.bias",
+    "attention.self.key.weight": "attn.key_proj.weight",
+    "attention.self.key.bias": "attn.key_proj.bias",
+    "attention.self.value.weight": "attn.out_proj.weight",
+    "attention.self.value.bias": "attn.out_proj.bias",
+    "attention.output.dense.weight": "attn_dense.weight",
+    "attention.output.dense.bias": "attn_dense.bias",
+    "attention.output.LayerNorm.weight": "norm1.weight",
+    "attention.output.LayerNorm.bias": "norm1.bias",
+    "intermediate.dense.weight": "fc1.weight",
+    "intermediate.dense.bias": "fc1.bias",
+    "output.dense.weight": "fc2.weight",
+    "output.dense.bias": "fc2.bias",
+    "output.LayerNorm.weight": "norm2.weight",
+    "output.LayerNorm.bias": "norm2.bias",
+}
+_TOP = {"features_upscale.weight": "embed.weight", "features_upscale.bias": "embed.bias",
+        "classifier.weight": "head.weight", "classifier.bias": "head.bias"}  # fmt: skip
+_SKIP = ("attention.self.R", "attention_mask", "mask_embedding", "cls_embedding")
+
+
+def embed_permutation(in_chans: int, ds: int) -> torch.Tensor:
+    """perm with ours[:, j] = reference[:, perm[j]]: j = c*ds*ds + i*ds + k (pixel_unshuffle)
+    reads reference column i*ds*C + k*C + c (downsample_concatenate)."""
+    c, i, k = torch.meshgrid(
+        torch.arange(in_chans), torch.arange(ds), torch.arange(ds), indexing="ij"
+    )
+    return (i * ds * in_chans + k * in_chans + c).flatten()
+
+
+def _name_map(model: SelfAttentionCifar) -> dict[str, str]:
+    """reference name -> attnconv name, for the names this model has."""
+    own = set(model.state_dict())
+    out = {r: a for r, a in _TOP.items() if a in own}
+    for i in range(len(model.layers)):
+        for r, a in _LAYER.items():
+            if f"layers.{i}.{a}" in own:
+                out[f"encoder.layer.{i}.{r}"] = f"layers.{i}.{a}"
+        spread = f"layers.{i}.attn.positional_encoding."
+        for a in ("spread", "precision_factor"):
+            if spread + a in own:
+                out[f"encoder.layer.{i}.attention.self.attention_spreads"] = spread + a
+    return out
+
+
+def from_reference(state: dict[str, torch.Tensor], model: SelfAttentionCifar) -> dict:
+    """The reference's state dict -> ``model``'s, every tensor mapped (missing query/key biases
+    zero); raises ValueError naming the first unmapped, missing or mis-shaped keys."""
+    names, own = _name_map(model), model.state_dict()
+    unknown = [k for k in state if k not in names and not k.endswith(_SKIP)]
+    if unknown:
+        raise ValueError(f"reference checkpoint: keys with no attnconv counterpart: {unknown[:3]}")
+    out = {}
+    for r, a in names.items():
+        if r not in state:
+            if a.endswith(("query_proj.bias", "key_proj.bias")):
+                out[a] = torch.zeros_like(own[a])  # the reference's projections have no bias
+                continue
+            raise ValueError(f"reference checkpoint: missing {r} (for {a})")
+        t = state[r]
+        if a == "embed.weight":
+            t = t[:, embed_permutation(model.cfg.in_chans, model.cfg.downsample)]
+        if t.shape != own[a].shape:
+            raise ValueError(
+                f"reference checkpoint: {r} has shape {tuple(t.shape)}, {a} needs "
+                f"{tuple(own[a].shape)}"
+            )
+        out[a] = t.to(own[a].dtype)
+    missing = sorted(set(own) - set(out))
+    if missing:
+        raise ValueError(f"reference checkpoint: nothing for {missing[:3]}")
+    return out
+
+
+def to_reference(model: SelfAttentionCifar) -> dict[str, torch.Tensor]:
+    """``model``'s parameters under the reference's names and layout (inverse of
+    ``from_reference``)."""
+    own = model.state_dict()
+    out = {}
+    for r, a in _name_map(model).items():
+        t = own[a]
+        if a == "embed.weight":
+            inv = torch.argsort(embed_permutation(model.cfg.in_chans, model.cfg.downsample))
+            t = t[:, inv]
+        out[r] = t.clone()
+    return out
+
+
+def load_reference_checkpoint(model: SelfAttentionCifar, path: str) -> SelfAttentionCifar:
+    """Load a reference checkpoint file (torch.save of a state dict, or of a dict holding one
+    under ``model_state_dict``) into ``model``; never unpickles code (weights_only=True)."""
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(state, dict) and "model_state_dict" in state:
+        state = state["model_state_dict"]
+    state = {k.removeprefix("module."): v for k, v in state.items()}  # DataParallel
+    model.load_state_dict(from_reference(state, model))
+    return model
