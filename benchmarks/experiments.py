@@ -136,8 +136,7 @@ def table1(lines: list[str]) -> None:
         if test_acc is not None:
             accs[name] = test_acc
     extra = [("sa_learned, `init: bert` (ablation)", "table1_sa_learned_bert"),
-             ("sa_quadratic in fp32 (bf16 check)", "table1_sa_quadratic_fp32"),
-             ("sa_learned in fp32 (bf16 check)", "table1_sa_learned_fp32")]  # fmt: skip
+             ("sa_quadratic in fp32 (bf16 check)", "table1_sa_quadratic_fp32")]  # fmt: skip
     for label, run in extra:
         if (RUNS / run).exists():
             lines.append(f"| {label} | {run_cells(RUNS / run)[0]} | |")

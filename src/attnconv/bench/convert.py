@@ -1,7 +1,9 @@
 """`attnconv bench --suite convert [-- --checkpoint CK --data ZIP]`: Theorem 1, measured.
 
 1. Speed: CIFAR ResNet18 inference (batch of 32x32 real images) original vs converted with
-   ``convert_model`` (hard, exact heads): medians of interleaved repeats, one process, ratio.
+   ``convert_model`` (hard, exact heads): medians of interleaved repeats, one process, ratio;
+   and the same for three networks at 112x112 (ResNet18, a depthwise-separable MobileNet-style
+   net, a ConvNeXt-style stack of 7x7 depthwise blocks) with their parameter counts.
 2. Lemma 2: output error of the soft conversion of a conv against alpha (0.5 .. 1e4), float32
    and float64, on real CIFAR images -> JSON + PNG.
 3. With ``--checkpoint CK --data ZIP``: predictions of the trained model and its converted twin
@@ -158,6 +160,37 @@ def bench_predictions(checkpoint: str, data: str, batch: int) -> dict:
             "train_step": state.get("step"), "batch": batch, **res}  # fmt: skip
 
 
+def bench_networks(batch: int, repeats: int, size: int, quick: bool = False) -> list[dict]:
+    """Converted (hard) vs original inference time and parameters for three CNN families."""
+    from attnconv.bench.convnets import ConvNeXtStack, DepthwiseSeparableNet
+    from attnconv.convert import convert_model
+    from attnconv.models import create_model
+
+    torch.manual_seed(0)
+    nets = {
+        "resnet18_cifar": create_model("resnet18_cifar", **({"widths": (8,) * 4} if quick else {})),
+        "depthwise_separable": DepthwiseSeparableNet((8, 8, 8) if quick else (32, 64, 128, 128,
+                                                                                256, 256)),
+        "convnext_stack": ConvNeXtStack((8,), 1) if quick else ConvNeXtStack(),
+    }  # fmt: skip
+    x = torch.randn(batch, 3, size, size)
+    rows = []
+    for name, net in nets.items():
+        net = net.eval()
+        conv = convert_model(net).eval()
+        with torch.no_grad():
+            ref = net(x)
+            rel = ((conv(x) - ref).abs().max() / ref.abs().max()).item()
+        t, c = _timings({"conv": net, "attention_hard": conv}, x, repeats)
+        n0, n1 = (sum(p.numel() for p in m.parameters()) for m in (net, conv))
+        rows.append({"network": name, "batch": batch, "image": size, "seconds": t,
+                     "cpu_seconds": c, "ratio": t["attention_hard"] / t["conv"],
+                     "cpu_ratio": c["attention_hard"] / c["conv"], "params": n0,
+                     "params_converted": n1, "params_ratio": n1 / n0,
+                     "max_rel_logit_diff": rel})  # fmt: skip
+    return rows
+
+
 def _command(argv: list[str]) -> str:
     return " ".join([COMMAND, "--", *argv]) if argv else COMMAND
 
@@ -182,7 +215,17 @@ def _markdown(res: dict, argv: list[str]) -> str:
               f"({s['ratio_attention_over_best_conv']:.2f}x; CPU time "
               f"{s['cpu_ratio_attention_over_best_conv']:.2f}x). "
               f"Max |logit diff| {s['max_abs_logit_diff']:.2e}.", ""]  # fmt: skip
-    lines += ["## Lemma 2: error of the soft conversion vs alpha", "", res["lemma2"]["conv"] +
+    lines += ["## Speed and size: three CNN families, converted (hard) vs original", "",
+              "| network | batch x image | original s | converted s | ratio (wall) | ratio (CPU) "
+              "| params | converted params | max rel. logit diff |",
+              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in res.get("networks", []):
+        lines.append(f"| {r['network']} | {r['batch']} x {r['image']}^2 | "
+                     f"{r['seconds']['conv']:.4f} | {r['seconds']['attention_hard']:.4f} | "
+                     f"{r['ratio']:.2f}x | {r['cpu_ratio']:.2f}x | {r['params']:,} | "
+                     f"{r['params_converted']:,} ({r['params_ratio']:.3f}x) | "
+                     f"{r['max_rel_logit_diff']:.1e} |")  # fmt: skip
+    lines += ["", "## Lemma 2: error of the soft conversion vs alpha", "", res["lemma2"]["conv"] +
               f" ({res['lemma2']['images']} images); relative error = max|attn - conv| / "
               "max|conv|. Figure: convert_lemma2.png.", "",
               "| alpha | float32 | float64 |", "|---|---|---|"]  # fmt: skip
@@ -217,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--net-batch", type=int, default=4, help="batch of the three-network table")
+    p.add_argument("--net-size", type=int, default=112, help="image side of that table")
     p.add_argument("--checkpoint", help="trained checkpoint for the predictions check")
     p.add_argument("--data", help="dataset for the predictions check (e.g. the CIFAR-10 zip)")
     args = p.parse_args(argv)
@@ -229,12 +274,14 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.quick:
         speed = bench_speed(4, 3, (8, 8, 8, 8))
+        networks = bench_networks(2, 2, 32, quick=True)
         lemma2 = bench_lemma2([0.5, 2.0, 10.0, 1e4], 2)
     else:
         speed = bench_speed(args.batch, args.repeats, None)
+        networks = bench_networks(args.net_batch, max(3, args.repeats // 3), args.net_size)
         alphas = [float(f"{a:.3g}") for a in torch.logspace(math.log10(0.5), 4, 22).tolist()]
         lemma2 = bench_lemma2(alphas, 8)
-    res = {"command": _command(argv), "speed": speed, "lemma2": lemma2}
+    res = {"command": _command(argv), "speed": speed, "networks": networks, "lemma2": lemma2}
     if args.checkpoint:
         res["predictions"] = bench_predictions(args.checkpoint, args.data, 500)
     plot_lemma2(lemma2, out / "convert_lemma2.png")
@@ -245,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{s['seconds']['attention_hard']:.4f} s: {s['ratio_attention_over_best_conv']:.2f}x "
           f"of the faster original (CPU time {s['cpu_ratio_attention_over_best_conv']:.2f}x) "
           f"(target <= 2x {'met' if s['target_met'] else 'NOT met'})")  # fmt: skip
+    for r in networks:
+        print(f"{r['network']}: converted {r['ratio']:.2f}x the original's time (CPU "
+              f"{r['cpu_ratio']:.2f}x), {r['params_ratio']:.3f}x its parameters")
     for dt in ("float32", "float64"):
         rows = lemma2[dt]["rows"]
         print(f"lemma 2 ({dt}): rel err {rows[0]['rel_err']:.2e} at alpha={rows[0]['alpha']:g} "

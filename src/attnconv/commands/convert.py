@@ -27,6 +27,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="rank-limited heads (default: exact, head_dim = in_channels)")  # fmt: skip
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    p.add_argument("--out", metavar="DIR", help="save the converted model as a checkpoint folder "
+                   "(safetensors + JSON) that eval / analyze / convert load")  # fmt: skip
+    p.add_argument("--keep-unsupported", action="store_true",
+                   help="leave convolutions the conversion cannot reproduce as they are (listed) "
+                   "instead of stopping")  # fmt: skip
 
 
 def _load(source: str):
@@ -51,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from attnconv.convert import convert_model
+    from attnconv.convert import convert_model, unconverted_layers
     from attnconv.convert.report import compare_predictions, layer_report
     from attnconv.data import CIFAR10_MEAN, CIFAR10_STD, Loader, load_dataset
 
@@ -64,7 +69,11 @@ def run(args: argparse.Namespace) -> int:
     model.eval()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        converted = convert_model(model, alpha=args.alpha, head_dim=args.head_dim).eval()
+        converted = convert_model(
+            model, alpha=args.alpha, head_dim=args.head_dim,
+            on_unsupported="keep" if args.keep_unsupported else "error",
+        ).eval()  # fmt: skip
+    kept = unconverted_layers(converted)
     data_info = info.get("data") or {}
     mean, std = data_info.get("mean", CIFAR10_MEAN), data_info.get("std", CIFAR10_STD)
     spec = args.data or "sample"
@@ -78,7 +87,10 @@ def run(args: argparse.Namespace) -> int:
     heads = "exact heads" if args.head_dim is None else f"head_dim={args.head_dim}"
     print(f"{label}: {len(rows)} convolutions -> self-attention ({mode}, {heads})")
     for w in caught:
-        print(f"warning: {w.message}")
+        if "kept as they are" not in str(w.message):
+            print(f"warning: {w.message}")
+    for path, cls, why in kept:
+        print(f"kept as it is: {path} ({cls}): {why}")
     name_w = max(len("layer"), *(len(r["name"]) for r in rows))
     print(f"{'layer':<{name_w}}  kernel  stride  heads  head_dim  max|diff|  max|out|")
     for r in rows:
@@ -86,7 +98,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"{r['name']:<{name_w}}  {k:<6}  {s:<6}  {r['heads']:<5}  {r['head_dim']:<8}  "
               f"{r['max_abs_diff']:<9.2e}  {r['max_abs_out']:.3g}")  # fmt: skip
     report = {"source": label, "alpha": args.alpha, "head_dim": args.head_dim, "layers": rows,
-              "layer_check_images": f"{len(x)} images of {spec}:{args.split}"}  # fmt: skip
+              "layer_check_images": f"{len(x)} images of {spec}:{args.split}",
+              "unconverted": [{"layer": p, "class": c, "reason": r}
+                              for p, c, r in kept]}  # fmt: skip
     with torch.no_grad():
         d = (model(x) - converted(x)).abs().max().item()
         same = (model(x).argmax(-1) == converted(x).argmax(-1)).sum().item()
@@ -105,4 +119,14 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=1))
+    if args.out:
+        from attnconv.train.checkpoint import save_checkpoint
+
+        conversion = {"alpha": args.alpha, "head_dim": args.head_dim,
+                      "on_unsupported": "keep" if kept else "error", "source": label}  # fmt: skip
+        path = save_checkpoint(
+            args.out, converted, info["model"], info.get("model_kwargs", {}),
+            config=info.get("config"), extra={"converted": conversion, "data": data_info},
+        )  # fmt: skip
+        print(f"saved the converted model to {path}")
     return 0

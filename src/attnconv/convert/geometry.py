@@ -39,6 +39,9 @@ class ConvGeometry:
     groups: int
     ndim: int  # 1 (Conv1d) or 2 (Conv2d)
     padding: object = 0  # the conv's own `padding` argument (int, tuple or "same"/"valid")
+    # TensorFlow's "SAME": padding computed per input size, the odd pixel right/bottom
+    # (padding is part of attention's geometry, so it is recomputed for every input)
+    dynamic_same: bool = False
 
     @property
     def num_heads(self) -> int:
@@ -60,8 +63,19 @@ class ConvGeometry:
         cols = kw * self.dilation[1] - self.anchor[1]
         return torch.stack([rows, cols], dim=1)  # (Nh, 2)
 
+    def pad_for(self, h: int, w: int) -> tuple[int, int, int, int]:
+        """F.pad amounts (left, right, top, bottom) for an h x w input."""
+        if not self.dynamic_same:
+            return self.pad
+        th, tw = (
+            tf_same_total(n, k, s, d)
+            for n, k, s, d in zip((h, w), self.kernel, self.stride, self.dilation)
+        )
+        return (tw // 2, tw - tw // 2, th // 2, th - th // 2)
+
     def padded_size(self, h: int, w: int) -> tuple[int, int]:
-        return h + self.pad[2] + self.pad[3], w + self.pad[0] + self.pad[1]
+        left, right, top, bottom = self.pad_for(h, w)
+        return h + top + bottom, w + left + right
 
     def output_size(self, h: int, w: int) -> tuple[int, int]:
         hp, wp = self.padded_size(h, w)
@@ -76,12 +90,13 @@ class ConvGeometry:
 
     def pad_input(self, x: torch.Tensor) -> torch.Tensor:
         """Pad x (B, C, H, W) exactly as the conv does (zeros or its padding_mode)."""
-        if not any(self.pad):
+        h, w = x.shape[-2:]
+        pad = self.pad_for(h, w)
+        if not any(pad):
             return x
         if self.padding_mode == "zeros":
-            return F.pad(x, self.pad)
-        h, w = x.shape[-2:]
-        left, right, top, bottom = self.pad
+            return F.pad(x, pad)
+        left, right, top, bottom = pad
         limit = {"circular": 0, "reflect": 1}.get(self.padding_mode)  # pad <= size - limit
         if limit is not None and (max(left, right) > w - limit or max(top, bottom) > h - limit):
             size = (h, w) if self.ndim == 2 else w
@@ -100,6 +115,12 @@ class ConvGeometry:
         ah, aw = self.anchor
         sh, sw = self.stride
         return y[:, :, ah : ah + (oh - 1) * sh + 1 : sh, aw : aw + (ow - 1) * sw + 1 : sw]
+
+
+def tf_same_total(size: int, kernel: int, stride: int, dilation: int) -> int:
+    """Total padding of TensorFlow's "SAME" along one axis: the output has ceil(size / stride)
+    entries."""
+    return max((math.ceil(size / stride) - 1) * stride + (kernel - 1) * dilation + 1 - size, 0)
 
 
 def _resolve_padding(conv: nn.Module, kernel, dilation, ndim) -> tuple[int, int, int, int]:

@@ -15,7 +15,6 @@ border padding, cropping and stride subsampling of SPEC.md sec. 3 ("Borders").
 
 from __future__ import annotations
 
-import copy
 import math
 import warnings
 
@@ -27,11 +26,12 @@ from attnconv.layers.checks import check_tensor
 
 from .geometry import (
     ConvGeometry,
-    conv_geometry,
     heads_to_kernel,
     kernel_to_heads,
     low_rank_heads,
 )
+from .grouped import GroupedHeadProjection, grouped_head_mix
+from .rules import SpecConv, check_conversion, conv_spec
 
 # the fast hard path concatenates the heads' inputs when Nh * Cin is at most this (measured on
 # ResNet18: the 3-channel stem gains ~10x, 64-channel layers lose with a 576-channel copy)
@@ -108,6 +108,16 @@ class ConvAttention2d(nn.Module):
         rows, cols = layer.positional_encoding.hard_indices(*xp.shape[-2:])  # (Nh, Hp), (Nh, Wp)
         rows = rows[:, ah : ah + (oh - 1) * sh + 1 : sh].tolist()  # (Nh, Ho) kept queries
         cols = cols[:, aw : aw + (ow - 1) * sw + 1 : sw].tolist()  # (Nh, Wo)
+        if isinstance(layer.out_proj, GroupedHeadProjection):  # block-diagonal W^(h), grouped
+
+            rs, cs = [_as_slice(r) for r in rows], [_as_slice(c) for c in cols]
+
+            def shift(t: torch.Tensor, h: int) -> torch.Tensor:  # SA_h: head h's pixels
+                if isinstance(rs[h], slice) and isinstance(cs[h], slice):
+                    return t[..., rs[h], cs[h]]
+                return _take(_take(t, t.dim() - 2, rows[h]), t.dim() - 1, cols[h])
+
+            return grouped_head_mix(xp, shift, layer.out_proj)
         heads, bias = _head_matrices(layer, detach=False)  # (Nh, Cout, Cin), (Cout,) | None
         nh, cout, cin = heads.shape
         xp = xp.contiguous(memory_format=torch.channels_last)
@@ -159,14 +169,23 @@ def conv_to_attention(
     alpha: float | None = None,
     head_dim: int | None = None,
     impl: str = "auto",
+    check: bool = True,
 ) -> ConvAttention2d:
-    """Turn an ``nn.Conv2d`` / ``nn.Conv1d`` into an equivalent self-attention module.
+    """Turn an ``nn.Conv2d`` / ``nn.Conv1d`` (or a subclass: see rules.py) into an equivalent
+    self-attention module.
 
     alpha: None = hard (alpha -> inf, exact), a float > 0 = Lemma 2's soft layer.
     head_dim: None = exact (value="identity", Dh = Cin); an int = rank-limited W^(h) via
     truncated SVD (exact when >= every head's rank; else warns, error in ``.rank_error``).
+    check: compare with ``conv``'s own forward on probe inputs before returning (the converted
+    module when exact, else the plain convolution it was built from); ``UnsupportedConv`` (a
+    ValueError) when they differ or the module cannot be read as a convolution.
     """
-    geom = conv_geometry(conv)  # TypeError for non-convs
+    if not isinstance(conv, (nn.Conv1d, nn.Conv2d)):
+        raise TypeError(
+            f"expected nn.Conv1d or nn.Conv2d, got {type(conv).__name__} "
+            "(transposed and 3-D convolutions are not supported)"
+        )
     if isinstance(conv.weight, nn.parameter.UninitializedParameter):
         raise ValueError("lazy convolution is not initialized yet: run one forward first")
     if alpha is not None and not (isinstance(alpha, (int, float)) and math.isfinite(alpha)):
@@ -175,10 +194,28 @@ def conv_to_attention(
         raise ValueError(f"alpha must be > 0, got {alpha}")
     if head_dim is not None and (not isinstance(head_dim, int) or head_dim < 1):
         raise ValueError(f"head_dim must be a positive int or None, got {head_dim!r}")
-    w = conv.weight.detach()
+    spec = conv_spec(conv)  # the effective weight, bias and geometry of conv's forward
+    exact = alpha is None and head_dim is None
+    if check and not exact:
+        check_conversion(conv, SpecConv(spec), "plain convolution read from it")
+    module = _build(spec, alpha, head_dim, impl).train(conv.training)
+    if check and exact:
+        check_conversion(conv, module)
+    if module.rank_error > 0:
+        warnings.warn(
+            f"conv_to_attention: head_dim={head_dim} < rank of W^(h) (Theorem 1 needs "
+            f"min(Dh, Dout) >= rank); rank-limited kernel, relative error {module.rank_error:.3g}",
+            stacklevel=2,
+        )
+    return module
+
+
+def _build(spec, alpha: float | None, head_dim: int | None, impl: str) -> ConvAttention2d:
+    """The attention module of a ConvSpec (Lemma 1: heads on the kernel's shifts)."""
+    geom, w = spec.geometry, spec.weight
     heads = kernel_to_heads(w, geom.groups)  # (Nh, Cout, Cin), W^(h) of Lemma 1
     nh, cout, cin = heads.shape
-    bias = conv.bias is not None
+    bias = spec.bias is not None
     mhsa = _mhsa_cls()
     rank_error = 0.0
     if head_dim is None:
@@ -203,21 +240,25 @@ def conv_to_attention(
         pe.set_alpha(1.0 if alpha is None else float(alpha))
         layer.out_proj.weight.copy_(out_w)
         if bias:
-            layer.out_proj.bias.copy_(conv.bias.detach())
+            layer.out_proj.bias.copy_(spec.bias)
         if val_w is not None:
             layer.value_proj.weight.copy_(val_w)
             if layer.value_proj.bias is not None:
                 layer.value_proj.bias.zero_()
     pe.hard = alpha is None
+    if head_dim is None and geom.groups > 1:  # keep W^(h)'s diagonal blocks only
+        blocks = w.reshape(cout, w.shape[1], nh).permute(2, 0, 1)  # (Nh, Cout, Cin/g)
+        layer.out_proj = GroupedHeadProjection(blocks, geom.groups, spec.bias)
     cls = ConvAttention1d if geom.ndim == 1 else ConvAttention2d
-    module = cls(geom, layer, rank_error)
-    if rank_error > 0:
-        warnings.warn(
-            f"conv_to_attention: head_dim={head_dim} < rank of W^(h) (Theorem 1 needs "
-            f"min(Dh, Dout) >= rank); rank-limited kernel, relative error {rank_error:.3g}",
-            stacklevel=2,
-        )
-    return module.train(conv.training)
+    return cls(geom, layer, rank_error)
+
+
+def _as_slice(idx: list[int]) -> slice | list[int]:
+    """An arithmetic progression of indices as a slice (basic indexing), else the list."""
+    step = idx[1] - idx[0] if len(idx) > 1 else 1
+    if step > 0 and all(b - a == step for a, b in zip(idx, idx[1:])):
+        return slice(idx[0], idx[-1] + 1, step)
+    return idx
 
 
 def _take(x: torch.Tensor, dim: int, idx: list[int]) -> torch.Tensor:
@@ -266,6 +307,8 @@ def attention_to_conv(module: nn.Module) -> nn.Conv2d | nn.Conv1d:
         )
     g = module.geometry
     layer = module.attention
+    if g.dynamic_same:
+        raise ValueError("TensorFlow 'SAME' padding (per input size) has no nn.Conv2d equivalent")
     if not module.hard:
         raise ValueError("attention_to_conv needs hard heads (alpha -> inf); this layer is soft")
     centers = layer.positional_encoding.centers.detach()
@@ -317,48 +360,3 @@ def mhsa_to_conv(layer: nn.Module) -> nn.Conv2d:
         if bias is not None:
             conv.bias.copy_(bias.detach())
     return conv
-
-
-def convert_model(
-    model: nn.Module,
-    *,
-    alpha: float | None = None,
-    head_dim: int | None = None,
-    impl: str = "auto",
-    inplace: bool = False,
-) -> nn.Module:
-    """Replace every nn.Conv1d / nn.Conv2d of ``model`` by its attention equivalent.
-
-    Returns the converted model (a deep copy unless ``inplace``): an all-attention network whose
-    outputs equal the original's (exactly for ``alpha=None, head_dim=None``).
-    """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"convert_model expects an nn.Module, got {type(model).__name__}")
-    if not inplace:
-        model = copy.deepcopy(model)
-    if isinstance(model, (nn.Conv1d, nn.Conv2d)):  # the root itself cannot be swapped in place
-        return conv_to_attention(model, alpha=alpha, head_dim=head_dim, impl=impl)
-    converted: dict[int, ConvAttention2d] = {}  # id(conv) -> module (a shared conv stays shared)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # one summary warning below instead of one per layer
-        for parent in list(model.modules()):
-            for child_name, child in list(parent._modules.items()):  # shared convs repeat here
-                if isinstance(child, (nn.Conv1d, nn.Conv2d)):
-                    if id(child) not in converted:
-                        converted[id(child)] = conv_to_attention(
-                            child, alpha=alpha, head_dim=head_dim, impl=impl
-                        )
-                    setattr(parent, child_name, converted[id(child)])
-    worst = max((m.rank_error for m in converted.values()), default=0.0)
-    if worst > 0:
-        warnings.warn(
-            f"convert_model: head_dim={head_dim} is below some kernels' rank; worst relative "
-            f"kernel error {worst:.3g} (see each module's .rank_error)",
-            stacklevel=2,
-        )
-    return model
-
-
-def converted_layers(model: nn.Module) -> list[tuple[str, ConvAttention2d]]:
-    """(name, module) of every ConvAttention2d/1d in a converted model, in module order."""
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, ConvAttention2d)]

@@ -327,6 +327,14 @@ def load_model(
         )
     try:
         model = create_model(name, **{**meta.get("model_kwargs", {}), **overrides})
+        conv = meta.get("converted")  # written by `attnconv convert --out`
+        if isinstance(conv, dict):
+            from attnconv.convert import convert_model
+
+            model = convert_model(
+                model, alpha=conv.get("alpha"), head_dim=conv.get("head_dim"),
+                on_unsupported=conv.get("on_unsupported", "error"), inplace=True,
+            )  # fmt: skip
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{where}: foreign checkpoint: cannot build {name!r} ({e})") from None
     try:

@@ -1,0 +1,98 @@
+"""``convert_model``: every convolution of a network -> its self-attention equivalent
+(Cordonnier et al. 2020, Theorem 1), each checked against the module's own forward (rules.py);
+what cannot be reproduced is refused with its path, or kept and listed."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import torch.nn as nn
+
+from .modules import ConvAttention2d, conv_to_attention
+from .rules import UnsupportedConv
+
+ON_UNSUPPORTED = ("error", "keep")
+
+
+def convert_model(
+    model: nn.Module,
+    *,
+    alpha: float | None = None,
+    head_dim: int | None = None,
+    impl: str = "auto",
+    inplace: bool = False,
+    on_unsupported: str = "error",
+) -> nn.Module:
+    """Replace every convolution (nn.Conv1d / nn.Conv2d and their subclasses) of ``model`` by
+    its attention equivalent, each checked against the module's own forward (rules.py).
+
+    Returns the converted model (a deep copy unless ``inplace``): an all-attention network whose
+    outputs equal the original's (exactly for ``alpha=None, head_dim=None``). A convolution the
+    conversion cannot reproduce raises one ValueError naming its path and class
+    (``on_unsupported="error"``), or stays as it is (``"keep"``): ``unconverted_layers(model)``
+    lists those, with the reason.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"convert_model expects an nn.Module, got {type(model).__name__}")
+    if on_unsupported not in ON_UNSUPPORTED:
+        raise ValueError(f"on_unsupported must be one of {ON_UNSUPPORTED}, got {on_unsupported!r}")
+    if not inplace:
+        model = copy.deepcopy(model)
+    kept: list[tuple[str, str, str]] = []
+
+    def convert(path: str, conv: nn.Module) -> nn.Module:
+        try:
+            return conv_to_attention(conv, alpha=alpha, head_dim=head_dim, impl=impl)
+        except UnsupportedConv as e:
+            where = f"{path or '(root)'} ({type(conv).__name__})"
+            if on_unsupported == "error":
+                raise UnsupportedConv(
+                    f"cannot convert {where}: {e}; pass on_unsupported='keep' to leave it"
+                ) from None
+            kept.append((path, type(conv).__name__, str(e)))
+            return conv
+
+    if isinstance(model, (nn.Conv1d, nn.Conv2d)):  # the root itself cannot be swapped in place
+        out = convert("", model)
+        out.attnconv_unconverted = kept
+        return out
+    converted: dict[int, nn.Module] = {}  # id(conv) -> module (a shared conv stays shared)
+    names = {id(m): n for n, m in model.named_modules()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # one summary warning below instead of one per layer
+        for parent in list(model.modules()):
+            for child_name, child in list(parent._modules.items()):  # shared convs repeat here
+                if isinstance(child, (nn.Conv1d, nn.Conv2d)):
+                    if id(child) not in converted:
+                        path = ".".join(p for p in (names.get(id(parent), ""), child_name) if p)
+                        converted[id(child)] = convert(path, child)
+                    setattr(parent, child_name, converted[id(child)])
+    model.attnconv_unconverted = kept
+    worst = max(
+        (m.rank_error for m in converted.values() if isinstance(m, ConvAttention2d)), default=0.0
+    )
+    if worst > 0:
+        warnings.warn(
+            f"convert_model: head_dim={head_dim} is below some kernels' rank; worst relative "
+            f"kernel error {worst:.3g} (see each module's .rank_error)",
+            stacklevel=2,
+        )
+    if kept:
+        warnings.warn(
+            f"convert_model: {len(kept)} convolution(s) kept as they are: "
+            + "; ".join(f"{p} ({c}): {r}" for p, c, r in kept[:3]),
+            stacklevel=2,
+        )
+    return model
+
+
+def unconverted_layers(model: nn.Module) -> list[tuple[str, str, str]]:
+    """(path, class, reason) of every convolution ``convert_model(..., on_unsupported="keep")``
+    left as it was."""
+    return list(getattr(model, "attnconv_unconverted", []))
+
+
+def converted_layers(model: nn.Module) -> list[tuple[str, ConvAttention2d]]:
+    """(name, module) of every ConvAttention2d/1d in a converted model, in module order."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, ConvAttention2d)]
