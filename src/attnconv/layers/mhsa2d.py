@@ -18,6 +18,8 @@ term of ``positional`` (see positional.py). Two implementations of the same equa
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -355,9 +357,13 @@ class MultiHeadSelfAttention2d(nn.Module):
     def _forward_folded(self, xt, v5, h, w, p_drop) -> torch.Tensor:
         """Content attention with every positional term folded into q/k: fused SDPA, no bias."""
         q_aug, k_aug, v = self.folded_qkv(xt, v5, h, w)
-        y = scaled_dot_product_attention(
-            q_aug, k_aug, v, scale=1.0, dropout_p=p_drop, impl="auto"
-        )  # (B, Nh, T, Dv)
+        # the folded quadratic logits are large differences that cancel: folded_qkv keeps them in
+        # float32, and autocast must not cast them back to bfloat16 inside SDPA (wrong outputs)
+        quad = self.positional.startswith("quadratic")
+        with torch.autocast(q_aug.device.type, enabled=False) if quad else nullcontext():
+            y = scaled_dot_product_attention(
+                q_aug, k_aug, v, scale=1.0, dropout_p=p_drop, impl="auto"
+            )  # (B, Nh, T, Dv)
         return y.to(xt.dtype).transpose(1, 2)
 
     def folded_qkv(self, xt, v5, h, w):
