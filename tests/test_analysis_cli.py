@@ -136,3 +136,26 @@ def test_cli_errors_are_one_line(tmp_path, cifar_zip, capsys):
     assert "outside the 32x32 image" in capsys.readouterr().err
     assert main(["explore", str(ck), "--out", str(tmp_path / "p.txt")]) == 2
     assert ".html" in capsys.readouterr().err
+
+
+def test_analyze_and_explore_a_converted_cnn(tmp_path, cifar_zip, capsys):
+    """A CNN converted by `attnconv convert --out` is analyzed like an attention model: its heads
+    are hard, one-hot on the kernel's grid (conv-likeness 1, every 3x3 offset held)."""
+    torch.manual_seed(0)
+    cnn = attnconv.create_model("tiny_cnn")
+    ck = save_checkpoint(tmp_path / "cnn", cnn, "tiny_cnn", {"num_classes": 10},
+                         extra={"data": DATA})  # fmt: skip
+    conv = tmp_path / "converted"
+    assert main(["convert", str(ck), "--num-images", "2", "--out", str(conv)]) == 0
+    out = tmp_path / "an"
+    argv = ["analyze", str(conv), "--data", str(cifar_zip), "--out", str(out)]
+    assert main(argv + ["--num-images", "2"]) == 0
+    rep = json.loads((out / "report.json").read_text())
+    n3 = [g for g in rep["grid_score"] if len(g["offsets"]) == 9]
+    assert n3 and all(g["sharp_heads"] == 9 and g["grid3"] == 9 for g in n3)
+    assert all(c["score"] > 0.99 for c in rep["conv_likeness"])
+    png_ok(out / "attention_average.png")
+    page = tmp_path / "page.html"
+    args = ["explore", str(conv), "--data", str(cifar_zip), "--out", str(page), "--images", "1"]
+    assert main(args + ["--average", "2"]) == 0
+    assert "explorer-data" in page.read_text()

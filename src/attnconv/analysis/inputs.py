@@ -16,12 +16,22 @@ def load_checkpoint_model(path: str | Path) -> tuple[nn.Module, dict]:
     from attnconv.train.checkpoint import load_model
 
     model, info = load_model(path)
-    for attr in ("attention_grid",):
-        if not hasattr(model, attr):
-            raise ValueError(
-                f"{path}: model {info.get('model')!r} has no {attr} (not an image model)"
-            )
     return model.eval(), info
+
+
+def analyzable(model: nn.Module, info: dict, path, image_size) -> nn.Module:
+    """A model with attention maps as it is; a converted CNN through the view of its converted
+    layers (analysis/converted.py); anything else: ValueError."""
+    from .converted import ConvertedAttentionView
+
+    if info.get("converted"):
+        return ConvertedAttentionView(model, tuple(image_size)).eval()
+    if hasattr(model, "attention_grid"):
+        return model
+    raise ValueError(
+        f"{path}: model {info.get('model')!r} has no attention maps (a CNN: convert it first, "
+        "`attnconv convert CHECKPOINT --out DIR`, and analyze DIR)"
+    )
 
 
 def normalization(info: dict) -> tuple[list[float], list[float]]:
@@ -84,5 +94,6 @@ def load_for_analysis(checkpoint: str | Path, data: str | None, n: int, split: s
     model, info = load_checkpoint_model(checkpoint)
     images, labels = test_images(data_spec(data, info), n, split=split)
     check_image_size(model, images, info)
+    model = analyzable(model, info, checkpoint, images.shape[-2:])
     mean, std = normalization(info)
     return model, info, images, labels, mean, std

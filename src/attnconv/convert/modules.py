@@ -61,6 +61,31 @@ class ConvAttention2d(nn.Module):
         # False: the layer's own forward on every padded pixel, then the crop (the reference)
         self.fast_shift = True
 
+    # the convolution's own attributes, so code that reads them keeps working after conversion
+    @property
+    def in_channels(self) -> int:
+        return self.geometry.in_channels
+
+    @property
+    def out_channels(self) -> int:
+        return self.geometry.out_channels
+
+    @property
+    def groups(self) -> int:
+        return self.geometry.groups
+
+    @property
+    def kernel_size(self) -> tuple[int, ...]:
+        return self.geometry.kernel if self.geometry.ndim == 2 else self.geometry.kernel[1:]
+
+    @property
+    def stride(self) -> tuple[int, ...]:
+        return self.geometry.stride if self.geometry.ndim == 2 else self.geometry.stride[1:]
+
+    @property
+    def dilation(self) -> tuple[int, ...]:
+        return self.geometry.dilation if self.geometry.ndim == 2 else self.geometry.dilation[1:]
+
     @property
     def hard(self) -> bool:
         return bool(self.attention.positional_encoding.hard)

@@ -1,0 +1,60 @@
+"""Attention maps of a converted CNN (``attnconv convert``, Theorem 1), in the analysis contract.
+
+A converted network's layers are ``ConvAttention2d`` modules: position-only quadratic attention
+over the *padded* input of each convolution. ``ConvertedAttentionView(model)`` runs the model
+and returns, per converted layer (input -> output order), the attention of every query pixel of
+that layer's input over the input's pixels: the (1, Nh, Hp*Wp, Hp*Wp) probabilities of the
+layer cropped to the unpadded image, queries and keys alike ((1, Nh, h*w, h*w); a head whose key
+falls in the padding has an empty row there). Hard heads give one-hot maps on the kernel's grid.
+``attention_grid`` is the input image's size; deeper layers' grids divide it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from attnconv.convert import ConvAttention2d, converted_layers
+
+
+class ConvertedAttentionView(nn.Module):
+    """``forward(x, return_attention=True) -> (logits, maps)`` for a converted network."""
+
+    num_prefix_tokens = 0
+
+    def __init__(self, model: nn.Module, image_size: tuple[int, int] = (32, 32)):
+        super().__init__()
+        self.model = model
+        self.layers = [m for _, m in converted_layers(model) if m.geometry.ndim == 2]
+        if not self.layers:
+            raise ValueError(f"{type(model).__name__} has no converted 2-D convolution")
+        self.attention_grid = tuple(image_size)
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False):
+        sizes: dict[int, tuple[int, int]] = {}
+        hooks = [
+            m.register_forward_pre_hook(lambda mod, a: sizes.__setitem__(id(mod), a[0].shape[-2:]))
+            for m in self.layers
+        ]
+        try:
+            out = self.model(x)
+        finally:
+            for h in hooks:
+                h.remove()
+        if not return_attention:
+            return out
+        return out, [layer_maps(m, *sizes[id(m)]) for m in self.layers if id(m) in sizes]
+
+
+@torch.no_grad()
+def layer_maps(module: ConvAttention2d, h: int, w: int) -> torch.Tensor:
+    """(1, Nh, h*w, h*w): the layer's attention over its padded h x w input, cropped to it."""
+    g, attn = module.geometry, module.attention
+    left, _, top, _ = g.pad_for(h, w)
+    hp, wp = g.padded_size(h, w)
+    dt, dev = attn.out_proj.weight.dtype, attn.out_proj.weight.device
+    probs = attn.attention_probs(torch.zeros(1, g.in_channels, hp, wp, dtype=dt, device=dev))
+    nh = probs.shape[1]
+    p = probs.reshape(nh, hp, wp, hp, wp)[:, top : top + h, left : left + w]
+    p = p[:, :, :, top : top + h, left : left + w]  # (Nh, h, w, h, w)
+    return p.reshape(1, nh, h * w, h * w)
