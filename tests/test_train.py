@@ -212,6 +212,38 @@ def test_non_finite_loss_stops_and_keeps_last_good(cifar_zip, tmp_path):
     assert all(torch.isfinite(v).all() for v in model.state_dict().values())
 
 
+@pytest.mark.parametrize(
+    "optim, schedule, train",
+    [
+        ({"lr": float("inf")}, {"warmup": 0.0}, {}),
+        ({}, {"warmup": 0.0}, {"grad_clip": float("nan")}),
+        ({}, {"name": "multistep", "warmup": 0.0, "milestones": [0], "gamma": float("nan")}, {}),
+    ],
+)
+def test_last_good_checkpoint_never_holds_non_finite_weights(cifar_zip, tmp_path, optim,
+                                                             schedule, train):  # fmt: skip
+    """A finite loss can still leave inf/NaN weights after the step (lr = inf, NaN clip, NaN
+    gamma): such weights are never saved, and `latest` (if any) loads finite."""
+    cfg = tmp_path / "bad.yaml"
+    d = small(cifar_zip, tmp_path / "run", optim={"weight_decay": 0.0, **optim},
+              schedule=schedule, train={"checkpoint_every": 1, "batch_size": 20, **train})
+    cfg.write_text(yaml.safe_dump(d))
+    p = cli("train", str(cfg))
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 3, err
+    line = [ln for ln in err.splitlines() if "non-finite" in ln]
+    assert len(line) == 1 and "Traceback" not in err
+    ck = tmp_path / "run" / "checkpoints"
+    if (ck / "latest").is_file():
+        model, _ = load_model(tmp_path / "run")
+        assert all(torch.isfinite(v).all() for v in model.state_dict().values())
+    else:
+        assert "no checkpoint was saved yet" in line[0]
+    for step in ck.glob("step-*"):  # no checkpoint on disk holds non-finite weights
+        model, _ = load_model(step)
+        assert all(torch.isfinite(v).all() for v in model.state_dict().values())
+
+
 def test_bf16_grad_clip_label_smoothing(cifar_zip, tmp_path):
     d = small(
         cifar_zip,

@@ -190,8 +190,17 @@ class Trainer:
         self.sums.update(meta["state"]["sums"])
 
     def save(self) -> Path | None:
-        """Rank 0 writes checkpoints/step-N, points ``latest`` at it, prunes old ones."""
+        """Rank 0 writes checkpoints/step-N, points ``latest`` at it, prunes old ones. Weights
+        that are not all finite are never written: training stops (NonFiniteLoss) and ``latest``
+        keeps naming the last verified checkpoint."""
         path = self.ckdir / f"step-{self.step:08d}"
+        bad = [n for n, t in self.model.state_dict().items()
+               if t.is_floating_point() and not bool(torch.isfinite(t).all())]  # fmt: skip
+        if D.any_rank(bool(bad), self.info):
+            raise NonFiniteLoss(
+                f"non-finite weights ({', '.join(bad[:2]) or 'on another rank'}) after step "
+                f"{self.step}; training stopped without saving them; {self._last_good()}"
+            )
         if self.info.is_main:
             _save(
                 path,
@@ -338,14 +347,16 @@ class Trainer:
     def _check_finite(self, value: torch.Tensor, epoch: int, batch: int, what: str) -> None:
         bad = not bool(torch.isfinite(value).all())
         if D.any_rank(bad, self.info):
-            latest = self.ckdir / LATEST
-            good = (self.ckdir / latest.read_text().strip()) if latest.is_file() else None
-            keep = f"last good checkpoint: {good}" if good else "no checkpoint was saved yet"
             raise NonFiniteLoss(
                 f"non-finite {what} ({value.item() if bad else 'on another rank'}) at step "
                 f"{self.step + 1} (epoch {epoch + 1}, batch {batch + 1}); training stopped, "
-                f"weights not updated; {keep}"
+                f"weights not updated; {self._last_good()}"
             )
+
+    def _last_good(self) -> str:
+        latest = self.ckdir / LATEST
+        good = (self.ckdir / latest.read_text().strip()) if latest.is_file() else None
+        return f"last good checkpoint: {good}" if good else "no checkpoint was saved yet"
 
     def _interrupt(self) -> None:
         path = self.save()
