@@ -76,8 +76,8 @@ def run(args: argparse.Namespace) -> None:
         done = out / "wall.json"
         if not done.exists():
             cmd = [*CLI, "train", cfg, "--out", out, "--set", f"data.dataset={data}"]
-            if (out / "checkpoints" / "latest").exists():
-                cmd.append("--resume")
+            resumable = (out / "checkpoints" / "latest").exists()
+            cmd.append("--resume" if resumable else "--overwrite")  # no checkpoint: start over
             print(f"[{time.strftime('%H:%M:%S')}] train {cfg.stem}", flush=True)
             wall = sh(cmd, log)
             done.write_text(json.dumps({"train_seconds": wall}))

@@ -16,11 +16,13 @@ import torch.nn as nn
 import yaml
 from safetensors.torch import load_file
 
+from attnconv.cli import main
 from attnconv.train.checkpoint import LATEST, load_model
 from attnconv.train.config import Config, ScheduleConfig, config_from_dict, load_config
 from attnconv.train.loop import Interrupted, Trainer
 from attnconv.train.monitor import centre_layers
 from attnconv.train.optim import lr_at, no_decay_names
+from attnconv.train.runfolder import RunLock
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -437,3 +439,40 @@ def test_compile_trains_and_saves_plain_weights(cifar_zip, tmp_path):
     model, _ = load_model(tmp_path / "run")
     for name, t in model.state_dict().items():
         torch.testing.assert_close(t, saved[name])
+
+
+# ---- the run folder: one training at a time, an old run never replaced by accident
+def _cfg(tmp_path, cifar_zip, run, **train):
+    d = small(cifar_zip, run, train={"epochs": 1, "steps_per_epoch": 2, **train})
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump(d))
+    return str(f)
+
+
+def test_second_training_without_resume_is_refused(tmp_path, cifar_zip, capsys):
+    run = tmp_path / "run"
+    cfg = _cfg(tmp_path, cifar_zip, run)
+    assert main(["train", cfg]) == 0
+    before = (run / "metrics.csv").read_text()
+    step = latest_step(run)
+    capsys.readouterr()
+    assert main(["train", cfg]) == 2
+    err = capsys.readouterr().err
+    assert "already holds a run" in err and "--resume" in err and "\n" not in err.strip()
+    assert (run / "metrics.csv").read_text() == before and latest_step(run) == step
+    assert main(["train", cfg, "--overwrite"]) == 0  # explicit replacement works
+    assert latest_step(run) == step
+
+
+def test_concurrent_training_on_one_folder_is_locked_out(tmp_path, cifar_zip, capsys):
+    run = tmp_path / "run"
+    cfg = _cfg(tmp_path, cifar_zip, run)
+    lock = RunLock(run)  # another training holds the folder
+    try:
+        assert main(["train", cfg]) == 2
+        err = capsys.readouterr().err
+        assert f"in use by another training (PID {os.getpid()})" in err
+        assert not (run / "metrics.csv").exists()
+    finally:
+        lock.release()
+    assert main(["train", cfg]) == 0  # free again once the holder is gone

@@ -26,6 +26,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="continue exactly from the run folder's latest checkpoint",
     )
     p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a run already in the run folder (refused otherwise)",
+    )
+    p.add_argument(
         "--stop-at-step",
         type=int,
         default=None,
@@ -46,7 +51,9 @@ def run(args: argparse.Namespace) -> int:
     if args.stop_at_step is not None and args.stop_at_step < 1:
         raise ValueError(f"--stop-at-step must be >= 1, got {args.stop_at_step}")
     try:
-        last = train(cfg, resume=args.resume, stop_at_step=args.stop_at_step)
+        last = train(
+            cfg, resume=args.resume, stop_at_step=args.stop_at_step, overwrite=args.overwrite
+        )
     except Interrupted as e:
         return 128 + e.signum if e.signum else 0
     except NonFiniteLoss as e:

@@ -28,6 +28,7 @@ from .checkpoint import save_checkpoint as _save
 from .config import Config
 from .monitor import Monitor
 from .optim import build_optimizer, lr_at, set_lr
+from .runfolder import RunLock, check_fresh
 
 
 class NonFiniteLoss(RuntimeError):
@@ -89,7 +90,8 @@ def evaluate(model: nn.Module, loader: Loader, info: D.DistInfo, bf16: bool = Fa
 
 
 class Trainer:
-    def __init__(self, cfg: Config, *, resume: bool = False, stop_at_step: int | None = None):
+    def __init__(self, cfg: Config, *, resume: bool = False, stop_at_step: int | None = None,
+                 overwrite: bool = False):  # fmt: skip
         self.cfg, self.stop_at_step = cfg, stop_at_step
         t = cfg.train
         self.info = D.init_distributed()
@@ -99,6 +101,15 @@ class Trainer:
             torch.use_deterministic_algorithms(True, warn_only=True)
         self.out = Path(cfg.out_dir or "runs/default")
         self.ckdir = self.out / "checkpoints"
+        self.lock = None
+        if self.info.is_main:  # one training per run folder; an old run is never replaced
+            self.lock = RunLock(self.out)
+            if not resume:
+                try:
+                    check_fresh(self.out, overwrite)
+                except ValueError:
+                    self.lock.release()
+                    raise
         d = cfg.data
         common = dict(root=d.root, download=d.download and self.info.is_main, cache_dir=d.cache_dir)
         if self.info.enabled and d.download:  # rank 0 downloads, the others wait
@@ -266,7 +277,15 @@ class Trainer:
         return time.time()
 
     def fit(self) -> dict:
-        """Train to the end (or to ``stop_at_step``); returns the last eval metrics."""
+        """Train to the end (or to ``stop_at_step``); returns the last eval metrics. The run
+        folder's lock is released at the end, however the training ends."""
+        try:
+            return self._fit()
+        finally:
+            if self.lock is not None:
+                self.lock.release()
+
+    def _fit(self) -> dict:
         cfg, t, L = self.cfg, self.cfg.train, len(self.loader)
         last = {}
         if self.step == 0:
@@ -369,9 +388,11 @@ class Trainer:
         raise Interrupted(self.stop_signal or 0, str(path))
 
 
-def train(cfg: Config, *, resume: bool = False, stop_at_step: int | None = None) -> dict:
-    """Build everything from ``cfg`` and train; see :class:`Trainer`."""
-    tr = Trainer(cfg, resume=resume, stop_at_step=stop_at_step)
+def train(cfg: Config, *, resume: bool = False, stop_at_step: int | None = None,
+          overwrite: bool = False) -> dict:  # fmt: skip
+    """Build everything from ``cfg`` and train; see :class:`Trainer`. ``overwrite``: replace a
+    run already in the folder (refused otherwise, unless ``resume``)."""
+    tr = Trainer(cfg, resume=resume, stop_at_step=stop_at_step, overwrite=overwrite)
     try:
         return tr.fit()
     finally:

@@ -1,0 +1,66 @@
+"""A run folder belongs to one training at a time, and a finished or interrupted run is never
+replaced by accident.
+
+- ``RunLock``: an advisory ``fcntl`` lock on ``<run>/.lock`` held for the training's life (rank
+  0); a second training on the same folder stops at once with the holder's PID.
+- ``check_fresh``: a training without ``--resume`` into a folder that already holds a run
+  (checkpoints or logged metrics) is refused, naming the last checkpoint, unless ``--overwrite``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+LOCK = ".lock"
+
+
+class RunFolderBusy(ValueError):
+    """Another training holds the run folder."""
+
+
+class RunLock:
+    fd: int | None = None
+
+    def __init__(self, out: Path):
+        import fcntl
+
+        out.mkdir(parents=True, exist_ok=True)
+        self.path = out / LOCK
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RunFolderBusy(
+                f"run folder {out} is in use by another training (PID {holder}); wait for it "
+                "to finish or train into another folder (--out)"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor drops the lock
+            self.fd = None
+
+    def __del__(self) -> None:  # a Trainer dropped without fit() frees its folder
+        self.release()
+
+
+def check_fresh(out: Path, overwrite: bool) -> None:
+    """ValueError if ``out`` already holds a run (unless ``overwrite``)."""
+    ck = out / "checkpoints"
+    steps = sorted(p.name for p in ck.glob("step-*") if p.is_dir()) if ck.is_dir() else []
+    metrics = out / "metrics.csv"
+    logged = metrics.is_file() and metrics.stat().st_size > 0 and len(
+        metrics.read_text(errors="replace").splitlines()
+    ) > 1
+    if (steps or logged) and not overwrite:
+        last = f"last checkpoint {ck / steps[-1]}" if steps else "metrics logged, no checkpoint"
+        raise ValueError(
+            f"run folder {out} already holds a run ({last}); continue it with --resume, train "
+            "into another folder (--out), or replace it with --overwrite"
+        )
