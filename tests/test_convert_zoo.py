@@ -160,3 +160,65 @@ def test_cli_convert_saves_a_model_that_loads_converted(tmp_path, capsys):
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(model(x), ref(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "cin, cout, k, stride, groups",
+    [(8, 8, 3, 1, 8), (8, 16, 5, 2, 8), (8, 16, 3, 1, 4), (6, 6, 7, 1, 6)],
+)
+def test_grouped_convs_stay_grouped_and_exact(cin, cout, k, stride, groups):
+    """Depthwise / grouped: the converted layer stores the kernel's entries only (plus 3 numbers
+    per head), its fast hard path equals the layer's own attention (reference path) and the conv,
+    gradients included."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups).double()
+    a = conv_to_attention(conv)
+    n_conv = sum(p.numel() for p in conv.parameters())
+    assert sum(p.numel() for p in a.parameters()) == n_conv + 3 * k * k
+    x = torch.randn(2, cin, 13, 11, dtype=torch.float64, requires_grad=True)
+    y = a(x)
+    torch.testing.assert_close(y, conv(x))
+    g = torch.randn_like(y)
+    (gx,) = torch.autograd.grad((y * g).sum(), x)
+    (gc,) = torch.autograd.grad((conv(x) * g).sum(), x)
+    torch.testing.assert_close(gx, gc)
+    a.fast_shift = False
+    torch.testing.assert_close(a(x), y)
+    with torch.no_grad():  # the cache-blocked inference path
+        a.fast_shift = True
+        torch.testing.assert_close(a(x), conv(x))
+
+
+def test_depthwise_heavy_networks_keep_their_size():
+    from attnconv.bench.convnets import ConvNeXtStack, DepthwiseSeparableNet
+
+    torch.manual_seed(0)
+    for net in (DepthwiseSeparableNet(), ConvNeXtStack()):
+        conv = convert_model(net.eval())
+        n0, n1 = (sum(p.numel() for p in m.parameters()) for m in (net, conv))
+        assert n1 <= 1.1 * n0
+        x = torch.randn(1, 3, 45, 61)
+        with torch.no_grad():
+            assert _rel(conv(x), net(x)) <= 1e-5
+
+
+def test_hooks_are_read_from_the_forward_they_change():
+    """A forward pre-hook that recomputes the weight (the old hook-based weight_norm) is traced,
+    not read from a stale attribute; a hook that changes the input is refused."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 4, 3, padding=1)
+    g = nn.Parameter(torch.full((4, 1, 1, 1), 2.0))
+    v = conv.weight.detach().clone()
+
+    def recompute(mod, args):
+        mod.weight = nn.Parameter(g * v / v.flatten(1).norm(dim=1)[:, None, None, None])
+
+    conv.register_forward_pre_hook(recompute)
+    with torch.no_grad():
+        g.fill_(3.0)  # the attribute is stale until the next forward
+    x = torch.randn(1, 3, 9, 10)
+    torch.testing.assert_close(conv_to_attention(conv)(x), conv(x))
+    bad = nn.Conv2d(3, 4, 3, padding=1)
+    bad.register_forward_pre_hook(lambda mod, args: (args[0] * 2,))
+    with pytest.raises(UnsupportedConv, match="transforms the input"):
+        conv_to_attention(bad)

@@ -203,7 +203,8 @@ def conv_spec(module: nn.Module) -> ConvSpec:
     """The plain convolution ``module`` computes (see the module docstring)."""
     cls = parametrize.type_before_parametrizations(module)
     rule = CONV_RULES.get(cls)
-    if rule is not None:
+    hooked = bool(module._forward_pre_hooks or module._forward_hooks)  # e.g. old weight_norm
+    if rule is not None and not (hooked and rule is plain_spec):
         return rule(module)
     if not isinstance(module, (nn.Conv1d, nn.Conv2d)):
         raise UnsupportedConv(f"no conversion rule for {cls.__name__}")
