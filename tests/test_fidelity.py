@@ -84,9 +84,17 @@ def test_init_matches_the_reference_distribution():
     assert abs(enc.spread.mean().item() - 1.0) < 1e-3
     assert abs(enc.spread.std().item() - 0.01) < 1e-3
     g = GeneralizedQuadraticEncoding(3)
-    a = g.precision_factor.detach()
+    a = g.spread.detach()
     torch.testing.assert_close(g.precision.detach(), a @ a.transpose(-1, -2))
     assert (a - torch.eye(2)).abs().max().item() < 0.06
+
+
+def test_old_generalized_checkpoints_still_load():
+    """The former factor L with Sigma^-1 = L^T L loads as spread A = L^T (same Sigma^-1)."""
+    g = GeneralizedQuadraticEncoding(3)
+    L = torch.randn(3, 2, 2)
+    g.load_state_dict({"centers": torch.zeros(3, 2), "precision_factor": L})
+    torch.testing.assert_close(g.precision.detach(), L.transpose(-1, -2) @ L)
 
 
 def test_old_checkpoints_with_alpha_still_load():
@@ -104,7 +112,7 @@ def test_centres_and_precisions_are_never_decayed(name):
     with decay_1d (the reference) biases and LayerNorms are decayed, else not."""
     m = attnconv.create_model(name, hidden_size=18, num_layers=2, ff_size=8)
     geometry = {
-        n for n in dict(m.named_parameters()) if n.endswith(("centers", "spread", "factor"))
+        n for n in dict(m.named_parameters()) if n.endswith(("centers", "spread"))
     }
     assert len(geometry) == 4
     for decay_1d in (False, True):

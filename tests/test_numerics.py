@@ -35,7 +35,7 @@ def test_layer_under_bf16_autocast_stays_finite(positional, content, impl):
         if positional == "quadratic":
             enc.set_alpha(1e4)
         else:
-            enc.precision_factor.copy_(torch.eye(2) * 140.0)  # Sigma^-1 ~ 2e4 I
+            enc.spread.copy_(torch.eye(2) * 140.0)  # Sigma^-1 ~ 2e4 I
     x = torch.randn(2, 4, 12, 10, requires_grad=True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y, attn = layer(x, return_attention=True)

@@ -95,7 +95,7 @@ def test_extreme_precision_and_far_centres_stay_finite(dtype, positional, conten
         if positional == "quadratic":
             enc.set_alpha(1e4)
         else:
-            enc.precision_factor.copy_(torch.eye(2) * 140.0)  # Sigma^-1 ~ 2e4 I
+            enc.spread.copy_(torch.eye(2) * 140.0)  # Sigma^-1 ~ 2e4 I
     ref = layer.double()(torch.randn(2, 4, 12, 10, dtype=torch.float64))
     layer = layer.to(dtype)
     x = torch.randn(2, 4, 12, 10, dtype=dtype, requires_grad=True)

@@ -186,11 +186,12 @@ class QuadraticEncoding(nn.Module):
 
 class GeneralizedQuadraticEncoding(nn.Module):
     """Generalized eq. 9: logits_h = -1/2 (delta - Delta_h)^T Sigma_h^-1 (delta - Delta_h), with
-    Sigma_h^-1 = A_h A_h^T positive semi-definite, A = ``precision_factor`` init I + N(0, 0.01^2)
-    (the reference code's ``attention_spreads``, same product). As a relative encoding,
-    r_delta = (d1^2, d2^2, d1 d2, d1, d2): Dp = 5."""
+    Sigma_h^-1 = A_h A_h^T positive semi-definite, A = ``spread`` (Nh, 2, 2), Sigma^-1/2 up to a
+    rotation, init I + N(0, 0.01^2) (the reference code's ``attention_spreads``, same product).
+    As a relative encoding, r_delta = (d1^2, d2^2, d1 d2, d1, d2): Dp = 5. Checkpoints of the
+    former ``precision_factor`` L (Sigma^-1 = L^T L) load as A = L^T."""
 
-    no_weight_decay = ("centers", "precision_factor")  # never decayed (reference code)
+    no_weight_decay = ("centers", "spread")  # never decayed (reference code)
 
     def __init__(self, num_heads: int, *, init_centers_std: float = 2.0, hard: bool = False):
         super().__init__()
@@ -198,14 +199,15 @@ class GeneralizedQuadraticEncoding(nn.Module):
             raise ValueError("hard=True is only defined for positional='quadratic'")
         self.num_heads, self.hard = num_heads, False
         self.centers = nn.Parameter(torch.randn(num_heads, 2) * init_centers_std)
-        self.precision_factor = nn.Parameter(
+        self.spread = nn.Parameter(
             torch.eye(2).repeat(num_heads, 1, 1) + 0.01 * torch.randn(num_heads, 2, 2)
         )
+        self.register_load_state_dict_pre_hook(_factor_to_spread)
 
     @property
     def precision(self) -> torch.Tensor:
         """Sigma^-1 (Nh, 2, 2) = A A^T."""
-        a = hi(self.precision_factor)
+        a = hi(self.spread)
         return a @ a.transpose(-1, -2)
 
     def dense_logits(self, h: int, w: int) -> torch.Tensor:
@@ -241,10 +243,19 @@ def _alpha_to_spread(module, state_dict, prefix, *args) -> None:
         state_dict[new] = torch.sqrt(2 * alpha)
 
 
+def _factor_to_spread(module, state_dict, prefix, *args) -> None:
+    """Generalized encoding checkpoints of the former L (Sigma^-1 = L^T L): spread A = L^T."""
+    old, new = prefix + "precision_factor", prefix + "spread"
+    if old in state_dict and new not in state_dict:
+        state_dict[new] = state_dict.pop(old).transpose(-1, -2).contiguous()
+
+
 def upgrade_state_dict(state_dict: dict) -> dict:
-    """A copy of ``state_dict`` with every quadratic encoding's old ``alpha`` entry replaced by
-    its ``spread`` (for loaders that check names before ``load_state_dict``)."""
+    """A copy of ``state_dict`` with every quadratic encoding's old ``alpha`` / ``precision_factor``
+    entry replaced by its ``spread`` (for loaders that check names before ``load_state_dict``)."""
     out = dict(state_dict)
     for key in [k for k in state_dict if k.endswith("positional_encoding.alpha")]:
         _alpha_to_spread(None, out, key[: -len("alpha")])
+    for key in [k for k in state_dict if k.endswith("positional_encoding.precision_factor")]:
+        _factor_to_spread(None, out, key[: -len("precision_factor")])
     return out

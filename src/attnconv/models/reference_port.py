@@ -6,7 +6,7 @@ Reference names (``encoder.layer.{i}.`` prefix inside layers) -> attnconv (``lay
 - ``features_upscale`` (Linear(ds*ds*3, D)) -> ``embed``, input columns permuted (below)
 - ``attention.self.attention_centers`` (Nh, 2) -> ``attn.positional_encoding.centers``
 - ``attention.self.attention_spreads``: isotropic (Nh,) = s -> ``...spread`` (alpha = s^2 / 2);
-  full (Nh, 2, 2) = A -> ``...precision_factor`` (Sigma^-1 = A A^T in both)
+  full (Nh, 2, 2) = A -> ``...spread`` too (Sigma^-1 = A A^T in both)
 - ``attention.self.row_embeddings`` / ``col_embeddings`` -> ``...tables.rel_row`` / ``rel_col``
 - ``attention.self.head_keys_row`` / ``head_keys_col`` -> ``...head_keys_row`` / ``head_keys_col``
 - ``attention.self.query`` / ``key`` (content) -> ``attn.query_proj`` / ``key_proj``
@@ -74,10 +74,9 @@ def _name_map(model: SelfAttentionCifar) -> dict[str, str]:
         for r, a in _LAYER.items():
             if f"layers.{i}.{a}" in own:
                 out[f"encoder.layer.{i}.{r}"] = f"layers.{i}.{a}"
-        spread = f"layers.{i}.attn.positional_encoding."
-        for a in ("spread", "precision_factor"):
-            if spread + a in own:
-                out[f"encoder.layer.{i}.attention.self.attention_spreads"] = spread + a
+        spread = f"layers.{i}.attn.positional_encoding.spread"
+        if spread in own:
+            out[f"encoder.layer.{i}.attention.self.attention_spreads"] = spread
     return out
 
 
