@@ -223,3 +223,24 @@ def test_hard_set_after_construction_on_a_content_layer_is_an_error():
     layer.positional_encoding.hard = True
     with pytest.raises(ValueError, match="hard"):
         layer(torch.randn(1, 4, 3, 3))
+
+
+@given(h=st.integers(1, 6), w=st.integers(1, 6), seed=st.integers(0, 2**16))
+def test_returned_maps_are_the_fast_paths_own(h, w, seed):
+    """return_attention gives the probabilities of the path that ran (separable factors, hard
+    shifts, folded q/k), each equal to the dense reference maps."""
+    torch.manual_seed(seed)
+    x = torch.randn(2, 4, h, w, dtype=torch.float64)
+    for kw in (dict(positional="quadratic", content=False, hard=True),
+               dict(positional="quadratic", content=False),
+               dict(positional="relative_learned", content=True),
+               dict(positional="quadratic_generalized", content=False)):  # fmt: skip
+        layer = MultiHeadSelfAttention2d(4, 4, 2, **kw).double().eval()
+        with torch.no_grad():
+            if hasattr(layer.positional_encoding, "centers"):
+                layer.positional_encoding.centers.uniform_(-3, 3)
+        _, fast = layer(x, return_attention=True)
+        layer.impl = "reference"
+        _, ref = layer(x, return_attention=True)
+        torch.testing.assert_close(fast, ref, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(fast.sum(-1), torch.ones_like(fast.sum(-1)))

@@ -35,7 +35,9 @@ from .quadratic import (
     axis_softmax,
     head_major,
     head_major_output,
+    outer_probs,
     separable_attention,
+    separable_probs,
     shift_gather,
 )
 from .relative import RELATIVE_TERMS, LearnedRelativeEncoding, RelativeEncoding
@@ -294,8 +296,31 @@ class MultiHeadSelfAttention2d(nn.Module):
             y = self.out_proj(y.reshape(b, h * w, self.num_heads * self.head_dim))  # (B, T, Cout)
             y = y.transpose(1, 2).reshape(b, self.out_channels, h, w)
         if return_attention:
-            return y, self.attention_probs(x)
+            return y, self._path_probs(x, h, w)
         return y
+
+    def _path_probs(self, x: torch.Tensor, h: int, w: int) -> torch.Tensor:
+        """The probabilities (B or 1, Nh, T, T) of the path ``forward`` ran, computed from that
+        path's own factors (separable R (x) C, hard one-hot shifts, the folded q/k), before
+        dropout; the reference path's dense equations for impl="reference"."""
+        if self.impl == "reference":
+            return self.attention_probs(x)
+        enc = getattr(self, "positional_encoding", None)
+        if self.separable:
+            if self.positional == "quadratic" and enc.hard:
+                rows, cols = enc.hard_indices(h, w)  # (Nh, h), (Nh, w)
+                r, c = F.one_hot(rows, h), F.one_hot(cols, w)  # (Nh, h, h), (Nh, w, w)
+                return outer_probs(r.to(x.dtype), c.to(x.dtype))[None]
+            row, col = self._axis_logits(h, w, x.dtype)
+            return separable_probs(row.to(x.device), col.to(x.device))[None]
+        xt = x.flatten(2).transpose(1, 2)  # (B, T, Cin)
+        if not self.input_dependent:
+            if self.positional == "quadratic_generalized":  # the rank-5 fold it runs
+                q_pos, k_pos = enc.fold(h, w)
+                return axis_softmax(q_pos @ k_pos.t())[None]
+            return self.attention_probs(x)  # the shared path's own dense probabilities
+        q_aug, k_aug, _ = self.folded_qkv(xt, self._values(xt, h, w), h, w)
+        return axis_softmax(q_aug @ k_aug.transpose(-2, -1))  # scale folded into q_aug
 
     def _seq_values(self, v5: torch.Tensor) -> torch.Tensor:
         """(B, H, W, Nh|1, Dv) -> (B, Nh, T, Dv)."""

@@ -65,7 +65,11 @@ def separable_attention(
 
 def separable_probs(row_logits: torch.Tensor, col_logits: torch.Tensor) -> torch.Tensor:
     """The dense (Nh, T, T) probabilities R_h (x) C_h (for return_attention and tests)."""
-    r, c = axis_softmax(row_logits), axis_softmax(col_logits)
+    return outer_probs(axis_softmax(row_logits), axis_softmax(col_logits))
+
+
+def outer_probs(r: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """Row (Nh, H, H) and column (Nh, W, W) operators -> dense (Nh, H*W, H*W) R_h (x) C_h."""
     nh, h, w = r.shape[0], r.shape[1], c.shape[1]
     p = r[:, :, None, :, None] * c[:, None, :, None, :]  # (Nh, H, W, H, W)
     return p.reshape(nh, h * w, h * w)
