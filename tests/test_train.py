@@ -17,10 +17,10 @@ import yaml
 from safetensors.torch import load_file
 
 from attnconv.cli import main
+from attnconv.layers.centers import center_layers
 from attnconv.train.checkpoint import LATEST, load_model
 from attnconv.train.config import Config, ScheduleConfig, config_from_dict, load_config
 from attnconv.train.loop import Interrupted, Trainer
-from attnconv.train.monitor import centre_layers
 from attnconv.train.optim import lr_at, no_decay_names
 from attnconv.train.runfolder import RunLock
 
@@ -330,7 +330,7 @@ def test_no_weight_decay_on_norms_biases_centres():
         "3.weight",
         "3.bias",
     }
-    assert centre_layers(m) == [m[2]]
+    assert center_layers(m) == [m[2]]
 
 
 def test_schedules():

@@ -20,37 +20,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn as nn
+
+from attnconv.layers.centers import head_centers
+
+__all__ = ["head_centers", "mass_level", "mass_region", "contour_lines", "read_center_log"]
 
 CENTER_LOG = "centers.jsonl"
-
-
-def head_centers(model: nn.Module) -> list[torch.Tensor]:
-    """Per quadratic layer (module order = input -> output), its (Nh, 2) head centres.
-
-    Only the innermost modules with ``attention_centers()`` count (wrappers such as a converted
-    convolution delegate to their attention layer); layers whose encoding has no centres
-    (``attention_centers()`` raises ValueError) are skipped.
-    """
-    mods = [
-        m
-        for m in model.modules()
-        if m is not model and callable(getattr(m, "attention_centers", None))
-    ]
-    out = []
-    for m in mods:
-        if any(o is not m and any(o is s for s in m.modules()) for o in mods):
-            continue  # a wrapper: its inner layer is listed too
-        try:
-            c = torch.as_tensor(m.attention_centers()).detach().float().cpu()
-        except (ValueError, NotImplementedError):
-            continue
-        if c.dim() != 2 or c.shape[1] != 2:
-            raise ValueError(
-                f"{type(m).__name__}.attention_centers() must return (Nh, 2), got {tuple(c.shape)}"
-            )
-        out.append(c)
-    return out
 
 
 def mass_level(prob: np.ndarray | torch.Tensor, fraction: float) -> float:

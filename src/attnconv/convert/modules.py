@@ -246,7 +246,7 @@ def _build(spec, alpha: float | None, head_dim: int | None, impl: str) -> ConvAt
     if head_dim is None:
         layer = mhsa(
             cin, cout, nh, positional="quadratic", content=False, value="identity",
-            impl=impl, bias=bias,
+            impl=impl, bias=bias, hard=alpha is None,
         )  # fmt: skip
         out_w = heads.permute(1, 0, 2).reshape(cout, nh * cin)  # [W^(1) ... W^(Nh)]
         val_w = None
@@ -254,7 +254,7 @@ def _build(spec, alpha: float | None, head_dim: int | None, impl: str) -> ConvAt
         val, out, rank_error = low_rank_heads(heads, head_dim)  # (Nh, r, Cin), (Nh, Cout, r)
         layer = mhsa(
             cin, cout, nh, head_dim=head_dim, positional="quadratic", content=False,
-            value="linear", impl=impl, bias=bias,
+            value="linear", impl=impl, bias=bias, hard=alpha is None,
         )  # fmt: skip
         out_w = out.permute(1, 0, 2).reshape(cout, nh * head_dim)
         val_w = val.reshape(nh * head_dim, cin)
@@ -270,7 +270,6 @@ def _build(spec, alpha: float | None, head_dim: int | None, impl: str) -> ConvAt
             layer.value_proj.weight.copy_(val_w)
             if layer.value_proj.bias is not None:
                 layer.value_proj.bias.zero_()
-    pe.hard = alpha is None
     if head_dim is None and geom.groups > 1:  # keep W^(h)'s diagonal blocks only
         blocks = w.reshape(cout, w.shape[1], nh).permute(2, 0, 1)  # (Nh, Cout, Cin/g)
         layer.out_proj = GroupedHeadProjection(blocks, geom.groups, spec.bias)

@@ -289,7 +289,7 @@ class Trainer:
         cfg, t, L = self.cfg, self.cfg.train, len(self.loader)
         last = {}
         if self.step == 0:
-            self.mon.centres(self.model, 0, 0)
+            self.mon.centers(self.model, 0, 0)
         self.net.train()
         out_of_time, lr = False, cfg.optim.lr
         with self._signals():
@@ -357,7 +357,7 @@ class Trainer:
                         "epoch": epoch + 1,
                         "seconds": time.time() - t_start,
                     }
-                self.mon.centres(self.model, epoch + 1, self.step)
+                self.mon.centers(self.model, epoch + 1, self.step)
                 self.save()
                 t0 = time.time()
         self.mon.close()

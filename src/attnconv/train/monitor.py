@@ -17,29 +17,9 @@ from pathlib import Path
 
 import torch.nn as nn
 
+from attnconv.layers.centers import head_centers
+
 COLUMNS = ["kind", "epoch", "step", "lr", "loss", "acc", "images_per_s", "seconds"]
-
-
-def centre_layers(model: nn.Module) -> list[nn.Module]:
-    """Innermost submodules with ``attention_centers()``, in registration (input->output) order."""
-    mods = [m for m in model.modules() if callable(getattr(m, "attention_centers", None))]
-    inner = []
-    for m in mods:
-        if not any(o is not m and any(o is s for s in m.modules()) for o in mods):
-            inner.append(m)
-    return inner
-
-
-def centres(model: nn.Module) -> list[list[list[float]]]:
-    """Centres (Nh, 2) per quadratic layer; layers whose encoding has none (raising) are skipped."""
-    out = []
-    for m in centre_layers(model):
-        try:
-            c = m.attention_centers()
-        except (ValueError, TypeError, NotImplementedError):
-            continue  # e.g. a learned relative encoding: no Gaussian centres
-        out.append(c.detach().float().cpu().tolist())
-    return out
 
 
 def _truncate_csv(path: Path, step: int) -> None:
@@ -150,10 +130,10 @@ class Monitor:
         else:
             print(line, file=sys.stderr, flush=True)
 
-    def centres(self, model: nn.Module, epoch: int, step: int) -> None:
+    def centers(self, model: nn.Module, epoch: int, step: int) -> None:
         if not self.enabled:
             return
-        layers = centres(model)
+        layers = [c.tolist() for c in head_centers(model)]
         if not layers:
             return
         with open(self.centres_path, "a") as f:

@@ -1,0 +1,35 @@
+"""The Gaussian head centres Delta of a model's quadratic layers (Cordonnier et al. 2020, eq. 9),
+found once for training logs and analysis alike."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+
+def center_layers(model: nn.Module) -> list[nn.Module]:
+    """Innermost submodules with ``attention_centers()``, in registration (input -> output)
+    order: wrappers (a converted convolution) delegate to the attention layer inside them."""
+    mods = [
+        m for m in model.modules()
+        if m is not model and callable(getattr(m, "attention_centers", None))
+    ] or ([model] if callable(getattr(model, "attention_centers", None)) else [])  # fmt: skip
+    return [m for m in mods if not any(o is not m and any(o is s for s in m.modules())
+                                       for o in mods)]  # fmt: skip
+
+
+def head_centers(model: nn.Module) -> list[torch.Tensor]:
+    """Per quadratic layer, its (Nh, 2) (row, col) head centres (float32, CPU); layers whose
+    encoding has no centres (``attention_centers()`` raises ValueError) are skipped."""
+    out = []
+    for m in center_layers(model):
+        try:
+            c = torch.as_tensor(m.attention_centers()).detach().float().cpu()
+        except (ValueError, NotImplementedError):
+            continue
+        if c.dim() != 2 or c.shape[1] != 2:
+            raise ValueError(
+                f"{type(m).__name__}.attention_centers() must return (Nh, 2), got {tuple(c.shape)}"
+            )
+        out.append(c)
+    return out
