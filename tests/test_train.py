@@ -191,6 +191,18 @@ def test_signal_saves_resumable_checkpoint_and_exits(baseline, tmp_path, sig):
     assert_identical(weights(run), final)
 
 
+def _diverged_line(cfg: Path, d: dict) -> list[str]:
+    """Train config ``d`` in a subprocess that must stop on a non-finite value (exit 3, one
+    line, no traceback); returns that line (as a one-element list)."""
+    cfg.write_text(yaml.safe_dump(d))
+    p = cli("train", str(cfg))
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 3, err
+    line = [ln for ln in err.splitlines() if "non-finite" in ln]
+    assert len(line) == 1 and "Traceback" not in err
+    return line
+
+
 def test_non_finite_loss_stops_and_keeps_last_good(cifar_zip, tmp_path):
     cfg = tmp_path / "nan.yaml"
     d = small(
@@ -200,12 +212,7 @@ def test_non_finite_loss_stops_and_keeps_last_good(cifar_zip, tmp_path):
         schedule={"warmup": 0.0},
         train={"checkpoint_every": 1, "batch_size": 20},
     )
-    cfg.write_text(yaml.safe_dump(d))
-    p = cli("train", str(cfg))
-    _, err = p.communicate(timeout=300)
-    assert p.returncode == 3, err
-    line = [ln for ln in err.splitlines() if "non-finite" in ln]
-    assert len(line) == 1 and "Traceback" not in err
+    line = _diverged_line(cfg, d)
     bad = int(line[0].split(" at step ")[1].split()[0])
     good = latest_step(tmp_path / "run")
     assert good == bad - 1 and f"last good checkpoint: {tmp_path / 'run'}" in line[0]
@@ -229,12 +236,7 @@ def test_last_good_checkpoint_never_holds_non_finite_weights(cifar_zip, tmp_path
     cfg = tmp_path / "bad.yaml"
     d = small(cifar_zip, tmp_path / "run", optim={"weight_decay": 0.0, **optim},
               schedule=schedule, train={"checkpoint_every": 1, "batch_size": 20, **train})
-    cfg.write_text(yaml.safe_dump(d))
-    p = cli("train", str(cfg))
-    _, err = p.communicate(timeout=300)
-    assert p.returncode == 3, err
-    line = [ln for ln in err.splitlines() if "non-finite" in ln]
-    assert len(line) == 1 and "Traceback" not in err
+    line = _diverged_line(cfg, d)
     ck = tmp_path / "run" / "checkpoints"
     if (ck / "latest").is_file():
         model, _ = load_model(tmp_path / "run")
