@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import sys
 
 # name -> module under attnconv.commands (listed in the order `attnconv -h` shows them)
@@ -15,7 +14,7 @@ COMMANDS = ("demo", "train", "eval", "convert", "analyze", "explore", "bench")
 
 
 def _available() -> list[str]:
-    return [c for c in COMMANDS if importlib.util.find_spec(f"attnconv.commands.{c}") is not None]
+    return list(COMMANDS)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -188,11 +188,6 @@ class MapAverage:
         return [s / self.count for s in self.sums]  # type: ignore[union-attr]
 
 
-def central_query(grid: Grid) -> tuple[int, int]:
-    """The query at the centre of the grid (the paper's figures use a central pixel)."""
-    return (grid[0] // 2, grid[1] // 2)
-
-
 def crop(
     maps: torch.Tensor, center: Sequence[int], size: int | None
 ) -> tuple[torch.Tensor, int, int]:

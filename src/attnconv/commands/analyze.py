@@ -36,38 +36,50 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=25)
 
 
-def run(args: argparse.Namespace) -> int:
+def analyze_checkpoint(
+    checkpoint: str | Path,
+    out: str | Path,
+    *,
+    data: str | None = None,
+    num_images: int = 100,
+    split: str = "test",
+    query=None,
+    image: int = 0,
+    zoom: int = 7,
+    centers_log: str | Path | None = None,
+    batch_size: int = 25,
+) -> dict:
+    """The figures of ``checkpoint`` into ``out`` (what ``attnconv analyze`` and the demo run);
+    returns the report."""
     import torch
 
     from attnconv.analysis.centers import find_center_log
     from attnconv.analysis.inputs import load_for_analysis
     from attnconv.analysis.report import analyze_model
 
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
-    if args.zoom < 0:
-        raise ValueError(f"--zoom must be >= 0, got {args.zoom}")
-    log = Path(args.centers_log) if args.centers_log else find_center_log(args.checkpoint)
-    if args.centers_log and not log.is_file():
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+    if zoom < 0:
+        raise ValueError(f"--zoom must be >= 0, got {zoom}")
+    log = Path(centers_log) if centers_log else find_center_log(checkpoint)
+    if centers_log and not log.is_file():
         raise FileNotFoundError(f"--centers-log {log}: no such file")
-    model, info, images, labels, mean, std = load_for_analysis(
-        args.checkpoint, args.data, args.num_images, args.split
-    )
+    model, info, images, labels, mean, std = load_for_analysis(checkpoint, data, num_images, split)
     with torch.no_grad():
-        report = analyze_model(
-            model,
-            images,
-            args.out,
-            mean=mean,
-            std=std,
-            labels=labels,
-            query=args.query,
-            image_index=args.image,
-            zoom=args.zoom or None,
-            center_log=log,
-            title=f"{info.get('model')} ({Path(info.get('path', args.checkpoint)).name})",
-            batch_size=args.batch_size,
-        )
+        return analyze_model(
+            model, images, out, mean=mean, std=std, labels=labels, query=query,
+            image_index=image, zoom=zoom or None, center_log=log,
+            title=f"{info.get('model')} ({Path(info.get('path', checkpoint)).name})",
+            batch_size=batch_size,
+        )  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    report = analyze_checkpoint(
+        args.checkpoint, args.out, data=args.data, num_images=args.num_images,
+        split=args.split, query=args.query, image=args.image, zoom=args.zoom,
+        centers_log=args.centers_log, batch_size=args.batch_size,
+    )  # fmt: skip
     out = Path(args.out)
     print(f"wrote {len(report['figures'])} figures to {out} (index: {out / 'index.md'})")
     return 0

@@ -10,7 +10,6 @@ it runs offline on a fresh machine. The number of steps is planned from a throug
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import time
 from pathlib import Path
@@ -132,14 +131,10 @@ def run(args: argparse.Namespace) -> int:
     )
     figures = out / "figures"
     if not args.no_figures:
-        if importlib.util.find_spec("attnconv.commands.analyze") is None:
-            print("demo: attnconv.analysis is not available; no figures")
-            figures = None
-        else:
-            from attnconv.cli import main
+        from .analyze import analyze_checkpoint
 
-            if main(["analyze", str(out), "--out", str(figures), "--num-images", "100"]) != 0:
-                raise ValueError(f"figures failed (see above); the checkpoint is in {out}")
+        report = analyze_checkpoint(out, figures, num_images=100)
+        print(f"wrote {len(report['figures'])} figures to {figures}")
     print(f"\nrun folder: {out.resolve()}")
     print(f"  checkpoint  {out / 'checkpoints'} (attnconv eval {out})")
     print(f"  metrics     {out / 'metrics.csv'}, head centres per epoch {out / 'centers.jsonl'}")

@@ -58,12 +58,6 @@ class _Tree:
             raise ValueError(f"{self.path}: cannot read {full!r} ({e})") from None
 
 
-def list_splits(path: str | Path) -> dict[str, int]:
-    """Split name -> number of images."""
-    t = _Tree(Path(path))
-    return {s: sum(len(v) for v in c.values()) for s, c in sorted(t.files.items())}
-
-
 def read_image_folder(
     path: str | Path, split: str, *, max_per_class: int | None = None
 ) -> tuple[np.ndarray, np.ndarray, list[str]]:
