@@ -92,6 +92,12 @@ def _combine_masks(
     return neg if bias is None else bias + neg
 
 
+def softmax_f32(logits: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim in at least float32 (bfloat16/float16 logits lose the
+    max-subtraction's precision); the one place every attention path normalizes."""
+    return torch.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
+
+
 def attention_probs(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -121,8 +127,7 @@ def attention_probs(
     dead = torch.isneginf(logits).all(dim=-1, keepdim=True) if full is not None else None
     if dead is not None:
         logits = logits.masked_fill(dead, 0.0)
-    # softmax in at least float32 (bfloat16/float16 logits lose the max-subtraction's precision)
-    probs = torch.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
+    probs = softmax_f32(logits)
     if dead is not None:
         probs = probs.masked_fill(dead, 0.0)
     return probs.to(q.dtype)

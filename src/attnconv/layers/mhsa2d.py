@@ -30,6 +30,7 @@ from .positional import (
     AbsolutePositionalEncoding2d,
     GeneralizedQuadraticEncoding,
     QuadraticEncoding,
+    check_size,
 )
 from .quadratic import (
     axis_softmax,
@@ -214,11 +215,7 @@ class MultiHeadSelfAttention2d(nn.Module):
         if self.positional in ("absolute_learned", "relative_learned") or (
             self.positional == "relative" and self.positional_encoding.learned
         ):
-            if h > self.max_size or w > self.max_size:
-                raise ValueError(
-                    f"input {h}x{w} is larger than the learned positional table "
-                    f"(max_size={self.max_size}); build the layer with max_size >= {max(h, w)}"
-                )
+            check_size(h, w, self.max_size, "positional")
         return b, h, w
 
     def _heads(self, t: torch.Tensor, d: int) -> torch.Tensor:

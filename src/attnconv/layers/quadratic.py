@@ -20,11 +20,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .functional import softmax_f32
 
-def axis_softmax(logits: torch.Tensor) -> torch.Tensor:
-    """Row-wise softmax in at least float32 (bfloat16 logits lose the max subtraction)."""
-    dt = torch.promote_types(logits.dtype, torch.float32)
-    return torch.softmax(logits, dim=-1, dtype=dt)
+axis_softmax = softmax_f32  # row-wise, in at least float32
 
 
 def head_major(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
