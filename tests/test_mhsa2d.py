@@ -244,3 +244,27 @@ def test_returned_maps_are_the_fast_paths_own(h, w, seed):
         _, ref = layer(x, return_attention=True)
         torch.testing.assert_close(fast, ref, rtol=1e-9, atol=1e-12)
         torch.testing.assert_close(fast.sum(-1), torch.ones_like(fast.sum(-1)))
+
+
+def test_typed_encoding_equals_the_string_shorthand():
+    """positional= takes a PositionalEncoding (the typed form) as well as its name; the layer
+    asks it what it can do (no name comparison), so both give the same layer."""
+    from attnconv.layers.positional import PositionalEncoding, QuadraticEncoding
+    from attnconv.layers.relative import LearnedRelativeEncoding
+
+    torch.manual_seed(0)
+    typed = MultiHeadSelfAttention2d(8, 8, 2, positional=QuadraticEncoding(2, init_alpha=2.0),
+                                     content=False)  # fmt: skip
+    named = MultiHeadSelfAttention2d(8, 8, 2, positional="quadratic", content=False)
+    named.load_state_dict(typed.state_dict())
+    x = torch.randn(2, 8, 5, 6)
+    torch.testing.assert_close(typed(x), named(x))
+    assert typed.positional == "quadratic" and typed.separable
+    enc = LearnedRelativeEncoding(2, 4, 4, content=True, max_size=8)
+    layer = MultiHeadSelfAttention2d(8, 8, 2, positional=enc)
+    assert isinstance(layer.positional_encoding, PositionalEncoding) and layer.input_dependent
+    assert layer(x).shape == (2, 8, 5, 6)
+    with pytest.raises(ValueError, match="the encoding has 3 heads, the layer 2"):
+        MultiHeadSelfAttention2d(8, 8, 2, positional=QuadraticEncoding(3))
+    with pytest.raises(TypeError, match="unexpected keyword argument 'alpha'"):
+        MultiHeadSelfAttention2d(8, 8, 2, positional="quadratic", alpha=3.0)

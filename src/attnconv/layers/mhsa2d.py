@@ -24,14 +24,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .checks import check_tensor, positive_int
+from .checks import check_tensor
+from .encoding import POSITIONALS, build_encoding
 from .functional import attention_probs, check_impl, scaled_dot_product_attention
-from .positional import (
-    AbsolutePositionalEncoding2d,
-    GeneralizedQuadraticEncoding,
-    QuadraticEncoding,
-    check_size,
-)
+from .positional import PositionalEncoding, check_size
 from .quadratic import (
     axis_softmax,
     head_major,
@@ -41,32 +37,46 @@ from .quadratic import (
     separable_probs,
     shift_gather,
 )
-from .relative import RELATIVE_TERMS, LearnedRelativeEncoding, RelativeEncoding
 
-POSITIONALS = (
-    "none",
-    "absolute_learned",
-    "absolute_sinusoidal",
-    "relative",
-    "relative_learned",
-    "quadratic",
-    "quadratic_generalized",
-)
+__all__ = ["MultiHeadSelfAttention2d", "POSITIONALS", "VALUES"]
 VALUES = ("linear", "identity")
 _LOW = (torch.bfloat16, torch.float16)
+
+
+def _head_dims(cin: int, cout: int, nh: int, head_dim, qk_dim, value: str) -> tuple[int, int]:
+    """(value width, query/key width) per head from the layer's arguments."""
+    if value == "identity":  # each head attends over the raw input
+        if head_dim not in (None, cin):
+            raise ValueError(
+                f"value='identity' attends over the raw input: head_dim is in_channels={cin}, "
+                f"got head_dim={head_dim}"
+            )
+        head_dim = cin
+    elif head_dim is None:
+        if cout % nh:
+            raise ValueError(
+                f"out_channels={cout} is not divisible by num_heads={nh}; pass head_dim explicitly"
+            )
+        head_dim = cout // nh
+    qk_dim = head_dim if qk_dim is None else qk_dim
+    for name, v in (("head_dim", head_dim), ("qk_dim", qk_dim)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    return head_dim, qk_dim
 
 
 class MultiHeadSelfAttention2d(nn.Module):
     """Multi-head self-attention on NCHW images: (B, in_channels, H, W) -> (B, out_channels, H, W).
 
-    Args: in_channels, out_channels, num_heads; head_dim (value width per head, default
-    out_channels // num_heads; = in_channels when ``value="identity"``); qk_dim (query/key width
-    per head, default head_dim); positional (one of POSITIONALS); content (add the
-    content-content term); dropout (on attention probabilities); impl ("auto" | "reference");
-    value ("linear": Linear(in, Nh*head_dim) values; "identity": each head attends over the raw
-    input, the reference code's layout); max_size (side of learned tables); bias (of the
-    projections). Encoding options: hard, init_centers_std, init_alpha (quadratic);
-    relative_terms, learned_r (relative, Dai eq. 8); rel_dim (r_delta width, relative encodings).
+    Args: in_channels, out_channels, num_heads; positional (a ``PositionalEncoding``, or its
+    string shorthand, one of POSITIONALS); content (add the content-content term); head_dim (value
+    width per head, default out_channels // num_heads; = in_channels when ``value="identity"``);
+    qk_dim (query/key width per head, default head_dim); value ("linear": Linear(in, Nh*head_dim)
+    values; "identity": each head attends over the raw input, the reference code's layout);
+    dropout (on attention probabilities); impl ("auto" | "reference"); max_size (side of learned
+    tables); bias (of the projections). ``encoding_options`` go to the named encoding
+    (encoding.build_encoding): hard, init_centers_std, init_alpha (quadratic); relative_terms,
+    learned_r (relative, Dai eq. 8); rel_dim (r_delta width, relative encodings).
     """
 
     def __init__(
@@ -75,111 +85,40 @@ class MultiHeadSelfAttention2d(nn.Module):
         out_channels: int,
         num_heads: int,
         *,
-        head_dim: int | None = None,
-        positional: str = "none",
+        positional: str | PositionalEncoding = "none",
         content: bool = True,
+        head_dim: int | None = None,
+        qk_dim: int | None = None,
+        value: str = "linear",
         dropout: float = 0.0,
         impl: str = "auto",
-        value: str = "linear",
         max_size: int = 64,
         bias: bool = True,
-        qk_dim: int | None = None,
-        hard: bool = False,
-        init_centers_std: float = 2.0,
-        init_alpha: float = 0.5,
-        relative_terms: tuple[str, ...] = RELATIVE_TERMS,
-        learned_r: bool = False,
-        rel_dim: int | None = None,
+        **encoding_options,
     ):
         super().__init__()
         for name, val in (("in_channels", in_channels), ("out_channels", out_channels),
                           ("num_heads", num_heads), ("max_size", max_size)):  # fmt: skip
             if not isinstance(val, int) or isinstance(val, bool) or val < 1:
                 raise ValueError(f"{name} must be a positive int, got {val!r}")
-        if positional not in POSITIONALS:
-            raise ValueError(f"positional must be one of {POSITIONALS}, got {positional!r}")
         if value not in VALUES:
             raise ValueError(f"value must be one of {VALUES}, got {value!r}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-        if value == "identity":
-            if head_dim not in (None, in_channels):
-                raise ValueError(
-                    f"value='identity' attends over the raw input: head_dim is in_channels="
-                    f"{in_channels}, got head_dim={head_dim}"
-                )
-            head_dim = in_channels
-        elif head_dim is None:
-            if out_channels % num_heads:
-                raise ValueError(
-                    f"out_channels={out_channels} is not divisible by num_heads={num_heads}; "
-                    "pass head_dim explicitly"
-                )
-            head_dim = out_channels // num_heads
-        if not isinstance(head_dim, int) or head_dim < 1:
-            raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
-        qk_dim = head_dim if qk_dim is None else qk_dim
-        if not isinstance(qk_dim, int) or qk_dim < 1:
-            raise ValueError(f"qk_dim must be a positive int, got {qk_dim!r}")
-        bad = [t for t in relative_terms if t not in RELATIVE_TERMS]
-        if bad:
-            raise ValueError(f"unknown relative_terms {bad}; choose from {RELATIVE_TERMS}")
-        quad = positional in ("quadratic", "quadratic_generalized")
-        if hard and positional != "quadratic":
-            raise ValueError("hard=True is only defined for positional='quadratic'")
-        if hard and content:
-            raise ValueError("hard=True (one-hot attention) needs content=False")
-        if learned_r and positional != "relative":
-            raise ValueError("learned_r only applies to positional='relative'")
-        if tuple(relative_terms) != RELATIVE_TERMS and positional != "relative":
-            raise ValueError("relative_terms only applies to positional='relative'")
-        if rel_dim is not None and positional not in ("relative", "relative_learned"):
-            raise ValueError("rel_dim only applies to positional='relative' or 'relative_learned'")
-        if rel_dim is not None:
-            positive_int("rel_dim", rel_dim)
-
+        head_dim, qk_dim = _head_dims(in_channels, out_channels, num_heads, head_dim, qk_dim, value)
         self.in_channels, self.out_channels, self.num_heads = in_channels, out_channels, num_heads
         self.head_dim, self.qk_dim, self.value = head_dim, qk_dim, value
-        self.positional, self.content, self.dropout = positional, bool(content), dropout
-        self.impl, self.max_size = check_impl(impl), max_size
-        self.scale = qk_dim**-0.5
-        terms = set(relative_terms) if positional == "relative" else set()
-        if not content:
-            terms.discard("content_content")
-        if positional == "relative" and not terms:
-            raise ValueError("positional='relative' with no term left (relative_terms/content)")
-        self.terms = tuple(t for t in RELATIVE_TERMS if t in terms)
-
-        if positional in ("absolute_learned", "absolute_sinusoidal"):
-            self.positional_encoding = AbsolutePositionalEncoding2d(
-                in_channels, learned=positional == "absolute_learned", max_size=max_size
-            )
-        elif positional == "relative":
-            self.positional_encoding = RelativeEncoding(
-                num_heads, qk_dim, rel_dim or qk_dim, self.terms, learned=learned_r,
-                max_size=max_size,
-            )  # fmt: skip
-        elif positional == "relative_learned":
-            self.positional_encoding = LearnedRelativeEncoding(
-                num_heads, qk_dim, rel_dim or qk_dim, content=self.content, max_size=max_size
-            )
-        elif quad:
-            cls = QuadraticEncoding if positional == "quadratic" else GeneralizedQuadraticEncoding
-            kw = {"init_alpha": init_alpha} if positional == "quadratic" else {}
-            self.positional_encoding = cls(
-                num_heads, hard=hard, init_centers_std=init_centers_std, **kw
-            )
-
-        self.input_dependent = self.content or bool(
-            set(self.terms) & {"content_position", "global_content"}
-        )
-        self.has_qk = self.input_dependent or positional.startswith("absolute")
-        self.separable = not self.input_dependent and positional in (
-            "none",
-            "quadratic",
-            "relative",
-            "relative_learned",
-        )  # position-only with logits a(q1, k1) + b(q2, k2)
+        self.content, self.dropout, self.max_size = bool(content), dropout, max_size
+        self.impl, self.scale = check_impl(impl), qk_dim**-0.5
+        self.positional_encoding = build_encoding(
+            positional, num_heads=num_heads, in_channels=in_channels, qk_dim=qk_dim,
+            content=self.content, max_size=max_size, **encoding_options,
+        )  # fmt: skip
+        enc = self.positional_encoding
+        self.positional = enc.name
+        self.input_dependent = self.content or enc.input_dependent  # logits read q/k
+        self.separable = enc.separable and not self.input_dependent  # row then column operator
+        self.has_qk = self.input_dependent or enc.adds_to_input
         if self.has_qk:
             self.query_proj = nn.Linear(in_channels, num_heads * qk_dim, bias=bias)
             self.key_proj = nn.Linear(in_channels, num_heads * qk_dim, bias=bias)
@@ -190,7 +129,7 @@ class MultiHeadSelfAttention2d(nn.Module):
     # ------------------------------------------------------------------ helpers
     def attention_centers(self) -> torch.Tensor:
         """(Nh, 2) (row, col) offsets Delta in pixels of the quadratic encoding's heads."""
-        if not self.positional.startswith("quadratic"):
+        if not hasattr(self.positional_encoding, "centers"):
             raise ValueError(
                 f"attention_centers() needs a quadratic encoding, not {self.positional!r}"
             )
@@ -209,13 +148,12 @@ class MultiHeadSelfAttention2d(nn.Module):
                 f"{tuple(x.shape)})"
             )
         check_tensor(x, self.out_proj.weight.dtype)  # non-empty, the parameters' dtype
-        if self.content and getattr(getattr(self, "positional_encoding", None), "hard", False):
+        enc = self.positional_encoding
+        if self.content and enc.hard:
             raise ValueError("hard=True (one-hot attention) needs content=False")
         b, _, h, w = x.shape
-        if self.positional in ("absolute_learned", "relative_learned") or (
-            self.positional == "relative" and self.positional_encoding.learned
-        ):
-            check_size(h, w, self.max_size, "positional")
+        if enc.learned_size is not None:
+            check_size(h, w, enc.learned_size, "positional")
         return b, h, w
 
     def _heads(self, t: torch.Tensor, d: int) -> torch.Tensor:
@@ -226,7 +164,7 @@ class MultiHeadSelfAttention2d(nn.Module):
         if not self.has_qk:
             return None, None
         src = xt
-        if self.positional.startswith("absolute"):
+        if self.positional_encoding.adds_to_input:
             p = self.positional_encoding(h, w).to(self.out_proj.weight.dtype)  # (T, Cin), eq. 7
             src = xt + p if self.content else p[None]
         q, k = self.query_proj(src), self.key_proj(src)  # (B|1, T, Nh*dk)
@@ -234,30 +172,15 @@ class MultiHeadSelfAttention2d(nn.Module):
 
     def _axis_logits(self, h: int, w: int, dtype):
         """Row (Nh, h, h) and column (Nh, w, w) logits of a separable position-only attention."""
-        if self.positional == "none":
-            return torch.zeros(self.num_heads, h, h, dtype=dtype), torch.zeros(
-                self.num_heads, w, w, dtype=dtype
-            )
-        if self.positional == "quadratic":
-            return self.positional_encoding.axis_logits(h, w)
-        if self.positional.startswith("relative"):  # learned tables, or Dai's v^T What_k r
-            return self.positional_encoding.axis_logits(h, w, dtype)
-        return None  # absolute, quadratic_generalized: not separable
+        return self.positional_encoding.axis_logits(h, w, dtype)
 
     def _dense(self, xt: torch.Tensor | None, h: int, w: int):
         """The plain equations: q, k, bias; logits = q k^T * scale + bias, bias (B|1, Nh, T, T)."""
-        t, nh = h * w, self.num_heads
+        t, nh, enc = h * w, self.num_heads, self.positional_encoding
         dt, dev = self.out_proj.weight.dtype, self.out_proj.weight.device
         q, k = self._qk(xt, h, w)
-        qk_product = self.has_qk and (
-            self.positional != "relative" or "content_content" in self.terms
-        )
-        bias = None
-        if self.positional.startswith("quadratic"):
-            bias = self.positional_encoding.dense_logits(h, w)[None]  # float32 if bf16
-        elif self.positional.startswith("relative"):
-            bias = self.positional_encoding.dense_bias(q, k, h, w, dt)
-        if not qk_product:
+        bias = enc.dense_bias(q, k, h, w, dt)
+        if not (self.has_qk and enc.uses_qk_product):  # no q.k term in the logits
             b = q.shape[0] if q is not None else (bias.shape[0] if bias is not None else 1)
             q = k = torch.zeros(b, nh, t, 0, dtype=dt, device=dev)
         return q, k, bias
@@ -302,9 +225,9 @@ class MultiHeadSelfAttention2d(nn.Module):
         dropout; the reference path's dense equations for impl="reference"."""
         if self.impl == "reference":
             return self.attention_probs(x)
-        enc = getattr(self, "positional_encoding", None)
+        enc = self.positional_encoding
         if self.separable:
-            if self.positional == "quadratic" and enc.hard:
+            if enc.hard:
                 rows, cols = enc.hard_indices(h, w)  # (Nh, h), (Nh, w)
                 r, c = F.one_hot(rows, h), F.one_hot(cols, w)  # (Nh, h, h), (Nh, w, w)
                 return outer_probs(r.to(x.dtype), c.to(x.dtype))[None]
@@ -312,8 +235,8 @@ class MultiHeadSelfAttention2d(nn.Module):
             return separable_probs(row.to(x.device), col.to(x.device))[None]
         xt = x.flatten(2).transpose(1, 2)  # (B, T, Cin)
         if not self.input_dependent:
-            if self.positional == "quadratic_generalized":  # the rank-5 fold it runs
-                q_pos, k_pos = enc.fold(h, w)
+            if enc.position_foldable and not enc.separable:  # the low-rank fold it runs
+                q_pos, k_pos = enc.position_fold(h, w)
                 return axis_softmax(q_pos @ k_pos.t())[None]
             return self.attention_probs(x)  # the shared path's own dense probabilities
         q_aug, k_aug, _ = self.folded_qkv(xt, self._values(xt, h, w), h, w)
@@ -351,8 +274,8 @@ class MultiHeadSelfAttention2d(nn.Module):
             else (None,) * 2
         )
         v = head_major(x, wv, bv, self.num_heads)  # (Nh|1, D, H, B, W)
-        enc = getattr(self, "positional_encoding", None)
-        if self.positional == "quadratic" and enc.hard:  # the alpha -> infinity limit, a gather
+        enc = self.positional_encoding
+        if enc.hard:  # the alpha -> infinity limit, a gather
             y = shift_gather(v, *enc.hard_indices(h, w))
         else:
             row, col = self._axis_logits(h, w, x.dtype)
@@ -362,8 +285,9 @@ class MultiHeadSelfAttention2d(nn.Module):
     def _forward_shared(self, v5, h, w, p_drop) -> torch.Tensor:
         """Input-independent attention: computed once, shared by the batch. -> (B, T, Nh, Dv)"""
         b, dt = v5.shape[0], v5.dtype
-        if self.positional == "quadratic_generalized":  # rank-5 fold: one (Nh, T, T) tensor
-            q_pos, k_pos = self.positional_encoding.fold(h, w)  # (Nh, T, 5), (T, 5)
+        enc = self.positional_encoding
+        if enc.position_foldable and not enc.separable:  # generalized: the rank-5 fold
+            q_pos, k_pos = enc.position_fold(h, w)  # (Nh, T, r), (T, r)
             probs = axis_softmax(q_pos @ k_pos.t())[None].to(dt)  # (1, Nh, T, T)
         else:
             q, k, bias = self._dense(None, h, w)
@@ -381,8 +305,8 @@ class MultiHeadSelfAttention2d(nn.Module):
         q_aug, k_aug, v = self.folded_qkv(xt, v5, h, w)
         # the folded quadratic logits are large differences that cancel: folded_qkv keeps them in
         # float32, and autocast must not cast them back to bfloat16 inside SDPA (wrong outputs)
-        quad = self.positional.startswith("quadratic")
-        with torch.autocast(q_aug.device.type, enabled=False) if quad else nullcontext():
+        large = self.positional_encoding.large_logits
+        with torch.autocast(q_aug.device.type, enabled=False) if large else nullcontext():
             y = scaled_dot_product_attention(
                 q_aug, k_aug, v, scale=1.0, dropout_p=p_drop, impl="auto"
             )  # (B, Nh, T, Dv)
@@ -391,21 +315,12 @@ class MultiHeadSelfAttention2d(nn.Module):
     def folded_qkv(self, xt, v5, h, w):
         """Augmented q, k (B, Nh, T, dk + folded terms) and v (B, Nh, T, Dv) such that
         softmax(q_aug k_aug^T) v is the layer's attention (scale folded into q_aug)."""
-        b, nh = xt.shape[0], self.num_heads
+        enc = self.positional_encoding
         q, k = self._qk(xt, h, w)  # (B, Nh, T, dk)
         v = self._seq_values(v5)
-        qs, ks = [], []
-        if self.positional != "relative" or "content_content" in self.terms:
-            qs.append(q * self.scale)
-            ks.append(k)
-        if self.positional.startswith("quadratic"):
-            if q.dtype in _LOW:  # the folded logits are large: run this attention in float32
-                qs, ks, v = [qs[0].float()], [ks[0].float()], v.float()
-            q_pos, k_pos = self.positional_encoding.fold(h, w)  # (Nh, T, 3|5), (T, 3|5)
-            qs.append(q_pos[None].to(qs[0].dtype).expand(b, -1, -1, -1))
-            ks.append(k_pos[None, None].to(qs[0].dtype).expand(b, nh, -1, -1))
-        elif self.positional.startswith("relative"):  # scores vs one-hot key rows/columns
-            q_rel, k_rel = self.positional_encoding.fold(q, k, h, w)
-            qs, ks = qs + q_rel, ks + k_rel
-        q_aug, k_aug = torch.cat(qs, dim=-1), torch.cat(ks, dim=-1)
+        if enc.large_logits and q.dtype in _LOW:  # large folded logits: attention in float32
+            q, k, v = q.float(), k.float(), v.float()
+        qs, ks = ([q * self.scale], [k]) if enc.uses_qk_product else ([], [])
+        q_pos, k_pos = enc.fold(q, k, h, w)  # the positional terms as extra columns
+        q_aug, k_aug = torch.cat(qs + q_pos, dim=-1), torch.cat(ks + k_pos, dim=-1)
         return q_aug, k_aug, v.to(q_aug.dtype)

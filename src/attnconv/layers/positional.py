@@ -49,12 +49,71 @@ def pixel_coords(h: int, w: int, device=None, dtype=torch.float32) -> torch.Tens
     return torch.stack(torch.meshgrid(i, j, indexing="ij"), dim=-1).reshape(h * w, 2)
 
 
-class AbsolutePositionalEncoding2d(nn.Module):
+class PositionalEncoding(nn.Module):
+    """What every positional encoding tells the attention layer, which picks its path by asking
+    (never by the encoding's name):
+
+    - ``input_dependent``: its logits read the queries/keys (the layer folds them into q/k);
+    - ``separable``: position-only logits a(q1, k1) + b(q2, k2): ``axis_logits(h, w, dtype)``;
+    - ``position_foldable``: position-only logits of low rank: ``position_fold(h, w)``;
+    - ``adds_to_input``: absolute P (T, C) added to the input of Wq/Wk: ``self(h, w)``;
+    - ``uses_qk_product``: the layer's q.k term is part of the logits;
+    - ``large_logits``: folded logits are large differences that cancel (fold in float32);
+    - ``learned_size``: side of its learned tables (None: any image size);
+    - ``hard``: one-hot heads (``hard_indices``).
+
+    And the same methods: ``dense_bias(q, k, h, w, dtype)`` -> (B|1, Nh, T, T) or None (the plain
+    equations), ``fold(q, k, h, w)`` -> extra (query, key) columns whose products are those
+    logits (for the fused kernel).
+    """
+
+    name = "none"
+    input_dependent = False
+    separable = False
+    position_foldable = False
+    adds_to_input = False
+    uses_qk_product = True
+    large_logits = False
+    learned_size: int | None = None
+    hard = False
+
+    def axis_logits(self, h: int, w: int, dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError(f"{type(self).__name__} is not separable")
+
+    def position_fold(self, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError(f"{type(self).__name__} has no low-rank position fold")
+
+    def dense_bias(self, q, k, h: int, w: int, dtype) -> torch.Tensor | None:
+        return None
+
+    def fold(self, q, k, h: int, w: int) -> tuple[list, list]:
+        return [], []
+
+
+class NoEncoding(PositionalEncoding):
+    """``positional="none"``: no positional term (position-only: uniform attention)."""
+
+    separable = True
+
+    def __init__(self, num_heads: int):
+        super().__init__()
+        self.num_heads = num_heads
+
+    def axis_logits(self, h: int, w: int, dtype=None):
+        dt, nh = dtype or torch.float32, self.num_heads
+        return torch.zeros(nh, h, h, dtype=dt), torch.zeros(nh, w, w, dtype=dt)
+
+
+class AbsolutePositionalEncoding2d(PositionalEncoding):
     """P (h*w, C) of eq. 7: learned row/column tables or fixed 2D sinusoids."""
+
+    adds_to_input = True
 
     def __init__(self, channels: int, *, learned: bool, max_size: int = 64):
         super().__init__()
         self.channels, self.learned, self.max_size = channels, learned, max_size
+        self.name = "absolute_learned" if learned else "absolute_sinusoidal"
+        self.learned_size = max_size if learned else None
         c_row = channels // 2
         if learned:
             self.row = nn.Parameter(torch.randn(max_size, c_row) * 0.02)
@@ -97,7 +156,7 @@ class RelativeTables2d(nn.Module):
         return self.rel_row[m - h : m + h - 1], self.rel_col[m - w : m + w - 1]
 
 
-class QuadraticEncoding(nn.Module):
+class QuadraticEncoding(PositionalEncoding):
     """Eq. 9: logits_h(q, k) = -alpha_h ||k - q - Delta_h||^2 (the ||Delta||^2 term of the paper's
     v^T r_delta is constant per query and cancels in the softmax).
 
@@ -110,6 +169,7 @@ class QuadraticEncoding(nn.Module):
     """
 
     no_weight_decay = ("centers", "spread")  # geometry, never decayed (reference code)
+    name, separable, position_foldable, large_logits = "quadratic", True, True, True
 
     def __init__(
         self,
@@ -142,8 +202,9 @@ class QuadraticEncoding(nn.Module):
             raise ValueError(f"alpha must be finite and >= 0, got {alpha}")
         self.spread.copy_(torch.sqrt(2 * a).to(self.spread).expand_as(self.spread))
 
-    def axis_logits(self, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Separable form: row logits (Nh, h, h) [q1, k1] and column logits (Nh, w, w)."""
+    def axis_logits(self, h: int, w: int, dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Separable form: row logits (Nh, h, h) [q1, k1] and column logits (Nh, w, w), float32
+        at least whatever ``dtype``."""
         a, ctr = hi(self.alpha)[:, None, None], hi(self.centers)
         d1 = (relative_index(h, a.device) - (h - 1)).to(a.dtype)  # k1 - q1
         d2 = (relative_index(w, a.device) - (w - 1)).to(a.dtype)
@@ -165,7 +226,13 @@ class QuadraticEncoding(nn.Module):
         diff = delta[None] - hi(self.centers)[:, None, None, :]  # (Nh, T, T, 2)
         return -hi(self.alpha)[:, None, None] * diff.pow(2).sum(-1)
 
-    def fold(self, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def dense_bias(self, q, k, h: int, w: int, dtype) -> torch.Tensor:
+        return self.dense_logits(h, w)[None]  # float32 at least
+
+    def fold(self, q, k, h: int, w: int) -> tuple[list, list]:
+        return expand_fold(self.position_fold(h, w), q)
+
+    def position_fold(self, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Rank-3 bilinear form of the logits: q_pos (Nh, T, 3) . k_pos (T, 3) equals
         -alpha ||k - q - Delta||^2 up to a per-query constant:
         2 alpha k.(q + Delta) - alpha ||k||^2 (centred coordinates)."""
@@ -184,7 +251,7 @@ class QuadraticEncoding(nn.Module):
         return rows.clamp(0, h - 1), cols.clamp(0, w - 1)
 
 
-class GeneralizedQuadraticEncoding(nn.Module):
+class GeneralizedQuadraticEncoding(PositionalEncoding):
     """Generalized eq. 9: logits_h = -1/2 (delta - Delta_h)^T Sigma_h^-1 (delta - Delta_h), with
     Sigma_h^-1 = A_h A_h^T positive semi-definite, A = ``spread`` (Nh, 2, 2), Sigma^-1/2 up to a
     rotation, init I + N(0, 0.01^2) (the reference code's ``attention_spreads``, same product).
@@ -192,12 +259,13 @@ class GeneralizedQuadraticEncoding(nn.Module):
     former ``precision_factor`` L (Sigma^-1 = L^T L) load as A = L^T."""
 
     no_weight_decay = ("centers", "spread")  # never decayed (reference code)
+    name, position_foldable, large_logits = "quadratic_generalized", True, True
 
     def __init__(self, num_heads: int, *, init_centers_std: float = 2.0, hard: bool = False):
         super().__init__()
         if hard:
             raise ValueError("hard=True is only defined for positional='quadratic'")
-        self.num_heads, self.hard = num_heads, False
+        self.num_heads = num_heads
         self.centers = nn.Parameter(torch.randn(num_heads, 2) * init_centers_std)
         self.spread = nn.Parameter(
             torch.eye(2).repeat(num_heads, 1, 1) + 0.01 * torch.randn(num_heads, 2, 2)
@@ -217,7 +285,13 @@ class GeneralizedQuadraticEncoding(nn.Module):
         diff = delta[None] - ctr[:, None, None, :]  # (Nh, T, T, 2)
         return -0.5 * torch.einsum("htsi,hij,htsj->hts", diff, self.precision, diff)
 
-    def fold(self, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def dense_bias(self, q, k, h: int, w: int, dtype) -> torch.Tensor:
+        return self.dense_logits(h, w)[None]  # float32 at least
+
+    def fold(self, q, k, h: int, w: int) -> tuple[list, list]:
+        return expand_fold(self.position_fold(h, w), q)
+
+    def position_fold(self, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
         """q_pos (Nh, T, 5) . k_pos (T, 5) = k^T S (q + Delta) - 1/2 k^T S k (+ per-query const)."""
         ctr = hi(self.centers)
         p = pixel_coords(h, w, ctr.device, ctr.dtype)  # (T, 2)
@@ -228,6 +302,16 @@ class GeneralizedQuadraticEncoding(nn.Module):
         q_pos = torch.cat([lin, quad[:, None, :].expand(-1, h * w, 3)], dim=-1)  # (Nh, T, 5)
         k_pos = torch.cat([p, p.pow(2), p[:, :1] * p[:, 1:]], dim=-1)  # (T, 5)
         return q_pos, k_pos
+
+
+def expand_fold(pos: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor) -> tuple[list, list]:
+    """A position fold q_pos (Nh, T, r), k_pos (T, r) as extra query/key columns of a batch of
+    queries q (B, Nh, T, dk), in q's dtype."""
+    q_pos, k_pos = pos
+    b, nh = q.shape[:2]
+    return [q_pos[None].to(q.dtype).expand(b, -1, -1, -1)], [
+        k_pos[None, None].to(q.dtype).expand(b, nh, -1, -1)
+    ]
 
 
 def _alpha_to_spread(module, state_dict, prefix, *args) -> None:

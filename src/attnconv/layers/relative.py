@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .positional import RelativeTables2d, relative_index
+from .positional import PositionalEncoding, RelativeTables2d, relative_index
 
 RELATIVE_TERMS = ("content_content", "content_position", "global_content", "global_position")
 
@@ -57,14 +57,20 @@ def fold_axis_scores(row_full, col_full, h: int, w: int, batch: int, scale: floa
     return q_cols, onehot.expand(batch, nh, t, h + w)
 
 
-class RelativeEncoding(nn.Module):
+class RelativeEncoding(PositionalEncoding):
     """Dai et al. eq. 8 (see module docstring). ``key_pos_proj`` = What_k, ``content_bias`` = u,
     ``position_bias`` = v; r_delta width ``rel_dim`` (half rows, half columns)."""
+
+    name = "relative"
 
     def __init__(self, num_heads: int, qk_dim: int, rel_dim: int, terms: tuple[str, ...], *,
                  learned: bool = False, max_size: int = 64):  # fmt: skip
         super().__init__()
         self.num_heads, self.qk_dim, self.terms = num_heads, qk_dim, tuple(terms)
+        self.input_dependent = bool(set(self.terms) & {"content_position", "global_content"})
+        self.separable = not self.input_dependent  # only v^T What_k r_delta: row + column
+        self.uses_qk_product = "content_content" in self.terms
+        self.learned_size = max_size if learned else None
         self.scale = qk_dim**-0.5
         self.tables = RelativeTables2d(
             rel_dim // 2, rel_dim - rel_dim // 2, learned=learned, max_size=max_size
@@ -86,8 +92,9 @@ class RelativeEncoding(nn.Module):
         kc = (r_col.to(dtype) @ wk[:, dr:].t()).view(-1, self.num_heads, self.qk_dim)
         return kr, kc
 
-    def axis_logits(self, h: int, w: int, dtype):
+    def axis_logits(self, h: int, w: int, dtype=None):
         """Only the global positional bias: v^T What_k r_delta, separable."""
+        dtype = dtype or self.position_bias.dtype
         kr, kc = self.head_tables(h, w, dtype)
         gr = torch.einsum("hd,rhd->hr", self.position_bias, kr) * self.scale
         gc = torch.einsum("hd,rhd->hr", self.position_bias, kc) * self.scale
@@ -132,13 +139,17 @@ class RelativeEncoding(nn.Module):
         return qs, ks
 
 
-class LearnedRelativeEncoding(nn.Module):
+class LearnedRelativeEncoding(PositionalEncoding):
     """Cordonnier sec. 4.3 (see module docstring): learned row and column tables of offsets."""
+
+    name = "relative_learned"
 
     def __init__(self, num_heads: int, qk_dim: int, rel_dim: int, *, content: bool,
                  max_size: int = 64):  # fmt: skip
         super().__init__()
         self.num_heads, self.content, self.scale = num_heads, content, qk_dim**-0.5
+        self.input_dependent, self.separable = content, not content
+        self.learned_size = max_size
         if content:  # the query reads the tables: half its channels rows, half columns
             dr, dc = qk_dim // 2, qk_dim - qk_dim // 2
         else:  # per-head keys read them
@@ -147,8 +158,9 @@ class LearnedRelativeEncoding(nn.Module):
             self.head_keys_col = nn.Linear(dc, num_heads, bias=False)
         self.tables = RelativeTables2d(dr, dc, learned=True, max_size=max_size)
 
-    def axis_logits(self, h: int, w: int, dtype):
+    def axis_logits(self, h: int, w: int, dtype=None):
         r_row, r_col = self.tables(h, w)
+        dtype = dtype or r_row.dtype
         gr, gc = self.head_keys_row(r_row.to(dtype)).t(), self.head_keys_col(r_col.to(dtype)).t()
         return gr[:, relative_index(h, gr.device)], gc[:, relative_index(w, gc.device)]
 
