@@ -58,6 +58,6 @@ def grid_scores(model: nn.Module, grid: tuple[int, int]) -> list[GridScore]:
         layer_grid_score(m, *grid)
         for m in model.modules()
         if isinstance(m, MultiHeadSelfAttention2d)
-        and m.positional.startswith("quadratic")
+        and hasattr(m.positional_encoding, "centers")  # Gaussian heads
         and not m.content
     ]
