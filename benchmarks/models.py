@@ -33,7 +33,7 @@ MODELS = [
     ("sa_learned_content", 10, 32, 29.5e6, "Cordonnier et al. Table 1"),
     ("vit_tiny_cifar", 10, 32, None, ""),
     ("vit_small_cifar", 10, 32, None, ""),
-    ("vit_base_patch16_224", 1000, 224, 86.6e6, "issue 5; ViT paper Table 1: 86M"),
+    ("vit_base_patch16_224", 1000, 224, 86.6e6, "ViT paper Table 1: 86M"),
     ("transformer_base", None, None, 65e6, "Vaswani et al. Table 3"),
     ("transformer_small", None, None, None, ""),
 ]

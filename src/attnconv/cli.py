@@ -23,6 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Self-attention for vision: layers, conv<->attention conversion, training, "
         "analysis.",
     )
+    from attnconv import __version__
+
+    parser.add_argument("--version", action="version", version=f"attnconv {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _available():
         mod = importlib.import_module(f"attnconv.commands.{name}")

@@ -4,7 +4,7 @@
 
 1. Sweep: every positional encoding x content on/off, fast vs reference, and an nn.Conv2d 3x3 of
    the same width, at 16x16, 32x32, 64x64: forward+backward median time, peak memory, GFLOP/s.
-2. Targets of issue 2: quadratic position-only (B=32, C=144, 9 heads of 16) vs the reference
+2. Targets: quadratic position-only (B=32, C=144, 9 heads of 16) vs the reference
    path and vs the paper code's algorithm (dense T x T probabilities computed once, shared across
    the batch, one einsum with the values); a global quadratic layer on a 224x224 image; quadratic
    + content at 32x32 (B=32, 9 heads of 48), plus its attention kernel alone (fast: the fused
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
           "kept memory too: read memory from a `glibc` run).",
           "The machine is shared with other jobs: compare ratios within this run.\n"]  # fmt: skip
     if targets:
-        md += ["## Targets (issue 2)\n", markdown_table(targets, TARGET_COLUMNS), ""]
+        md += ["## Targets\n", markdown_table(targets, TARGET_COLUMNS), ""]
     md += ["## All cases\n", markdown_table(rows, cols)]
     payload = dict(command=cmd, threads=args.threads, repeats=repeats, malloc=args.malloc,
                    matmul_peak_gflops=peak,

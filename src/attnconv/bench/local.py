@@ -2,7 +2,7 @@
 
 `attnconv bench --suite local [--quick] [--threads N] [--repeats N] [--out-dir DIR] [--budget-gb G]`
 
-1. Target (issue 4): k=7, 32x32, C=64, 8 heads, B=32, forward+backward: the fast path against
+1. Target: k=7, 32x32, C=64, 8 heads, B=32, forward+backward: the fast path against
    the unfold reference (time and peak memory) and an nn.Conv2d 3x3 of the same width.
 2. Sweep of the spatial extent k = 3..11 at 32x32, B=8, C=64, 8 heads (fast vs reference).
 3. sasa_resnet26 (attention stem, 224x224, B=8) forward (eval, no_grad), fast vs reference, with
@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         "The machine is shared with other jobs: compare ratios within this run.\n",
     ]
     if targets:
-        md += ["## Targets (issue 4)\n", markdown_table(targets, TARGET_COLUMNS), ""]
+        md += ["## Targets\n", markdown_table(targets, TARGET_COLUMNS), ""]
     if fast and conv:
         md += [
             f"Fast local attention (k=7) / Conv2d 3x3 time at the target size: "

@@ -16,7 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="dataset for accuracy before/after: cifar10 | sample | PATH "
                    "(e.g. ../shared/data/cifar10-jpeg.zip); default: per-layer check only, on "
                    "the embedded real sample")  # fmt: skip
-    p.add_argument("--split", default="test")
+    p.add_argument("--split", default="test", help="split of --data to use (default: test)")
     p.add_argument("--max-per-class", type=int, default=None, help="evaluate on a subset")
     p.add_argument("--num-images", type=int, default=64,
                    help="real images for the per-layer check (default 64)")  # fmt: skip

@@ -12,7 +12,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="run folder, checkpoint folder or its model.safetensors")
     p.add_argument("--data", help="cifar10 | cifar100 | sample | PATH (default: the training data)")
     p.add_argument("--root", help="folder holding the official CIFAR files (for --data cifar10)")
-    p.add_argument("--split", default="test")
+    p.add_argument("--split", default="test", help="split of --data to use (default: test)")
     p.add_argument("--batch-size", type=int, default=500)
     p.add_argument("--max-per-class", type=int, default=None, help="evaluate on a subset")
     p.add_argument("--json", action="store_true", help="print the result as JSON")

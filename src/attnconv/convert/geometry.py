@@ -4,7 +4,7 @@ Lemma 1: with Nh = Kh*Kw heads and a bijection f from heads to the kernel's shif
 attending only to pixel q + f(h) gives MHSA(X)_q = sum_h X_{q+f(h)} W^(h) + b_out, where
 W^(h) = Wval^(h) Wout[h-th block]. Choosing W^(h) = the kernel at shift f(h) gives the conv.
 
-Borders (SPEC.md sec. 3): the input is padded exactly as the conv pads it; attention runs on the
+Borders: the input is padded exactly as the conv pads it; attention runs on the
 padded image; the stride-1 "valid" result is the attention output cropped by the anchor, and a
 strided conv is that result subsampled. Dilation d multiplies the shifts by d; a grouped conv has
 block-diagonal W^(h). Conv1d is Conv2d on a (1, L) image whose shifts have row 0.

@@ -3,7 +3,7 @@
 ``conv_to_attention(conv)`` returns a ``ConvAttention2d`` / ``ConvAttention1d``: one position-only
 quadratic ``MultiHeadSelfAttention2d`` with Kh*Kw heads whose centres Delta^(h) sit on the
 kernel's (dilated) shifts and whose W^(h) = Wval^(h) Wout_h hold the kernel (Lemma 1), plus the
-border padding, cropping and stride subsampling of SPEC.md sec. 3 ("Borders").
+border padding, cropping and stride subsampling (geometry.py, "Borders").
 
 - ``alpha=None``: the alpha -> inf limit (hard one-hot attention, a shift; exact).
 - finite ``alpha``: Lemma 2's soft layer; its error decreases with alpha.

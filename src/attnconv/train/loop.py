@@ -162,6 +162,12 @@ class Trainer:
         )
         if self.info.is_main:
             (self.out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        n_params = sum(p.numel() for p in self.model.parameters())
+        where = f"resuming at step {self.step}/{self.total}" if resume else f"{self.total} steps"
+        self.mon.message(
+            f"{cfg.model.name}: {n_params / 1e6:.2f}M parameters on {self.info.device} "
+            f"(x{self.info.world_size}); {where}; run folder {self.out}"
+        )
         self.net = D.wrap(self.model, self.info)
         if t.compile:
             self.net = torch.compile(self.net)
