@@ -85,9 +85,31 @@ def run(args: argparse.Namespace) -> None:
         if analyzed and not (out / "analysis" / "report.json").exists():
             print(f"[{time.strftime('%H:%M:%S')}] analyze {cfg.stem}", flush=True)
             sh([*CLI, "analyze", out, "--data", data, "--out", out / "analysis"], log)
+        control = out / "analysis_init" / "report.json"
+        if analyzed and "learned" in cfg.stem and not control.exists():
+            print(f"[{time.strftime('%H:%M:%S')}] analyze {cfg.stem} at step 0", flush=True)
+            save_init(out)  # the control: the same model before its first step
+            sh([*CLI, "analyze", out / "init", "--data", data, "--out", out / "analysis_init"], log)
         if cfg.stem == "table1_resnet18" and not (out / "convert.json").exists():
             print(f"[{time.strftime('%H:%M:%S')}] convert {cfg.stem}", flush=True)
             sh([*CLI, "convert", out, "--data", data, "--json", out / "convert.json"], log)
+
+
+def save_init(run: Path) -> None:
+    """Save ``run``'s model as the trainer builds it before step 0 (same seed, same config) as
+    the checkpoint ``run/init``."""
+    import torch
+    import yaml
+
+    from attnconv.models import create_model
+    from attnconv.train.checkpoint import save_checkpoint
+
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    kwargs = {"num_classes": 10, **cfg["model"]["kwargs"]}
+    torch.manual_seed(cfg["train"]["seed"])
+    model = create_model(cfg["model"]["name"], **kwargs)
+    data = {"mean": cfg["data"]["mean"], "std": cfg["data"]["std"], "image_size": [32, 32]}
+    save_checkpoint(run / "init", model, cfg["model"]["name"], kwargs, extra={"data": data})
 
 
 # ---------------------------------------------------------------- report
@@ -153,12 +175,17 @@ def table1(lines: list[str]) -> None:
 def heads(lines: list[str]) -> None:
     """Per layer: mean attention distance (and the uniform head's), grid score of quadratic
     layers (distinct 3x3 / 5x5 offsets held by sharp heads), conv-likeness."""
-    runs = [("sa_quadratic", "table1_sa_quadratic"), ("sa_learned", "table1_sa_learned"),
-            ("sa_learned, init: bert", "table1_sa_learned_bert"),
-            ("sa_learned_content", "table1_sa_learned_content")]  # fmt: skip
+    runs = [("sa_quadratic", "table1_sa_quadratic", "analysis"),
+            ("sa_learned", "table1_sa_learned", "analysis"),
+            ("sa_learned at step 0", "table1_sa_learned", "analysis_init"),
+            ("sa_learned, init: bert", "table1_sa_learned_bert", "analysis"),
+            ("sa_learned, init: bert, at step 0", "table1_sa_learned_bert", "analysis_init"),
+            ("sa_learned_content", "table1_sa_learned_content", "analysis"),
+            ("sa_learned_content at step 0", "table1_sa_learned_content",
+             "analysis_init")]  # fmt: skip
     rows = []
-    for label, run in runs:
-        rep = RUNS / run / "analysis" / "report.json"
+    for label, run, folder in runs:
+        rep = RUNS / run / folder / "report.json"
         if not rep.exists():
             continue
         r = json.loads(rep.read_text())
