@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> None:
             print(f"[{time.strftime('%H:%M:%S')}] analyze {cfg.stem}", flush=True)
             sh([*CLI, "analyze", out, "--data", data, "--out", out / "analysis"], log)
         control = out / "analysis_init" / "report.json"
-        if analyzed and "learned" in cfg.stem and not control.exists():
+        if analyzed and not control.exists():
             print(f"[{time.strftime('%H:%M:%S')}] analyze {cfg.stem} at step 0", flush=True)
             save_init(out)  # the control: the same model before its first step
             sh([*CLI, "analyze", out / "init", "--data", data, "--out", out / "analysis_init"], log)
@@ -176,6 +176,7 @@ def heads(lines: list[str]) -> None:
     """Per layer: mean attention distance (and the uniform head's), grid score of quadratic
     layers (distinct 3x3 / 5x5 offsets held by sharp heads), conv-likeness."""
     runs = [("sa_quadratic", "table1_sa_quadratic", "analysis"),
+            ("sa_quadratic at step 0", "table1_sa_quadratic", "analysis_init"),
             ("sa_learned", "table1_sa_learned", "analysis"),
             ("sa_learned at step 0", "table1_sa_learned", "analysis_init"),
             ("sa_learned, init: bert", "table1_sa_learned_bert", "analysis"),
@@ -189,22 +190,28 @@ def heads(lines: list[str]) -> None:
         if not rep.exists():
             continue
         r = json.loads(rep.read_text())
+
+        def per_layer(values, fmt="{:.1f}"):
+            return ", ".join(fmt.format(v) for v in values)
+
+        dist = r["mean_distance_px"]
         grid = r.get("grid_score", [])
-        for i, d in enumerate(r["mean_distance_px"]):
-            g = (f"{grid[i]['grid3']}/9, {grid[i]['grid5']}/25 ({grid[i]['sharp_heads']} sharp)"
-                 if i < len(grid) else "")  # fmt: skip
-            rows.append(f"| {label} | {i + 1} | {sum(d) / len(d):.2f} | {min(d):.2f} | "
-                        f"{r['uniform_distance_px']:.2f} | {g} | "
-                        f"{r['conv_likeness'][i]['score']:.2f} |")  # fmt: skip
+        g = per_layer([f"{x['grid3']}/{x['grid5']}" for x in grid], "{}") if grid else "n/a"
+        sharp = per_layer([x["sharp_heads"] for x in grid], "{}") if grid else "n/a"
+        conv = per_layer((c["score"] for c in r["conv_likeness"]), "{:.2f}")
+        rows.append(f"| {label} | {per_layer(sum(d) / len(d) for d in dist)} | "
+                    f"{per_layer(min(d) for d in dist)} | {g} | {sharp} | {conv} |")  # fmt: skip
+        uniform = r["uniform_distance_px"]
     if rows:
-        lines += ["#### What the heads learned, per layer", "",
-                  "Mean attention distance in image pixels over 100 test images (mean and "
-                  "nearest head; a uniform head's in the next column); grid score: distinct "
-                  "offsets of the 3x3 / 5x5 neighbourhood held by a sharp head (> 50% of its "
-                  "mass on one pixel), from `attnconv analyze`.", "",
-                  "| model | layer | mean distance (px) | nearest head | uniform head | "
-                  "grid score 3x3, 5x5 | conv-likeness |", "|---|---|---|---|---|---|---|",
-                  *rows, ""]  # fmt: skip
+        lines += ["#### What the heads learned, per layer (layer 1 -> 6)", "",
+                  "From `attnconv analyze` over 100 test images, query at the image centre. Mean "
+                  f"attention distance in image pixels (a uniform head: {uniform:.1f}) averaged "
+                  "over the heads, and the nearest head's; grid score: distinct offsets of the "
+                  "3x3 / 5x5 neighbourhood held by a sharp head (> 50% of its mass on one "
+                  "pixel), and the number of sharp heads (of 9); conv-likeness (1 = hard heads "
+                  "on a K x K grid). \"at step 0\": the same model before training (same seed).",
+                  "", "| model | mean distance | nearest head | grid score 3x3/5x5 | sharp heads "
+                  "| conv-likeness |", "|---|---|---|---|---|---|", *rows, ""]  # fmt: skip
 
 
 def sasa(lines: list[str]) -> None:
