@@ -268,3 +268,31 @@ def test_typed_encoding_equals_the_string_shorthand():
         MultiHeadSelfAttention2d(8, 8, 2, positional=QuadraticEncoding(3))
     with pytest.raises(TypeError, match="unexpected keyword argument 'alpha'"):
         MultiHeadSelfAttention2d(8, 8, 2, positional="quadratic", alpha=3.0)
+
+
+@pytest.mark.parametrize("positional", ["quadratic", "relative_learned", "quadratic_generalized"])
+def test_batch_dropout_mask_is_shared_and_fast_equals_reference(positional):
+    """dropout_mask="batch" (the reference code's Gaussian layer): one (Nh, T, T) mask for the
+    whole batch: identical images get identical outputs; the fast path draws the same mask as
+    the reference path (same seed: same values and gradients)."""
+    kw = dict(positional=positional, content=False, dropout=0.3, dropout_mask="batch")
+    fast = MultiHeadSelfAttention2d(8, 8, 2, **kw).double().train()
+    ref = MultiHeadSelfAttention2d(8, 8, 2, impl="reference", **kw).double().train()
+    ref.load_state_dict(fast.state_dict())
+    x = torch.randn(1, 8, 5, 6, dtype=torch.float64).repeat(3, 1, 1, 1).requires_grad_()
+    torch.manual_seed(1)
+    ya = fast(x)
+    torch.manual_seed(1)
+    yr = ref(x)
+    torch.testing.assert_close(ya, yr)
+    torch.testing.assert_close(ya[0], ya[2])  # one mask for the batch
+    ga, gr = (torch.autograd.grad(y.sin().sum(), x)[0] for y in (ya, yr))
+    torch.testing.assert_close(ga, gr)
+    sample = MultiHeadSelfAttention2d(8, 8, 2, **{**kw, "dropout_mask": "sample"}).double()
+    sample.load_state_dict(fast.state_dict())
+    ys = sample.train()(x)
+    assert not torch.allclose(ys[0], ys[2])  # a mask per image
+    with pytest.raises(ValueError, match="dropout_mask='batch' needs position-only"):
+        MultiHeadSelfAttention2d(8, 8, 2, positional=positional, dropout_mask="batch")
+    with pytest.raises(ValueError, match="dropout_mask must be one of"):
+        MultiHeadSelfAttention2d(8, 8, 2, positional=positional, dropout_mask="head")

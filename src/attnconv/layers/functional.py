@@ -92,6 +92,16 @@ def _combine_masks(
     return neg if bias is None else bias + neg
 
 
+def shared_dropout(probs: torch.Tensor, p: float) -> torch.Tensor:
+    """Dropout with one mask for the whole batch: ``probs`` (B|1, nh, Tq, Tk) times a
+    (1, nh, Tq, Tk) keep-mask scaled by 1 / (1 - p) (the reference code's Gaussian layer draws
+    its mask this way: it drops the same attention links for every image of a step)."""
+    if p == 0.0:
+        return probs
+    keep = torch.empty((1, *probs.shape[1:]), device=probs.device, dtype=probs.dtype)
+    return probs * keep.bernoulli_(1.0 - p).div_(1.0 - p)
+
+
 def softmax_f32(logits: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dim in at least float32 (bfloat16/float16 logits lose the
     max-subtraction's precision); the one place every attention path normalizes."""

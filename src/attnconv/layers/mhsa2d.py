@@ -26,7 +26,12 @@ import torch.nn.functional as F
 
 from .checks import check_tensor
 from .encoding import POSITIONALS, build_encoding
-from .functional import attention_probs, check_impl, scaled_dot_product_attention
+from .functional import (
+    attention_probs,
+    check_impl,
+    scaled_dot_product_attention,
+    shared_dropout,
+)
 from .positional import PositionalEncoding, check_size
 from .quadratic import (
     axis_softmax,
@@ -38,8 +43,9 @@ from .quadratic import (
     shift_gather,
 )
 
-__all__ = ["MultiHeadSelfAttention2d", "POSITIONALS", "VALUES"]
+__all__ = ["DROPOUT_MASKS", "MultiHeadSelfAttention2d", "POSITIONALS", "VALUES"]
 VALUES = ("linear", "identity")
+DROPOUT_MASKS = ("sample", "batch")
 _LOW = (torch.bfloat16, torch.float16)
 
 
@@ -73,7 +79,9 @@ class MultiHeadSelfAttention2d(nn.Module):
     width per head, default out_channels // num_heads; = in_channels when ``value="identity"``);
     qk_dim (query/key width per head, default head_dim); value ("linear": Linear(in, Nh*head_dim)
     values; "identity": each head attends over the raw input, the reference code's layout);
-    dropout (on attention probabilities); impl ("auto" | "reference"); max_size (side of learned
+    dropout (on attention probabilities); dropout_mask ("sample": a mask per image; "batch": one
+    (Nh, T, T) mask shared by the batch, the reference code's Gaussian layer, position-only
+    attention only); impl ("auto" | "reference"); max_size (side of learned
     tables); bias (of the projections). ``encoding_options`` go to the named encoding
     (encoding.build_encoding): hard, init_centers_std, init_alpha (quadratic); relative_terms,
     learned_r (relative, Dai eq. 8); rel_dim (r_delta width, relative encodings).
@@ -91,6 +99,7 @@ class MultiHeadSelfAttention2d(nn.Module):
         qk_dim: int | None = None,
         value: str = "linear",
         dropout: float = 0.0,
+        dropout_mask: str = "sample",
         impl: str = "auto",
         max_size: int = 64,
         bias: bool = True,
@@ -105,6 +114,8 @@ class MultiHeadSelfAttention2d(nn.Module):
             raise ValueError(f"value must be one of {VALUES}, got {value!r}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        if dropout_mask not in DROPOUT_MASKS:
+            raise ValueError(f"dropout_mask must be one of {DROPOUT_MASKS}, got {dropout_mask!r}")
         head_dim, qk_dim = _head_dims(in_channels, out_channels, num_heads, head_dim, qk_dim, value)
         self.in_channels, self.out_channels, self.num_heads = in_channels, out_channels, num_heads
         self.head_dim, self.qk_dim, self.value = head_dim, qk_dim, value
@@ -118,6 +129,9 @@ class MultiHeadSelfAttention2d(nn.Module):
         self.positional = enc.name
         self.input_dependent = self.content or enc.input_dependent  # logits read q/k
         self.separable = enc.separable and not self.input_dependent  # row then column operator
+        if dropout_mask == "batch" and self.input_dependent:
+            raise ValueError("dropout_mask='batch' needs position-only attention (content=False)")
+        self.dropout_mask = dropout_mask
         self.has_qk = self.input_dependent or enc.adds_to_input
         if self.has_qk:
             self.query_proj = nn.Linear(in_channels, num_heads * qk_dim, bias=bias)
@@ -254,13 +268,11 @@ class MultiHeadSelfAttention2d(nn.Module):
         q, k = q.expand(b, *q.shape[1:]), k.expand(b, *k.shape[1:])
         if bias is not None:
             bias = bias.expand(b, *bias.shape[1:])
+        if self.dropout_mask == "batch":  # one mask for the batch, drawn as the fast path does
+            probs = shared_dropout(attention_probs(q, k, bias=bias, scale=self.scale), p_drop)
+            return (probs.to(v5.dtype) @ self._seq_values(v5)).transpose(1, 2)
         y = scaled_dot_product_attention(
-            q,
-            k,
-            self._seq_values(v5),
-            bias=bias,
-            scale=self.scale,
-            dropout_p=p_drop,
+            q, k, self._seq_values(v5), bias=bias, scale=self.scale, dropout_p=p_drop,
             impl="reference",
         )  # (B, Nh, T, Dv)
         return y.transpose(1, 2)
@@ -293,7 +305,9 @@ class MultiHeadSelfAttention2d(nn.Module):
             q, k, bias = self._dense(None, h, w)
             probs = attention_probs(q, k, bias=bias, scale=self.scale).to(dt)  # (1, Nh, T, T)
         vs = v5.reshape(b, h * w, v5.shape[3], v5.shape[4])  # (B, T, Nh|1, Dv)
-        if p_drop > 0:  # dropout is per sample: expand the shared probabilities
+        if p_drop > 0 and self.dropout_mask == "batch":  # one mask: still shared by the batch
+            probs = shared_dropout(probs, p_drop)
+        elif p_drop > 0:  # a mask per image: expand the shared probabilities
             p = F.dropout(probs.expand(b, -1, -1, -1), p_drop)
             return torch.einsum("bhqk,bkhd->bqhd", p, vs.expand(b, h * w, self.num_heads, -1))
         if vs.shape[2] == 1:

@@ -62,6 +62,9 @@ class SACifarConfig:
     ff_size: int = 512
     dropout: float = 0.1  # hidden dropout (BERT hidden_dropout_prob)
     attn_dropout: float = 0.1  # on the attention probabilities
+    # "batch": one (Nh, T, T) mask per step shared by the batch, as the reference's Gaussian layer
+    # (position-only models); "sample": a mask per image (content models always)
+    attn_dropout_mask: str = "batch"
     positional: str = "quadratic"  # any MultiHeadSelfAttention2d positional
     content: bool = False
     max_size: int | None = None  # side of learned tables; default img_size // downsample
@@ -90,6 +93,7 @@ class SALayer(nn.Module):
             positional=cfg.positional,
             content=cfg.content,
             dropout=cfg.attn_dropout,
+            dropout_mask="sample" if cfg.content else cfg.attn_dropout_mask,
             impl=cfg.impl,
             value="identity",  # each head attends over the raw D-d input; out_proj = Wval Wout
             max_size=max_size,
