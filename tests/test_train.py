@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from attnconv.cli import main
 from attnconv.layers.centers import center_layers
-from attnconv.train.checkpoint import LATEST, load_model
+from attnconv.train.checkpoint import LATEST, CheckpointError, load_model
 from attnconv.train.config import Config, ScheduleConfig, config_from_dict, load_config
 from attnconv.train.loop import Interrupted, Trainer
 from attnconv.train.optim import lr_at, no_decay_names
@@ -478,3 +478,37 @@ def test_concurrent_training_on_one_folder_is_locked_out(tmp_path, cifar_zip, ca
     finally:
         lock.release()
     assert main(["train", cfg]) == 0  # free again once the holder is gone
+
+
+def test_latest_pointer_never_leads_out_of_the_run_folder(tmp_path, cifar_zip):
+    """`latest` holding an absolute path, `..`, or being a symlink is refused with its name;
+    nothing outside the run folder is read (a symlink to a system file stays unread)."""
+    run = tmp_path / "run"
+    assert main(["train", _cfg(tmp_path, cifar_zip, run)]) == 0
+    latest = run / "checkpoints" / "latest"
+    for bad in ("/etc", "../../run/checkpoints/step-00000002", "step-2/../../x"):
+        latest.write_text(bad)
+        with pytest.raises(CheckpointError, match="not a step folder inside"):
+            load_model(run)
+    latest.unlink()
+    latest.symlink_to("/etc/hostname")
+    with pytest.raises(CheckpointError, match="a symlink is never followed") as e:
+        load_model(run)
+    assert open("/etc/hostname").read().strip() not in str(e.value)
+
+
+def test_a_step_folder_without_latest_resumes_and_stale_temps_are_cleaned(tmp_path, cifar_zip):
+    """Killed after a step folder was written but before `latest` named it: the newest complete
+    step folder is the checkpoint; temp folders of a save killed half-way are removed at start."""
+    run = tmp_path / "run"
+    cfg = _cfg(tmp_path, cifar_zip, run, epochs=2)
+    assert main(["train", cfg, "--stop-at-step", "1"]) == 0
+    ck = run / "checkpoints"
+    (ck / "latest").unlink()
+    stale = ck / ".step-00000002.abc.tmp"
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"half")
+    _, info = load_model(run)
+    assert info["state"]["step"] == 1
+    assert main(["train", cfg, "--resume"]) == 0
+    assert not stale.exists() and latest_step(run) == 4

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -217,14 +218,32 @@ def find_checkpoint(path: str | Path) -> Path:
             )
         raise CheckpointError(f"{p}: foreign checkpoint (expected a folder with {META}, {WEIGHTS})")
     for sub in (p / "checkpoints", p):
-        if (sub / LATEST).is_file() and not (sub / META).exists():
-            name = (sub / LATEST).read_text().strip()
-            return find_checkpoint(sub / name)
+        if (sub / LATEST).exists() and not (sub / META).exists():
+            return find_checkpoint(_follow_latest(sub))
+        if sub.name == "checkpoints" and sub.is_dir() and not (sub / META).exists():
+            steps = sorted(d for d in sub.glob("step-*") if d.is_dir() and (d / META).is_file())
+            if steps:  # killed after a step folder was written, before `latest` named it
+                return steps[-1]
     if not (p / META).is_file():
         pickles = [f.name for f in p.iterdir() if f.suffix in (".pt", ".pth", ".pkl", ".bin")]
         why = f"holds {', '.join(pickles)} (pickle, never loaded)" if pickles else f"has no {META}"
         raise CheckpointError(f"{p}: missing checkpoint: the folder {why}")
     return p
+
+
+def _follow_latest(folder: Path) -> Path:
+    """The step folder that ``folder/latest`` names. The pointer must be a regular file holding
+    a plain step name inside ``folder`` (never a symlink, an absolute path or ``..``)."""
+    pointer = folder / LATEST
+    if pointer.is_symlink() or not pointer.is_file():
+        raise CheckpointError(f"{pointer}: not a regular file (a symlink is never followed)")
+    name = pointer.read_bytes()[:256].decode(errors="replace").strip()
+    target = folder / name
+    if not re.fullmatch(r"step-\d{1,12}", name) or target.is_symlink():
+        raise CheckpointError(
+            f"{pointer}: names {name[:40]!r}, not a step folder inside {folder}"
+        )
+    return target
 
 
 def read_checkpoint(path: str | Path, *, with_state: bool = False) -> tuple[dict, dict, dict]:

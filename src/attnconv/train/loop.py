@@ -104,6 +104,8 @@ class Trainer:
         self.lock = None
         if self.info.is_main:  # one training per run folder; an old run is never replaced
             self.lock = RunLock(self.out)
+            for tmp in self.ckdir.glob(".step-*.tmp"):  # left by a save killed half-way
+                shutil.rmtree(tmp, ignore_errors=True)
             if not resume:
                 try:
                     check_fresh(self.out, overwrite)
