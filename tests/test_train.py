@@ -512,3 +512,13 @@ def test_a_step_folder_without_latest_resumes_and_stale_temps_are_cleaned(tmp_pa
     assert info["state"]["step"] == 1
     assert main(["train", cfg, "--resume"]) == 0
     assert not stale.exists() and latest_step(run) == 4
+
+
+def test_numbers_without_a_dot_are_numbers(tmp_path):
+    """YAML 1.1 reads 1e-3 as a string; a float option takes it (users type it daily)."""
+    f = tmp_path / "c.yaml"
+    f.write_text("optim:\n  lr: 1e-3\n")
+    cfg = load_config(f, ["optim.weight_decay=5E-4", "schedule.min_lr=-.5e+1"])
+    assert (cfg.optim.lr, cfg.optim.weight_decay, cfg.schedule.min_lr) == (1e-3, 5e-4, -5.0)
+    with pytest.raises(TypeError, match="'optim.lr' must be a number, got '1e-3x'"):
+        load_config(f, ["optim.lr=1e-3x"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,6 +140,9 @@ def _build(cls: type, d: dict, prefix: str = ""):
     return cls(**kw)
 
 
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
 def _check_type(key: str, v: Any, f: dataclasses.Field) -> Any:
     t = str(f.type)
     if v is None:
@@ -150,6 +154,8 @@ def _check_type(key: str, v: Any, f: dataclasses.Field) -> Any:
     if t.startswith("float"):
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             return float(v)
+        if isinstance(v, str) and _NUMBER.fullmatch(v.strip()):
+            return float(v)  # YAML 1.1 reads 1e-3 (no dot in the mantissa) as a string
         raise TypeError(f"config key {key!r} must be a number, got {v!r}")
     if t.startswith("int"):
         raise TypeError(f"config key {key!r} must be an integer, got {v!r}")
