@@ -145,6 +145,9 @@ class ConvAttention2d(nn.Module):
             return grouped_head_mix(xp, shift, layer.out_proj)
         heads, bias = _head_matrices(layer, detach=False)  # (Nh, Cout, Cin), (Cout,) | None
         nh, cout, cin = heads.shape
+        if nh == 1:  # a 1x1 conv: one head reading one (strided) pixel, one channel mix in place
+            xs = _take(_take(xp, 2, rows[0]), 3, cols[0])  # SA(X), no layout copy
+            return F.conv2d(xs, heads[0][:, :, None, None], bias)
         xp = xp.contiguous(memory_format=torch.channels_last)
         sa = (_take(_take(xp, 2, r), 3, c) for r, c in zip(rows, cols))  # SA_h(X) (B,Cin,Ho,Wo)
         if nh * cin <= CONCAT_MAX_CHANNELS:  # few channels: concat_h[SA_h(X)] Wout in one mix
