@@ -135,12 +135,10 @@ class ConvAttention2d(nn.Module):
         cols = cols[:, aw : aw + (ow - 1) * sw + 1 : sw].tolist()  # (Nh, Wo)
         if isinstance(layer.out_proj, GroupedHeadProjection):  # block-diagonal W^(h), grouped
 
-            rs, cs = [_as_slice(r) for r in rows], [_as_slice(c) for c in cols]
+            rs, cs = [_as_slice(r) for r in rows], [_as_slice(c) for c in cols]  # once per call
 
             def shift(t: torch.Tensor, h: int) -> torch.Tensor:  # SA_h: head h's pixels
-                if isinstance(rs[h], slice) and isinstance(cs[h], slice):
-                    return t[..., rs[h], cs[h]]
-                return _take(_take(t, t.dim() - 2, rows[h]), t.dim() - 1, cols[h])
+                return _take(_take(t, t.dim() - 2, rs[h]), t.dim() - 1, cs[h])
 
             return grouped_head_mix(xp, shift, layer.out_proj)
         heads, bias = _head_matrices(layer, detach=False)  # (Nh, Cout, Cin), (Cout,) | None
@@ -241,19 +239,27 @@ def conv_to_attention(
 def _build(spec, alpha: float | None, head_dim: int | None, impl: str) -> ConvAttention2d:
     """The attention module of a ConvSpec (Lemma 1: heads on the kernel's shifts)."""
     geom, w = spec.geometry, spec.weight
-    heads = kernel_to_heads(w, geom.groups)  # (Nh, Cout, Cin), W^(h) of Lemma 1
-    nh, cout, cin = heads.shape
+    nh, cout, cin = geom.num_heads, geom.out_channels, geom.in_channels
     bias = spec.bias is not None
     mhsa = _mhsa_cls()
-    rank_error = 0.0
-    if head_dim is None:
+    rank_error, val_w = 0.0, None
+    if head_dim is None and geom.groups > 1:  # W^(h) block-diagonal: keep its blocks only
+        with torch.device("meta"):  # never allocate the dense (Cout, Nh*Cin) Wout
+            layer = mhsa(cin, cout, nh, positional="quadratic", content=False, value="identity",
+                         impl=impl, bias=bias, hard=alpha is None)  # fmt: skip
+        blocks = w.reshape(cout, w.shape[1], nh).permute(2, 0, 1)  # (Nh, Cout, Cin/g)
+        layer.out_proj = GroupedHeadProjection(blocks, geom.groups, spec.bias)
+        layer.positional_encoding.to_empty(device=w.device)  # set below
+        out_w = None
+    elif head_dim is None:
+        heads = kernel_to_heads(w, geom.groups)  # (Nh, Cout, Cin), W^(h) of Lemma 1
         layer = mhsa(
             cin, cout, nh, positional="quadratic", content=False, value="identity",
             impl=impl, bias=bias, hard=alpha is None,
         )  # fmt: skip
         out_w = heads.permute(1, 0, 2).reshape(cout, nh * cin)  # [W^(1) ... W^(Nh)]
-        val_w = None
     else:
+        heads = kernel_to_heads(w, geom.groups)
         val, out, rank_error = low_rank_heads(heads, head_dim)  # (Nh, r, Cin), (Nh, Cout, r)
         layer = mhsa(
             cin, cout, nh, head_dim=head_dim, positional="quadratic", content=False,
@@ -266,16 +272,14 @@ def _build(spec, alpha: float | None, head_dim: int | None, impl: str) -> ConvAt
     with torch.no_grad():
         pe.centers.copy_(geom.centers().to(pe.centers))
         pe.set_alpha(1.0 if alpha is None else float(alpha))
-        layer.out_proj.weight.copy_(out_w)
-        if bias:
-            layer.out_proj.bias.copy_(spec.bias)
+        if out_w is not None:
+            layer.out_proj.weight.copy_(out_w)
+            if bias:
+                layer.out_proj.bias.copy_(spec.bias)
         if val_w is not None:
             layer.value_proj.weight.copy_(val_w)
             if layer.value_proj.bias is not None:
                 layer.value_proj.bias.zero_()
-    if head_dim is None and geom.groups > 1:  # keep W^(h)'s diagonal blocks only
-        blocks = w.reshape(cout, w.shape[1], nh).permute(2, 0, 1)  # (Nh, Cout, Cin/g)
-        layer.out_proj = GroupedHeadProjection(blocks, geom.groups, spec.bias)
     cls = ConvAttention1d if geom.ndim == 1 else ConvAttention2d
     return cls(geom, layer, rank_error)
 
@@ -288,13 +292,12 @@ def _as_slice(idx: list[int]) -> slice | list[int]:
     return idx
 
 
-def _take(x: torch.Tensor, dim: int, idx: list[int]) -> torch.Tensor:
-    """x.index_select(dim, idx), as a strided slice when idx is an arithmetic progression."""
-    step = idx[1] - idx[0] if len(idx) > 1 else 1
-    if step > 0 and all(b - a == step for a, b in zip(idx, idx[1:])):
-        return x.narrow(dim, idx[0], (len(idx) - 1) * step + 1)[
-            (slice(None),) * dim + (slice(None, None, step),)
-        ]
+def _take(x: torch.Tensor, dim: int, idx: list[int] | slice) -> torch.Tensor:
+    """x.index_select(dim, idx), as a strided view when idx is (or ``_as_slice`` makes it) a
+    slice; ``dim`` >= 0."""
+    idx = _as_slice(idx) if isinstance(idx, list) else idx
+    if isinstance(idx, slice):
+        return x[(slice(None),) * dim + (idx,)]
     return x.index_select(dim, torch.tensor(idx, device=x.device))
 
 

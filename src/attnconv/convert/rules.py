@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch.nn.utils import parametrize
 from torch.overrides import TorchFunctionMode
 
-from .geometry import ConvGeometry, _resolve_padding, conv_geometry, tf_same_total
+from .geometry import ConvGeometry, _resolve_padding, conv_geometry
 
 
 class UnsupportedConv(ValueError):
@@ -74,6 +74,13 @@ register_conv_rule(nn.Conv2d, plain_spec)
 
 def _ndim(module: nn.Module) -> int:
     return 1 if isinstance(module, nn.Conv1d) else 2
+
+
+def _probe_kind(module: nn.Module) -> tuple[torch.dtype, torch.device | None]:
+    """dtype and device of the probe inputs: the module's parameters' (float32 if none)."""
+    p = next(module.parameters(), None)
+    dt = p.dtype if p is not None and p.is_floating_point() else torch.float32
+    return dt, (p.device if p is not None else None)
 
 
 def probe_sizes(module: nn.Module) -> list[tuple[int, ...]]:
@@ -140,9 +147,7 @@ def _trace_once(module: nn.Module, x: torch.Tensor):
 def traced_spec(module: nn.Module) -> ConvSpec:
     """The ConvSpec of a Conv1d/Conv2d subclass from its own forward on probe inputs."""
     ndim, cin = _ndim(module), module.in_channels
-    p = next(module.parameters(), None)
-    dt = p.dtype if p is not None and p.is_floating_point() else torch.float32
-    dev = p.device if p is not None else None
+    dt, dev = _probe_kind(module)
     runs = []
     for size in probe_sizes(module):
         x = torch.randn(1, cin, *size, dtype=dt, device=dev)
@@ -194,9 +199,9 @@ def traced_spec(module: nn.Module) -> ConvSpec:
 
 
 def _tf_same(size: tuple[int, ...], g: ConvGeometry) -> tuple[int, int, int, int]:
+    """The padding TensorFlow's "SAME" gives geometry ``g`` at input ``size``."""
     hw = (1, size[0]) if g.ndim == 1 else size
-    th, tw = (tf_same_total(n, k, s, d) for n, k, s, d in zip(hw, g.kernel, g.stride, g.dilation))
-    return (tw // 2, tw - tw // 2, th // 2, th - th // 2)
+    return replace(g, dynamic_same=True).pad_for(*hw)
 
 
 def conv_spec(module: nn.Module) -> ConvSpec:
@@ -234,9 +239,7 @@ def check_conversion(original: nn.Module, converted: nn.Module, what: str = "con
     """Largest relative output difference (max |diff| / max |y|) over the probe sizes the
     original accepts; UnsupportedConv if any exceeds the dtype's tolerance (1e-4 in float32)
     or a shape differs."""
-    p = next(original.parameters(), None)
-    dt = p.dtype if p is not None and p.is_floating_point() else torch.float32
-    dev = p.device if p is not None else None
+    dt, dev = _probe_kind(original)
     worst, tried = 0.0, 0
     for size in probe_sizes(original):
         x = torch.randn(2, original.in_channels, *size, dtype=dt, device=dev)

@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .checks import check_tensor
+from .checks import check_tensor, positive_int
 from .encoding import POSITIONALS, build_encoding
 from .functional import (
     attention_probs,
@@ -65,10 +65,7 @@ def _head_dims(cin: int, cout: int, nh: int, head_dim, qk_dim, value: str) -> tu
             )
         head_dim = cout // nh
     qk_dim = head_dim if qk_dim is None else qk_dim
-    for name, v in (("head_dim", head_dim), ("qk_dim", qk_dim)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
-    return head_dim, qk_dim
+    return positive_int("head_dim", head_dim), positive_int("qk_dim", qk_dim)
 
 
 class MultiHeadSelfAttention2d(nn.Module):
@@ -108,8 +105,7 @@ class MultiHeadSelfAttention2d(nn.Module):
         super().__init__()
         for name, val in (("in_channels", in_channels), ("out_channels", out_channels),
                           ("num_heads", num_heads), ("max_size", max_size)):  # fmt: skip
-            if not isinstance(val, int) or isinstance(val, bool) or val < 1:
-                raise ValueError(f"{name} must be a positive int, got {val!r}")
+            positive_int(name, val)
         if value not in VALUES:
             raise ValueError(f"value must be one of {VALUES}, got {value!r}")
         if not 0.0 <= dropout < 1.0:
