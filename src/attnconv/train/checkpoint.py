@@ -219,7 +219,7 @@ def find_checkpoint(path: str | Path) -> Path:
         raise CheckpointError(f"{p}: foreign checkpoint (expected a folder with {META}, {WEIGHTS})")
     for sub in (p / "checkpoints", p):
         if (sub / LATEST).exists() and not (sub / META).exists():
-            return find_checkpoint(_follow_latest(sub))
+            return find_checkpoint(follow_latest(sub))
         if sub.name == "checkpoints" and sub.is_dir() and not (sub / META).exists():
             steps = sorted(d for d in sub.glob("step-*") if d.is_dir() and (d / META).is_file())
             if steps:  # killed after a step folder was written, before `latest` named it
@@ -231,7 +231,7 @@ def find_checkpoint(path: str | Path) -> Path:
     return p
 
 
-def _follow_latest(folder: Path) -> Path:
+def follow_latest(folder: Path) -> Path:
     """The step folder that ``folder/latest`` names. The pointer must be a regular file holding
     a plain step name inside ``folder`` (never a symlink, an absolute path or ``..``)."""
     pointer = folder / LATEST

@@ -23,7 +23,13 @@ import yaml
 from attnconv.data import Loader, load_dataset
 
 from . import distributed as D
-from .checkpoint import LATEST, CheckpointError, optimizer_from_tensors, read_checkpoint
+from .checkpoint import (
+    LATEST,
+    CheckpointError,
+    follow_latest,
+    optimizer_from_tensors,
+    read_checkpoint,
+)
 from .checkpoint import save_checkpoint as _save
 from .config import Config
 from .monitor import Monitor
@@ -381,8 +387,12 @@ class Trainer:
             )
 
     def _last_good(self) -> str:
-        latest = self.ckdir / LATEST
-        good = (self.ckdir / latest.read_text().strip()) if latest.is_file() else None
+        """Where ``latest`` points, read as every loader reads it (never followed out of the
+        run folder), for the messages that name the last good checkpoint."""
+        try:
+            good = follow_latest(self.ckdir) if (self.ckdir / LATEST).exists() else None
+        except CheckpointError:
+            good = None
         return f"last good checkpoint: {good}" if good else "no checkpoint was saved yet"
 
     def _interrupt(self) -> None:
