@@ -156,7 +156,22 @@ class RelativeTables2d(nn.Module):
         return self.rel_row[m - h : m + h - 1], self.rel_col[m - w : m + w - 1]
 
 
-class QuadraticEncoding(PositionalEncoding):
+class GaussianEncoding(PositionalEncoding):
+    """What the isotropic and generalized quadratic encodings share: learned centres Delta and
+    spreads (never decayed), dense logits ``dense_logits(h, w)`` and their low-rank position
+    fold, whose large terms cancel (folded in float32)."""
+
+    no_weight_decay = ("centers", "spread")  # geometry, never decayed (reference code)
+    position_foldable, large_logits = True, True
+
+    def dense_bias(self, q, k, h: int, w: int, dtype) -> torch.Tensor:
+        return self.dense_logits(h, w)[None]  # float32 at least
+
+    def fold(self, q, k, h: int, w: int) -> tuple[list, list]:
+        return expand_fold(self.position_fold(h, w), q)
+
+
+class QuadraticEncoding(GaussianEncoding):
     """Eq. 9: logits_h(q, k) = -alpha_h ||k - q - Delta_h||^2 (the ||Delta||^2 term of the paper's
     v^T r_delta is constant per query and cancels in the softmax).
 
@@ -168,8 +183,7 @@ class QuadraticEncoding(PositionalEncoding):
     one-hot on pixel clamp(q + round(Delta_h)) per axis.
     """
 
-    no_weight_decay = ("centers", "spread")  # geometry, never decayed (reference code)
-    name, separable, position_foldable, large_logits = "quadratic", True, True, True
+    name, separable = "quadratic", True
 
     def __init__(
         self,
@@ -226,12 +240,6 @@ class QuadraticEncoding(PositionalEncoding):
         diff = delta[None] - hi(self.centers)[:, None, None, :]  # (Nh, T, T, 2)
         return -hi(self.alpha)[:, None, None] * diff.pow(2).sum(-1)
 
-    def dense_bias(self, q, k, h: int, w: int, dtype) -> torch.Tensor:
-        return self.dense_logits(h, w)[None]  # float32 at least
-
-    def fold(self, q, k, h: int, w: int) -> tuple[list, list]:
-        return expand_fold(self.position_fold(h, w), q)
-
     def position_fold(self, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Rank-3 bilinear form of the logits: q_pos (Nh, T, 3) . k_pos (T, 3) equals
         -alpha ||k - q - Delta||^2 up to a per-query constant:
@@ -251,15 +259,14 @@ class QuadraticEncoding(PositionalEncoding):
         return rows.clamp(0, h - 1), cols.clamp(0, w - 1)
 
 
-class GeneralizedQuadraticEncoding(PositionalEncoding):
+class GeneralizedQuadraticEncoding(GaussianEncoding):
     """Generalized eq. 9: logits_h = -1/2 (delta - Delta_h)^T Sigma_h^-1 (delta - Delta_h), with
     Sigma_h^-1 = A_h A_h^T positive semi-definite, A = ``spread`` (Nh, 2, 2), Sigma^-1/2 up to a
     rotation, init I + N(0, 0.01^2) (the reference code's ``attention_spreads``, same product).
     As a relative encoding, r_delta = (d1^2, d2^2, d1 d2, d1, d2): Dp = 5. Checkpoints of the
     former ``precision_factor`` L (Sigma^-1 = L^T L) load as A = L^T."""
 
-    no_weight_decay = ("centers", "spread")  # never decayed (reference code)
-    name, position_foldable, large_logits = "quadratic_generalized", True, True
+    name = "quadratic_generalized"
 
     def __init__(self, num_heads: int, *, init_centers_std: float = 2.0, hard: bool = False):
         super().__init__()
@@ -284,12 +291,6 @@ class GeneralizedQuadraticEncoding(PositionalEncoding):
         delta = p[None, :, :] - p[:, None, :]  # (T, T, 2)
         diff = delta[None] - ctr[:, None, None, :]  # (Nh, T, T, 2)
         return -0.5 * torch.einsum("htsi,hij,htsj->hts", diff, self.precision, diff)
-
-    def dense_bias(self, q, k, h: int, w: int, dtype) -> torch.Tensor:
-        return self.dense_logits(h, w)[None]  # float32 at least
-
-    def fold(self, q, k, h: int, w: int) -> tuple[list, list]:
-        return expand_fold(self.position_fold(h, w), q)
 
     def position_fold(self, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
         """q_pos (Nh, T, 5) . k_pos (T, 5) = k^T S (q + Delta) - 1/2 k^T S k (+ per-query const)."""
