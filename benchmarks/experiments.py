@@ -172,6 +172,11 @@ def table1(lines: list[str]) -> None:
     heads(lines)
 
 
+def per_layer(values, fmt: str = "{:.1f}") -> str:
+    """One table cell of per-layer values, layer 1 first."""
+    return ", ".join(fmt.format(v) for v in values)
+
+
 def heads(lines: list[str]) -> None:
     """Per layer: mean attention distance (and the uniform head's), grid score of quadratic
     layers (distinct 3x3 / 5x5 offsets held by sharp heads), conv-likeness."""
@@ -190,10 +195,6 @@ def heads(lines: list[str]) -> None:
         if not rep.exists():
             continue
         r = json.loads(rep.read_text())
-
-        def per_layer(values, fmt="{:.1f}"):
-            return ", ".join(fmt.format(v) for v in values)
-
         dist = r["mean_distance_px"]
         grid = r.get("grid_score", [])
         g = per_layer([f"{x['grid3']}/{x['grid5']}" for x in grid], "{}") if grid else "n/a"
@@ -214,6 +215,9 @@ def heads(lines: list[str]) -> None:
                   "| conv-likeness |", "|---|---|---|---|---|---|", *rows, ""]  # fmt: skip
 
 
+KEPT_NOTE = "(SASA table kept from its last regeneration: its run folders are not on this machine.)"
+
+
 def sasa(lines: list[str]) -> None:
     rows = [("k=3", "sasa_k3"), ("k=5", "sasa_k5"), ("k=7 (default)", "sasa_k7"),
             ("k=9", "sasa_k9"), ("k=7 again, seed 1 (noise check)", "sasa_k7_seed1"),
@@ -225,9 +229,8 @@ def sasa(lines: list[str]) -> None:
     if not any((RUNS / name).exists() for _, name in rows) and RESULTS.exists():
         old = RESULTS.read_text()  # keep the last regenerated table: its runs are not here
         if title in old:
-            block = old[old.index(title):].split("\n#", 1)[0].rstrip("\n")
-            lines += [block, "", "(SASA table kept from its last regeneration: its run folders "
-                      "are not on this machine.)", ""]  # fmt: skip
+            block = old[old.index(title):].split("\n#", 1)[0].replace(KEPT_NOTE, "")
+            lines += [block.rstrip("\n"), "", KEPT_NOTE, ""]  # idempotent: one note
             return
     lines += [title, "",
               "| variant (one change from the default) | test acc. | params | train images/s | "
