@@ -85,3 +85,53 @@ def test_content_attention_under_bf16_autocast_is_as_exact_as_the_plain_path(pos
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         e_fast, e_plain = err(fast(x)), err(plain(x))
     assert e_plain < 0.1 and e_fast <= 1.5 * e_plain  # plain generalized: 6-9e-2, others 5e-3
+
+
+@pytest.mark.parametrize("positional", ["quadratic", "quadratic_generalized", "relative_learned"])
+def test_batch_dropout_path_against_float64(positional):
+    """The shared-mask dropout path (training, dropout_mask="batch"), same mask drawn in every
+    precision: fp32 within the plain path's tolerance of float64, and under bf16 autocast within
+    1.5x of the plain path's error under the same autocast."""
+    kw = dict(positional=positional, content=False, dropout=0.2, dropout_mask="batch")
+    torch.manual_seed(0)
+    fast = MultiHeadSelfAttention2d(16, 16, 4, **kw).train()
+    plain = MultiHeadSelfAttention2d(16, 16, 4, impl="reference", **kw).train()
+    plain.load_state_dict(fast.state_dict())
+    x = torch.randn(2, 16, 12, 10)
+    ref64 = copy.deepcopy(fast).double()
+
+    def run(m, inp, autocast=False):
+        torch.manual_seed(7)  # the same mask for every run
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            return m(inp).double()
+
+    ref = run(ref64, x.double())
+
+    def err(y):
+        return ((y - ref).abs().max() / ref.abs().max()).item()
+
+    assert err(run(fast, x)) < 1e-5 and err(run(plain, x)) < 1e-5
+    assert err(run(fast, x, True)) <= 1.5 * err(run(plain, x, True)) + 1e-6
+
+
+def test_converted_network_under_bf16_autocast_against_float64():
+    """A converted zoo network (grouped, depthwise, TF-SAME, weight-standardized layers) under
+    bf16 autocast is as close to the float64 original as the original CNN under the same
+    autocast (within 1.5x), and in fp32 within 1e-5."""
+    from attnconv.convert import convert_model
+    from zoo_models import ZooNet
+
+    torch.manual_seed(0)
+    net = ZooNet().eval()
+    conv = convert_model(net).eval()
+    x = torch.randn(2, 3, 45, 53)
+    with torch.no_grad():
+        ref = copy.deepcopy(net).double()(x.double())
+
+        def err(m, autocast):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                y = m(x).double()
+            return ((y - ref).abs().max() / ref.abs().max()).item()
+
+        assert err(conv, False) < 1e-5
+        assert err(conv, True) <= 1.5 * err(net, True)

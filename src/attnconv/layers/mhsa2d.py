@@ -246,8 +246,7 @@ class MultiHeadSelfAttention2d(nn.Module):
         xt = x.flatten(2).transpose(1, 2)  # (B, T, Cin)
         if not self.input_dependent:
             if enc.position_foldable and not enc.separable:  # the low-rank fold it runs
-                q_pos, k_pos = enc.position_fold(h, w)
-                return axis_softmax(q_pos @ k_pos.t())[None]
+                return axis_softmax(enc.position_logits(h, w))[None]
             return self.attention_probs(x)  # the shared path's own dense probabilities
         q_aug, k_aug, _ = self.folded_qkv(xt, self._values(xt, h, w), h, w)
         return axis_softmax(q_aug @ k_aug.transpose(-2, -1))  # scale folded into q_aug
@@ -295,8 +294,7 @@ class MultiHeadSelfAttention2d(nn.Module):
         b, dt = v5.shape[0], v5.dtype
         enc = self.positional_encoding
         if enc.position_foldable and not enc.separable:  # generalized: the rank-5 fold
-            q_pos, k_pos = enc.position_fold(h, w)  # (Nh, T, r), (T, r)
-            probs = axis_softmax(q_pos @ k_pos.t())[None].to(dt)  # (1, Nh, T, T)
+            probs = axis_softmax(enc.position_logits(h, w))[None].to(dt)  # (1, Nh, T, T)
         else:
             q, k, bias = self._dense(None, h, w)
             probs = attention_probs(q, k, bias=bias, scale=self.scale).to(dt)  # (1, Nh, T, T)

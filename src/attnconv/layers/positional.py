@@ -83,6 +83,13 @@ class PositionalEncoding(nn.Module):
     def position_fold(self, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError(f"{type(self).__name__} has no low-rank position fold")
 
+    def position_logits(self, h: int, w: int) -> torch.Tensor:
+        """(Nh, T, T) position-only logits from the low-rank fold, in float32 outside autocast
+        (the folded terms are large and cancel: bfloat16 would round them away)."""
+        q_pos, k_pos = self.position_fold(h, w)  # (Nh, T, r), (T, r)
+        with torch.autocast(q_pos.device.type, enabled=False):
+            return hi(q_pos) @ hi(k_pos).t()
+
     def dense_bias(self, q, k, h: int, w: int, dtype) -> torch.Tensor | None:
         return None
 
