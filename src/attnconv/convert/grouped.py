@@ -46,7 +46,7 @@ class GroupedHeadProjection(nn.Module):
 
 
 CHUNK_FLOATS = 1 << 18  # depthwise inference works on (channels x padded image) blocks of
-# about 1 MB, so the Nh passes of one block stay in L2 (a whole-tensor pass per head is 10x slower)
+# about 1 MB, so the Nh passes of one block stay in L2 (not the whole tensor streamed Nh times)
 
 
 def grouped_head_mix(xp: torch.Tensor, shift, proj: GroupedHeadProjection) -> torch.Tensor:
