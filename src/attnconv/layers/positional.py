@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from .sinusoidal import sinusoid_1d, sinusoid_2d
 
@@ -47,6 +48,12 @@ def pixel_coords(h: int, w: int, device=None, dtype=torch.float32) -> torch.Tens
     i = torch.arange(h, device=device, dtype=dtype) - (h - 1) / 2
     j = torch.arange(w, device=device, dtype=dtype) - (w - 1) / 2
     return torch.stack(torch.meshgrid(i, j, indexing="ij"), dim=-1).reshape(h * w, 2)
+
+
+def axis_onehot(h: int, w: int, device=None, dtype=torch.float32) -> torch.Tensor:
+    """(h*w, h + w): one-hot row then one-hot column of every pixel in row-major order."""
+    t = torch.arange(h * w, device=device)
+    return torch.cat([F.one_hot(t // w, h), F.one_hot(t % w, w)], -1).to(dtype)
 
 
 class PositionalEncoding(nn.Module):
@@ -232,6 +239,19 @@ class QuadraticEncoding(GaussianEncoding):
         row = -a * (d1[None] - ctr[:, 0, None, None]) ** 2  # (Nh, h, h)
         col = -a * (d2[None] - ctr[:, 1, None, None]) ** 2  # (Nh, w, w)
         return row, col
+
+    def fold(self, q, k, h: int, w: int) -> tuple[list, list]:
+        """Exact fold with content: each query's row logits R[q1, :] (h) and column logits
+        C[q2, :] (w) meet one-hot key rows and columns, so q_pos . k_pos = R[q1, k1] + C[q2, k2],
+        the dense path's own bias values (products with 0 and 1 are exact); their gradients
+        reduce by sums over the expanded axes. The rank-3 coordinate fold (``position_fold``)
+        is cheaper, but its logits are differences of products ~alpha (H^2 + W^2) / 4 that
+        cancel (float32 error growing with image size and alpha; tests/test_precision.py)."""
+        row, col = self.axis_logits(h, w)  # (Nh, h, h), (Nh, w, w)
+        nh, t = row.shape[0], h * w
+        q_pos = torch.cat([row[:, :, None, :].expand(nh, h, w, h).reshape(nh, t, h),
+                           col[:, None].expand(nh, h, w, w).reshape(nh, t, w)], -1)  # fmt: skip
+        return expand_fold((q_pos, axis_onehot(h, w, row.device, row.dtype)), q)
 
     def dense_logits(self, h: int, w: int) -> torch.Tensor:
         """(Nh, T, T): -alpha ||delta - Delta||^2 for every (query, key) pair, or 0/-inf if hard."""
