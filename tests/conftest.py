@@ -45,3 +45,12 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> torch.device:
+    """Every test that takes ``device`` runs on the CPU and, when a GPU is present, on CUDA."""
+    return torch.device(request.param)

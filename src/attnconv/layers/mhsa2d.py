@@ -11,9 +11,11 @@ term of ``positional`` (see positional.py). Two implementations of the same equa
 - ``impl="auto"``: position-only attention is computed once per forward and shared across the
   batch; the separable encodings (quadratic, learned relative row + column) run as a row then
   a column operator (quadratic.py), never T x T; with content, every positional term is folded
-  into augmented query/key vectors (quadratic: rank-3 bilinear form of the pixel coordinates;
-  relative: the query's row/column scores against one-hot key rows/columns) and the fused
-  ``scaled_dot_product_attention`` runs with no bias tensor.
+  into augmented query/key vectors and the fused ``scaled_dot_product_attention`` runs with no
+  bias tensor. Quadratic and learned relative: each query's row and column logits (exact, the
+  dense bias's own values) against one-hot key rows/columns; generalized quadratic: a rank-5
+  bilinear form of the pixel coordinates. On CUDA the row/column encodings run through
+  FlexAttention instead (flex.py), their logits added by a score_mod.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch.nn.functional as F
 
 from .checks import check_tensor, positive_int
 from .encoding import POSITIONALS, build_encoding
+from .flex import flex_axis_attention
 from .functional import (
     attention_probs,
     check_impl,
@@ -117,6 +120,7 @@ class MultiHeadSelfAttention2d(nn.Module):
         self.head_dim, self.qk_dim, self.value = head_dim, qk_dim, value
         self.content, self.dropout, self.max_size = bool(content), dropout, max_size
         self.impl, self.scale = check_impl(impl), qk_dim**-0.5
+        self.flex_backend: bool | None = None  # None: FlexAttention on CUDA (see _use_flex)
         self.positional_encoding = build_encoding(
             positional, num_heads=num_heads, in_channels=in_channels, qk_dim=qk_dim,
             content=self.content, max_size=max_size, **encoding_options,
@@ -308,11 +312,34 @@ class MultiHeadSelfAttention2d(nn.Module):
             return torch.einsum("hqk,bkd->bqhd", probs[0], vs[:, :, 0])
         return torch.einsum("hqk,bkhd->bqhd", probs[0], vs)  # (B, T, Nh, Dv)
 
+    def _use_flex(self, device: torch.device, p_drop: float) -> bool:
+        """The FlexAttention backend (flex.py): on CUDA (or when ``flex_backend`` forces it, for
+        tests on CPU), row/column encodings, no dropout."""
+        enc = self.positional_encoding
+        on = self.flex_backend if self.flex_backend is not None else device.type == "cuda"
+        return bool(on) and enc.axis_folded and enc.uses_qk_product and p_drop == 0.0
+
+    def _forward_flex(self, xt, v5, h, w) -> torch.Tensor:
+        """Content attention with the row/column logits as a FlexAttention score_mod. -> (B, T,
+        Nh, Dv)"""
+        enc = self.positional_encoding
+        q, k = self._qk(xt, h, w)  # (B, Nh, T, dk)
+        v = self._seq_values(v5)
+        if enc.large_logits and q.dtype in _LOW:
+            q, k, v = q.float(), k.float(), v.float()
+        (q_axis,), _ = enc.fold(q, k, h, w)  # (B, Nh, T, h + w)
+        with torch.autocast(q.device.type, enabled=False):
+            y = flex_axis_attention(q, k, v.to(q.dtype), q_axis.to(q.dtype), h, w, self.scale,
+                                    compiled=q.device.type == "cuda")  # fmt: skip
+        return y.to(xt.dtype).transpose(1, 2)
+
     def _forward_folded(self, xt, v5, h, w, p_drop) -> torch.Tensor:
         """Content attention with every positional term folded into q/k: fused SDPA, no bias."""
+        if self._use_flex(xt.device, p_drop):
+            return self._forward_flex(xt, v5, h, w)
         q_aug, k_aug, v = self.folded_qkv(xt, v5, h, w)
-        # the folded quadratic logits are large differences that cancel: folded_qkv keeps them in
-        # float32, and autocast must not cast them back to bfloat16 inside SDPA (wrong outputs)
+        # the folded quadratic logits reach alpha H^2: folded_qkv keeps them in float32, and
+        # autocast must not cast them back to bfloat16 inside SDPA
         large = self.positional_encoding.large_logits
         with torch.autocast(q_aug.device.type, enabled=False) if large else nullcontext():
             y = scaled_dot_product_attention(

@@ -66,6 +66,8 @@ class PositionalEncoding(nn.Module):
     - ``adds_to_input``: absolute P (T, C) added to the input of Wq/Wk: ``self(h, w)``;
     - ``uses_qk_product``: the layer's q.k term is part of the logits;
     - ``large_logits``: folded logits are large differences that cancel (fold in float32);
+    - ``axis_folded``: ``fold`` returns [q_axis (B, Nh, T, h + w)] against one-hot key rows and
+      columns (the layer may add them as a score_mod instead: flex.py);
     - ``learned_size``: side of its learned tables (None: any image size);
     - ``hard``: one-hot heads (``hard_indices``).
 
@@ -81,6 +83,7 @@ class PositionalEncoding(nn.Module):
     adds_to_input = False
     uses_qk_product = True
     large_logits = False
+    axis_folded = False
     learned_size: int | None = None
     hard = False
 
@@ -197,7 +200,7 @@ class QuadraticEncoding(GaussianEncoding):
     one-hot on pixel clamp(q + round(Delta_h)) per axis.
     """
 
-    name, separable = "quadratic", True
+    name, separable, axis_folded = "quadratic", True, True
 
     def __init__(
         self,

@@ -149,6 +149,7 @@ class LearnedRelativeEncoding(PositionalEncoding):
         super().__init__()
         self.num_heads, self.content, self.scale = num_heads, content, qk_dim**-0.5
         self.input_dependent, self.separable = content, not content
+        self.axis_folded = content  # fold: [q_axis] against one-hot key rows/columns
         self.learned_size = max_size
         if content:  # the query reads the tables: half its channels rows, half columns
             dr, dc = qk_dim // 2, qk_dim - qk_dim // 2

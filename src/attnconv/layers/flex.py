@@ -1,0 +1,52 @@
+"""Content attention with row/column positional logits through PyTorch's FlexAttention
+(torch.nn.attention.flex_attention; Dong et al. 2024), the GPU backend of the folded path.
+
+The folded path (mhsa2d.py) gives each query its row logits and column logits against every key
+row and column, q_axis (B, Nh, T, H + W), met by one-hot key rows/columns (quadratic eq. 9 of
+Cordonnier et al. 2020: R[q1, k1] = -alpha (k1 - q1 - Delta1)^2, likewise C; learned relative,
+sec. 4.3: the query's scores against the row/column tables). Flex adds them as a score_mod,
+
+    logits[b, h, q, k] = scale q.k + q_axis[b, h, q, k // W] + q_axis[b, h, q, H + k % W],
+
+with no extra head width and no (T, T) tensor. Eager on CPU (forward only, slow: for tests);
+compiled on CUDA.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def axis_score_mod(q_axis: torch.Tensor, h: int, w: int):
+    """score_mod adding a query's row logit for the key's row and column logit for its column."""
+
+    def score_mod(score, b, head, q_idx, k_idx):
+        return score + q_axis[b, head, q_idx, k_idx // w] + q_axis[b, head, q_idx, h + k_idx % w]
+
+    return score_mod
+
+
+def flex_axis_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_axis: torch.Tensor, h: int, w: int,
+    scale: float, *, compiled: bool = False,
+) -> torch.Tensor:  # fmt: skip
+    """softmax(scale q k^T + R[q1, k1] + C[q2, k2]) v. q, k (B, Nh, T, dk), v (B, Nh, T, dv),
+    q_axis (B, Nh, T, h + w) -> (B, Nh, T, dv)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if q_axis.shape[-1] != h + w or q_axis.shape[-2] != h * w:
+        raise ValueError(f"q_axis {tuple(q_axis.shape)} must be (B, Nh, T={h * w}, H+W={h + w})")
+    fn = _compiled_flex() if compiled else flex_attention
+    return fn(q, k, v, score_mod=axis_score_mod(q_axis, h, w), scale=scale)
+
+
+_COMPILED = None
+
+
+def _compiled_flex():
+    global _COMPILED
+    if _COMPILED is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _COMPILED = torch.compile(flex_attention, dynamic=False)
+    return _COMPILED

@@ -1,0 +1,71 @@
+"""The FlexAttention backend of content attention (layers/flex.py), issue 17: the quadratic and
+learned-relative logits as a score_mod equal the dense reference. On CPU Flex runs eagerly
+(forward only); on CUDA (when present) the layer routes there by itself, and gradients are
+checked too."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from attnconv.layers.flex import flex_axis_attention
+from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def _pair(positional: str, heads: int, dtype, device, seed: int):
+    torch.manual_seed(seed)
+    fast = MultiHeadSelfAttention2d(6, 6, heads, positional=positional, content=True, max_size=8)
+    fast = fast.to(device, dtype)
+    with torch.no_grad():
+        if positional == "quadratic":
+            fast.positional_encoding.centers.uniform_(-3, 3)
+    ref = MultiHeadSelfAttention2d(6, 6, heads, positional=positional, content=True,
+                                   max_size=8, impl="reference").to(device, dtype)  # fmt: skip
+    ref.load_state_dict(fast.state_dict())
+    fast.flex_backend = True
+    return fast, ref
+
+
+@given(positional=st.sampled_from(["quadratic", "relative_learned"]), b=st.integers(1, 2),
+       heads=st.integers(1, 3), h=st.integers(1, 6), w=st.integers(1, 6),
+       seed=st.integers(0, 2**16))  # fmt: skip
+def test_flex_backend_equals_reference_cpu(positional, b, heads, h, w, seed):
+    fast, ref = _pair(positional, heads, torch.float64, "cpu", seed)
+    x = torch.randn(b, 6, h, w, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), ref(x), rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("positional", ["quadratic", "relative_learned"])
+def test_flex_backend_on_device(positional, device):
+    """Values on every device; gradients too where Flex has a backward (CUDA)."""
+    fast, ref = _pair(positional, 2, torch.float32, device, 0)
+    x = torch.randn(2, 6, 5, 7, device=device, requires_grad=True)
+    with torch.set_grad_enabled(device.type == "cuda"):
+        yf, yr = fast(x), ref(x)
+    torch.testing.assert_close(yf, yr, rtol=1e-4, atol=1e-5)
+    if device.type == "cuda":
+        gf = torch.autograd.grad(yf.square().sum(), [x, *fast.parameters()], allow_unused=True)
+        gr = torch.autograd.grad(yr.square().sum(), [x, *ref.parameters()], allow_unused=True)
+        for a, r in zip(gf, gr):
+            assert (a is None) == (r is None)
+            if a is not None:
+                torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-5)
+
+
+def test_cpu_layer_keeps_the_fused_sdpa_path_by_default():
+    layer = MultiHeadSelfAttention2d(4, 4, 2, positional="quadratic", content=True)
+    assert layer.flex_backend is None
+    assert not layer._use_flex(torch.device("cpu"), 0.0)
+    assert layer._use_flex(torch.device("cuda"), 0.0) and not layer._use_flex(
+        torch.device("cuda"), 0.1)  # fmt: skip
+
+
+def test_flex_axis_attention_rejects_a_mismatched_table():
+    q = torch.randn(1, 1, 6, 4)
+    with pytest.raises(ValueError, match="q_axis"):
+        flex_axis_attention(q, q, q, torch.randn(1, 1, 6, 4), 2, 3, 0.5)
