@@ -21,6 +21,7 @@ import platform
 
 import torch
 
+from attnconv.bench.anchors import ANCHOR_COLUMNS, run_anchors
 from attnconv.bench.common import (
     TARGET_COLUMNS,
     markdown_table,
@@ -210,9 +211,20 @@ def check_targets(rows: list[dict]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = suite_parser("layers", __doc__, ["sweep", "targets"]).parse_args(argv)
+    args = suite_parser("layers", __doc__, ["sweep", "targets", "anchors"]).parse_args(argv)
     repeats = args.repeats or (1 if args.quick else 3)
 
+    anchors = []
+    if args.only == "anchors":  # the issue-17 table alone (anchors.py): no sweep, no peak
+        anchors = run_anchors(args.quick, args.repeats or (1 if args.quick else 5), args.threads,
+                              args.malloc)  # fmt: skip
+        md = [f"# Content attention vs anchors\n\nCommand: `{suite_command('layers', args)} "
+              f"--threads {args.threads}`\n", markdown_table(anchors, ANCHOR_COLUMNS)]  # fmt: skip
+        path = write_results("layers_anchors", dict(command=suite_command("layers", args),
+                             threads=args.threads, rows=anchors), "\n".join(md), args.out_dir)
+        print(md[-1])
+        print(f"wrote {path} and {path.with_suffix('.md')}")
+        return 0
     peak = matmul_peak_gflops(256 if args.quick else 2048, args.threads, in_process=args.quick,
                               malloc=args.malloc)  # fmt: skip
     print(f"fp32 matmul peak: {peak:.1f} GFLOP/s ({args.threads} thread(s))", flush=True)
