@@ -50,3 +50,47 @@ def _compiled_flex():
 
         _COMPILED = torch.compile(flex_attention, dynamic=False)
     return _COMPILED
+
+
+def flex_local_attention(
+    q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor, kernel_size: int,
+    qr_row: torch.Tensor | None = None, qr_col: torch.Tensor | None = None,
+    *, compiled: bool = False,
+) -> torch.Tensor:  # fmt: skip
+    """SASA window attention (Ramachandran et al. 2019, eq. 2-3; padding="mask") through Flex:
+    a block mask for the k x k window (keys outside the image simply do not exist), the
+    relative logits q . r_{a-i,b-j} as a score_mod. q (already scaled), k (B, nh, d, H, W) or
+    None, v (B, nh, d, H, W), qr_row/qr_col (B, nh, k, H, W) -> (B, nh, d, H, W)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from .local_kernel import window_pad
+
+    b, nh, d, h, w = q.shape
+    before, after = window_pad(kernel_size)
+
+    def seq(t):  # (B, nh, c, H, W) -> (B, nh, T, c)
+        return t.flatten(3).transpose(-1, -2)
+
+    def offsets(q_idx, k_idx):
+        return k_idx // w - q_idx // w, k_idx % w - q_idx % w
+
+    def mask_mod(bi, head, q_idx, k_idx):
+        di, dj = offsets(q_idx, k_idx)
+        return (di >= -before) & (di <= after) & (dj >= -before) & (dj <= after)
+
+    score_mod = None
+    if qr_row is not None:
+        rr, rc = seq(qr_row), seq(qr_col)  # (B, nh, T, k)
+
+        def score_mod(score, bi, head, q_idx, k_idx):
+            di, dj = offsets(q_idx, k_idx)
+            di = torch.clamp(di + before, 0, kernel_size - 1)  # masked pairs: any valid index
+            dj = torch.clamp(dj + before, 0, kernel_size - 1)
+            return score + rr[bi, head, q_idx, di] + rc[bi, head, q_idx, dj]
+
+    qs, vs = seq(q), seq(v)
+    ks = seq(k) if k is not None else torch.zeros_like(qs)
+    mask = create_block_mask(mask_mod, None, None, h * w, h * w, device=q.device.type)
+    fn = _compiled_flex() if compiled else flex_attention
+    y = fn(qs, ks, vs, score_mod=score_mod, block_mask=mask, scale=1.0)  # (B, nh, T, d)
+    return y.transpose(-1, -2).reshape(b, nh, -1, h, w)

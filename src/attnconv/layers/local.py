@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .checks import check_tensor, positive_int
+from .flex import flex_local_attention
 from .functional import check_impl
 from .local_kernel import (  # noqa: F401  (re-exported: the kernel's public names)
     PADDINGS,
@@ -83,6 +84,7 @@ class LocalSelfAttention2d(nn.Module):
         self.kernel_size, self.stride = kernel_size, stride
         self.positional, self.logits, self.padding, self.impl = positional, logits, padding, impl
         self.scale = dh**-0.5
+        self.flex_backend: bool | None = None  # None: FlexAttention on CUDA (see _use_flex)
         self.query = nn.Conv2d(in_channels, out_channels, 1, bias=False)  # W_Q
         self.key = nn.Conv2d(in_channels, out_channels, 1, bias=False) if "qk" in logits else None
         self.value = nn.Conv2d(in_channels, out_channels, 1, bias=False)  # W_V
@@ -118,23 +120,34 @@ class LocalSelfAttention2d(nn.Module):
             pe = sinusoid_2d(h, w, self.head_dim, device=x.device).to(x.dtype).t()  # (dh, H*W)
             pe = pe.view(self.head_dim, h, w)
             k = pe.expand(bsz, self.num_heads, -1, h, w) if k is None else k + pe
-        out = local_attention(
-            q,
-            k,
-            v,
-            kernel_size=self.kernel_size,
-            rel_row=rel_row,
-            rel_col=rel_col,
-            padding=self.padding,
-            impl=self.impl,
-            return_attention=return_attention,
-        )
+        if self._use_flex(x.device, return_attention):
+            out = self._flex(q, k, v)
+        else:
+            out = local_attention(
+                q, k, v, kernel_size=self.kernel_size, rel_row=rel_row, rel_col=rel_col,
+                padding=self.padding, impl=self.impl, return_attention=return_attention,
+            )  # fmt: skip
         y, attn = out if return_attention else (out, None)
         y = y.reshape(bsz, self.out_channels, h, w)  # (B, nh*dv, H, W)
         if self.stride > 1:
             # downsampling after attention (sec. 3.1); ceil: ceil(H/s) like a strided conv
             y = F.avg_pool2d(y, self.stride, ceil_mode=True)
         return (y, attn) if return_attention else y
+
+    def _use_flex(self, device: torch.device, return_attention: bool) -> bool:
+        """FlexAttention (flex.py) on CUDA, or when ``flex_backend`` forces it (CPU tests): masked
+        borders, the plain (non-reference) path, no returned maps."""
+        on = self.flex_backend if self.flex_backend is not None else device.type == "cuda"
+        return bool(on) and self.padding == "mask" and self.impl == "auto" and not return_attention
+
+    def _flex(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor) -> torch.Tensor:
+        qr_row = qr_col = None
+        if self.rel_row is not None:  # q^T r_{a-i,b-j}, per query and offset (B, nh, k, H, W)
+            half = self.head_dim // 2
+            qr_row = torch.einsum("bndhw,kd->bnkhw", q[:, :, :half], self.rel_row)
+            qr_col = torch.einsum("bndhw,kd->bnkhw", q[:, :, half:], self.rel_col)
+        return flex_local_attention(q, k, v, self.kernel_size, qr_row, qr_col,
+                                    compiled=q.device.type == "cuda")  # fmt: skip
 
     def extra_repr(self) -> str:
         return (
