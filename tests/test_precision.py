@@ -13,6 +13,8 @@ import copy
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
 
@@ -87,3 +89,21 @@ def test_quadratic_content_gradients_against_float64(alpha):
         floor = 2e-6 if name in ("centers", "spread") else 0.0
         bound = GRAD_FACTOR[alpha] * max(e_p, floor)
         assert e_p < 1e-4 and e_a <= bound, (name, e_a, e_p)
+
+
+@given(b=st.integers(1, 2), heads=st.integers(1, 3), h=st.integers(1, 7), w=st.integers(1, 7),
+       seed=st.integers(0, 2**16))  # fmt: skip
+def test_inference_shared_bias_kernel_equals_reference(b, heads, h, w, seed):
+    """Inference (no gradient) takes the fused kernel with one shared (1, Nh, T, T) bias built
+    from the row/column logits; it equals the dense reference (float64)."""
+    torch.manual_seed(seed)
+    fast = MultiHeadSelfAttention2d(5, 6, heads, positional="quadratic", content=True).double()
+    with torch.no_grad():
+        fast.positional_encoding.centers.uniform_(-3, 3)
+    plain = copy.deepcopy(fast)
+    plain.impl = "reference"
+    x = torch.randn(b, 5, h, w, dtype=torch.float64)
+    with torch.no_grad():
+        assert fast._use_shared_bias(x.flatten(2).transpose(1, 2), h, w, 0.0)
+        torch.testing.assert_close(fast(x), plain(x), rtol=1e-9, atol=1e-11)
+    assert not fast._use_shared_bias(x.flatten(2).transpose(1, 2), h, w, 0.0)  # grads: the fold

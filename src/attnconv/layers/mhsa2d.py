@@ -50,6 +50,7 @@ __all__ = ["DROPOUT_MASKS", "MultiHeadSelfAttention2d", "POSITIONALS", "VALUES"]
 VALUES = ("linear", "identity")
 DROPOUT_MASKS = ("sample", "batch")
 _LOW = (torch.bfloat16, torch.float16)
+_SHARED_BIAS_MAX_T = 64 * 64  # (Nh, T, T) float32 bias in inference: 64 MiB per head at 64^2
 
 
 def _head_dims(cin: int, cout: int, nh: int, head_dim, qk_dim, value: str) -> tuple[int, int]:
@@ -333,10 +334,39 @@ class MultiHeadSelfAttention2d(nn.Module):
                                     compiled=q.device.type == "cuda")  # fmt: skip
         return y.to(xt.dtype).transpose(1, 2)
 
+    def _use_shared_bias(self, xt: torch.Tensor, h: int, w: int, p_drop: float) -> bool:
+        """Inference with a separable, input-independent positional term (quadratic) on up to
+        _SHARED_BIAS_MAX_T pixels: the fused kernel with one (1, Nh, T, T) bias shared by the
+        batch beats the exact fold, whose width dk + H + W exceeds the head's (bench/anchors.py
+        measures both). Training keeps the fold (a bias with gradients takes SDPA's math path)."""
+        enc = self.positional_encoding
+        grad = torch.is_grad_enabled() and (
+            xt.requires_grad or any(p.requires_grad for p in self.parameters()))  # fmt: skip
+        return (not grad and p_drop == 0.0 and enc.axis_folded and enc.separable
+                and h * w <= _SHARED_BIAS_MAX_T)  # fmt: skip
+
+    def _forward_shared_bias(self, xt, v5, h, w) -> torch.Tensor:
+        """softmax(q k^T * scale + R[q1, k1] + C[q2, k2]) v, the bias built once from the row and
+        column logits (exact: the dense path's values). -> (B, T, Nh, Dv)"""
+        row, col = self._axis_logits(h, w, xt.dtype)  # (Nh, h, h), (Nh, w, w), float32+
+        t = h * w
+        bias = (row[:, :, None, :, None] + col[:, None, :, None, :]).reshape(1, -1, t, t)
+        q, k = self._qk(xt, h, w)  # (B, Nh, T, dk)
+        v = self._seq_values(v5)
+        if q.dtype in _LOW:  # a bfloat16 bias rounds the logits it adds: attention in float32
+            q, k, v = q.float(), k.float(), v.float()
+        with torch.autocast(q.device.type, enabled=False):
+            y = scaled_dot_product_attention(
+                q, k, v.to(q.dtype), bias=bias.to(q.device, q.dtype), scale=self.scale
+            )  # (B, Nh, T, Dv)
+        return y.to(xt.dtype).transpose(1, 2)
+
     def _forward_folded(self, xt, v5, h, w, p_drop) -> torch.Tensor:
         """Content attention with every positional term folded into q/k: fused SDPA, no bias."""
         if self._use_flex(xt.device, p_drop):
             return self._forward_flex(xt, v5, h, w)
+        if self._use_shared_bias(xt, h, w, p_drop):
+            return self._forward_shared_bias(xt, v5, h, w)
         q_aug, k_aug, v = self.folded_qkv(xt, v5, h, w)
         # the folded quadratic logits reach alpha H^2: folded_qkv keeps them in float32, and
         # autocast must not cast them back to bfloat16 inside SDPA
