@@ -22,8 +22,8 @@ from attnconv.analysis.centers import (
 from attnconv.analysis.convlike import ConvLikeness, conv_likeness, kernel_of
 from attnconv.analysis.distance import MeanDistance, mean_attention_distance
 from attnconv.analysis.maps import MapAverage, crop, query_maps
-from attnconv.layers.attention_map import AttentionMap
 from attnconv.analysis.posemb import patch_filter_pcs, position_similarity
+from attnconv.layers.attention_map import AttentionMap
 
 
 def coords(grid):
@@ -77,7 +77,8 @@ def test_dilated_kernel_and_shared_batch():
     grid = (10, 10)
     offs = kxk_offsets(3, dilation=2)
     acc = ConvLikeness()
-    acc.update(AttentionMap(hard_heads(grid, offs, batch=1).float(), grid), batch=7)  # one map shared by 7 images
+    shared = AttentionMap(hard_heads(grid, offs, batch=1).float(), grid)
+    acc.update(shared, batch=7)  # one map shared by 7 images
     res = acc.result()
     assert res.score == 1.0 and res.kernel == 3 and res.dilation == 2
 
