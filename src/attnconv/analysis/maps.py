@@ -8,11 +8,16 @@ token). A map is one query's row reshaped to the token grid: (Nh, h, w).
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn as nn
+
+from attnconv.progress import Progress
+
+log = logging.getLogger(__name__)
 
 Grid = tuple[int, int]
 
@@ -104,35 +109,43 @@ def iter_attention(
     *,
     budget: int = MAP_BUDGET,
     allow_empty: bool = False,
+    desc: str = "attention maps",
 ) -> Iterator[tuple[int, int, list[torch.Tensor]]]:
     """Run ``model`` over ``images`` (N, C, H, W); yield (start, stop, attns) per batch, the
     batch being ``images[start:stop]`` (maps of batch 1 are shared by the whole batch).
 
     The first batch is one image; its maps' size sets the next batches' size so that one batch
     holds at most ``budget`` bytes of maps (and at most ``batch_size`` images). A model without
-    attention maps raises ValueError, or with ``allow_empty`` yields nothing.
+    attention maps raises ValueError, or with ``allow_empty`` yields nothing. Progress (images
+    done) is shown as ``desc``.
     """
     if images.dim() != 4:
         raise ValueError(f"images must have shape (N, C, H, W), got {tuple(images.shape)}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     model.eval()
+    dev = next(model.parameters(), images).device  # the images go where the model is
+    bar = Progress(images.shape[0], desc, unit="img", logger=log, leave=False)
     start, b = 0, 1
-    while start < images.shape[0]:
-        stop = min(start + b, images.shape[0])
-        out = model(images[start:stop], return_attention=True)
-        attns = list(out[1]) if isinstance(out, tuple) and len(out) == 2 else []
-        if not attns:
-            if allow_empty:
-                return
-            raise ValueError(f"{type(model).__name__} returned no attention maps")
-        for i, a in enumerate(attns):
-            check_attention(a, f"attention of layer {i}")
-        yield start, stop, attns
-        if start == 0:  # size the next batches from the first image's maps
-            per_image = sum(a.numel() * a.element_size() // a.shape[0] for a in attns)
-            b = max(1, min(batch_size, budget // max(per_image, 1)))
-        start = stop
+    try:
+        while start < images.shape[0]:
+            stop = min(start + b, images.shape[0])
+            out = model(images[start:stop].to(dev), return_attention=True)
+            attns = [a.cpu() for a in out[1]] if isinstance(out, tuple) and len(out) == 2 else []
+            if not attns:
+                if allow_empty:
+                    return
+                raise ValueError(f"{type(model).__name__} returned no attention maps")
+            for i, a in enumerate(attns):
+                check_attention(a, f"attention of layer {i}")
+            bar.update(stop - start)
+            yield start, stop, attns
+            if start == 0:  # size the next batches from the first image's maps
+                per_image = sum(a.numel() * a.element_size() // a.shape[0] for a in attns)
+                b = max(1, min(batch_size, budget // max(per_image, 1)))
+            start = stop
+    finally:
+        bar.close()
 
 
 class MapAverage:

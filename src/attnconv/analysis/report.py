@@ -87,7 +87,8 @@ def analyze_model(
     conv: list[ConvLikeness] = []
     single = None
     x = normalize(images, mean, std)
-    for seen, stop, attns in iter_attention(model, x, batch_size, allow_empty=True):
+    for seen, stop, attns in iter_attention(model, x, batch_size, allow_empty=True,
+                                              desc="analyze"):  # fmt: skip
         b = stop - seen  # no attention maps (a CNN): no batches, only the embedding figures
         if not dist:
             dist = [MeanDistance(grid, prefix, ppt) for _ in attns]
