@@ -62,9 +62,11 @@ def configure_logging(verbosity: int = 0) -> None:
 
 
 def bars_enabled() -> bool:
-    """False when the ``attnconv`` logger is set above INFO (``--quiet``)."""
+    """False when the ``attnconv`` logger is set above INFO (``--quiet``), and on every process
+    of a ``torchrun`` job but rank 0 (one display, not one per process)."""
     level = logging.getLogger(ROOT_LOGGER).level
-    return level == logging.NOTSET or level <= logging.INFO
+    quiet = level != logging.NOTSET and level > logging.INFO
+    return not quiet and os.environ.get("RANK", "0") == "0"
 
 
 def _is_tty() -> bool:
