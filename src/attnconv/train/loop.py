@@ -179,19 +179,9 @@ class Trainer:
         )
         if self.info.is_main:
             (self.out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        n_params = sum(p.numel() for p in self.model.parameters())
-        where = f", resuming at step {self.step}" if resume else ""
-        self.mon.summary([
-            ("model", f"{cfg.model.name}, {n_params / 1e6:.2f}M parameters"),
-            ("device", f"{self.info.device} x{self.info.world_size} process(es), "
-                       f"{torch.get_num_threads()} thread(s) each"),
-            ("dtype", "bfloat16 autocast (float32 weights)" if t.bf16 else "float32"),
-            ("data", f"{d.dataset}: {len(train_ds)} {d.train_split} images, {len(eval_ds)} "
-                     f"{d.eval_split} images, {train_ds.num_classes} classes"),
-            ("steps", f"{self.total} ({t.epochs} epoch(s) of {len(self.loader)} steps, batch "
-                      f"{t.batch_size}){where}"),
-            ("run folder", str(self.out)),
-        ])  # fmt: skip
+        self.mon.summary(cfg, self.model, self.info,
+                         (len(train_ds), len(eval_ds), train_ds.num_classes), len(self.loader),
+                         self.step if resume else None)  # fmt: skip
         self.net = D.wrap(self.model, self.info)
         if t.compile:
             self.net = torch.compile(self.net)

@@ -16,6 +16,7 @@ import logging
 import time
 from pathlib import Path
 
+import torch
 import torch.nn as nn
 
 from attnconv.layers.centers import head_centers
@@ -57,7 +58,7 @@ class Monitor:
         tensorboard: bool,
         total_steps: int,
     ):
-        self.enabled, self.total = enabled, total_steps
+        self.enabled, self.total, self.out = enabled, total_steps, out
         self.progress = Progress(total_steps, "train", unit="step", initial=resume_step or 0,
                                  logger=log, enabled=progress and enabled)  # fmt: skip
         self.csv_path, self.centres_path = out / "metrics.csv", out / "centers.jsonl"
@@ -128,8 +129,25 @@ class Monitor:
         self.progress.update(step - self.progress.n, epoch=epoch, loss=f"{loss:.4f}",
                              acc=f"{100 * acc:.1f}%", **{"img/s": f"{ips:.1f}"})  # fmt: skip
 
-    def summary(self, rows: list[tuple[str, str]]) -> None:
-        """The start-up block: one aligned ``name  value`` line per row."""
+    def summary(self, cfg, model: nn.Module, info, data: tuple[int, int, int],
+                steps_per_epoch: int, resume_step: int | None) -> None:  # fmt: skip
+        """The start-up block, one aligned ``name  value`` line each: model and parameters,
+        device, dtype, data (``data``: training images, evaluation images, classes), steps,
+        run folder."""
+        d, t = cfg.data, cfg.train
+        n_params = sum(p.numel() for p in model.parameters())
+        where = "" if resume_step is None else f", resuming at step {resume_step}"
+        rows = [
+            ("model", f"{cfg.model.name}, {n_params / 1e6:.2f}M parameters"),
+            ("device", f"{info.device} x{info.world_size} process(es), "
+                       f"{torch.get_num_threads()} thread(s) each"),
+            ("dtype", "bfloat16 autocast (float32 weights)" if t.bf16 else "float32"),
+            ("data", f"{d.dataset}: {data[0]} {d.train_split} images, {data[1]} "
+                     f"{d.eval_split} images, {data[2]} classes"),
+            ("steps", f"{self.total} ({t.epochs} epoch(s) of {steps_per_epoch} steps, batch "
+                      f"{t.batch_size}){where}"),
+            ("run folder", str(self.out)),
+        ]  # fmt: skip
         width = max(len(k) for k, _ in rows)
         self.message("\n".join(f"  {k:<{width}}  {v}" for k, v in rows))
 
