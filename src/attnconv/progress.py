@@ -29,9 +29,12 @@ from tqdm import tqdm
 T = TypeVar("T")
 ROOT_LOGGER = "attnconv"
 # the bar (terminal) and the line (logs) show the same fields
-BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"  # noqa: E501
+BAR_FORMAT = (
+    "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}"
+    "{postfix}]"
+)
 LINE_FORMAT = (
-    "{desc}: {n_fmt}/{total_fmt} [{elapsed} elapsed, ETA {remaining}, {rate_fmt}{postfix}]"  # noqa: E501
+    "{desc}: {n_fmt}/{total_fmt} [{elapsed} elapsed, ETA {remaining}, {rate_fmt}{postfix}]"
 )
 REFRESH_S = 0.5  # a terminal bar is redrawn at least this often
 QUIET_S = 2.0  # in the logs, work done in less time than this gets no closing line
@@ -43,7 +46,7 @@ class _TqdmHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             tqdm.write(self.format(record), file=sys.stderr)
-        except Exception:  # noqa: BLE001 - logging's own contract
+        except Exception:  # logging's own contract: report, never raise
             self.handleError(record)
 
 
@@ -155,10 +158,6 @@ class Progress:
         elif time.time() - self.last_line >= self.line_every_s:
             self.log.info(self.line())
             self.last_line, self.lines = time.time(), self.lines + 1
-
-    def set(self, **numbers: object) -> None:
-        """Change the shown numbers without counting work."""
-        self.update(0, **numbers)
 
     def close(self) -> None:
         """End the bar (a last line in the logs)."""
