@@ -181,7 +181,9 @@ def collect_attention(
         ]
 
     single = []
-    for start, stop, attns in iter_attention(model, normalize(images, mean, std), batch_size):
+    for start, stop, attns in iter_attention(
+        model, normalize(images, mean, std), batch_size, desc="explore: images shown"
+    ):
         r = pick(attns)
         for i in range(stop - start):
             single.append([x[min(i, x.shape[0] - 1)] for x in r])
@@ -190,7 +192,7 @@ def collect_attention(
         return single, None, 0, grids
     sums, n = None, 0
     for start, stop, attns in iter_attention(
-        model, normalize(average_images, mean, std), batch_size
+        model, normalize(average_images, mean, std), batch_size, desc="explore: average"
     ):
         b = stop - start
         # a (1, ...) map shared by the batch stands for b images

@@ -88,10 +88,16 @@ def check_image_size(model: nn.Module, images: torch.Tensor, info: dict) -> None
         )
 
 
-def load_for_analysis(checkpoint: str | Path, data: str | None, n: int, split: str = "test"):
-    """What both ``analyze`` and ``explore`` start from: (model in eval mode, checkpoint
-    metadata, ``n`` test images uint8 (n, 3, H, W), their class names, mean, std)."""
+def load_for_analysis(checkpoint: str | Path, data: str | None, n: int, split: str = "test",
+                      device: str | None = None):  # fmt: skip
+    """What both ``analyze`` and ``explore`` start from: (model in eval mode on ``device``
+    (``resolve_device``: default CUDA if available), checkpoint metadata, ``n`` test images uint8
+    (n, 3, H, W) on the CPU, their class names, mean, std)."""
+    from attnconv.train.device import resolve_device
+
+    dev = resolve_device(device)
     model, info = load_checkpoint_model(checkpoint)
+    model = model.to(dev)
     images, labels = test_images(data_spec(data, info), n, split=split)
     check_image_size(model, images, info)
     model = analyzable(model, info, checkpoint, images.shape[-2:])

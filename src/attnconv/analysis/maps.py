@@ -10,12 +10,16 @@ layer's token grid: (Nh, h, w).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn as nn
 
 from attnconv.layers.attention_map import AttentionMap, Grid
+from attnconv.progress import Progress
+
+log = logging.getLogger(__name__)
 
 
 def as_map(
@@ -77,33 +81,42 @@ def iter_attention(
     *,
     budget: int = MAP_BUDGET,
     allow_empty: bool = False,
+    desc: str = "attention maps",
 ) -> Iterator[tuple[int, int, list[AttentionMap]]]:
     """Run ``model`` over ``images`` (N, C, H, W); yield (start, stop, maps) per batch, the
     batch being ``images[start:stop]`` (maps of batch 1 are shared by the whole batch).
 
     The first batch is one image; its maps' size sets the next batches' size so that one batch
     holds at most ``budget`` bytes of maps (and at most ``batch_size`` images). A model without
-    attention maps raises ValueError, or with ``allow_empty`` yields nothing.
+    attention maps raises ValueError, or with ``allow_empty`` yields nothing. Progress (images
+    done) is shown as ``desc``.
     """
     if images.dim() != 4:
         raise ValueError(f"images must have shape (N, C, H, W), got {tuple(images.shape)}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     model.eval()
+    dev = next(model.parameters(), images).device  # the images go where the model is
+    bar = Progress(images.shape[0], desc, unit="img", logger=log, leave=False)
     start, b = 0, 1
-    while start < images.shape[0]:
-        stop = min(start + b, images.shape[0])
-        out = model(images[start:stop], return_attention=True)
-        maps = [as_map(m) for m in out[1]] if isinstance(out, tuple) and len(out) == 2 else []
-        if not maps:
-            if allow_empty:
-                return
-            raise ValueError(f"{type(model).__name__} returned no attention maps")
-        yield start, stop, maps
-        if start == 0:  # size the next batches from the first image's maps
-            per_image = sum(m.probs.numel() * m.probs.element_size() // m.shape[0] for m in maps)
-            b = max(1, min(batch_size, budget // max(per_image, 1)))
-        start = stop
+    try:
+        while start < images.shape[0]:
+            stop = min(start + b, images.shape[0])
+            out = model(images[start:stop].to(dev), return_attention=True)
+            pair = isinstance(out, tuple) and len(out) == 2
+            maps = [as_map(m).to("cpu") for m in out[1]] if pair else []
+            if not maps:
+                if allow_empty:
+                    return
+                raise ValueError(f"{type(model).__name__} returned no attention maps")
+            bar.update(stop - start)
+            yield start, stop, maps
+            if start == 0:  # size the next batches from the first image's maps
+                per_image = sum(m.probs[:1].numel() * m.probs.element_size() for m in maps)
+                b = max(1, min(batch_size, budget // max(per_image, 1)))
+            start = stop
+    finally:
+        bar.close()
 
 
 class MapAverage:

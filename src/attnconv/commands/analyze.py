@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .options import add_device
+
 HELP = "figures of what the attention heads learned (PNGs + index.md/index.html)"
 
 
@@ -33,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--centers-log",
         help="per-epoch centre log (default: centers.jsonl of the checkpoint's run folder)",
     )
-    p.add_argument("--batch-size", type=int, default=25)
+    p.add_argument("--batch-size", type=int, default=25, help="images per forward pass (25)")
+    add_device(p)
 
 
 def analyze_checkpoint(
@@ -48,6 +51,7 @@ def analyze_checkpoint(
     zoom: int = 7,
     centers_log: str | Path | None = None,
     batch_size: int = 25,
+    device: str | None = None,
 ) -> dict:
     """The figures of ``checkpoint`` into ``out`` (what ``attnconv analyze`` and the demo run);
     returns the report."""
@@ -64,7 +68,9 @@ def analyze_checkpoint(
     log = Path(centers_log) if centers_log else find_center_log(checkpoint)
     if centers_log and not log.is_file():
         raise FileNotFoundError(f"--centers-log {log}: no such file")
-    model, info, images, labels, mean, std = load_for_analysis(checkpoint, data, num_images, split)
+    model, info, images, labels, mean, std = load_for_analysis(
+        checkpoint, data, num_images, split, device=device
+    )
     with torch.no_grad():
         return analyze_model(
             model, images, out, mean=mean, std=std, labels=labels, query=query,
@@ -78,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     report = analyze_checkpoint(
         args.checkpoint, args.out, data=args.data, num_images=args.num_images,
         split=args.split, query=args.query, image=args.image, zoom=args.zoom,
-        centers_log=args.centers_log, batch_size=args.batch_size,
+        centers_log=args.centers_log, batch_size=args.batch_size, device=args.device,
     )  # fmt: skip
     out = Path(args.out)
     print(f"wrote {len(report['figures'])} figures to {out} (index: {out / 'index.md'})")

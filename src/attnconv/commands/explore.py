@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .options import add_device
+
 HELP = "write a self-contained HTML page to explore every head's attention by clicking pixels"
 
 
@@ -27,7 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=256,
         help="query tokens stored per layer; larger grids keep every k-th token (default 256)",
     )
-    p.add_argument("--batch-size", type=int, default=25)
+    p.add_argument("--batch-size", type=int, default=25, help="images per forward pass (25)")
+    add_device(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     if Path(args.out).suffix.lower() not in (".html", ".htm"):
         raise ValueError(f"--out must name an .html file, got {args.out}")
     model, info, images, labels, mean, std = load_for_analysis(
-        args.checkpoint, args.data, max(args.images, args.average), args.split
+        args.checkpoint, args.data, max(args.images, args.average), args.split, device=args.device
     )
     with torch.no_grad():
         out = explore_model(
