@@ -81,7 +81,8 @@ def read_tensors(path: str | Path) -> dict[str, torch.Tensor]:
     try:
         if kind == "safetensors":
             return load_file(str(path))
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        with open(path, "rb") as f:  # a file object: torch never guesses from the name
+            obj = torch.load(f, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - every reader error becomes one line
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if kind == "torch-zip" and "weights_only" in str(e).lower():
@@ -173,18 +174,17 @@ def load_pretrained(name: str, checkpoint: str | Path, **overrides) -> nn.Module
         from attnconv.train.checkpoint import load_model
 
         return load_model(checkpoint, model_name=name, **overrides)[0]
+    with torch.device("meta"):  # what `name` builds, before giving it the ViT settings
+        probe = create_model(name, **overrides)
+    if not isinstance(probe, VisionTransformer):
+        raise WeightsError(
+            f"{src.path}: wrong architecture: {src.format} ViT/DeiT weights, but {name} is "
+            f"a {type(probe).__name__}"
+        )
     kwargs = {**src.settings, **overrides}
     if overrides.get("num_classes") is None:
         kwargs["num_classes"] = src.num_classes or 1000
-    try:
-        model = create_model(name, **kwargs)
-    except TypeError as e:
-        raise WeightsError(f"{src.path}: cannot build {name} ({e})") from None
-    if not isinstance(model, VisionTransformer):
-        raise WeightsError(
-            f"{src.path}: wrong architecture: {src.format} ViT/DeiT weights, but {name} is "
-            f"a {type(model).__name__}"
-        )
+    model = create_model(name, **kwargs)
     cfg = model.cfg
     p_src = int(src.state["patch_embed.weight"].shape[-1])
     if p_src != cfg.patch_size:
