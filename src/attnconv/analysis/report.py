@@ -82,7 +82,7 @@ def analyze_model(
     figs = report["figures"]
 
     # ---- one pass over the images
-    avg = MapAverage(grid, prefix, queries=[qtok])
+    avg = MapAverage(grid, queries=[qtok])
     dist: list[MeanDistance] = []
     conv: list[ConvLikeness] = []
     single = None
@@ -90,16 +90,14 @@ def analyze_model(
     for seen, stop, attns in iter_attention(model, x, batch_size, allow_empty=True):
         b = stop - seen  # no attention maps (a CNN): no batches, only the embedding figures
         if not dist:
-            dist = [MeanDistance(grid, prefix, ppt) for _ in attns]
-            conv = [ConvLikeness(grid, prefix) for _ in attns]
+            dist = [MeanDistance(grid, ppt) for _ in attns]
+            conv = [ConvLikeness() for _ in attns]
         avg.update(attns, batch=b)
         for a, d, c in zip(attns, dist, conv):
             d.update(a, batch=b)
             c.update(a, batch=b)
         if seen <= image_index < stop:
-            single = query_maps(
-                attns, grid, qtok, num_prefix_tokens=prefix, image=image_index - seen
-            )
+            single = query_maps(attns, grid, qtok, image=image_index - seen)
 
     img = images[image_index].permute(1, 2, 0).numpy() / 255.0
     lab = labels[image_index] if labels is not None else f"image {image_index}"

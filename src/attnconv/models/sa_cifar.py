@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..layers.attention_map import AttentionMap
 from ..layers.functional import check_impl
 from ..layers.mhsa2d import MultiHeadSelfAttention2d
 from ._common import build_config, check_images
@@ -118,8 +119,8 @@ class SALayer(nn.Module):
 class SelfAttentionCifar(nn.Module):
     """Cordonnier et al.'s network: NCHW images -> logits.
 
-    ``forward(x, return_attention=True)`` -> (logits, [attn per layer]), attn (B or 1, Nh, T, T)
-    over the T = (H/ds)*(W/ds) pixels of the downsampled grid (``attention_grid``), row-major.
+    ``forward(x, return_attention=True)`` -> (logits, [AttentionMap per layer]), probabilities
+    (B or 1, Nh, T, T) over the T = (H/ds)*(W/ds) pixels of the downsampled grid, row-major.
     ``forward_features`` -> (B, D, H/ds, W/ds); ``forward_head`` mean-pools and classifies.
     ``attention_centers()`` -> (layers, Nh, 2) head centres Delta in pixels (quadratic).
     """
@@ -183,7 +184,7 @@ class SelfAttentionCifar(nn.Module):
         attns = []
         for layer in self.layers:
             x, a = layer(x, return_attention)
-            attns.append(a)
+            attns.append(None if a is None else AttentionMap(a, x.shape[1:3]))
         feats = x.permute(0, 3, 1, 2)  # (B, D, h, w)
         return (feats, attns) if return_attention else feats
 

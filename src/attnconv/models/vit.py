@@ -26,6 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..layers.attention_map import AttentionMap
 from ..layers.feedforward import FeedForward
 from ..layers.functional import check_impl
 from ..layers.mha import MultiHeadAttention
@@ -141,8 +142,9 @@ class VisionTransformer(nn.Module):
     Tokens: [class token][distillation token] patches, ``num_prefix_tokens`` = number of the
     first two present.
 
-    ``forward(x, return_attention=True)`` returns (logits, [attn per block]) with attn
-    (B, heads, 1 + N, 1 + N), token 0 the class token, then patches in row-major order.
+    ``forward(x, return_attention=True)`` returns (logits, [AttentionMap per block]), the
+    probabilities (B, heads, prefix + N, prefix + N): the prefix tokens first, then the patches
+    row-major.
     Inputs of another size than ``img_size`` (multiples of the patch size) are accepted:
     the position embeddings are resampled on the fly (``set_img_size`` does it once).
     """
@@ -276,7 +278,7 @@ class VisionTransformer(nn.Module):
         for blk in self.blocks:
             if return_attention:
                 x, a = blk(x, return_attention=True)
-                attns.append(a)  # (B, nh, 1+N, 1+N)
+                attns.append(AttentionMap(a, grid, self.num_prefix_tokens))  # (B, nh, 1+N, 1+N)
             else:
                 x = blk(x)
         x = self.norm(x)
