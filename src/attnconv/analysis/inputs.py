@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -88,9 +89,64 @@ def check_image_size(model: nn.Module, images: torch.Tensor, info: dict) -> None
         )
 
 
-def load_for_analysis(checkpoint: str | Path, data: str | None, n: int, split: str = "test"):
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # timm's default
+
+
+def pretrained_normalization(path: str | Path) -> tuple[list[float], list[float]]:
+    """The input mean/std of pretrained weights: a Hugging Face folder's
+    ``preprocessor_config.json`` (its ViTImageProcessor default 0.5 / 0.5 without one); timm
+    state dicts carry none: ImageNet's (timm's default; some timm ViTs use 0.5)."""
+    p = Path(path)
+    if p.is_dir() and (p / "config.json").is_file():
+        f = p / "preprocessor_config.json"
+        pre = json.loads(f.read_text()) if f.is_file() else {}
+        mean, std = pre.get("image_mean", [0.5] * 3), pre.get("image_std", [0.5] * 3)
+        return [float(v) for v in mean], [float(v) for v in std]
+    return list(IMAGENET_MEAN), list(IMAGENET_STD)
+
+
+def resize_images(images: torch.Tensor, size: int) -> torch.Tensor:
+    """uint8 (N, 3, H, W) -> uint8 (N, 3, size, size), bilinear (antialiased when shrinking):
+    CIFAR or any folder's images at a pretrained model's input size."""
+    if tuple(images.shape[-2:]) == (size, size):
+        return images
+    x = torch.nn.functional.interpolate(
+        images.float(), size=(size, size), mode="bilinear", align_corners=False, antialias=True
+    )
+    return x.round().clamp(0, 255).to(torch.uint8)
+
+
+def load_pretrained_for_analysis(
+    model_name: str, checkpoint: str | Path, data: str | None, n: int, split: str = "test"
+):
+    """``load_for_analysis`` for ``create_model(model_name, checkpoint=...)`` weights (timm,
+    Hugging Face or attnconv): test images (default: the embedded sample) resized to the
+    model's input size, the weights' normalization."""
+    from attnconv.models import create_model
+
+    model = create_model(model_name, checkpoint=checkpoint).eval()
+    info = {"model": model_name, "path": str(checkpoint)}
+    images, labels = test_images(data or "sample", n, split=split)
+    size = getattr(getattr(model, "cfg", None), "img_size", None)
+    if size:
+        images = resize_images(images, int(size))
+    model = analyzable(model, info, checkpoint, images.shape[-2:])
+    mean, std = pretrained_normalization(checkpoint)
+    return model, info, images, labels, mean, std
+
+
+def load_for_analysis(
+    checkpoint: str | Path,
+    data: str | None,
+    n: int,
+    split: str = "test",
+    model_name: str | None = None,
+):
     """What both ``analyze`` and ``explore`` start from: (model in eval mode, checkpoint
-    metadata, ``n`` test images uint8 (n, 3, H, W), their class names, mean, std)."""
+    metadata, ``n`` test images uint8 (n, 3, H, W), their class names, mean, std).
+    With ``model_name``: pretrained weights (``load_pretrained_for_analysis``)."""
+    if model_name:
+        return load_pretrained_for_analysis(model_name, checkpoint, data, n, split)
     model, info = load_checkpoint_model(checkpoint)
     images, labels = test_images(data_spec(data, info), n, split=split)
     check_image_size(model, images, info)
