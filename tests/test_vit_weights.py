@@ -317,6 +317,42 @@ def test_timm_num_classes_change_drops_the_head_with_a_message(tmp_path):
         torch.testing.assert_close(ours.forward_features(x), ref.forward_features(x))
 
 
+def test_real_geometry_at_224_equals_transformers(tmp_path):
+    """ViT-Ti/16's geometry at 224 (12 blocks, 197 tokens), one image, from a Hugging Face
+    folder: the registry name alone fits, no overrides."""
+    cfg = transformers.ViTConfig(
+        hidden_size=192, num_hidden_layers=12, num_attention_heads=3, intermediate_size=768,
+        num_labels=10,
+    )  # fmt: skip
+    cfg._attn_implementation = "eager"
+    src = transformers.ViTForImageClassification(cfg)
+    _randomize(src, std=0.05)
+    src.eval().save_pretrained(tmp_path)
+    ours = create_model("vit_tiny_patch16_224", checkpoint=tmp_path)
+    x = _images(1, 224)
+    with torch.no_grad():
+        ref = src(x, output_attentions=True)
+        logits, maps = ours(x, return_attention=True)
+    assert ref.logits.abs().max() > 0.1
+    torch.testing.assert_close(logits, ref.logits, atol=1e-4, rtol=0)
+    torch.testing.assert_close(getattr(maps[-1], "probs", maps[-1]), ref.attentions[-1],
+                               atol=1e-5, rtol=0)  # fmt: skip
+
+
+def test_bf16_autocast_stays_close_to_the_float64_reference(tmp_path):
+    """Under bf16 autocast the loaded model's logits stay within bf16's error of the float64
+    reference (the fp32 run is within 1e-4, the test above)."""
+    sd = _timm_state(distilled=True)
+    save_file(sd, str(tmp_path / "w.safetensors"))
+    ours = _load("deit_tiny_distilled_patch16_224", tmp_path / "w.safetensors")
+    x = _images(4, 32)
+    expect = _timm_reference(sd, x)[0]
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        got = ours(x).double()
+    scale = expect.abs().max()
+    assert (got - expect).abs().max() < 0.03 * scale
+
+
 def test_registry_geometries_match_timm_parameter_counts():
     """timm's counts at 1000 classes (its model cards); built on the meta device, no forward."""
     counts = {
@@ -369,16 +405,19 @@ def test_truncated_file_is_refused(tmp_path, fmt):
     _error("vit_tiny_patch16_224", path, "truncated or corrupt")
 
 
-class _Payload:  # any object a weights-only unpickler refuses
-    pass
+class _Payload:  # unpickling it would run code: create the file named in MARK
+    def __reduce__(self):
+        return (open, (_Payload.MARK, "w"))
 
 
 def test_pickle_only_files_are_refused(tmp_path):
+    _Payload.MARK = str(tmp_path / "payload-ran")
     torch.save({"model": _timm_state(), "extra": _Payload()}, tmp_path / "objects.pth")
     _error("vit_tiny_patch16_224", tmp_path / "objects.pth", "unpickling")
     with open(tmp_path / "legacy.pkl", "wb") as f:
-        pickle.dump(_timm_state(), f)
+        pickle.dump({"model": _timm_state(), "extra": _Payload()}, f)
     _error("vit_tiny_patch16_224", tmp_path / "legacy.pkl", "pickle")
+    assert not (tmp_path / "payload-ran").exists()  # the payload never ran
 
 
 def test_mismatched_width_and_keys_are_listed(tmp_path):
