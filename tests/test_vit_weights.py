@@ -164,6 +164,13 @@ def test_hf_pytorch_model_bin_and_headless_model(tmp_path):
             ours.forward_features(x), src.eval()(x).last_hidden_state, atol=1e-4, rtol=0
         )
     assert ours(x).shape == (2, 6)
+    from attnconv.analysis.inputs import pretrained_normalization
+
+    assert pretrained_normalization(tmp_path) == ([0.5] * 3, [0.5] * 3)  # ViTImageProcessor's
+    (tmp_path / "preprocessor_config.json").write_text(
+        '{"image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}'
+    )
+    assert pretrained_normalization(tmp_path) == ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
 
 
 # ---- timm ----------------------------------------------------------------------------------
@@ -284,6 +291,27 @@ def test_timm_state_dict_matches_a_reference_forward(tmp_path, name, kind, size)
     assert set(back) == set(sd)
     for k in sd:
         torch.testing.assert_close(back[k], sd[k], atol=0, rtol=0)
+
+
+def test_timm_hub_folder_is_read_as_timm_with_its_normalization(tmp_path):
+    """A timm hub folder: config.json (timm's pretrained_cfg) + model.safetensors in timm's
+    names; told from a Hugging Face folder by the keys."""
+    import json
+
+    from attnconv.analysis.inputs import pretrained_normalization
+
+    sd = _timm_state()
+    save_file(sd, str(tmp_path / "model.safetensors"))
+    cfg = {"architecture": "vit_small_patch16_224", "num_classes": 5,
+           "pretrained_cfg": {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    ours = _load("vit_small_patch16_224", tmp_path)
+    assert ours.cfg.norm_eps == 1e-6 and ours.cfg.pos_embed_antialias
+    x = _images(2, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x).double(), _timm_reference(sd, x)[0], atol=1e-4, rtol=0)
+    assert pretrained_normalization(tmp_path) == ([0.5] * 3, [0.5] * 3)
+    assert pretrained_normalization(tmp_path / "model.safetensors")[0] == [0.485, 0.456, 0.406]
 
 
 def test_timm_img_size_override_resamples_like_timm_not_like_hf(tmp_path):

@@ -93,14 +93,20 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # ti
 
 
 def pretrained_normalization(path: str | Path) -> tuple[list[float], list[float]]:
-    """The input mean/std of pretrained weights: a Hugging Face folder's
-    ``preprocessor_config.json`` (its ViTImageProcessor default 0.5 / 0.5 without one); timm
-    state dicts carry none: ImageNet's (timm's default; some timm ViTs use 0.5)."""
+    """The input mean/std of pretrained weights: a timm hub folder's ``config.json``
+    (``pretrained_cfg``), a Hugging Face folder's ``preprocessor_config.json`` (its
+    ViTImageProcessor default 0.5 / 0.5 without one); a bare timm state dict carries none:
+    ImageNet's (timm's default; some timm ViTs use 0.5)."""
     p = Path(path)
     if p.is_dir() and (p / "config.json").is_file():
-        f = p / "preprocessor_config.json"
-        pre = json.loads(f.read_text()) if f.is_file() else {}
-        mean, std = pre.get("image_mean", [0.5] * 3), pre.get("image_std", [0.5] * 3)
+        cfg = json.loads((p / "config.json").read_text())
+        timm_cfg = cfg.get("pretrained_cfg") if isinstance(cfg, dict) else None
+        if isinstance(timm_cfg, dict) and "mean" in timm_cfg and "std" in timm_cfg:
+            mean, std = timm_cfg["mean"], timm_cfg["std"]
+        else:
+            f = p / "preprocessor_config.json"
+            pre = json.loads(f.read_text()) if f.is_file() else {}
+            mean, std = pre.get("image_mean", [0.5] * 3), pre.get("image_std", [0.5] * 3)
         return [float(v) for v in mean], [float(v) for v in std]
     return list(IMAGENET_MEAN), list(IMAGENET_STD)
 

@@ -6,7 +6,8 @@ PATH is one of, told apart by what the files hold (never by their extension):
 - a timm-format ViT / DeiT state dict, one file (safetensors, or a torch zip read with
   ``torch.load(weights_only=True)``; a file that needs full unpickling is refused): ``timm_format``;
 - a Hugging Face ``transformers`` ViT / DeiT folder (``config.json`` + ``model.safetensors`` or
-  ``pytorch_model.bin``): ``hf_format``.
+  ``pytorch_model.bin``): ``hf_format``; a timm hub folder (the same files, timm's keys) is
+  read as timm.
 
 Each format module maps its tensors to our ``VisionTransformer`` names and reads the settings the
 checkpoint fixes (class / distillation token, pooling, LayerNorm eps, image size, resampling
@@ -27,6 +28,8 @@ from ..registry import create_model
 from ..vit import VisionTransformer
 
 __all__ = ["WeightsError", "Source", "read_source", "read_tensors", "load_pretrained"]
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # in a Hugging Face / timm hub folder
 
 
 class WeightsError(ValueError):
@@ -107,10 +110,18 @@ def read_source(path: str | Path) -> Source | None:
     if not p.exists():
         raise WeightsError(f"{p}: no such file or folder")
     if p.is_dir():
-        if (p / "config.json").is_file() and not (p / "checkpoint.json").is_file():
-            return hf_format.read(p)
-        return None  # an attnconv run / checkpoint folder (its loader checks the rest)
-    if p.name in ("checkpoint.json", "model.safetensors", "pytorch_model.bin") and (
+        if not (p / "config.json").is_file() or (p / "checkpoint.json").is_file():
+            return None  # an attnconv run / checkpoint folder (its loader checks the rest)
+        files = [p / n for n in WEIGHT_FILES if (p / n).is_file()]
+        if not files:
+            sharded = any(p.glob("*.index.json"))
+            why = "sharded weights (*.index.json) are not supported" if sharded else "no weights"
+            raise WeightsError(f"{p}: {why}; expected {' or '.join(WEIGHT_FILES)}")
+        state = read_tensors(files[0])
+        if timm_format.matches(state):  # a timm hub folder: its config.json is timm's
+            return timm_format.read(state, files[0])
+        return hf_format.read(p, files[0], state)
+    if p.name in ("checkpoint.json", *WEIGHT_FILES) and (
         (p.parent / "checkpoint.json").is_file() or (p.parent / "config.json").is_file()
     ):
         return read_source(p.parent)
@@ -181,11 +192,7 @@ def load_pretrained(name: str, checkpoint: str | Path, **overrides) -> nn.Module
             f"{src.path}: wrong architecture: {src.format} ViT/DeiT weights, but {name} is "
             f"a {type(probe).__name__}"
         )
-    kwargs = {**src.settings, **overrides}
-    if overrides.get("num_classes") is None:
-        kwargs["num_classes"] = src.num_classes or 1000
-    model = create_model(name, **kwargs)
-    cfg = model.cfg
+    cfg = probe.cfg  # the geometry: the name's with the overrides
     p_src = int(src.state["patch_embed.weight"].shape[-1])
     if p_src != cfg.patch_size:
         raise WeightsError(
@@ -204,6 +211,11 @@ def load_pretrained(name: str, checkpoint: str | Path, **overrides) -> nn.Module
             f"{src.path}: wrong architecture: the checkpoint {'has' if has_dist else 'has no'} "
             f"distillation token, {name} {'has' if cfg.dist_token else 'has none'}; use {hint}"
         )
+    kwargs = {**src.settings, **overrides}
+    if overrides.get("num_classes") is None:
+        kwargs["num_classes"] = src.num_classes or 1000
+    model = create_model(name, **kwargs)
+    cfg = model.cfg
     notes, heads = list(src.notes), ("head.", "head_dist.")
     n_src, n = src.num_classes, cfg.num_classes
     if n_src is not None and n_src != n:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from . import Source, WeightsError, read_tensors
+from . import Source, WeightsError
 
 __all__ = ["matches", "read"]
 
@@ -52,7 +52,6 @@ _DROPPED = {
     "pooler.": "the pooler (tanh layer, unused by the classifier)",
     "embeddings.mask_token": "the mask token",
 }
-_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 
 
 def matches(state: dict) -> bool:
@@ -79,18 +78,13 @@ def _config(folder: Path) -> dict:
     return cfg
 
 
-def read(folder: Path) -> Source:
-    """Our names + the settings a Hugging Face ViT / DeiT folder fixes."""
+def read(folder: Path, file: Path, raw: dict[str, torch.Tensor]) -> Source:
+    """Our names + the settings a Hugging Face ViT / DeiT folder fixes (``raw``: the tensors
+    of its weights ``file``)."""
     cfg = _config(folder)
-    files = [folder / n for n in _WEIGHTS if (folder / n).is_file()]
-    if not files:
-        sharded = any(folder.glob("*.index.json"))
-        why = "sharded weights (*.index.json) are not supported" if sharded else "no weights"
-        raise WeightsError(f"{folder}: {why}; expected {' or '.join(_WEIGHTS)}")
-    raw = read_tensors(files[0])
     if not matches(raw):
         raise WeightsError(
-            f"{files[0]}: wrong architecture: no ViT patch embedding among its keys "
+            f"{file}: wrong architecture: no ViT patch embedding among its keys "
             f"({', '.join(sorted(raw)[:3])} ...)"
         )
     out: dict[str, torch.Tensor] = {}
@@ -112,7 +106,7 @@ def read(folder: Path) -> Source:
         else:
             unknown.append(k)
     if unknown:
-        raise WeightsError(f"{files[0]}: unexpected Hugging Face keys {', '.join(unknown[:3])}")
+        raise WeightsError(f"{file}: unexpected Hugging Face keys {', '.join(unknown[:3])}")
     if not cfg.get("qkv_bias", True):  # our attention ties the q/k/v and output biases
         for k in [k for k in out if k.endswith("attn.q_proj.weight")]:
             for proj in ("q_proj", "k_proj", "v_proj"):
