@@ -505,3 +505,25 @@ def test_analyze_and_explore_take_pretrained_weights(tmp_path, micro_name):
             "--images", "2", "--average", "3"]  # fmt: skip
     assert main(argv) == 0 and page.stat().st_size > 1000
     assert main(["analyze", "--checkpoint", str(hf), "--out", str(out)]) == 2  # no --model
+
+
+def test_convert_takes_pretrained_weights_and_saves_them_whole(tmp_path, micro_name):
+    """`attnconv convert NAME --checkpoint PATH --out DIR`: DIR reloads without PATH, with the
+    checkpoint's settings (LayerNorm eps 1e-12 from the Hugging Face config)."""
+    from attnconv.cli import main
+    from attnconv.train.checkpoint import load_model
+
+    hf = tmp_path / "deit"
+    cfg = _hf_config("DeiTConfig", num_labels=3)
+    cfg.image_size, cfg.patch_size = 64, 16
+    src = _hf_save(transformers.DeiTForImageClassificationWithTeacher(cfg), hf)
+    out = tmp_path / "converted"
+    argv = ["convert", micro_name, "--checkpoint", str(hf), "--out", str(out), "--num-images", "4"]
+    assert main(argv) == 0
+    for f in hf.iterdir():
+        f.unlink()  # the converted checkpoint must not need the source any more
+    converted, info = load_model(out)
+    assert info["model_kwargs"]["norm_eps"] == 1e-12
+    x = _images(2, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(converted(x), src(x).logits, atol=1e-4, rtol=0)

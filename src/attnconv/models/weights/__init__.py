@@ -17,6 +17,7 @@ that does not fit it is refused with one line naming the first few offending key
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,9 @@ import torch.nn as nn
 from ..registry import create_model
 from ..vit import VisionTransformer
 
-__all__ = ["WeightsError", "Source", "read_source", "read_tensors", "load_pretrained"]
+__all__ = [
+    "WeightsError", "Source", "read_source", "read_tensors", "load_pretrained", "model_kwargs",
+]
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # in a Hugging Face / timm hub folder
 
@@ -231,3 +234,9 @@ def load_pretrained(name: str, checkpoint: str | Path, **overrides) -> nn.Module
     if notes:
         warnings.warn(f"{src.path}: {'; '.join(notes)}", stacklevel=3)
     return model.eval()
+
+
+def model_kwargs(model: VisionTransformer) -> dict:
+    """Every config field of a loaded model: the ``create_model`` arguments that rebuild it
+    without the source checkpoint (what an attnconv checkpoint of it stores)."""
+    return dataclasses.asdict(model.cfg)
