@@ -125,7 +125,7 @@ def timm_reference(sd, x, *, eps=1e-6):
     for i in range(DEPTH):
         b = f"blocks.{i}."
         h = ln(t, b + "norm1")
-        qkv = F.linear(h, sd[b + "attn.qkv.weight"], sd[b + "attn.qkv.bias"])
+        qkv = F.linear(h, sd[b + "attn.qkv.weight"], sd.get(b + "attn.qkv.bias"))  # qkv_bias
         q, k, v = qkv.reshape(B, -1, 3, HEADS, D // HEADS).permute(2, 0, 3, 1, 4)  # (B, nh, T, hs)
         a = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(D // HEADS), dim=-1)
         attns.append(a)

@@ -175,6 +175,21 @@ def test_timm_state_dict_matches_a_reference_forward(tmp_path, name, kind, size)
         torch.testing.assert_close(back[k], sd[k], atol=0, rtol=0)
 
 
+def test_no_qkv_bias_in_either_format(tmp_path):
+    """qkv_bias=False (timm: no attn.qkv.bias; Hugging Face: config.qkv_bias false)."""
+    sd = {k: v for k, v in timm_state().items() if not k.endswith("attn.qkv.bias")}
+    save_file(sd, str(tmp_path / "w.safetensors"))
+    ours = load("vit_tiny_patch16_224", tmp_path / "w.safetensors")
+    x = images(2, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x).double(), timm_reference(sd, x)[0], atol=1e-4, rtol=0)
+    src = hf_save(transformers.ViTForImageClassification(hf_config("ViTConfig", qkv_bias=False)),
+                  tmp_path / "hf")  # fmt: skip
+    ours = load("vit_tiny_patch16_224", tmp_path / "hf")
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), src(x).logits, atol=1e-4, rtol=0)
+
+
 def test_timm_hub_folder_is_read_as_timm_with_its_normalization(tmp_path):
     """A timm hub folder: config.json (timm's pretrained_cfg) + model.safetensors in timm's
     names; told from a Hugging Face folder by the keys."""
