@@ -278,6 +278,23 @@ def test_bf16_autocast_stays_close_to_the_float64_reference(tmp_path):
     assert (got - expect).abs().max() < 0.03 * scale
 
 
+def test_attnconv_checkpoints_load_through_the_same_argument(tmp_path):
+    """``checkpoint=`` also takes an attnconv checkpoint folder (its own loader, name checked),
+    e.g. a model saved after loading pretrained weights, rebuilt from its stored settings."""
+    from attnconv.models.weights import model_kwargs
+    from attnconv.train.checkpoint import CheckpointError, save_checkpoint
+
+    save_file(timm_state(), str(tmp_path / "w.safetensors"))
+    pretrained = load("vit_tiny_patch16_224", tmp_path / "w.safetensors")
+    save_checkpoint(tmp_path / "ck", pretrained, "vit_tiny_patch16_224", model_kwargs(pretrained))
+    again = create_model("vit_tiny_patch16_224", checkpoint=tmp_path / "ck")
+    x = images(2, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(again(x), pretrained(x), atol=0, rtol=0)
+    with pytest.raises(CheckpointError, match="holds 'vit_tiny_patch16_224', not 'deit_tiny"):
+        create_model("deit_tiny_patch16_224", checkpoint=tmp_path / "ck")
+
+
 def test_registry_geometries_match_timm_parameter_counts():
     """timm's counts at 1000 classes (its model cards); built on the meta device, no forward."""
     counts = {
