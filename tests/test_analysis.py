@@ -22,8 +22,8 @@ from attnconv.analysis.centers import (
 from attnconv.analysis.convlike import ConvLikeness, conv_likeness, kernel_of
 from attnconv.analysis.distance import MeanDistance, mean_attention_distance
 from attnconv.analysis.maps import MapAverage, crop, query_maps
-from attnconv.layers.attention_map import AttentionMap
 from attnconv.analysis.posemb import patch_filter_pcs, position_similarity
+from attnconv.layers.attention_map import AttentionMap
 
 
 def coords(grid):
@@ -77,7 +77,8 @@ def test_dilated_kernel_and_shared_batch():
     grid = (10, 10)
     offs = kxk_offsets(3, dilation=2)
     acc = ConvLikeness()
-    acc.update(AttentionMap(hard_heads(grid, offs, batch=1).float(), grid), batch=7)  # one map shared by 7 images
+    shared = AttentionMap(hard_heads(grid, offs, batch=1).float(), grid)
+    acc.update(shared, batch=7)  # one map shared by 7 images
     res = acc.result()
     assert res.score == 1.0 and res.kernel == 3 and res.dilation == 2
 
@@ -362,3 +363,29 @@ def test_soft_converted_convolution_approaches_one_with_alpha():
         assert res.kernel == 3  # the modal offsets are already the 3x3 grid
         scores.append(res.score)
     assert scores[0] < scores[1] < scores[2] < 1.0 and scores[2] > 0.99  # Lemma 2
+
+
+# ---------------------------------------------------------------------------- typed report
+
+
+def test_measure_is_typed_data_on_each_layers_own_grid(tmp_path):
+    """The analysis is data first: a SASA network's strided layers are measured on their own
+    (coarser) grids, read from the AttentionMaps, and the rendered report.json says the same."""
+    from attnconv.analysis.measure import measure_model
+    from attnconv.analysis.report import render_report
+    from attnconv.models import create_model
+
+    torch.manual_seed(0)
+    kw = dict(widths=(8, 8, 8, 8), depths=(1, 1, 1, 1), num_heads=2, stem_heads=2, img_size=16)
+    m = create_model("sasa_resnet26_cifar", **kw)
+    images = torch.randint(0, 256, (3, 3, 16, 16), dtype=torch.uint8)
+    res = measure_model(m, images, mean=(0.5,) * 3, std=(0.25,) * 3, image_index=2)
+    assert res.grid == (16, 16) and res.query_token == (8, 8)
+    assert res.layer_grids == [(16, 16), (16, 16), (16, 16), (8, 8), (4, 4)]  # stem, 4 blocks
+    assert [tuple(a.shape[-2:]) for a in res.average] == res.layer_grids
+    assert [len(d) for d in res.mean_distance] == [a.shape[0] for a in res.average]
+    rep = render_report(res, tmp_path, title="t")
+    assert json.loads((tmp_path / "report.json").read_text()) == rep
+    assert [tuple(layer["grid"]) for layer in rep["layers"]] == res.layer_grids
+    assert rep["mean_distance_px"] == [d.tolist() for d in res.mean_distance]
+    assert "| layer | score |" in (tmp_path / "index.md").read_text()

@@ -232,7 +232,7 @@ def test_page_from_a_real_checkpoint(browser, cifar_zip, tmp_path):
         before = state
         q = 1 + (row // 4) * 8 + col // 4  # token of the pixel, after the class token
         for s in state:
-            p = attns[s["layer"]].probs[0, s["head"], q, 1:]  # image 0, keys without the class token
+            p = attns[s["layer"]].probs[0, s["head"], q, 1:]  # image 0, keys after the cls token
             r, c = map(int, s["argmax"].split(","))
             assert s["query"] == f"{row // 4},{col // 4}"
             assert s["peak"] == pytest.approx(float(p.max()), rel=1e-4)

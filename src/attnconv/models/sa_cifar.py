@@ -43,7 +43,6 @@ __all__ = [
     "sa_learned_content",
 ]
 
-_LEARNED_TABLES = ("absolute_learned", "relative_learned")
 # "reference": what epfml/attention-cnn's BertImage does (it never calls BERT's
 #   init_bert_weights): PyTorch's default Linear init, learned relative tables N(0, 1) as
 #   nn.Embedding; "bert": BERT's init_bert_weights, Linear N(0, 0.02) with zero bias and the
@@ -169,7 +168,8 @@ class SelfAttentionCifar(nn.Module):
             raise ValueError(
                 f"image size {h}x{w} is not a multiple of the space-to-depth factor {ds}"
             )
-        if self.cfg.positional in _LEARNED_TABLES and max(h, w) > self.max_size * ds:
+        tables = self.layers[0].attn.positional_encoding.learned_size  # None: any size
+        if tables is not None and max(h, w) > self.max_size * ds:
             s = self.max_size * ds
             raise ValueError(
                 f"image size {h}x{w} is too large for the learned positional tables of this "
