@@ -356,10 +356,15 @@ def test_pickle_only_files_are_refused(tmp_path):
     _Payload.MARK = str(tmp_path / "payload-ran")
     torch.save({"model": timm_state(), "extra": _Payload()}, tmp_path / "objects.pth")
     _error("vit_tiny_patch16_224", tmp_path / "objects.pth", "unpickling")
-    with open(tmp_path / "legacy.pkl", "wb") as f:
+    with open(tmp_path / "raw.pkl", "wb") as f:
         pickle.dump({"model": timm_state(), "extra": _Payload()}, f)
-    _error("vit_tiny_patch16_224", tmp_path / "legacy.pkl", "pickle")
+    _error("vit_tiny_patch16_224", tmp_path / "raw.pkl", "pickle")
+    torch.save({"model": _Payload()}, tmp_path / "legacy.pth", _use_new_zipfile_serialization=False)
+    _error("vit_tiny_patch16_224", tmp_path / "legacy.pth", "unpickling")
     assert not (tmp_path / "payload-ran").exists()  # the payload never ran
+    # tensors only in torch's legacy (pre-zip) format: read weights-only, like a torch zip
+    torch.save({"model": timm_state()}, tmp_path / "ok.pth", _use_new_zipfile_serialization=False)
+    assert load("vit_tiny_patch16_224", tmp_path / "ok.pth").cfg.num_classes == 5
 
 
 def test_mismatched_width_and_keys_are_listed(tmp_path):

@@ -57,7 +57,8 @@ class Source:
 
 
 def _kind(path: Path) -> str:
-    """'safetensors', 'torch-zip' or 'pickle' from the first bytes; else WeightsError."""
+    """'safetensors', 'torch-zip' or 'pickle' (torch's legacy format, or any pickle) from the
+    first bytes; else WeightsError."""
     with open(path, "rb") as f:
         head = f.read(9)
     if len(head) == 9 and head[8:9] == b"{":
@@ -73,17 +74,13 @@ def read_tensors(path: str | Path) -> dict[str, torch.Tensor]:
     """The tensors of one weights file: safetensors, or ``torch.load(weights_only=True)``.
 
     A torch checkpoint that nests its state dict under ``model`` / ``state_dict`` (DeiT's
-    releases) is unwrapped. Truncated, corrupt and pickle-only files: WeightsError.
+    releases) is unwrapped. Truncated and corrupt files, and pickles holding anything but
+    tensors (only full unpickling, which can run code, would read them): WeightsError.
     """
     from safetensors.torch import load_file
 
     path = Path(path)
-    kind = _kind(path)
-    if kind == "pickle":
-        raise WeightsError(
-            f"{path}: legacy pickle file (not a torch zip); refused, unpickling runs code - "
-            "re-save it with torch.save or safetensors"
-        )
+    kind = _kind(path)  # a "pickle" is torch's legacy format: also read weights-only
     try:
         if kind == "safetensors":
             return load_file(str(path))
@@ -91,7 +88,7 @@ def read_tensors(path: str | Path) -> dict[str, torch.Tensor]:
             obj = torch.load(f, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - every reader error becomes one line
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if kind == "torch-zip" and "weights_only" in str(e).lower():
+        if kind != "safetensors" and "weights_only" in str(e).lower():
             raise WeightsError(
                 f"{path}: refused, it holds Python objects that only full unpickling "
                 "(unsafe) could load; save just the state dict"
