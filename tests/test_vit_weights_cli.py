@@ -71,3 +71,17 @@ def test_convert_takes_pretrained_weights_and_saves_them_whole(tmp_path, micro_n
     x = images(2, 64)
     with torch.no_grad():
         torch.testing.assert_close(converted(x), src(x).logits, atol=1e-4, rtol=0)
+
+
+def test_images_are_resized_to_the_model_size_in_chunks():
+    """CIFAR 32x32 -> 224x224 uint8, chunk by chunk, equal to one bilinear resize of all."""
+    import torch.nn.functional as F
+
+    from attnconv.analysis.inputs import resize_images
+
+    x = torch.randint(0, 256, (70, 3, 32, 32), dtype=torch.uint8)  # more than one chunk
+    got = resize_images(x, 224)
+    want = F.interpolate(x.float(), size=(224, 224), mode="bilinear", antialias=True)
+    assert got.dtype == torch.uint8 and got.shape == (70, 3, 224, 224)
+    assert torch.equal(got, want.round().clamp(0, 255).to(torch.uint8))
+    assert resize_images(x, 32) is x
