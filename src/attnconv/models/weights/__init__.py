@@ -56,6 +56,15 @@ class Source:
         return None if w is None else int(w.shape[0])
 
 
+def add_zero_qkv_biases(state: dict[str, torch.Tensor]) -> None:
+    """qkv_bias=False weights: our attention has one bias switch for q/k/v and the output
+    projection, so the missing q/k/v biases are added as zeros (exactly the same function)."""
+    for k in [k for k in state if k.endswith("attn.q_proj.weight")]:
+        for proj in ("q_proj", "k_proj", "v_proj"):
+            w = state[k.replace("q_proj", proj)]
+            state[k.replace("q_proj", proj).replace("weight", "bias")] = w.new_zeros(w.shape[0])
+
+
 def _kind(path: Path) -> str:
     """'safetensors', 'torch-zip' or 'pickle' (torch's legacy format, or any pickle) from the
     first bytes; else WeightsError."""

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from . import Source, WeightsError
+from . import Source, WeightsError, add_zero_qkv_biases
 
 __all__ = ["matches", "read"]
 
@@ -107,11 +107,8 @@ def read(folder: Path, file: Path, raw: dict[str, torch.Tensor]) -> Source:
             unknown.append(k)
     if unknown:
         raise WeightsError(f"{file}: unexpected Hugging Face keys {', '.join(unknown[:3])}")
-    if not cfg.get("qkv_bias", True):  # our attention ties the q/k/v and output biases
-        for k in [k for k in out if k.endswith("attn.q_proj.weight")]:
-            for proj in ("q_proj", "k_proj", "v_proj"):
-                w = out[k.replace("q_proj", proj)]
-                out[k.replace("q_proj", proj).replace("weight", "bias")] = w.new_zeros(w.shape[0])
+    if not cfg.get("qkv_bias", True):
+        add_zero_qkv_biases(out)
     size = cfg.get("image_size", 224)
     size = size if isinstance(size, int) else int(size[0])
     hidden = int(cfg.get("hidden_size", 768))

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from . import Source, WeightsError
+from . import Source, WeightsError, add_zero_qkv_biases
 
 __all__ = ["matches", "read", "to_timm"]
 
@@ -77,11 +77,8 @@ def read(state: dict[str, torch.Tensor], path: Path) -> Source:
         raise WeightsError(f"{path}: timm ViT without pos_embed (missing key)")
     avg = "fc_norm.weight" in out
     qkv_bias = any(k.endswith("attn.q_proj.bias") for k in out)
-    if not qkv_bias:  # our attention ties the q/k/v and output biases: zero q/k/v biases
-        for k in [k for k in out if k.endswith("attn.q_proj.weight")]:
-            for proj in ("q_proj", "k_proj", "v_proj"):
-                w = out[k.replace("q_proj", proj)]
-                out[k.replace("q_proj", proj).replace("weight", "bias")] = w.new_zeros(w.shape[0])
+    if not qkv_bias:
+        add_zero_qkv_biases(out)
     num_prefix = int("cls_token" in out) + int("dist_token" in out)
     n = out["pos_embed"].shape[1] - num_prefix
     side = int(round(n**0.5))
