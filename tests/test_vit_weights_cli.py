@@ -49,6 +49,7 @@ def test_analyze_and_explore_take_pretrained_weights(tmp_path, micro_name):
             "--images", "2", "--average", "3"]  # fmt: skip
     assert main(argv) == 0 and page.stat().st_size > 1000
     assert main(["analyze", "--checkpoint", str(hf), "--out", str(out)]) == 2  # no --model
+    assert main(["explore", str(hf), "--out", str(page)]) == 2  # a foreign folder, no --model
 
 
 def test_convert_takes_pretrained_weights_and_saves_them_whole(tmp_path, micro_name):

@@ -43,6 +43,12 @@ def model_source(args: argparse.Namespace) -> tuple[str, str | None]:
         raise ValueError("no checkpoint: give CHECKPOINT, or --model NAME --checkpoint PATH")
     if args.weights and not args.model:
         raise ValueError("--checkpoint needs --model NAME (e.g. vit_base_patch16_224)")
+    p = Path(path)
+    if not args.model and p.is_dir() and (p / "config.json").is_file():
+        raise ValueError(
+            f"{path}: a Hugging Face / timm folder; name its model: "
+            f"--model NAME --checkpoint {path} (e.g. NAME = vit_base_patch16_224)"
+        )
     return path, args.model
 
 
