@@ -14,7 +14,9 @@ HELP = "convert every convolution of a model (checkpoint or model name) into sel
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", help="checkpoint (run folder, checkpoint folder, .safetensors) or a "
-                   "registry model name (random weights)")  # fmt: skip
+                   "registry model name (random weights, or --checkpoint)")  # fmt: skip
+    p.add_argument("--checkpoint", metavar="PATH", help="pretrained weights for the model name "
+                   "SOURCE: a timm state dict or a Hugging Face ViT/DeiT folder")  # fmt: skip
     p.add_argument("--data", help="dataset for accuracy before/after: cifar10 | sample | PATH "
                    "(e.g. ../shared/data/cifar10-jpeg.zip); default: per-layer check only, on "
                    "the embedded real sample")  # fmt: skip
@@ -38,11 +40,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_device(p)
 
 
-def _load(source: str):
+def _load(source: str, checkpoint: str | None = None):
     import torch
 
     from attnconv.models import create_model, list_models
 
+    if checkpoint:  # pretrained weights for a registry name
+        from attnconv.analysis.inputs import pretrained_normalization
+        from attnconv.models.weights import model_kwargs
+
+        model = create_model(source, checkpoint=checkpoint)
+        mean, std = pretrained_normalization(checkpoint)
+        info = {"model": source, "model_kwargs": model_kwargs(model),
+                "data": {"mean": mean, "std": std}}  # fmt: skip
+        return model, info, f"{source} ({checkpoint})"
     if Path(source).exists():
         from attnconv.train.checkpoint import load_model
 
@@ -72,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, info, label = _load(args.source)
+    model, info, label = _load(args.source, args.checkpoint)
     model.eval()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
