@@ -153,6 +153,13 @@ class Runner:
             argv = [a if a != args.checkpoint else str(run) for a in argv]
             assert main([*argv, "--max-per-class", "2"]) == 0, argv
             self.done.append("ran: attnconv eval")
+        elif args.command in ("analyze", "explore") and getattr(args, "model", None):
+            # pretrained weights the user has on disk: tests/test_vit_weights_cli.py runs these
+            # commands on small saved models; here the registry name must exist
+            from attnconv.models import list_models
+
+            assert args.model in list_models(), args.model
+            self.done.append(f"parsed: attnconv {args.command} --model {args.model}")
         else:
             raise AssertionError(f"README command with no test policy: attnconv {argv}")
 
