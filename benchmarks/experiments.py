@@ -277,8 +277,8 @@ def conversion(lines: list[str]) -> None:
     png = ROOT / "benchmarks" / "results" / "convert_lemma2.png"
     if png.exists():
         lines += ["Lemma 2, error of the soft conversion against alpha (from `attnconv bench "
-                  "--suite convert`):", "", "![lemma2](benchmarks/results/convert_lemma2.png)",
-                  ""]  # fmt: skip
+                  "--suite convert --update-results`):", "",
+                  "![lemma2](benchmarks/results/convert_lemma2.png)", ""]  # fmt: skip
 
 
 def report(args: argparse.Namespace) -> None:

@@ -3,7 +3,8 @@
     python benchmarks/models.py                 # parameter table (exact, instant)
     python benchmarks/models.py --time --batch 4 --repeats 3
 
-Prints a Markdown table and writes benchmarks/results/models.{md,json}.
+Prints a Markdown table and writes models.{md,json} into --out-dir (default ./attnconv-bench/;
+benchmarks/results/ with --update-results).
 Parameter counts are built on the meta device (shapes only). Times are medians of
 ``--repeats`` training steps (forward, cross-entropy, backward) after one warm-up, in train
 mode (dropout on, as in the paper's training) on this machine's CPU threads.
@@ -16,11 +17,11 @@ import json
 import platform
 import statistics
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from attnconv.bench.common import add_output_options, output_dir
 from attnconv.models import create_model
 from attnconv.models._common import num_params
 
@@ -74,8 +75,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--only", nargs="*", help="model names to include")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "models"))
+    add_output_options(ap)
     args = ap.parse_args()
+    out = output_dir(args) / "models"
     torch.set_num_threads(args.threads)
     rows = []
     for name, classes, size, paper, source in MODELS:
@@ -119,7 +121,6 @@ def main() -> int:
         )
     text = "\n".join(lines) + "\n" + note + "\n"
     print("\n" + text)
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text(text)
     out.with_suffix(".json").write_text(json.dumps({"command": cmd, "rows": rows}, indent=2))

@@ -21,8 +21,9 @@ from attnconv.analysis.centers import (
 )
 from attnconv.analysis.convlike import ConvLikeness, conv_likeness, kernel_of
 from attnconv.analysis.distance import MeanDistance, mean_attention_distance
-from attnconv.analysis.maps import MapAverage, crop, layer_grid, query_maps
+from attnconv.analysis.maps import MapAverage, crop, query_maps
 from attnconv.analysis.posemb import patch_filter_pcs, position_similarity
+from attnconv.layers.attention_map import AttentionMap
 
 
 def coords(grid):
@@ -75,8 +76,9 @@ def test_hard_kxk_heads_score_exactly_one(k, grid, batch):
 def test_dilated_kernel_and_shared_batch():
     grid = (10, 10)
     offs = kxk_offsets(3, dilation=2)
-    acc = ConvLikeness(grid)
-    acc.update(hard_heads(grid, offs, batch=1).float(), batch=7)  # one map shared by 7 images
+    acc = ConvLikeness()
+    shared = AttentionMap(hard_heads(grid, offs, batch=1).float(), grid)
+    acc.update(shared, batch=7)  # one map shared by 7 images
     res = acc.result()
     assert res.score == 1.0 and res.kernel == 3 and res.dilation == 2
 
@@ -124,10 +126,10 @@ def test_conv_likeness_batches_equal_one_pass_and_reference(h, w, nh, b, split, 
     g = torch.Generator().manual_seed(seed)
     a = torch.softmax(3 * torch.randn(b, nh, h * w, h * w, generator=g, dtype=torch.float64), -1)
     one = conv_likeness(a, (h, w))
-    acc = ConvLikeness((h, w))
+    acc = ConvLikeness()
     for part in a.tensor_split(split):
         if part.shape[0]:
-            acc.update(part)
+            acc.update(AttentionMap(part, (h, w)))
     many = acc.result()
     assert many.offsets == one.offsets
     assert many.head_scores == pytest.approx(one.head_scores, rel=1e-12)
@@ -241,9 +243,9 @@ def test_hard_head_distance_is_its_offset_length():
 def test_mean_distance_matches_loops(h, w, b, seed):
     g = torch.Generator().manual_seed(seed)
     a = torch.softmax(torch.randn(b, 2, 1 + h * w, 1 + h * w, generator=g, dtype=torch.float64), -1)
-    acc = MeanDistance((h, w), 1, (3.0, 1.5))
+    acc = MeanDistance((h, w), (3.0, 1.5))
     for part in a.split(1):
-        acc.update(part)
+        acc.update(AttentionMap(part, (h, w), 1))
     ref = []
     for hd in range(2):
         tot = 0.0
@@ -266,23 +268,27 @@ def test_query_maps_pick_rows_and_scale_to_coarser_layers():
     g = torch.Generator().manual_seed(0)
     a1 = torch.softmax(torch.randn(3, 2, 1 + 64, 1 + 64, generator=g), -1)
     a2 = torch.softmax(torch.randn(1, 2, 1 + 16, 1 + 16, generator=g), -1)  # 4x4: downsampled
-    assert layer_grid(17, (8, 8), 1) == (4, 4)
-    m = query_maps([a1, a2], (8, 8), (5, 2), num_prefix_tokens=1, image=1)
+    m1, m2 = AttentionMap(a1, (8, 8), 1), AttentionMap(a2, (4, 4), 1)
+    m = query_maps([m1, m2], (8, 8), (5, 2), image=1)
     assert m[0].shape == (2, 8, 8) and m[1].shape == (2, 4, 4)
     assert torch.equal(m[0], a1[1, :, 1 + 5 * 8 + 2, 1:].reshape(2, 8, 8))
     assert torch.equal(m[1], a2[0, :, 1 + 2 * 4 + 1, 1:].reshape(2, 4, 4))
-    avg = query_maps([a1], (8, 8), (5, 2), num_prefix_tokens=1)[0]
+    avg = query_maps([m1], (8, 8), (5, 2))[0]
     assert torch.allclose(avg, a1[:, :, 1 + 42, 1:].mean(0).reshape(2, 8, 8))
-    acc = MapAverage((8, 8), 1, queries=[(5, 2), (0, 0)])
-    acc.update([a1[:2], a2], batch=2)
-    acc.update([a1[2:], a2], batch=1)
+    acc = MapAverage((8, 8), queries=[(5, 2), (0, 0)])
+    acc.update([AttentionMap(a1[:2], (8, 8), 1), m2], batch=2)
+    acc.update([AttentionMap(a1[2:], (8, 8), 1), m2], batch=1)
     r = acc.result()
     assert torch.allclose(r[0][:, 0], avg.reshape(2, 64))
     assert torch.allclose(r[1][:, 1], a2[0, :, 1, 1:])
     with pytest.raises(ValueError, match="outside the token grid"):
-        query_maps([a1], (8, 8), (8, 0), num_prefix_tokens=1)
+        query_maps([m1], (8, 8), (8, 0))
     with pytest.raises(ValueError, match=r"\(B, Nh, T, T\)"):
-        query_maps([a1[0]], (8, 8), (0, 0))
+        AttentionMap(a1[0], (8, 8), 1)
+    with pytest.raises(ValueError, match="does not fit a 4x4 grid with 1 prefix"):
+        AttentionMap(a1, (4, 4), 1)  # a grid is never guessed: it must fit exactly
+    with pytest.raises(TypeError, match="expected an AttentionMap"):
+        query_maps([a1], (8, 8), (0, 0))
 
 
 def test_crop_keeps_the_query_inside():
@@ -357,3 +363,29 @@ def test_soft_converted_convolution_approaches_one_with_alpha():
         assert res.kernel == 3  # the modal offsets are already the 3x3 grid
         scores.append(res.score)
     assert scores[0] < scores[1] < scores[2] < 1.0 and scores[2] > 0.99  # Lemma 2
+
+
+# ---------------------------------------------------------------------------- typed report
+
+
+def test_measure_is_typed_data_on_each_layers_own_grid(tmp_path):
+    """The analysis is data first: a SASA network's strided layers are measured on their own
+    (coarser) grids, read from the AttentionMaps, and the rendered report.json says the same."""
+    from attnconv.analysis.measure import measure_model
+    from attnconv.analysis.report import render_report
+    from attnconv.models import create_model
+
+    torch.manual_seed(0)
+    kw = dict(widths=(8, 8, 8, 8), depths=(1, 1, 1, 1), num_heads=2, stem_heads=2, img_size=16)
+    m = create_model("sasa_resnet26_cifar", **kw)
+    images = torch.randint(0, 256, (3, 3, 16, 16), dtype=torch.uint8)
+    res = measure_model(m, images, mean=(0.5,) * 3, std=(0.25,) * 3, image_index=2)
+    assert res.grid == (16, 16) and res.query_token == (8, 8)
+    assert res.layer_grids == [(16, 16), (16, 16), (16, 16), (8, 8), (4, 4)]  # stem, 4 blocks
+    assert [tuple(a.shape[-2:]) for a in res.average] == res.layer_grids
+    assert [len(d) for d in res.mean_distance] == [a.shape[0] for a in res.average]
+    rep = render_report(res, tmp_path, title="t")
+    assert json.loads((tmp_path / "report.json").read_text()) == rep
+    assert [tuple(layer["grid"]) for layer in rep["layers"]] == res.layer_grids
+    assert rep["mean_distance_px"] == [d.tolist() for d in res.mean_distance]
+    assert "| layer | score |" in (tmp_path / "index.md").read_text()

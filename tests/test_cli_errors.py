@@ -169,8 +169,10 @@ def test_bad_arguments_exit_2_with_one_clear_line(case, files, results, capsys):
     assert re.search(pattern, last), f"{pattern!r} not in {last!r}"
     if usage:  # argparse: usage lines, then the error
         assert err.startswith("usage: attnconv"), err
-    else:  # a mistake found while running: exactly one line, no usage dump
-        assert len(lines) == 1, err
+    else:  # a mistake found while running: exactly one error line (after any status lines
+        # of the work done before it, e.g. "reading DATA"), no usage dump
+        assert [ln for ln in lines if "error" in ln.lower()] == [last], err
+        assert "usage:" not in err, err
 
 
 def test_no_command_prints_help_and_exits_2():

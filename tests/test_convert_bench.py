@@ -5,11 +5,18 @@ from __future__ import annotations
 import json
 import math
 
+from attnconv.bench.common import RESULTS_DIR
 from attnconv.cli import main
 
 
-def test_bench_convert_quick(tmp_path, capsys):
-    assert main(["bench", "--suite", "convert", "--quick", "--out-dir", str(tmp_path)]) == 0
+def test_bench_convert_quick(tmp_path, capsys, monkeypatch):
+    """Without --out-dir the results go under the current directory, never into the committed
+    benchmarks/results/ (unchanged, byte for byte)."""
+    committed = {p: p.read_bytes() for p in RESULTS_DIR.glob("convert*") if p.is_file()}
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "--suite", "convert", "--quick"]) == 0
+    assert {p: p.read_bytes() for p in RESULTS_DIR.glob("convert*") if p.is_file()} == committed
+    tmp_path = tmp_path / "attnconv-bench"
     res = json.loads((tmp_path / "convert.json").read_text())
     assert (tmp_path / "convert_lemma2.png").stat().st_size > 1000
     assert "Lemma 2" in (tmp_path / "convert.md").read_text()

@@ -7,7 +7,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from attnconv.train.checkpoint import load_model
+from attnconv.train.config import config_from_dict
+from attnconv.train.optim import lr_at
 
 
 def test_demo_writes_checkpoint_metrics_centres_and_figures(tmp_path):
@@ -33,6 +37,16 @@ def test_demo_writes_checkpoint_metrics_centres_and_figures(tmp_path):
     model, info = load_model(out)
     assert info["model"] == "sa_quadratic" and info["state"]["step"] >= 6
     rows = (out / "metrics.csv").read_text().splitlines()
+    # what it achieved, in words (no raw dict); the schedule was sized to finish, and did
+    assert "{" not in r.stdout and "Test accuracy:" in r.stdout and "The demo took" in r.stdout
+    assert "followed its cosine schedule to the end" in r.stdout, r.stdout
+    assert "measuring this machine's speed" in r.stderr and "planned" in r.stderr
+    train_rows = [x.split(",") for x in rows if x.startswith("train,")]
+    assert int(train_rows[-1][2]) == info["state"]["total_steps"] == info["state"]["step"]
+    total = info["state"]["total_steps"]
+    cfg = config_from_dict(info["config"])
+    end = lr_at(total - 1, cfg.optim.lr, cfg.schedule, total, cfg.train.steps_per_epoch)
+    assert float(train_rows[-1][3]) == pytest.approx(end, rel=1e-5) and end < 0.1 * cfg.optim.lr
     assert rows[0].startswith("kind,epoch,step") and any(x.startswith("eval,") for x in rows)
     assert len((out / "centers.jsonl").read_text().splitlines()) >= 7  # init + 6 short epochs
     assert (out / "figures" / "index.md").is_file()

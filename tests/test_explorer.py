@@ -46,7 +46,10 @@ def constructed(images, **kw):
         c0, c1 = CENTERS[key]
         return [gaussian_layer((8, 8), c0), gaussian_layer((4, 4), c1)]
 
-    return build_data(images, [layers(0), layers(1)], layers("avg"), (8, 8), num_average=7, **kw)
+    return build_data(
+        images, [layers(0), layers(1)], layers("avg"), (8, 8), layer_grids=[(8, 8), (4, 4)],
+        num_average=7, **kw,
+    )  # fmt: skip
 
 
 def expected_argmax(grid, query_token, center):
@@ -229,7 +232,7 @@ def test_page_from_a_real_checkpoint(browser, cifar_zip, tmp_path):
         before = state
         q = 1 + (row // 4) * 8 + col // 4  # token of the pixel, after the class token
         for s in state:
-            p = attns[s["layer"]][0, s["head"], q, 1:]  # image 0, keys without the class token
+            p = attns[s["layer"]].probs[0, s["head"], q, 1:]  # image 0, keys after the cls token
             r, c = map(int, s["argmax"].split(","))
             assert s["query"] == f"{row // 4},{col // 4}"
             assert s["peak"] == pytest.approx(float(p.max()), rel=1e-4)

@@ -474,7 +474,7 @@ def test_conv_to_attention(data):
     if kw["head_dim"] in (None, cin * 9):  # head_dim >= rank: exact (Theorem 1)
         assert ((y - expected).abs().max() / scale).item() <= tol
     ref = copy.deepcopy(m)
-    ref.fast_shift, ref.attention.impl = False, "reference"
+    ref.attention.impl = "reference"
     assert_fast_equals_reference(m, ref, x)
 
 

@@ -70,9 +70,9 @@ def test_vit_real_cifar_forward_backward_and_attention(cifar_zip, pos_embed):
     assert logits.shape == (8, 10)
     assert m.attention_grid == (8, 8) and m.num_prefix_tokens == 1
     assert len(attns) == 2
-    for a in attns:
-        assert a.shape == (8, 3, 65, 65)
-        torch.testing.assert_close(a.sum(-1), torch.ones(8, 3, 65))
+    for a in attns:  # AttentionMaps carry their grid and the class token
+        assert a.shape == (8, 3, 65, 65) and a.grid == (8, 8) and a.num_prefix_tokens == 1
+        torch.testing.assert_close(a.probs.sum(-1), torch.ones(8, 3, 65))
     # attention maps come with the fast path on; the fast path gives the same logits
     m.eval()
     torch.testing.assert_close(m(x), m(x, return_attention=True)[0], rtol=1e-5, atol=1e-5)
@@ -112,7 +112,7 @@ def test_vit_resamples_position_embeddings():
     torch.testing.assert_close(const, torch.full((1, 73, D), 3.0))
     # a 48x40 image runs and gives (1 + 12*10)-token maps; set_img_size makes it permanent
     _, attns = m(torch.randn(1, 3, 48, 40), return_attention=True)
-    assert attns[0].shape == (1, 3, 121, 121)
+    assert attns[0].shape == (1, 3, 121, 121) and attns[0].grid == (12, 10)
     cls_before = m.pos_embed[:, 0].clone()
     m.set_img_size(64)
     assert m.pos_embed.shape == (1, 257, 24) and m.attention_grid == (16, 16)

@@ -62,8 +62,9 @@ def test_real_cifar_forward_backward_and_attention_maps(cifar_zip, name):
     assert len(attns) == 2
     batch = 8 if name == "sa_learned_content" else 1  # position-only maps are shared
     for a in attns:
-        assert a.shape == (batch, 3, 256, 256)
-        torch.testing.assert_close(a.sum(-1), torch.ones(batch, 3, 256))
+        assert a.shape == (batch, 3, 256, 256) and a.grid == (16, 16)
+        assert a.num_prefix_tokens == 0
+        torch.testing.assert_close(a.probs.sum(-1), torch.ones(batch, 3, 256))
     feats = m.eval().forward_features(x)
     assert feats.shape == (8, 24, 16, 16)
     torch.testing.assert_close(m.forward_head(feats), m(x))
@@ -96,7 +97,7 @@ def test_quadratic_centres_and_overrides():
     assert centres.shape == (2, 3, 2)
     # the quadratic model has no table: it runs on other image sizes
     _, attns = m(torch.randn(1, 3, 48, 40), return_attention=True)
-    assert attns[0].shape == (1, 3, 120, 120)
+    assert attns[0].shape == (1, 3, 120, 120) and attns[0].grid == (12, 10)
     m1 = create_model("sa_learned", downsample=1, img_size=8, **SMALL)
     assert m1(torch.randn(2, 3, 8, 8)).shape == (2, 10)
     with pytest.raises(ValueError, match="quadratic"):

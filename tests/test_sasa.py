@@ -78,14 +78,15 @@ def test_return_attention_dense_maps():
     assert len(attns) == len(local) == len(m.attention_grids) == 1 + 8
     assert m.attention_grid == (32, 32)
     for a, lm, (h, w) in zip(attns, local, m.attention_grids):
-        assert a.shape == (2, 2, h * w, h * w)
+        assert a.shape == (2, 2, h * w, h * w) and a.grid == (h, w)
         assert lm.shape[:3] == (2, 2, h * w)
-        torch.testing.assert_close(a.sum(-1), torch.ones(2, 2, h * w))
+        torch.testing.assert_close(a.probs.sum(-1), torch.ones(2, 2, h * w))
     assert local[0].shape[-1] == 16 and local[1].shape[-1] == 49  # stem 4x4, layers 7x7
     with torch.no_grad():  # odd sizes: each map is on its layer's own grid, before pooling
         _, attns = m(torch.randn(1, 3, 13, 11), return_attention=True)
     assert attns[0].shape == (1, 2, 143, 143) and attns[2].shape == (1, 2, 143, 143)
-    assert attns[3].shape == (1, 2, 42, 42)  # 13x11 pooled to 7x6 by the first strided block
+    assert attns[0].grid == (13, 11)
+    assert attns[3].grid == (7, 6)  # 13x11 pooled to 7x6 by the first strided block
     with pytest.raises(ValueError, match="local_attention_maps"):
         with torch.no_grad():
             m(torch.randn(1, 3, 96, 96), return_attention=True)

@@ -17,6 +17,7 @@ _EXPORTS = {
     "SinusoidalPositionalEncoding": "attnconv.layers.mha",
     "LocalSelfAttention2d": "attnconv.layers.local",
     "AttentionStem2d": "attnconv.layers.stem",
+    "AttentionMap": "attnconv.layers.attention_map",
     "create_model": "attnconv.models",
     "list_models": "attnconv.models",
     "scaled_dot_product_attention": "attnconv.layers.functional",

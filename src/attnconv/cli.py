@@ -26,6 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
     from attnconv import __version__
 
     parser.add_argument("--version", action="version", version=f"attnconv {__version__}")
+    loud = parser.add_mutually_exclusive_group()
+    loud.add_argument("-q", "--quiet", action="store_true",
+                      help="only warnings and errors: no progress, no status lines")  # fmt: skip
+    loud.add_argument("-v", "--verbose", action="store_true", help="also debug messages")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _available():
         mod = importlib.import_module(f"attnconv.commands.{name}")
@@ -41,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "_run", None) is None:
         parser.print_help()
         return 2
+    from attnconv.progress import configure_logging
+
+    configure_logging(-1 if args.quiet else 1 if args.verbose else 0)
     try:
         return int(args._run(args) or 0)
     except (ValueError, OSError, KeyError, TypeError) as e:

@@ -2,11 +2,12 @@
 
 A converted network's layers are ``ConvAttention2d`` modules: position-only quadratic attention
 over the *padded* input of each convolution. ``ConvertedAttentionView(model)`` runs the model
-and returns, per converted layer (input -> output order), the attention of every query pixel of
-that layer's input over the input's pixels: the (1, Nh, Hp*Wp, Hp*Wp) probabilities of the
-layer cropped to the unpadded image, queries and keys alike ((1, Nh, h*w, h*w); a head whose key
-falls in the padding has an empty row there). Hard heads give one-hot maps on the kernel's grid.
-``attention_grid`` is the input image's size; deeper layers' grids divide it.
+and returns, per converted layer (input -> output order), an ``AttentionMap`` of the attention
+of every query pixel of that layer's input over the input's pixels: the (1, Nh, Hp*Wp, Hp*Wp)
+probabilities of the layer cropped to the unpadded image, queries and keys alike
+((1, Nh, h*w, h*w) on the layer's h x w grid; a head whose key falls in the padding has an empty
+row there). Hard heads give one-hot maps on the kernel's grid. ``attention_grid`` is the input
+image's size.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 import torch.nn as nn
 
 from attnconv.convert import ConvAttention2d, converted_layers
+from attnconv.layers.attention_map import AttentionMap
 
 
 class ConvertedAttentionView(nn.Module):
@@ -43,7 +45,8 @@ class ConvertedAttentionView(nn.Module):
                 h.remove()
         if not return_attention:
             return out
-        return out, [layer_maps(m, *sizes[id(m)]) for m in self.layers if id(m) in sizes]
+        maps = [(m, *sizes[id(m)]) for m in self.layers if id(m) in sizes]
+        return out, [AttentionMap(layer_maps(m, h, w), (h, w)) for m, h, w in maps]
 
 
 @torch.no_grad()

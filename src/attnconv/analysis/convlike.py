@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .maps import Grid, check_attention, layer_grid
+from attnconv.layers.attention_map import AttentionMap
+
+from .maps import Grid, as_map
 
 
 def offset_index(grid: Grid) -> torch.Tensor:
@@ -76,25 +78,26 @@ def kernel_of(offsets: list[tuple[int, int]]) -> tuple[int, int]:
 
 
 class ConvLikeness:
-    """Accumulates one layer's attention (B or 1, Nh, T, T) over batches; then ``result()``."""
+    """Accumulates one layer's ``AttentionMap`` over batches; then ``result()``."""
 
-    def __init__(self, grid: Grid, num_prefix_tokens: int = 0):
-        self.grid = (int(grid[0]), int(grid[1]))
-        self.prefix = int(num_prefix_tokens)
+    def __init__(self) -> None:
         self.lgrid: Grid | None = None
         self.mass: torch.Tensor | None = None  # (Nh, n_offsets) summed p(q, q + o)
         self.argmax: list[torch.Tensor] = []  # (B, Nh, hw) offset index of each row's maximum
         self.peak_sum: torch.Tensor | None = None
         self.count = 0
 
-    def update(self, attn: torch.Tensor, batch: int | None = None) -> None:
-        check_attention(attn)
+    def update(self, attn: AttentionMap, batch: int | None = None) -> None:
+        attn = as_map(attn)
         if self.lgrid is None:
-            self.lgrid = layer_grid(attn.shape[-1], self.grid, self.prefix)
+            self.lgrid = attn.grid
             self.oidx = offset_index(self.lgrid)  # (hw, hw)
+        elif attn.grid != self.lgrid:
+            raise ValueError(f"attention on a {attn.grid} grid after maps on {self.lgrid}")
         n = batch if (batch is not None and attn.shape[0] == 1) else attn.shape[0]
         w = n / attn.shape[0]  # a shared (1, ...) map stands for n images
-        p = attn.detach()[:, :, self.prefix :, self.prefix :]  # (B, Nh, hw, hw)
+        k = attn.num_prefix_tokens
+        p = attn.probs.detach()[:, :, k:, k:]  # (B, Nh, hw, hw)
         nh = p.shape[1]
         h, wd = self.lgrid
         mass = torch.zeros(nh, (2 * h - 1) * (2 * wd - 1), dtype=torch.float64)
@@ -143,9 +146,10 @@ class ConvLikeness:
 
 
 def conv_likeness(
-    attn: torch.Tensor, grid: Grid, *, num_prefix_tokens: int = 0
+    attn: AttentionMap | torch.Tensor, grid: Grid | None = None, *, num_prefix_tokens: int = 0
 ) -> LayerConvLikeness:
-    """Conv-likeness of one layer's attention (B, Nh, T, T) on the model grid ``grid``."""
-    acc = ConvLikeness(grid, num_prefix_tokens)
-    acc.update(attn)
+    """Conv-likeness of one layer's ``AttentionMap`` (a bare (B, Nh, T, T) tensor must be on
+    ``grid`` after its prefix tokens)."""
+    acc = ConvLikeness()
+    acc.update(as_map(attn, grid, num_prefix_tokens))
     return acc.result()

@@ -12,7 +12,9 @@ from collections.abc import Sequence
 
 import torch
 
-from .maps import Grid, check_attention, layer_grid, spatial
+from attnconv.layers.attention_map import AttentionMap
+
+from .maps import Grid, as_map
 
 
 def token_positions(grid: Grid, pixels_per_token: Sequence[float] = (1.0, 1.0)) -> torch.Tensor:
@@ -30,31 +32,28 @@ def pixel_distances(grid: Grid, pixels_per_token: Sequence[float] = (1.0, 1.0)) 
 
 
 class MeanDistance:
-    """Running mean attention distance per head of one layer; ``result()`` -> (Nh,) pixels."""
+    """Running mean attention distance per head of one layer; ``result()`` -> (Nh,) pixels.
 
-    def __init__(
-        self,
-        grid: Grid,
-        num_prefix_tokens: int = 0,
-        pixels_per_token: Sequence[float] = (1.0, 1.0),
-    ):
+    ``pixels_per_token`` is the token size on the model grid ``grid``; a layer on a coarser grid
+    (its ``AttentionMap.grid``) has proportionally larger tokens.
+    """
+
+    def __init__(self, grid: Grid, pixels_per_token: Sequence[float] = (1.0, 1.0)):
         self.grid = grid
-        self.prefix = int(num_prefix_tokens)
         self.ppt = (float(pixels_per_token[0]), float(pixels_per_token[1]))
         self.dist: torch.Tensor | None = None
         self.sum: torch.Tensor | None = None
         self.count = 0
 
-    def update(self, attn: torch.Tensor, batch: int | None = None) -> None:
-        check_attention(attn)
+    def update(self, attn: AttentionMap, batch: int | None = None) -> None:
+        attn = as_map(attn)
         if self.dist is None:
-            lg = layer_grid(attn.shape[-1], self.grid, self.prefix)
-            # a layer on a coarser grid has proportionally larger tokens
+            lg = attn.grid
             ppt = (self.ppt[0] * self.grid[0] / lg[0], self.ppt[1] * self.grid[1] / lg[1])
             self.dist = pixel_distances(lg, ppt).float()
         d = torch.stack(  # one image at a time: (p * dist) is as large as the maps
             [
-                (spatial(attn[i : i + 1], self.prefix, renormalize=True)[0] * self.dist)
+                (attn.image(i).spatial(renormalize=True)[0] * self.dist)
                 .sum(-1)
                 .mean(-1)
                 for i in range(attn.shape[0])
@@ -72,13 +71,14 @@ class MeanDistance:
 
 
 def mean_attention_distance(
-    attn: torch.Tensor,
+    attn: AttentionMap | torch.Tensor,
     grid: Grid,
     *,
     num_prefix_tokens: int = 0,
     pixels_per_token: Sequence[float] = (1.0, 1.0),
 ) -> torch.Tensor:
-    """Mean attention distance (Nh,) in pixels of one layer's attention (B, Nh, T, T)."""
-    acc = MeanDistance(grid, num_prefix_tokens, pixels_per_token)
-    acc.update(attn)
+    """Mean attention distance (Nh,) in pixels of one layer's ``AttentionMap`` on the model grid
+    ``grid`` (a bare (B, Nh, T, T) tensor must be on ``grid`` after its prefix tokens)."""
+    acc = MeanDistance(grid, pixels_per_token)
+    acc.update(as_map(attn, grid, num_prefix_tokens))
     return acc.result()

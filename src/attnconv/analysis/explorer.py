@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .maps import Grid, iter_attention, layer_grid
+from .maps import Grid, iter_attention
 
 TEMPLATE = "explorer.html"
 PLACEHOLDER = "/*__EXPLORER_DATA__*/"
@@ -70,6 +70,7 @@ def build_data(
     grid: Grid,
     *,
     num_prefix_tokens: int = 0,
+    layer_grids: Sequence[Grid] | None = None,
     num_average: int = 0,
     labels: Sequence[str] | None = None,
     title: str = "attention explorer",
@@ -81,6 +82,8 @@ def build_data(
     ``images`` (n, 3, H, W) uint8; ``single[i][l]`` image i's layer-l attention (Nh, T, T);
     ``average[l]`` (Nh, T, T) averaged over ``num_average`` images (or None). Instead of full
     maps, ``rows=True`` takes the stored query rows (Nh, Q, hw), as ``collect_attention`` returns.
+    ``layer_grids[l]`` is layer l's token grid (``AttentionMap.grid``); default: every layer on
+    ``grid``.
     """
     if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 3:
         raise ValueError(
@@ -90,11 +93,17 @@ def build_data(
         raise ValueError(f"{images.shape[0]} images but attention for {len(single)}")
     ref = single[0] if single else average
     layers, picks = [], []
+    if layer_grids is not None and len(layer_grids) != len(ref):
+        raise ValueError(f"{len(layer_grids)} layer grids for {len(ref)} attention layers")
     for li, a in enumerate(ref):
         if a.dim() != 3:
             raise ValueError(f"attention of layer {li} must be (Nh, T, T), got {tuple(a.shape)}")
-        t = a.shape[-1] + (num_prefix_tokens if rows else 0)  # rows: keys without the prefix
-        lg = layer_grid(t, grid, num_prefix_tokens)
+        lg = tuple(int(g) for g in (grid if layer_grids is None else layer_grids[li]))
+        t = a.shape[-1] - (0 if rows else num_prefix_tokens)  # rows: keys without the prefix
+        if t != lg[0] * lg[1]:
+            raise ValueError(
+                f"attention of layer {li} has {t} spatial keys, not the {lg[0]}x{lg[1]} grid"
+            )
         qg, stride, idx = query_subgrid(lg, max_queries)
         layers.append(
             {"grid": list(lg), "heads": int(a.shape[0]), "qgrid": list(qg), "stride": stride}
@@ -155,38 +164,42 @@ def collect_attention(
     std: Sequence[float],
     max_queries: int = 256,
     batch_size: int = 25,
-) -> tuple[list[list[torch.Tensor]], list[torch.Tensor] | None, int]:
+) -> tuple[list[list[torch.Tensor]], list[torch.Tensor] | None, int, list[Grid]]:
     """Run ``model``: the stored query rows (Nh, Q, hw) per layer of every shown image, and of
-    the average over ``average_images`` (prefix keys dropped). Returns (single, average, n)."""
-    grid = tuple(model.attention_grid)
-    prefix = int(getattr(model, "num_prefix_tokens", 0))
+    the average over ``average_images`` (prefix keys dropped). Returns (single, average, n,
+    layer grids)."""
     picks: list[torch.Tensor] = []
+    grids: list[Grid] = []
 
-    def pick(attns):
+    def pick(maps):
         if not picks:
-            for a in attns:
-                lg = layer_grid(a.shape[-1], grid, prefix)
-                picks.append(query_subgrid(lg, max_queries)[2] + prefix)
-        return [a[:, :, idx, prefix:].float() for a, idx in zip(attns, picks)]  # (B, Nh, Q, hw)
+            for m in maps:
+                grids.append(m.grid)
+                picks.append(query_subgrid(m.grid, max_queries)[2] + m.num_prefix_tokens)
+        return [  # (B, Nh, Q, hw)
+            m.probs[:, :, idx, m.num_prefix_tokens :].float() for m, idx in zip(maps, picks)
+        ]
 
     single = []
-    for start, stop, attns in iter_attention(model, normalize(images, mean, std), batch_size):
+    for start, stop, attns in iter_attention(
+        model, normalize(images, mean, std), batch_size, desc="explore: images shown"
+    ):
         r = pick(attns)
         for i in range(stop - start):
             single.append([x[min(i, x.shape[0] - 1)] for x in r])
     single = single[: images.shape[0]]
     if average_images is None or average_images.shape[0] == 0:
-        return single, None, 0
+        return single, None, 0, grids
     sums, n = None, 0
     for start, stop, attns in iter_attention(
-        model, normalize(average_images, mean, std), batch_size
+        model, normalize(average_images, mean, std), batch_size, desc="explore: average"
     ):
         b = stop - start
         # a (1, ...) map shared by the batch stands for b images
         r = [x.sum(0) * (b if x.shape[0] == 1 else 1) for x in pick(attns)]
         sums = r if sums is None else [s + x for s, x in zip(sums, r)]
         n += b
-    return single, [s / n for s in sums], n
+    return single, [s / n for s in sums], n, grids
 
 
 def render_html(data: dict) -> str:
@@ -223,7 +236,7 @@ def explore_model(
     batch_size: int = 25,
 ) -> Path:
     """Compute the attention of ``model`` on ``images`` (uint8) and write the explorer page."""
-    single, avg, n = collect_attention(
+    single, avg, n, grids = collect_attention(
         model, images, average_images, mean=mean, std=std, max_queries=max_queries,
         batch_size=batch_size,
     )  # fmt: skip
@@ -233,6 +246,7 @@ def explore_model(
         avg,
         tuple(model.attention_grid),
         num_prefix_tokens=int(getattr(model, "num_prefix_tokens", 0)),
+        layer_grids=grids,
         num_average=n,
         labels=labels,
         title=title,

@@ -353,11 +353,11 @@ def plot_convlikeness(results: Sequence[LayerConvLikeness], out: str | Path) -> 
     return _save(fig, out)
 
 
-def convlikeness_table(results: Sequence[LayerConvLikeness]) -> str:
-    """Markdown table: one row per layer (score, distinct offsets, kernel) with per-head details."""
-    lines = [
-        "| layer | score | min head | stability | distinct offsets | kernel | modal offsets |",
-        "|---|---|---|---|---|---|---|",
+def convlikeness_rows(results: Sequence[LayerConvLikeness]) -> list[list[str]]:
+    """Table rows (header first): one per layer (score, distinct offsets, kernel) with per-head
+    details."""
+    rows = [
+        ["layer", "score", "min head", "stability", "distinct offsets", "kernel", "modal offsets"]
     ]
     for li, r in enumerate(results):
         kern = (
@@ -365,10 +365,9 @@ def convlikeness_table(results: Sequence[LayerConvLikeness]) -> str:
             if r.kernel
             else "-"
         )
-        offs = " ".join(f"({a},{b})" for a, b in r.offsets)
-        lines.append(
-            f"| {li + 1} | {r.score:.3f} | {min(r.head_scores):.3f} | "
-            f"{sum(r.stability) / len(r.stability):.3f} | {'yes' if r.distinct else 'no'} | "
-            f"{kern} | {offs} |"
-        )
-    return "\n".join(lines) + "\n"
+        rows.append([
+            str(li + 1), f"{r.score:.3f}", f"{min(r.head_scores):.3f}",
+            f"{sum(r.stability) / len(r.stability):.3f}", "yes" if r.distinct else "no", kern,
+            " ".join(f"({a},{b})" for a, b in r.offsets),
+        ])  # fmt: skip
+    return rows

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -88,10 +89,87 @@ def check_image_size(model: nn.Module, images: torch.Tensor, info: dict) -> None
         )
 
 
-def load_for_analysis(checkpoint: str | Path, data: str | None, n: int, split: str = "test"):
-    """What both ``analyze`` and ``explore`` start from: (model in eval mode, checkpoint
-    metadata, ``n`` test images uint8 (n, 3, H, W), their class names, mean, std)."""
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # timm's default
+
+
+def pretrained_normalization(path: str | Path) -> tuple[list[float], list[float]]:
+    """The input mean/std of pretrained weights: a timm hub folder's ``config.json``
+    (``pretrained_cfg``), a Hugging Face folder's ``preprocessor_config.json`` (its
+    ViTImageProcessor default 0.5 / 0.5 without one); a bare timm state dict carries none:
+    ImageNet's (timm's default; some timm ViTs use 0.5)."""
+    p = Path(path)
+    if p.is_dir() and (p / "config.json").is_file():
+        cfg = json.loads((p / "config.json").read_text())
+        timm_cfg = cfg.get("pretrained_cfg") if isinstance(cfg, dict) else None
+        if isinstance(timm_cfg, dict) and "mean" in timm_cfg and "std" in timm_cfg:
+            mean, std = timm_cfg["mean"], timm_cfg["std"]
+        else:
+            f = p / "preprocessor_config.json"
+            pre = json.loads(f.read_text()) if f.is_file() else {}
+            mean, std = pre.get("image_mean", [0.5] * 3), pre.get("image_std", [0.5] * 3)
+        return [float(v) for v in mean], [float(v) for v in std]
+    return list(IMAGENET_MEAN), list(IMAGENET_STD)
+
+
+def resize_images(images: torch.Tensor, size: int) -> torch.Tensor:
+    """uint8 (N, 3, H, W) -> uint8 (N, 3, size, size), bilinear (antialiased when shrinking):
+    CIFAR or any folder's images at a pretrained model's input size."""
+    if tuple(images.shape[-2:]) == (size, size):
+        return images
+    out = torch.empty(*images.shape[:2], size, size, dtype=torch.uint8)
+    for i in range(0, images.shape[0], 64):  # chunks: no float copy of every image at once
+        x = torch.nn.functional.interpolate(
+            images[i : i + 64].float(), size=(size, size), mode="bilinear", align_corners=False,
+            antialias=True,
+        )  # fmt: skip
+        out[i : i + 64] = x.round().clamp(0, 255).to(torch.uint8)
+    return out
+
+
+def load_pretrained_for_analysis(
+    model_name: str,
+    checkpoint: str | Path,
+    data: str | None,
+    n: int,
+    split: str = "test",
+    device: str | None = None,
+):
+    """``load_for_analysis`` for ``create_model(model_name, checkpoint=...)`` weights (timm,
+    Hugging Face or attnconv): test images (default: the embedded sample) resized to the
+    model's input size, the weights' normalization."""
+    from attnconv.models import create_model
+    from attnconv.train.device import resolve_device
+
+    model = create_model(model_name, checkpoint=checkpoint).eval().to(resolve_device(device))
+    info = {"model": model_name, "path": str(checkpoint)}
+    images, labels = test_images(data or "sample", n, split=split)
+    size = getattr(getattr(model, "cfg", None), "img_size", None)
+    if size:
+        images = resize_images(images, int(size))
+    model = analyzable(model, info, checkpoint, images.shape[-2:])
+    mean, std = pretrained_normalization(checkpoint)
+    return model, info, images, labels, mean, std
+
+
+def load_for_analysis(
+    checkpoint: str | Path,
+    data: str | None,
+    n: int,
+    split: str = "test",
+    device: str | None = None,
+    model_name: str | None = None,
+):
+    """What both ``analyze`` and ``explore`` start from: (model in eval mode on ``device``
+    (``resolve_device``: default CUDA if available), checkpoint metadata, ``n`` test images uint8
+    (n, 3, H, W) on the CPU, their class names, mean, std). With ``model_name``: pretrained
+    weights (``load_pretrained_for_analysis``)."""
+    from attnconv.train.device import resolve_device
+
+    if model_name:
+        return load_pretrained_for_analysis(model_name, checkpoint, data, n, split, device)
+    dev = resolve_device(device)
     model, info = load_checkpoint_model(checkpoint)
+    model = model.to(dev)
     images, labels = test_images(data_spec(data, info), n, split=split)
     check_image_size(model, images, info)
     model = analyzable(model, info, checkpoint, images.shape[-2:])

@@ -1,57 +1,39 @@
 """Attention maps of every head of every layer for one query (Cordonnier et al. 2020, fig. 4-6).
 
-The models' contract: ``model(x, return_attention=True) -> (logits, attns)`` with ``attns`` a list
-(input -> output order) of softmax probabilities (B or 1, Nh, T, T), rows = queries in row-major
-order over the layer's token grid, after ``model.num_prefix_tokens`` prefix tokens (the ViT class
-token). A map is one query's row reshaped to the token grid: (Nh, h, w).
+The models' contract: ``model(x, return_attention=True) -> (logits, maps)`` with ``maps`` a list
+(input -> output order) of ``AttentionMap`` (``attnconv.layers.attention_map``): softmax
+probabilities (B or 1, Nh, T, T) with the token grid they live on and their number of prefix
+tokens, so nothing here guesses a layer's grid. Queries are given as (row, col) on the model's
+``attention_grid`` and scaled to each layer's grid. A map is one query's row reshaped to the
+layer's token grid: (Nh, h, w).
 """
 
 from __future__ import annotations
 
-import math
+import logging
 from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn as nn
 
-Grid = tuple[int, int]
+from attnconv.layers.attention_map import AttentionMap, Grid
+from attnconv.progress import Progress
+
+log = logging.getLogger(__name__)
 
 
-def layer_grid(num_tokens: int, grid: Grid, num_prefix_tokens: int = 0) -> Grid:
-    """The token grid (h, w) of a layer with ``num_tokens`` tokens, given the model's grid.
-
-    Layers after a downsampling stage (SASA ResNets) have the model grid divided by an integer.
-    """
-    n = num_tokens - num_prefix_tokens
-    h, w = int(grid[0]), int(grid[1])
-    if n == h * w:
-        return (h, w)
-    for s in range(2, max(h, w) + 1):
-        if h % s == 0 and w % s == 0 and (h // s) * (w // s) == n:
-            return (h // s, w // s)
-    r = math.isqrt(n)
-    if r * r == n:
-        return (r, r)
-    raise ValueError(
-        f"cannot place {num_tokens} tokens ({num_prefix_tokens} prefix) on a grid like {grid}"
+def as_map(
+    attn: AttentionMap | torch.Tensor, grid: Grid | None = None, num_prefix_tokens: int = 0
+) -> AttentionMap:
+    """An ``AttentionMap`` as is; a bare (B, Nh, T, T) tensor only if it fits ``grid`` exactly."""
+    if isinstance(attn, AttentionMap):
+        return attn
+    if isinstance(attn, torch.Tensor) and grid is not None:
+        return AttentionMap(attn, grid, num_prefix_tokens)
+    raise TypeError(
+        f"expected an AttentionMap (probabilities, grid, prefix tokens), got {type(attn).__name__}"
+        "; a model's return_attention must return AttentionMap objects"
     )
-
-
-def check_attention(attn: torch.Tensor, name: str = "attention") -> torch.Tensor:
-    if not isinstance(attn, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(attn).__name__}")
-    if attn.dim() != 4 or attn.shape[-1] != attn.shape[-2]:
-        raise ValueError(f"{name} must have shape (B, Nh, T, T), got {tuple(attn.shape)}")
-    return attn
-
-
-def spatial(attn: torch.Tensor, num_prefix_tokens: int = 0, renormalize: bool = False):
-    """Drop prefix tokens: (B, Nh, T, T) -> (B, Nh, hw, hw); optionally renormalize the rows."""
-    check_attention(attn)
-    p = attn.detach()[..., num_prefix_tokens:, num_prefix_tokens:].float()
-    if renormalize:
-        p = p / p.sum(-1, keepdim=True).clamp_min(1e-30)
-    return p
 
 
 def scale_query(query: Sequence[int], grid: Grid, lgrid: Grid) -> tuple[int, int]:
@@ -63,11 +45,10 @@ def scale_query(query: Sequence[int], grid: Grid, lgrid: Grid) -> tuple[int, int
 
 
 def query_maps(
-    attns: Sequence[torch.Tensor],
+    maps: Sequence[AttentionMap],
     grid: Grid,
     query: Sequence[int],
     *,
-    num_prefix_tokens: int = 0,
     image: int | None = None,
 ) -> list[torch.Tensor]:
     """Per layer, the (Nh, h, w) attention of ``query`` (row, col on ``grid``) over the keys.
@@ -76,20 +57,16 @@ def query_maps(
     position-only attention, is shared by every image).
     """
     out = []
-    for i, a in enumerate(attns):
-        check_attention(a, f"attention of layer {i}")
-        lg = layer_grid(a.shape[-1], grid, num_prefix_tokens)
-        r, c = scale_query(query, grid, lg)
-        row = a.detach()[
-            :, :, num_prefix_tokens + r * lg[1] + c, num_prefix_tokens:
-        ].float()  # (B, Nh, hw)
-        if image is None or a.shape[0] == 1:
+    for m in maps:
+        m = as_map(m)
+        row = m.query_row(*scale_query(query, grid, m.grid))  # (B, Nh, h, w)
+        if image is None or row.shape[0] == 1:
             row = row.mean(0)
         else:
-            if not 0 <= image < a.shape[0]:
-                raise ValueError(f"image index {image} out of range for batch {a.shape[0]}")
+            if not 0 <= image < row.shape[0]:
+                raise ValueError(f"image index {image} out of range for batch {row.shape[0]}")
             row = row[image]
-        out.append(row.reshape(-1, *lg))  # (Nh, h, w)
+        out.append(row)  # (Nh, h, w)
     return out
 
 
@@ -104,35 +81,42 @@ def iter_attention(
     *,
     budget: int = MAP_BUDGET,
     allow_empty: bool = False,
-) -> Iterator[tuple[int, int, list[torch.Tensor]]]:
-    """Run ``model`` over ``images`` (N, C, H, W); yield (start, stop, attns) per batch, the
+    desc: str = "attention maps",
+) -> Iterator[tuple[int, int, list[AttentionMap]]]:
+    """Run ``model`` over ``images`` (N, C, H, W); yield (start, stop, maps) per batch, the
     batch being ``images[start:stop]`` (maps of batch 1 are shared by the whole batch).
 
     The first batch is one image; its maps' size sets the next batches' size so that one batch
     holds at most ``budget`` bytes of maps (and at most ``batch_size`` images). A model without
-    attention maps raises ValueError, or with ``allow_empty`` yields nothing.
+    attention maps raises ValueError, or with ``allow_empty`` yields nothing. Progress (images
+    done) is shown as ``desc``.
     """
     if images.dim() != 4:
         raise ValueError(f"images must have shape (N, C, H, W), got {tuple(images.shape)}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     model.eval()
+    dev = next(model.parameters(), images).device  # the images go where the model is
+    bar = Progress(images.shape[0], desc, unit="img", logger=log, leave=False)
     start, b = 0, 1
-    while start < images.shape[0]:
-        stop = min(start + b, images.shape[0])
-        out = model(images[start:stop], return_attention=True)
-        attns = list(out[1]) if isinstance(out, tuple) and len(out) == 2 else []
-        if not attns:
-            if allow_empty:
-                return
-            raise ValueError(f"{type(model).__name__} returned no attention maps")
-        for i, a in enumerate(attns):
-            check_attention(a, f"attention of layer {i}")
-        yield start, stop, attns
-        if start == 0:  # size the next batches from the first image's maps
-            per_image = sum(a.numel() * a.element_size() // a.shape[0] for a in attns)
-            b = max(1, min(batch_size, budget // max(per_image, 1)))
-        start = stop
+    try:
+        while start < images.shape[0]:
+            stop = min(start + b, images.shape[0])
+            out = model(images[start:stop].to(dev), return_attention=True)
+            pair = isinstance(out, tuple) and len(out) == 2
+            maps = [as_map(m).to("cpu") for m in out[1]] if pair else []
+            if not maps:
+                if allow_empty:
+                    return
+                raise ValueError(f"{type(model).__name__} returned no attention maps")
+            bar.update(stop - start)
+            yield start, stop, maps
+            if start == 0:  # size the next batches from the first image's maps
+                per_image = sum(m.probs[:1].numel() * m.probs.element_size() for m in maps)
+                b = max(1, min(batch_size, budget // max(per_image, 1)))
+            start = stop
+    finally:
+        bar.close()
 
 
 class MapAverage:
@@ -142,43 +126,29 @@ class MapAverage:
     Queries are (row, col) on the model grid and are scaled to each layer's grid.
     """
 
-    def __init__(
-        self,
-        grid: Grid,
-        num_prefix_tokens: int = 0,
-        queries: Sequence[Sequence[int]] | None = None,
-    ):
+    def __init__(self, grid: Grid, queries: Sequence[Sequence[int]] | None = None):
         self.grid = (int(grid[0]), int(grid[1]))
-        self.prefix = int(num_prefix_tokens)
         self.queries = None if queries is None else [tuple(q) for q in queries]
         self.sums: list[torch.Tensor] | None = None
         self.grids: list[Grid] = []
         self.count = 0
 
-    def _rows(self, lg: Grid) -> torch.Tensor | None:
-        if self.queries is None:
-            return None
-        idx = [
-            self.prefix + r * lg[1] + c
-            for r, c in (scale_query(q, self.grid, lg) for q in self.queries)
-        ]
-        return torch.tensor(idx, dtype=torch.long)
-
-    def update(self, attns: Sequence[torch.Tensor], batch: int | None = None) -> None:
-        n = batch if batch is not None else max(a.shape[0] for a in attns)
+    def update(self, maps: Sequence[AttentionMap], batch: int | None = None) -> None:
+        maps = [as_map(m) for m in maps]
+        n = batch if batch is not None else max(m.shape[0] for m in maps)
         if self.sums is None:
-            self.grids = [layer_grid(a.shape[-1], self.grid, self.prefix) for a in attns]
-            self.sums = [None] * len(attns)  # type: ignore[list-item]
-        if len(attns) != len(self.sums):
-            raise ValueError(f"expected {len(self.sums)} attention layers, got {len(attns)}")
-        for i, a in enumerate(attns):
-            rows = self._rows(self.grids[i])
-            p = (
-                a[:, :, self.prefix :, self.prefix :]
-                if rows is None
-                else a[:, :, rows, self.prefix :]
-            )
-            s = p.detach().float().sum(0) * (n if a.shape[0] == 1 else 1)  # (Nh, Q, hw)
+            self.grids = [m.grid for m in maps]
+            self.sums = [None] * len(maps)  # type: ignore[list-item]
+        if len(maps) != len(self.sums):
+            raise ValueError(f"expected {len(self.sums)} attention layers, got {len(maps)}")
+        for i, m in enumerate(maps):
+            k = m.num_prefix_tokens
+            if self.queries is None:
+                p = m.probs[:, :, k:, k:]
+            else:
+                rows = [m.query_index(*scale_query(q, self.grid, m.grid)) for q in self.queries]
+                p = m.probs[:, :, rows, k:]
+            s = p.detach().float().sum(0) * (n if m.shape[0] == 1 else 1)  # (Nh, Q, hw)
             self.sums[i] = s if self.sums[i] is None else self.sums[i] + s
         self.count += n
 

@@ -70,7 +70,7 @@ def patch_filter_pcs(weight: torch.Tensor, n: int = 28) -> tuple[torch.Tensor, t
     if n < 1:
         raise ValueError(f"number of principal components must be >= 1, got {n}")
     d = weight.shape[0]
-    x = weight.detach().double().reshape(d, -1)
+    x = weight.detach().double().cpu().reshape(d, -1)
     x = x - x.mean(0, keepdim=True)
     _, s, vh = torch.linalg.svd(x, full_matrices=False)
     var = s**2

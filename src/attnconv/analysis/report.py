@@ -1,11 +1,11 @@
 """``analyze_model``: every figure a model has the parts for, plus ``index.md`` / ``index.html``
 and ``report.json`` with the numbers behind them (what ``attnconv analyze`` writes).
 
-One pass over N test images accumulates: the attention of the query token (single image and
-average), the mean attention distance per head, conv-likeness per head. Then the figures:
-query maps (Cordonnier fig. 4-6), mass contours with head centres (fig. 3), centre trajectories
-(PNG + GIF, from the run's ``centers.jsonl``), mean distance vs depth and the position-embedding
-/ patch-filter figures (ViT fig. 7), conv-likeness bars and table.
+The numbers come first, as typed data (``measure.measure_model`` -> ``AttentionAnalysis``);
+``render_report`` then draws them: query maps (Cordonnier fig. 4-6), mass contours with head
+centres (fig. 3), centre trajectories (PNG + GIF, from the run's ``centers.jsonl``), mean distance
+vs depth and the position-embedding / patch-filter figures (ViT fig. 7), conv-likeness bars and
+table.
 """
 
 from __future__ import annotations
@@ -19,18 +19,8 @@ import torch
 import torch.nn as nn
 
 from . import figures as F
-from .centers import head_centers, read_center_log
-from .convlike import ConvLikeness
-from .distance import MeanDistance, pixel_distances
-from .explorer import normalize
-from .grid import grid_scores
-from .maps import MapAverage, iter_attention, query_maps
-from .posemb import (
-    find_patch_embedding,
-    find_position_embedding,
-    patch_filter_pcs,
-    position_similarity,
-)
+from .centers import read_center_log
+from .measure import AttentionAnalysis, measure_model
 
 
 def analyze_model(
@@ -53,96 +43,83 @@ def analyze_model(
     ``query`` is a pixel (row, col) of the image (default: the centre); ``image_index`` picks the
     image of the single-image figures. Returns the report (also written as report.json).
     """
-    if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 3:
-        raise ValueError(
-            f"images must be uint8 (N, 3, H, W), got {images.dtype} {tuple(images.shape)}"
-        )
-    n, _, H, W = images.shape
-    if not 0 <= image_index < n:
-        raise ValueError(f"--image {image_index} is out of range for {n} images")
+    res = measure_model(
+        model, images, mean=mean, std=std, query=query, image_index=image_index,
+        batch_size=batch_size,
+    )  # fmt: skip
+    img = images[image_index].permute(1, 2, 0).numpy() / 255.0
+    lab = labels[image_index] if labels is not None else f"image {image_index}"
+    return render_report(
+        res, out_dir, image=img, label=lab, zoom=zoom, center_log=center_log, title=title,
+        model_name=type(model).__name__,
+    )  # fmt: skip
+
+
+def render_report(
+    res: AttentionAnalysis,
+    out_dir: str | Path,
+    *,
+    image=None,
+    label: str = "",
+    zoom: int | None = 7,
+    center_log: str | Path | None = None,
+    title: str = "",
+    model_name: str = "the model",
+) -> dict:
+    """Draw ``res`` into ``out_dir``: the figures, report.json, index.md and index.html."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    q = (H // 2, W // 2) if query is None else (int(query[0]), int(query[1]))
-    if not (0 <= q[0] < H and 0 <= q[1] < W):
-        raise ValueError(f"query pixel {q} is outside the {H}x{W} image")
-    grid = tuple(int(g) for g in getattr(model, "attention_grid", (H, W)))
-    prefix = int(getattr(model, "num_prefix_tokens", 0))
-    qtok = (q[0] * grid[0] // H, q[1] * grid[1] // W)
-    ppt = (H / grid[0], W / grid[1])  # image pixels per token
+    grid, qtok, n = res.grid, res.query_token, res.images
     report: dict = {
         "title": title,
-        "images": int(n),
-        "image_size": [int(H), int(W)],
+        "images": n,
+        "image_size": list(res.image_size),
         "attention_grid": list(grid),
-        "num_prefix_tokens": prefix,
-        "query_pixel": list(q),
+        "num_prefix_tokens": res.num_prefix_tokens,
+        "query_pixel": list(res.query_pixel),
         "query_token": list(qtok),
         "figures": {},
     }
     figs = report["figures"]
-
-    # ---- one pass over the images
-    avg = MapAverage(grid, prefix, queries=[qtok])
-    dist: list[MeanDistance] = []
-    conv: list[ConvLikeness] = []
-    single = None
-    x = normalize(images, mean, std)
-    for seen, stop, attns in iter_attention(model, x, batch_size, allow_empty=True):
-        b = stop - seen  # no attention maps (a CNN): no batches, only the embedding figures
-        if not dist:
-            dist = [MeanDistance(grid, prefix, ppt) for _ in attns]
-            conv = [ConvLikeness(grid, prefix) for _ in attns]
-        avg.update(attns, batch=b)
-        for a, d, c in zip(attns, dist, conv):
-            d.update(a, batch=b)
-            c.update(a, batch=b)
-        if seen <= image_index < stop:
-            single = query_maps(
-                attns, grid, qtok, num_prefix_tokens=prefix, image=image_index - seen
-            )
-
-    img = images[image_index].permute(1, 2, 0).numpy() / 255.0
-    lab = labels[image_index] if labels is not None else f"image {image_index}"
-    centers = head_centers(model)
-    if single is not None:
-        maps_avg = [m[:, 0].reshape(-1, *g) for m, g in zip(avg.result(), avg.grids)]
-        where = f"query pixel {q} (token {qtok})"
+    tables: dict[str, list[list[str]]] = {}
+    if res.has_attention:
+        single, avg = res.single, res.average
+        where = f"query pixel {res.query_pixel} (token {qtok})"
         figs["attention_single"] = F.plot_query_maps(
-            single, qtok, grid, out / "attention_single.png", image=img,
-            title=f"attention of every head for {where}, {lab}",
+            single, qtok, grid, out / "attention_single.png", image=image,
+            title=f"attention of every head for {where}, {label}",
         ).name  # fmt: skip
         figs["attention_average"] = F.plot_query_maps(
-            maps_avg, qtok, grid, out / "attention_average.png",
+            avg, qtok, grid, out / "attention_average.png",
             title=f"attention of every head for {where}, averaged over {n} images",
         ).name  # fmt: skip
-        if zoom and any(max(m.shape[-2:]) > zoom for m in maps_avg):
+        if zoom and any(max(m.shape[-2:]) > zoom for m in avg):
             figs["attention_single_zoom"] = F.plot_query_maps(
-                single, qtok, grid, out / "attention_single_zoom.png", image=img, zoom=zoom,
-                title=f"{zoom}x{zoom} keys around {where}, {lab}",
+                single, qtok, grid, out / "attention_single_zoom.png", image=image, zoom=zoom,
+                title=f"{zoom}x{zoom} keys around {where}, {label}",
             ).name  # fmt: skip
             figs["attention_average_zoom"] = F.plot_query_maps(
-                maps_avg, qtok, grid, out / "attention_average_zoom.png", zoom=zoom,
+                avg, qtok, grid, out / "attention_average_zoom.png", zoom=zoom,
                 title=f"{zoom}x{zoom} keys around {where}, averaged over {n} images",
             ).name  # fmt: skip
-        use_c = centers if len(centers) == len(maps_avg) else None
+        use_c = res.centers if len(res.centers) == len(avg) else None
         figs["mass_contours"] = F.plot_mass_contours(
-            maps_avg, qtok, grid, out / "mass_contours.png", centers=use_c,
+            avg, qtok, grid, out / "mass_contours.png", centers=use_c,
             title=f"50% (solid) / 90% (dashed) of each head's mass for {where}, average of {n} "
             "images; x = head centre" if use_c else "",
         ).name  # fmt: skip
-        distances = [d.result() for d in dist]
-        uniform = float(pixel_distances(grid, ppt).mean())
         figs["mean_distance"] = F.plot_mean_distance(
-            distances, out / "mean_distance.png", uniform=uniform,
+            res.mean_distance, out / "mean_distance.png", uniform=res.uniform_distance,
             title=f"mean attention distance per head ({n} images)",
         ).name  # fmt: skip
-        conv_res = [c.result() for c in conv]
-        figs["conv_likeness"] = F.plot_convlikeness(conv_res, out / "conv_likeness.png").name
+        figs["conv_likeness"] = F.plot_convlikeness(
+            res.conv_likeness, out / "conv_likeness.png"
+        ).name
         report["layers"] = [
-            {"grid": list(g), "heads": int(m.shape[0])} for g, m in zip(avg.grids, maps_avg)
+            {"grid": list(g), "heads": int(m.shape[0])} for g, m in zip(res.layer_grids, avg)
         ]
-        report["mean_distance_px"] = [d.tolist() for d in distances]
-        report["uniform_distance_px"] = uniform
+        report["mean_distance_px"] = [d.tolist() for d in res.mean_distance]
+        report["uniform_distance_px"] = res.uniform_distance
         report["conv_likeness"] = [
             {
                 "score": r.score,
@@ -154,14 +131,18 @@ def analyze_model(
                 "dilation": r.dilation,
                 "distinct": r.distinct,
             }
-            for r in conv_res
+            for r in res.conv_likeness
         ]
-        report["conv_likeness_table"] = F.convlikeness_table(conv_res)
-    if centers:
-        report["centers"] = [c.tolist() for c in centers]
-    scores = grid_scores(model, grid)
-    if scores:
-        report["grid_score"] = [g.to_dict() for g in scores]
+        tables["mean_distance"] = [["layer", "mean distance per head (px)"]] + [
+            [str(i + 1), " ".join(f"{v:.2f}" for v in d.tolist())]
+            for i, d in enumerate(res.mean_distance)
+        ]
+        tables["conv_likeness"] = F.convlikeness_rows(res.conv_likeness)
+        report["conv_likeness_table"] = _md_table(tables["conv_likeness"])
+    if res.centers:
+        report["centers"] = [c.tolist() for c in res.centers]
+    if res.grid_scores:
+        report["grid_score"] = [g.to_dict() for g in res.grid_scores]
     if center_log is not None and Path(center_log).is_file():
         epochs, traj = read_center_log(center_log)
         figs["center_trajectories"] = F.plot_center_trajectories(
@@ -171,25 +152,22 @@ def analyze_model(
             epochs, traj, out / "center_trajectories.gif"
         ).name
         report["center_log"] = {"path": str(center_log), "epochs": [int(e) for e in epochs]}
-
-    pos = find_position_embedding(model)
-    if pos is not None and pos.shape[0] == prefix + grid[0] * grid[1]:
-        sim = position_similarity(pos, grid, prefix)
+    if res.position_similarity is not None:
         figs["position_similarity"] = F.plot_position_similarity(
-            sim, out / "position_similarity.png"
+            res.position_similarity, out / "position_similarity.png"
         ).name
-    pe = find_patch_embedding(model)
-    if pe is not None:
-        pcs, ratio = patch_filter_pcs(pe.weight, 28)
-        figs["patch_pcs"] = F.plot_patch_pcs(pcs, out / "patch_pcs.png", ratios=ratio).name
-        report["patch_pc_variance"] = ratio.tolist()
+    if res.patch_pcs is not None:
+        figs["patch_pcs"] = F.plot_patch_pcs(
+            res.patch_pcs, out / "patch_pcs.png", ratios=res.patch_pc_variance
+        ).name
+        report["patch_pc_variance"] = res.patch_pc_variance.tolist()
     if not figs:
         raise ValueError(
-            f"{type(model).__name__} has no attention maps, position embeddings or patch "
+            f"{model_name} has no attention maps, position embeddings or patch "
             "embedding: nothing to analyze"
         )
     (out / "report.json").write_text(json.dumps(report, indent=1))
-    write_index(report, out)
+    write_index(report, out, tables)
     return report
 
 
@@ -220,8 +198,9 @@ CAPTIONS = {
 }
 
 
-def write_index(report: dict, out: Path) -> None:
-    """index.md and index.html (self-contained, relative image links) listing the figures."""
+def write_index(report: dict, out: Path, tables: dict[str, list[list[str]]]) -> None:
+    """index.md and index.html (self-contained, relative image links) listing the figures, each
+    followed by its table of ``tables`` (rows of cells, header first) if it has one."""
     figs = report["figures"]
     title = report.get("title") or "attention analysis"
     intro = (
@@ -239,21 +218,9 @@ def write_index(report: dict, out: Path) -> None:
         parts.append(
             f'<img src="{html.escape(name)}" alt="{html.escape(key)}" style="max-width:100%">'
         )
-        if key == "mean_distance" and "mean_distance_px" in report:
-            rows = [["layer", "mean distance per head (px)"]] + [
-                [str(i + 1), " ".join(f"{v:.2f}" for v in d)]
-                for i, d in enumerate(report["mean_distance_px"])
-            ]
-            md += [_md_table(rows), ""]
-            parts.append(_html_table(rows))
-        if key == "conv_likeness" and "conv_likeness_table" in report:
-            md += [report["conv_likeness_table"], ""]
-            rows = [
-                [c.strip() for c in ln.strip("|").split("|")]
-                for ln in report["conv_likeness_table"].splitlines()
-                if not ln.startswith("|---")
-            ]
-            parts.append(_html_table(rows))
+        if key in tables:
+            md += [_md_table(tables[key]), ""]
+            parts.append(_html_table(tables[key]))
     (out / "index.md").write_text("\n".join(md))
     page = (
         '<!DOCTYPE html><html><head><meta charset="utf-8"><title>'

@@ -38,22 +38,53 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+# The committed results of a source checkout (src/attnconv/bench -> repo root), rewritten only on
+# --update-results; every other run writes under the current directory.
 RESULTS_DIR = Path(__file__).resolve().parents[3] / "benchmarks" / "results"
+DEFAULT_OUT_DIR = Path("attnconv-bench")
 MALLOC_POLICIES = {
     "glibc": {},
     "retain": {"MALLOC_MMAP_THRESHOLD_": "4000000000", "MALLOC_TRIM_THRESHOLD_": "4000000000"},
 }
 
 
+def add_output_options(p: argparse.ArgumentParser) -> None:
+    """``--out-dir`` and ``--update-results``, the same for every suite (see output_dir)."""
+    p.add_argument("--out-dir", default=None,
+                   help=f"folder for the results (default: ./{DEFAULT_OUT_DIR}/)")  # fmt: skip
+    p.add_argument("--update-results", action="store_true",
+                   help="rewrite benchmarks/results/ of a source checkout")  # fmt: skip
+
+
+def output_dir(args: argparse.Namespace) -> Path:
+    """Where a suite writes: ``--out-dir``, else ``./attnconv-bench/`` under the current
+    directory; the committed ``benchmarks/results/`` of a source checkout only with
+    ``--update-results`` (never from ``--quick``, never from an installed package)."""
+    if not args.update_results:
+        return Path(args.out_dir) if args.out_dir is not None else DEFAULT_OUT_DIR
+    if args.out_dir is not None:
+        raise ValueError("--update-results writes benchmarks/results/: drop --out-dir")
+    if getattr(args, "quick", False):
+        raise ValueError("--update-results with --quick: quick sizes are not results to commit")
+    if not (RESULTS_DIR.is_dir() and (RESULTS_DIR.parents[1] / "pyproject.toml").is_file()):
+        raise ValueError(
+            f"--update-results needs a source checkout (no benchmarks/results/ beside "
+            f"{Path(__file__).resolve().parents[2]}); use --out-dir"
+        )
+    return RESULTS_DIR
+
+
 def suite_parser(suite: str, description: str | None, only: list[str]) -> argparse.ArgumentParser:
     """The options every timing suite takes (``attnconv bench --suite SUITE -- ...``)."""
     p = argparse.ArgumentParser(prog=f"attnconv bench --suite {suite}", description=description)
     p.add_argument("--quick", action="store_true", help="tiny sizes, in-process, no memory")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=None)
-    p.add_argument("--out-dir", default=None)
-    p.add_argument("--budget-gb", type=float, default=6.0)
-    p.add_argument("--only", choices=only, default=None)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per case (1)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="timed repeats per case; the median is reported")  # fmt: skip
+    add_output_options(p)
+    p.add_argument("--budget-gb", type=float, default=6.0,
+                   help="skip reference cases estimated to need more memory (6)")  # fmt: skip
+    p.add_argument("--only", choices=only, default=None, help="run one group of cases")
     p.add_argument(
         "--malloc",
         choices=list(MALLOC_POLICIES),
@@ -66,6 +97,7 @@ def suite_parser(suite: str, description: str | None, only: list[str]) -> argpar
 def suite_command(suite: str, args: argparse.Namespace) -> str:
     """The ``attnconv bench`` command line that reproduces a suite_parser run (for its report)."""
     cmd = f"attnconv bench --suite {suite}" + (" --quick" if args.quick else "")
+    cmd += " --update-results" if args.update_results else ""
     extra = ([f"--only {args.only}"] if args.only else []) + (
         [f"--malloc {args.malloc}"] if args.malloc != "glibc" else [])  # fmt: skip
     return cmd + (" -- " + " ".join(extra) if extra else "")
@@ -223,9 +255,10 @@ def markdown_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str
     return "\n".join(out)
 
 
-def write_results(name: str, payload: dict, markdown: str, out_dir: Path | None = None) -> Path:
-    """Write <out_dir>/<name>.json and <name>.md; returns the JSON path."""
-    out_dir = Path(out_dir) if out_dir is not None else RESULTS_DIR
+def write_results(name: str, payload: dict, markdown: str, out_dir: Path) -> Path:
+    """Write <out_dir>/<name>.json and <name>.md (out_dir from output_dir); returns the JSON
+    path."""
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
     (out_dir / f"{name}.md").write_text(markdown + "\n")

@@ -10,7 +10,8 @@
    on a whole test split (identical predictions check).
 
 Writes ``convert.json``, ``convert.md`` and ``convert_lemma2.png`` into ``--out-dir``
-(default benchmarks/results). ``--quick``: tiny sizes (CI smoke test).
+(default ``./attnconv-bench/``; the committed benchmarks/results/ only with
+``--update-results``). ``--quick``: tiny sizes (CI smoke test).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
+
+from attnconv.bench.common import add_output_options, output_dir
 
 COMMAND = "attnconv bench --suite convert"
 
@@ -58,7 +61,7 @@ def _timings(fns: dict, x: torch.Tensor, repeats: int) -> tuple[dict, dict]:
 
 
 def bench_speed(batch: int, repeats: int, widths: tuple[int, ...] | None) -> dict:
-    from attnconv.convert import convert_model
+    from attnconv.convert import ConvAttention2d, convert_model
     from attnconv.models import create_model
 
     torch.manual_seed(0)
@@ -67,8 +70,8 @@ def bench_speed(batch: int, repeats: int, widths: tuple[int, ...] | None) -> dic
     fast = convert_model(model).eval()
     gather = convert_model(model).eval()  # the layer's own hard attention (a gather) + crop
     for m in gather.modules():
-        if hasattr(m, "fast_shift"):
-            m.fast_shift = False
+        if isinstance(m, ConvAttention2d):
+            m.forward = m.forward_layer  # this instance runs the layer path (a benchmark copy)
     x = _real_images(batch)
     with torch.no_grad():
         diff = (fast(x) - model(x)).abs().max().item()
@@ -254,12 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog=COMMAND, description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="tiny sizes (CI smoke test)")
-    p.add_argument("--out-dir", "--out", dest="out", default=None,
-                   help="output folder (default: the repo's benchmarks/results)")  # fmt: skip
+    add_output_options(p)
     p.add_argument("--budget-gb", type=float, help="(accepted for `attnconv bench`; unused)")
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=15)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--batch", type=int, default=32, help="images per timed batch, 32x32 (32)")
+    p.add_argument("--repeats", type=int, default=15, help="interleaved timed repeats (15)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1)")
     p.add_argument("--net-batch", type=int, default=4, help="batch of the three-network table")
     p.add_argument("--net-size", type=int, default=112, help="image side of that table")
     p.add_argument("--checkpoint", help="trained checkpoint for the predictions check")
@@ -267,10 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if (args.checkpoint is None) != (args.data is None):
         raise ValueError("--checkpoint and --data go together")
+    out = output_dir(args)
     torch.set_num_threads(args.threads)
-    from attnconv.bench.common import RESULTS_DIR
-
-    out = Path(args.out) if args.out else RESULTS_DIR
     out.mkdir(parents=True, exist_ok=True)
     if args.quick:
         speed = bench_speed(4, 3, (8, 8, 8, 8))

@@ -12,7 +12,8 @@
    ratio bounds the layer's: both paths add the same q/k/v/out projections.
 Every case runs in a fresh subprocess (see common.py for the method). Reference cases whose
 T x T tensors would exceed --budget-gb are skipped and reported as such.
-Writes <out-dir>/layers.json and layers.md (default benchmarks/results/).
+Writes <out-dir>/layers.json and layers.md (default ./attnconv-bench/; the committed
+benchmarks/results/ only with --update-results).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from attnconv.bench.common import (
     TARGET_COLUMNS,
     markdown_table,
     matmul_peak_gflops,
+    output_dir,
     run_case,
     suite_command,
     suite_parser,
@@ -212,6 +214,7 @@ def check_targets(rows: list[dict]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     args = suite_parser("layers", __doc__, ["sweep", "targets", "anchors"]).parse_args(argv)
+    out_dir = output_dir(args)  # checked before any case runs
     repeats = args.repeats or (1 if args.quick else 3)
 
     anchors = []
@@ -221,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         md = [f"# Content attention vs anchors\n\nCommand: `{suite_command('layers', args)} "
               f"--threads {args.threads}`\n", markdown_table(anchors, ANCHOR_COLUMNS)]  # fmt: skip
         path = write_results("layers_anchors", dict(command=suite_command("layers", args),
-                             threads=args.threads, rows=anchors), "\n".join(md), args.out_dir)
+                             threads=args.threads, rows=anchors), "\n".join(md), out_dir)
         print(md[-1])
         print(f"wrote {path} and {path.with_suffix('.md')}")
         return 0
@@ -282,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = dict(command=cmd, threads=args.threads, repeats=repeats, malloc=args.malloc,
                    matmul_peak_gflops=peak,
                    torch=torch.__version__, rows=rows, targets=targets)  # fmt: skip
-    path = write_results("layers", payload, "\n".join(md), args.out_dir)
+    path = write_results("layers", payload, "\n".join(md), out_dir)
     if targets:
         print(markdown_table(targets, TARGET_COLUMNS))
     print(f"wrote {path} and {path.with_suffix('.md')}")

@@ -9,7 +9,7 @@
    the bottleneck baseline resnet26 beside it. A reference case estimated above --budget-gb is
    run at the largest batch that fits instead and labelled so (memory grows ~linearly in B).
 Every case runs in a fresh subprocess (method in bench/common.py). Writes <out-dir>/local.json
-and local.md (default benchmarks/results/).
+and local.md (default ./attnconv-bench/; benchmarks/results/ only with --update-results).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 from attnconv.bench.common import (
     TARGET_COLUMNS,
     markdown_table,
+    output_dir,
     run_case,
     suite_command,
     suite_parser,
@@ -210,6 +211,7 @@ def check_targets(rows: list[dict]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     args = suite_parser("local", __doc__, ["target", "sweep", "model"]).parse_args(argv)
+    out_dir = output_dir(args)  # checked before any case runs
     repeats = args.repeats or (1 if args.quick else 3)
 
     rows = []
@@ -296,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         rows=rows,
         targets=targets,
     )
-    path = write_results("local", payload, "\n".join(md), args.out_dir)
+    path = write_results("local", payload, "\n".join(md), out_dir)
     if targets:
         print(markdown_table(targets, TARGET_COLUMNS))
     print(f"wrote {path} and {path.with_suffix('.md')}")

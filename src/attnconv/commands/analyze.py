@@ -1,20 +1,61 @@
-"""`attnconv analyze CHECKPOINT --data DATA --out DIR`: the papers' figures for a checkpoint."""
+"""`attnconv analyze CHECKPOINT --data DATA --out DIR`: the papers' figures for a checkpoint.
+
+Pretrained timm / Hugging Face weights: `attnconv analyze --model NAME --checkpoint PATH --out DIR`
+(``add_model_arguments`` / ``model_source``, shared with `attnconv explore`).
+"""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from .options import add_device
+
 HELP = "figures of what the attention heads learned (PNGs + index.md/index.html)"
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("checkpoint", help="checkpoint folder (or run folder with checkpoints/latest)")
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """CHECKPOINT (attnconv), or --model NAME --checkpoint PATH (timm / Hugging Face / attnconv)."""
+    p.add_argument(
+        "source", nargs="?", metavar="CHECKPOINT",
+        help="checkpoint folder (or run folder with checkpoints/latest)",
+    )  # fmt: skip
+    p.add_argument(
+        "--model", help="registry name for --checkpoint weights, e.g. vit_base_patch16_224"
+    )
+    p.add_argument(
+        "--checkpoint", dest="weights", metavar="PATH",
+        help="weights for --model: a timm state dict (.safetensors / torch zip), a Hugging Face "
+        "ViT/DeiT folder (config.json + weights) or an attnconv checkpoint",
+    )  # fmt: skip
     p.add_argument(
         "--data",
         help="test data: a folder/.zip (split/class/img), CIFAR batches, 'sample' or 'cifar10' "
-        "(default: the dataset the checkpoint was trained on)",
+        "(default: the dataset the checkpoint was trained on; with --model: 'sample'; images "
+        "are resized to the model's input size)",
     )
+
+
+def model_source(args: argparse.Namespace) -> tuple[str, str | None]:
+    """(checkpoint path, registry name or None) from CHECKPOINT / --model / --checkpoint."""
+    if args.source and args.weights:
+        raise ValueError("give the checkpoint once: CHECKPOINT or --checkpoint PATH, not both")
+    path = args.source or args.weights
+    if not path:
+        raise ValueError("no checkpoint: give CHECKPOINT, or --model NAME --checkpoint PATH")
+    if args.weights and not args.model:
+        raise ValueError("--checkpoint needs --model NAME (e.g. vit_base_patch16_224)")
+    p = Path(path)
+    if not args.model and p.is_dir() and (p / "config.json").is_file():
+        raise ValueError(
+            f"{path}: a Hugging Face / timm folder; name its model: "
+            f"--model NAME --checkpoint {path} (e.g. NAME = vit_base_patch16_224)"
+        )
+    return path, args.model
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_arguments(p)
     p.add_argument("--split", default="test", help="split of --data to use (default: test)")
     p.add_argument("--out", required=True, help="output folder for the figures")
     p.add_argument("--num-images", type=int, default=100, help="images to average over (100)")
@@ -33,7 +74,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--centers-log",
         help="per-epoch centre log (default: centers.jsonl of the checkpoint's run folder)",
     )
-    p.add_argument("--batch-size", type=int, default=25)
+    p.add_argument("--batch-size", type=int, default=25, help="images per forward pass (25)")
+    add_device(p)
 
 
 def analyze_checkpoint(
@@ -48,9 +90,11 @@ def analyze_checkpoint(
     zoom: int = 7,
     centers_log: str | Path | None = None,
     batch_size: int = 25,
+    device: str | None = None,
+    model_name: str | None = None,
 ) -> dict:
     """The figures of ``checkpoint`` into ``out`` (what ``attnconv analyze`` and the demo run);
-    returns the report."""
+    returns the report. ``model_name``: pretrained weights for that registry model."""
     import torch
 
     from attnconv.analysis.centers import find_center_log
@@ -64,7 +108,9 @@ def analyze_checkpoint(
     log = Path(centers_log) if centers_log else find_center_log(checkpoint)
     if centers_log and not log.is_file():
         raise FileNotFoundError(f"--centers-log {log}: no such file")
-    model, info, images, labels, mean, std = load_for_analysis(checkpoint, data, num_images, split)
+    model, info, images, labels, mean, std = load_for_analysis(
+        checkpoint, data, num_images, split, device=device, model_name=model_name
+    )
     with torch.no_grad():
         return analyze_model(
             model, images, out, mean=mean, std=std, labels=labels, query=query,
@@ -75,10 +121,12 @@ def analyze_checkpoint(
 
 
 def run(args: argparse.Namespace) -> int:
+    path, name = model_source(args)
     report = analyze_checkpoint(
-        args.checkpoint, args.out, data=args.data, num_images=args.num_images,
+        path, args.out, data=args.data, num_images=args.num_images,
         split=args.split, query=args.query, image=args.image, zoom=args.zoom,
-        centers_log=args.centers_log, batch_size=args.batch_size,
+        centers_log=args.centers_log, batch_size=args.batch_size, device=args.device,
+        model_name=name,
     )  # fmt: skip
     out = Path(args.out)
     print(f"wrote {len(report['figures'])} figures to {out} (index: {out / 'index.md'})")

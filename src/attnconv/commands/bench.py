@@ -18,13 +18,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="tiny sizes, one repeat (CI smoke test)")
     p.add_argument("--threads", type=int, help="torch threads per case")
     p.add_argument("--repeats", type=int, help="timed repeats per case (median is reported)")
-    p.add_argument("--out-dir", help="where to write NAME.json and NAME.md")
+    from attnconv.bench.common import add_output_options
+
+    add_output_options(p)
     p.add_argument("--budget-gb", type=float, help="skip cases estimated to need more memory")
     p.add_argument("suite_args", nargs=argparse.REMAINDER, help="after --: suite options")
 
 
 def suite_argv(args: argparse.Namespace) -> list[str]:
     argv = ["--quick"] if args.quick else []
+    argv += ["--update-results"] if args.update_results else []
     for opt in ("threads", "repeats", "out_dir", "budget_gb"):
         val = getattr(args, opt)
         if val is not None:

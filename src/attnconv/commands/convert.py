@@ -7,12 +7,16 @@ import argparse
 import json
 from pathlib import Path
 
+from .options import add_device
+
 HELP = "convert every convolution of a model (checkpoint or model name) into self-attention"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", help="checkpoint (run folder, checkpoint folder, .safetensors) or a "
-                   "registry model name (random weights)")  # fmt: skip
+                   "registry model name (random weights, or --checkpoint)")  # fmt: skip
+    p.add_argument("--checkpoint", metavar="PATH", help="pretrained weights for the model name "
+                   "SOURCE: a timm state dict or a Hugging Face ViT/DeiT folder")  # fmt: skip
     p.add_argument("--data", help="dataset for accuracy before/after: cifar10 | sample | PATH "
                    "(e.g. ../shared/data/cifar10-jpeg.zip); default: per-layer check only, on "
                    "the embedded real sample")  # fmt: skip
@@ -20,7 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-per-class", type=int, default=None, help="evaluate on a subset")
     p.add_argument("--num-images", type=int, default=64,
                    help="real images for the per-layer check (default 64)")  # fmt: skip
-    p.add_argument("--batch-size", type=int, default=250)
+    p.add_argument("--batch-size", type=int, default=250,
+                   help="images per batch of the accuracy check (250)")  # fmt: skip
     p.add_argument("--alpha", type=float, default=None,
                    help="finite precision: Lemma 2 soft layers (default: hard)")  # fmt: skip
     p.add_argument("--head-dim", type=int, default=None,
@@ -32,13 +37,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-unsupported", action="store_true",
                    help="leave convolutions the conversion cannot reproduce as they are (listed) "
                    "instead of stopping")  # fmt: skip
+    add_device(p)
 
 
-def _load(source: str):
+def _load(source: str, checkpoint: str | None = None):
     import torch
 
     from attnconv.models import create_model, list_models
 
+    if checkpoint:  # pretrained weights for a registry name
+        from attnconv.analysis.inputs import pretrained_normalization
+        from attnconv.models.weights import model_kwargs
+
+        model = create_model(source, checkpoint=checkpoint)
+        mean, std = pretrained_normalization(checkpoint)
+        info = {"model": source, "model_kwargs": model_kwargs(model),
+                "data": {"mean": mean, "std": std}}  # fmt: skip
+        return model, info, f"{source} ({checkpoint})"
     if Path(source).exists():
         from attnconv.train.checkpoint import load_model
 
@@ -59,27 +74,31 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.convert import convert_model, unconverted_layers
     from attnconv.convert.report import compare_predictions, layer_report
     from attnconv.data import CIFAR10_MEAN, CIFAR10_STD, Loader, load_dataset
+    from attnconv.progress import track
+    from attnconv.train.device import resolve_device
 
     for name in ("num_images", "batch_size", "threads"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    device = resolve_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, info, label = _load(args.source)
+    model, info, label = _load(args.source, args.checkpoint)
     model.eval()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         converted = convert_model(
             model, alpha=args.alpha, head_dim=args.head_dim,
-            on_unsupported="keep" if args.keep_unsupported else "error",
+            on_unsupported="keep" if args.keep_unsupported else "error", progress=True,
         ).eval()  # fmt: skip
+    model, converted = model.to(device), converted.to(device)  # converted on the CPU, run here
     kept = unconverted_layers(converted)
     data_info = info.get("data") or {}
     mean, std = data_info.get("mean", CIFAR10_MEAN), data_info.get("std", CIFAR10_STD)
     spec = args.data or "sample"
     ds = load_dataset(spec, args.split, max_per_class=args.max_per_class)
     x = next(Loader(ds, min(args.num_images, len(ds)), shuffle=False, mean=mean, std=std)
-             .batches(0))[0]  # fmt: skip
+             .batches(0))[0].to(device)  # fmt: skip
     rows = layer_report(model, converted, x)
     if not rows:
         raise ValueError(f"{label}: the model has no Conv1d/Conv2d layer to convert")
@@ -109,7 +128,9 @@ def run(args: argparse.Namespace) -> int:
     report["end_to_end"] = {"images": len(x), "max_abs_logit_diff": d, "same_prediction": same}
     if args.data:
         loader = Loader(ds, args.batch_size, shuffle=False, mean=mean, std=std)
-        res = compare_predictions(model, converted, loader.batches(0))
+        batches = ((x.to(device), y.to(device)) for x, y in loader.batches(0))
+        res = compare_predictions(model, converted, track(batches, f"{spec}:{args.split}",
+                                                          total=len(loader), unit="batch"))
         print(f"{spec}:{args.split}, {res['images']} images: accuracy "
               f"{100 * res['accuracy_before']:.2f}% before, {100 * res['accuracy_after']:.2f}% "
               f"after; predictions differ on {res['predictions_differ']} images; max |logit "
@@ -125,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
         conversion = {"alpha": args.alpha, "head_dim": args.head_dim,
                       "on_unsupported": "keep" if kept else "error", "source": label}  # fmt: skip
         path = save_checkpoint(
-            args.out, converted, info["model"], info.get("model_kwargs", {}),
+            args.out, converted.cpu(), info["model"], info.get("model_kwargs", {}),
             config=info.get("config"), extra={"converted": conversion, "data": data_info},
         )  # fmt: skip
         print(f"saved the converted model to {path}")

@@ -3,18 +3,32 @@ write its checkpoint, metrics and figures of its heads into a run folder.
 
 Data: ``--data`` if given, else the full CIFAR-10 JPEG zip at ``../shared/data/cifar10-jpeg.zip``
 (or ``$ATTNCONV_CIFAR_ZIP``) when it exists, else the CIFAR-10 sample embedded in the package, so
-it runs offline on a fresh machine. The number of steps is planned from a throughput probe to fit
-``--minutes``; a hard time limit (25% more) ends training gracefully if the machine is slower.
+it runs offline on a fresh machine. The whole command fits ``--minutes``: after the data is
+decoded, a short timed warm-up of the real training step (real batches, augmentation, optimizer)
+and of an evaluation batch measures this machine's throughput, and the schedule (steps, cosine to
+its end) is sized so that training, the final evaluation and the figures fit the time left, with a
+margin. A hard time limit ends training gracefully if the machine slows down later (the summary
+then says the schedule did not finish).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import logging
 import os
+import statistics
 import time
 from pathlib import Path
 
 HELP = "train a small quadratic-attention model for ~2 minutes and draw what its heads learned"
+log = logging.getLogger(__name__)
+MARGIN = 0.8  # plan the steps for this share of the time left (the machine may be shared)
+PROBE_S = 3.0  # a speed probe stops after this many seconds (a slow thread count is seen soon)
+# Planning estimate: drawing the figures (matplotlib) costs about as much CPU time as training on
+# this many images, so FIGURES_IMAGES / (measured images/s) seconds are kept for them. Every demo
+# run prints the figures' actual time beside this plan, so the estimate is checked each time.
+FIGURES_IMAGES = 6000
 
 # 3 layers x 9 quadratic heads, hidden 64, 4x4 space-to-depth (8x8 tokens); no dropout (short run)
 MODEL = {
@@ -35,7 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "else the embedded sample)",
     )
     p.add_argument("--out", help="run folder (default: runs/demo-<date>-<time>)")
-    p.add_argument("--minutes", type=float, default=2.0, help="training time budget (2)")
+    p.add_argument("--minutes", type=float, default=2.0,
+                   help="time budget of the whole demo, figures included (2)")  # fmt: skip
     p.add_argument(
         "--set",
         dest="overrides",
@@ -54,36 +69,60 @@ def default_data() -> str:
     return "sample"
 
 
-def _throughput(cfg, num_classes: int, threads: int) -> float:
-    """Training images/s of the demo model here (median of 3 steps after a warm-up)."""
+def _probe(cfg, train_ds, eval_ds, threads: int, steps: int = 6) -> tuple[float, float]:
+    """(training images/s, evaluation images/s) of the demo model here with ``threads``: the
+    mean over up to ``steps`` real training steps (loader batches with augmentation, forward,
+    cross-entropy, backward, SGD) after one warm-up step, stopping after PROBE_S seconds, and
+    one timed evaluation batch (of at most 100 images)."""
     import torch
     import torch.nn.functional as F
 
+    from attnconv.data import Loader
     from attnconv.models import create_model
 
     torch.set_num_threads(threads)
-    model = create_model(cfg.model.name, num_classes=num_classes, **cfg.model.kwargs)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(cfg.train.batch_size, 3, 32, 32)
-    y = torch.randint(0, num_classes, (cfg.train.batch_size,))
-    times = []
-    for _ in range(4):
-        t = time.perf_counter()
+    d, t = cfg.data, cfg.train
+    model = create_model(cfg.model.name, num_classes=train_ds.num_classes, **cfg.model.kwargs)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loader = Loader(train_ds, t.batch_size, shuffle=True, seed=t.seed, augment=d.augment,
+                    pad=d.crop_padding, flip=d.flip, mean=d.mean, std=d.std)  # fmt: skip
+    times, t0 = [], time.perf_counter()
+    for i, (x, y) in enumerate(loader.batches(0)):
         loss = F.cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
-        times.append(time.perf_counter() - t)
-    return cfg.train.batch_size / sorted(times[1:])[1]
+        now = time.perf_counter()
+        times.append(now - t0)
+        t0 = now
+        if i == steps or (len(times) >= 2 and sum(times) > PROBE_S):
+            break
+    eval_loader = Loader(eval_ds, min(100, t.eval_batch_size), shuffle=False, mean=d.mean,
+                         std=d.std)  # fmt: skip
+    x, _ = next(eval_loader.batches(0))
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        model.eval()(x)
+    timed = times[1:] or times
+    return t.batch_size / statistics.mean(timed), len(x) / (time.perf_counter() - t0)
+
+
+def _last_lr(metrics: Path) -> float | None:
+    """The learning rate of the last training row of metrics.csv."""
+    with open(metrics, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["kind"] == "train"]
+    return float(rows[-1]["lr"]) if rows else None
 
 
 def run(args: argparse.Namespace) -> int:
     from attnconv.data import load_dataset
     from attnconv.train.config import apply_overrides, config_from_dict
     from attnconv.train.loop import train
+    from attnconv.train.optim import lr_at
 
     if args.minutes <= 0:
         raise ValueError(f"--minutes must be > 0, got {args.minutes}")
+    t_start = time.time()
     data = args.data or default_data()
     out = Path(args.out or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
     base = {
@@ -95,49 +134,73 @@ def run(args: argparse.Namespace) -> int:
         "out_dir": str(out),
     }
     cfg = config_from_dict(apply_overrides(base, args.overrides))
-    t0 = time.time()
-    train_ds = load_dataset(
-        cfg.data.dataset,
-        cfg.data.train_split,
-        root=cfg.data.root,
-        max_per_class=cfg.data.max_per_class,
-    )
+    d = cfg.data
+    log.info(f"demo: reading {data}")
+    train_ds = load_dataset(d.dataset, d.train_split, root=d.root, max_per_class=d.max_per_class)
+    eval_ds = load_dataset(d.dataset, d.eval_split, root=d.root,
+                           max_per_class=d.eval_max_per_class)  # fmt: skip
     import torch
 
     # on a busy machine one thread can beat several by far: measure both, keep the faster
-    ips, threads = max(
-        (_throughput(cfg, train_ds.num_classes, n), n) for n in sorted({1, torch.get_num_threads()})
-    )
+    log.info("demo: measuring this machine's speed (a few real training steps)")
+    probes = {n: _probe(cfg, train_ds, eval_ds, n) for n in sorted({1, torch.get_num_threads()})}
+    threads = max(probes, key=lambda n: probes[n][0])
+    ips, eval_ips = probes[threads]
     cfg.train.threads = cfg.train.threads or threads
-    budget = 60 * args.minutes - (time.time() - t0)
-    steps = max(10, int(ips * budget * 0.85 / cfg.train.batch_size))  # eval + saving take a bit
+    eval_s = len(eval_ds) / eval_ips
+    left = 60 * args.minutes - (time.time() - t_start)
+    figures_s = 0.0 if args.no_figures else FIGURES_IMAGES / ips
+    train_s = left - eval_s - figures_s
+    steps = max(10, int(ips * MARGIN * train_s / cfg.train.batch_size))
     # at least 6 (short) epochs so centers.jsonl shows the heads' centres moving; eval at the end
     per_epoch = len(train_ds) // cfg.train.batch_size
     cfg.train.epochs = max(6, steps // per_epoch)
     cfg.train.steps_per_epoch = min(per_epoch, max(1, steps // cfg.train.epochs))
     cfg.train.eval_every = cfg.train.epochs
-    cfg.train.time_limit = 1.25 * max(budget, 10.0)
-    n_img = cfg.train.epochs * cfg.train.steps_per_epoch * cfg.train.batch_size
-    print(
-        f"demo: {cfg.model.name} {cfg.model.kwargs} on {data} ({len(train_ds)} training images); "
-        f"~{ips:.0f} images/s here ({threads} thread(s)) -> {cfg.train.epochs} epoch(s), "
-        f"{n_img} images; run folder {out}"
+    cfg.train.time_limit = max(train_s, 10.0)
+    planned = cfg.train.epochs * cfg.train.steps_per_epoch
+    log.info(
+        f"demo: {ips:.0f} training images/s here ({threads} thread(s)), {len(train_ds)} training "
+        f"images: planned {planned} steps of {cfg.train.batch_size} images "
+        f"({cfg.train.epochs} short epochs) to fit {args.minutes:g} min"
     )
+    t_train = time.time()
     last = train(cfg)
-    print(
-        f"demo: trained {last.get('step')} steps in {last.get('seconds', 0):.0f} s; "
-        f"test accuracy {100 * last.get('eval_acc', 0):.1f}% on "
-        f"{cfg.data.eval_max_per_class} images per class"
-    )
     figures = out / "figures"
+    t_figures = time.time()
     if not args.no_figures:
         from .analyze import analyze_checkpoint
 
-        report = analyze_checkpoint(out, figures, num_images=100)
-        print(f"wrote {len(report['figures'])} figures to {figures}")
+        analyze_checkpoint(out, figures, num_images=100)
+    wall = time.time() - t_start
+    took = (f"data and speed probe {t_train - t_start:.0f} s, training and evaluation "
+            f"{t_figures - t_train:.0f} s (allotted {train_s + eval_s:.0f} s)")  # fmt: skip
+    if not args.no_figures:
+        took += f", figures {time.time() - t_figures:.0f} s (allotted {figures_s:.0f} s)"
+    step = int(last.get("step", 0))
+    lr_end = _last_lr(out / "metrics.csv")
+    lr_goal = lr_at(planned - 1, cfg.optim.lr, cfg.schedule, planned, cfg.train.steps_per_epoch)
+    n_eval = len(eval_ds)
+    print(f"\nThe demo took {wall / 60:.1f} min (budget {args.minutes:g} min): {took}.")
+    print(
+        f"It trained {cfg.model.name} ({MODEL['num_layers']} layers of {MODEL['num_heads']} "
+        f"quadratic attention heads) on {len(train_ds)} images of {data} for {step} steps of "
+        f"{cfg.train.batch_size} images ({step * cfg.train.batch_size} images seen)."
+    )
+    if step >= planned:
+        print(f"The learning rate followed its cosine schedule to the end ({cfg.optim.lr:g} -> "
+              f"{lr_end:.2g}).")  # fmt: skip
+    else:
+        print(f"The time limit stopped training at step {step} of {planned}: the schedule did "
+              f"not finish (learning rate {lr_end:.3g}, it would have ended at {lr_goal:.2g}); "
+              "this machine was slower than measured at the start.")  # fmt: skip
+    print(
+        f"Test accuracy: {100 * last.get('eval_acc', 0):.1f}% on {n_eval} test images "
+        f"(chance: {100 / train_ds.num_classes:.0f}%)."
+    )
     print(f"\nrun folder: {out.resolve()}")
     print(f"  checkpoint  {out / 'checkpoints'} (attnconv eval {out})")
     print(f"  metrics     {out / 'metrics.csv'}, head centres per epoch {out / 'centers.jsonl'}")
-    if figures is not None and not args.no_figures:
+    if not args.no_figures:
         print(f"  figures     {figures / 'index.html'} ({figures / 'index.md'})")
     return 0

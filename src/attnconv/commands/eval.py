@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from .options import add_device
+
 HELP = "evaluate a checkpoint (accuracy, loss) on a dataset split"
 
 
@@ -13,9 +15,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="cifar10 | cifar100 | sample | PATH (default: the training data)")
     p.add_argument("--root", help="folder holding the official CIFAR files (for --data cifar10)")
     p.add_argument("--split", default="test", help="split of --data to use (default: test)")
-    p.add_argument("--batch-size", type=int, default=500)
+    p.add_argument("--batch-size", type=int, default=500, help="images per batch (500)")
     p.add_argument("--max-per-class", type=int, default=None, help="evaluate on a subset")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_device(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -23,9 +26,11 @@ def run(args: argparse.Namespace) -> int:
 
     from attnconv.data import CIFAR10_MEAN, CIFAR10_STD, Loader, load_dataset
     from attnconv.train.checkpoint import load_model
+    from attnconv.train.device import resolve_device
     from attnconv.train.distributed import DistInfo
     from attnconv.train.loop import evaluate
 
+    device = resolve_device(args.device)
     model, info = load_model(args.checkpoint)
     cfg_data = (info.get("config") or {}).get("data", {})
     spec = args.data or cfg_data.get("dataset")
@@ -45,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     mean, std = data_info.get("mean", CIFAR10_MEAN), data_info.get("std", CIFAR10_STD)
     loader = Loader(ds, args.batch_size, shuffle=False, mean=mean, std=std)
     torch.manual_seed(0)
-    loss, acc = evaluate(model, loader, DistInfo())
+    loss, acc = evaluate(model.to(device), loader, DistInfo(device=device))
     res = {
         "checkpoint": info["path"],
         "model": info["model"],

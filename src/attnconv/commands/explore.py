@@ -5,17 +5,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .options import add_device
+
 HELP = "write a self-contained HTML page to explore every head's attention by clicking pixels"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("checkpoint", help="checkpoint folder (or run folder with checkpoints/latest)")
+    from .analyze import add_model_arguments
+
+    add_model_arguments(p)  # CHECKPOINT, or --model NAME --checkpoint PATH; --data
     p.add_argument("--out", required=True, help="the .html file to write")
-    p.add_argument(
-        "--data",
-        help="test data: a folder/.zip (split/class/img), CIFAR batches, 'sample' or 'cifar10' "
-        "(default: the dataset the checkpoint was trained on)",
-    )
     p.add_argument("--split", default="test", help="split of --data to use (default: test)")
     p.add_argument("--images", type=int, default=4, help="test images shown (default 4)")
     p.add_argument(
@@ -27,7 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=256,
         help="query tokens stored per layer; larger grids keep every k-th token (default 256)",
     )
-    p.add_argument("--batch-size", type=int, default=25)
+    p.add_argument("--batch-size", type=int, default=25, help="images per forward pass (25)")
+    add_device(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,6 +36,8 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.analysis.explorer import explore_model
     from attnconv.analysis.inputs import load_for_analysis
 
+    from .analyze import model_source
+
     for name in ("images", "max_queries", "batch_size"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -43,8 +45,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--average must be >= 0, got {args.average}")
     if Path(args.out).suffix.lower() not in (".html", ".htm"):
         raise ValueError(f"--out must name an .html file, got {args.out}")
+    path, name = model_source(args)
     model, info, images, labels, mean, std = load_for_analysis(
-        args.checkpoint, args.data, max(args.images, args.average), args.split
+        path, args.data, max(args.images, args.average), args.split, device=args.device,
+        model_name=name,
     )
     with torch.no_grad():
         out = explore_model(

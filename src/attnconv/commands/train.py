@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from .options import add_device
+
 HELP = "train a model from a YAML config (resumable; torchrun for several processes)"
 
 
@@ -37,6 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="save a resumable checkpoint after N steps and stop (as if interrupted)",
     )
+    add_device(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--stop-at-step must be >= 1, got {args.stop_at_step}")
     try:
         last = train(
-            cfg, resume=args.resume, stop_at_step=args.stop_at_step, overwrite=args.overwrite
+            cfg, resume=args.resume, stop_at_step=args.stop_at_step, overwrite=args.overwrite,
+            device=args.device,
         )
     except Interrupted as e:
         return 128 + e.signum if e.signum else 0

@@ -9,6 +9,8 @@ import warnings
 
 import torch.nn as nn
 
+from attnconv.progress import Progress
+
 from .modules import ConvAttention2d, conv_to_attention
 from .rules import UnsupportedConv
 
@@ -23,6 +25,7 @@ def convert_model(
     impl: str = "auto",
     inplace: bool = False,
     on_unsupported: str = "error",
+    progress: bool = False,
 ) -> nn.Module:
     """Replace every convolution (nn.Conv1d / nn.Conv2d and their subclasses) of ``model`` by
     its attention equivalent, each checked against the module's own forward (rules.py).
@@ -31,7 +34,7 @@ def convert_model(
     outputs equal the original's (exactly for ``alpha=None, head_dim=None``). A convolution the
     conversion cannot reproduce raises one ValueError naming its path and class
     (``on_unsupported="error"``), or stays as it is (``"keep"``): ``unconverted_layers(model)``
-    lists those, with the reason.
+    lists those, with the reason. ``progress``: show a bar over the layers (attnconv.progress).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"convert_model expects an nn.Module, got {type(model).__name__}")
@@ -59,7 +62,9 @@ def convert_model(
         return out
     converted: dict[int, nn.Module] = {}  # id(conv) -> module (a shared conv stays shared)
     names = {id(m): n for n, m in model.named_modules()}
-    with warnings.catch_warnings():
+    n_convs = len({id(m) for m in model.modules() if isinstance(m, (nn.Conv1d, nn.Conv2d))})
+    bar = Progress(n_convs, "convert", unit="layer", leave=False, enabled=progress)
+    with warnings.catch_warnings(), bar:
         warnings.simplefilter("ignore")  # one summary warning below instead of one per layer
         for parent in list(model.modules()):
             for child_name, child in list(parent._modules.items()):  # shared convs repeat here
@@ -67,6 +72,7 @@ def convert_model(
                     if id(child) not in converted:
                         path = ".".join(p for p in (names.get(id(parent), ""), child_name) if p)
                         converted[id(child)] = convert(path, child)
+                        bar.update(1)
                     setattr(parent, child_name, converted[id(child)])
     model.attnconv_unconverted = kept
     worst = max(

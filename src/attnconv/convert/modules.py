@@ -49,7 +49,9 @@ class ConvAttention2d(nn.Module):
 
     ``attention`` is a position-only quadratic ``MultiHeadSelfAttention2d`` over the padded input;
     ``geometry`` holds the conv's padding, stride and dilation. NCHW in, NCHW out, same shapes as
-    the original conv.
+    the original conv. One path switch, the layer's ``impl``: with "auto" a hard layer evaluates
+    its one-hot attention at the kept queries only (a shift, ``_forward_shift``); ``forward_layer``
+    runs the layer's own forward on every padded pixel, then the crop (what the shift equals).
     """
 
     def __init__(self, geometry: ConvGeometry, attention: nn.Module, rank_error: float = 0.0):
@@ -57,9 +59,6 @@ class ConvAttention2d(nn.Module):
         self.geometry = geometry
         self.attention = attention
         self.rank_error = rank_error  # ||W - W_r||_F / ||W||_F of the kernel (0 = exact)
-        # hard + impl="auto": evaluate the one-hot attention at the kept queries only (a shift);
-        # False: the layer's own forward on every padded pixel, then the crop (the reference)
-        self.fast_shift = True
 
     # the convolution's own attributes, so code that reads them keeps working after conversion
     @property
@@ -107,11 +106,11 @@ class ConvAttention2d(nn.Module):
                 f"got shape {tuple(x.shape)}"
             )
 
-    def _forward2d(self, x: torch.Tensor, return_attention: bool):
+    def _forward2d(self, x: torch.Tensor, return_attention: bool, shift: bool = True):
         h, w = x.shape[-2:]
         self.geometry.output_size(h, w)  # ValueError if the image is smaller than the kernel
         xp = self.geometry.pad_input(x)  # (B, Cin, Hp, Wp), padded exactly as the conv pads
-        if self.fast_shift and self.hard and self.attention.impl == "auto" and not return_attention:
+        if shift and self.hard and self.attention.impl == "auto" and not return_attention:
             return self._forward_shift(xp, h, w)
         out = self.attention(xp, return_attention=return_attention)
         y, attn = out if return_attention else (out, None)  # y (B, Cout, Hp, Wp)
@@ -167,6 +166,12 @@ class ConvAttention2d(nn.Module):
         self._check(x, 2)
         return self._forward2d(x, return_attention)
 
+    def forward_layer(self, x: torch.Tensor) -> torch.Tensor:
+        """conv(x) by the layer's own forward on every padded pixel, then the crop: the path the
+        hard shift is tested equal to (and the speed reference of the convert benchmark)."""
+        self._check(x, 2)
+        return self._forward2d(x, False, shift=False)
+
     def extra_repr(self) -> str:
         g = self.geometry
         s = (
@@ -187,6 +192,10 @@ class ConvAttention1d(ConvAttention2d):
         if return_attention:
             return out[0].squeeze(2), out[1]
         return out.squeeze(2)
+
+    def forward_layer(self, x: torch.Tensor) -> torch.Tensor:
+        self._check(x, 1)
+        return self._forward2d(x.unsqueeze(2), False, shift=False).squeeze(2)
 
 
 def conv_to_attention(

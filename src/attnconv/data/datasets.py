@@ -10,6 +10,7 @@ the source's path, size and modification time.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import tempfile
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from .folder import read_image_folder
 
 SAMPLE_PATH = Path(__file__).resolve().parent / "sample" / "cifar10_sample.zip"
 CACHE_VERSION = 1
+log = logging.getLogger(__name__)
 
 
 def default_cache_dir() -> Path:
@@ -155,8 +157,9 @@ def load_dataset(
             with os.fdopen(fd, "wb") as f:
                 np.savez(f, images=x, labels=y, classes=np.asarray(classes, dtype=str))
             os.replace(tmp, cfile)
-        except OSError:
-            pass  # a read-only cache is not an error
+            log.debug(f"{path.name}:{split}: {len(y)} images decoded once, cached in {cfile}")
+        except OSError as e:  # a read-only cache is not an error
+            log.debug(f"{path.name}:{split}: not cached ({e})")
     x = np.ascontiguousarray(x)
     return ArrayDataset(
         torch.from_numpy(x), torch.from_numpy(y.astype(np.int64)), classes, str(path)

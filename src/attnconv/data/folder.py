@@ -8,11 +8,16 @@ or has another size than the first one, is an error naming the file.
 from __future__ import annotations
 
 import io
+import logging
 import zipfile
 from pathlib import Path, PurePosixPath
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
+
+from attnconv.progress import Progress
+
+log = logging.getLogger(__name__)
 
 IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".ppm", ".tif", ".tiff"}
 
@@ -83,6 +88,7 @@ def read_image_folder(
     if not names:
         raise ValueError(f"{path}: split {split!r} is empty (no images)")
     out = None
+    bar = Progress(len(names), f"decoding {path.name}:{split}", unit="img", logger=log, leave=False)
     for i, name in enumerate(names):
         data = t.read(name)
         try:
@@ -98,4 +104,6 @@ def read_image_folder(
                 f"is {out.shape[2]}x{out.shape[3]} (all images of a dataset must have one size)"
             )
         out[i] = a.transpose(2, 0, 1)
+        bar.update(1)
+    bar.close()
     return out, np.asarray(labels, dtype=np.int64), classes

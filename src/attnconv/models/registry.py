@@ -22,7 +22,9 @@ def list_models() -> list[str]:
     return sorted(_MODELS)
 
 
-def create_model(name: str, **kwargs) -> nn.Module:
+def create_model(name: str, *, checkpoint=None, **kwargs) -> nn.Module:
+    """The model ``name`` built with ``kwargs``; with ``checkpoint`` (an attnconv checkpoint, a
+    timm state dict or a Hugging Face ViT/DeiT folder) loaded with its weights, in eval mode."""
     if name not in _MODELS:
         close = difflib.get_close_matches(name, list(_MODELS), n=3)
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
@@ -31,6 +33,10 @@ def create_model(name: str, **kwargs) -> nn.Module:
         if key in _SIZES and val is not None:
             if not isinstance(val, int) or isinstance(val, bool) or val < 1:
                 raise ValueError(f"{name}: {key} must be a positive int, got {val!r}")
+    if checkpoint is not None:
+        from .weights import load_pretrained  # the loaders build models through this registry
+
+        return load_pretrained(name, checkpoint, **kwargs)
     return _MODELS[name](**kwargs)
 
 

@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..layers.attention_map import AttentionMap
 from ..layers.functional import check_impl
 from ..layers.mhsa2d import MultiHeadSelfAttention2d
 from ._common import build_config, check_images
@@ -42,7 +43,6 @@ __all__ = [
     "sa_learned_content",
 ]
 
-_LEARNED_TABLES = ("absolute_learned", "relative_learned")
 # "reference": what epfml/attention-cnn's BertImage does (it never calls BERT's
 #   init_bert_weights): PyTorch's default Linear init, learned relative tables N(0, 1) as
 #   nn.Embedding; "bert": BERT's init_bert_weights, Linear N(0, 0.02) with zero bias and the
@@ -118,8 +118,8 @@ class SALayer(nn.Module):
 class SelfAttentionCifar(nn.Module):
     """Cordonnier et al.'s network: NCHW images -> logits.
 
-    ``forward(x, return_attention=True)`` -> (logits, [attn per layer]), attn (B or 1, Nh, T, T)
-    over the T = (H/ds)*(W/ds) pixels of the downsampled grid (``attention_grid``), row-major.
+    ``forward(x, return_attention=True)`` -> (logits, [AttentionMap per layer]), probabilities
+    (B or 1, Nh, T, T) over the T = (H/ds)*(W/ds) pixels of the downsampled grid, row-major.
     ``forward_features`` -> (B, D, H/ds, W/ds); ``forward_head`` mean-pools and classifies.
     ``attention_centers()`` -> (layers, Nh, 2) head centres Delta in pixels (quadratic).
     """
@@ -168,7 +168,8 @@ class SelfAttentionCifar(nn.Module):
             raise ValueError(
                 f"image size {h}x{w} is not a multiple of the space-to-depth factor {ds}"
             )
-        if self.cfg.positional in _LEARNED_TABLES and max(h, w) > self.max_size * ds:
+        tables = self.layers[0].attn.positional_encoding.learned_size  # None: any size
+        if tables is not None and max(h, w) > self.max_size * ds:
             s = self.max_size * ds
             raise ValueError(
                 f"image size {h}x{w} is too large for the learned positional tables of this "
@@ -183,7 +184,7 @@ class SelfAttentionCifar(nn.Module):
         attns = []
         for layer in self.layers:
             x, a = layer(x, return_attention)
-            attns.append(a)
+            attns.append(None if a is None else AttentionMap(a, x.shape[1:3]))
         feats = x.permute(0, 3, 1, 2)  # (B, D, h, w)
         return (feats, attns) if return_attention else feats
 

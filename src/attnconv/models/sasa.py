@@ -11,7 +11,8 @@ without pooling) for 32x32 inputs. Paper parameter counts (1000 classes): baseli
 
 Attention maps: ``local_attention_maps(x)`` returns, per attention layer (input -> output
 order), the window probabilities (B, nh, H*W, k*k); ``forward(x, return_attention=True)`` turns
-them into dense (B, nh, T, T) maps (rows = queries, row-major), refused when too large.
+them into ``AttentionMap``s of dense (B, nh, T, T) probabilities on each layer's grid (rows =
+queries, row-major), refused when too large.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..layers.attention_map import AttentionMap
 from ..layers.local import LocalSelfAttention2d, local_to_dense
 from ..layers.stem import AttentionStem2d
 from ._common import build_config, check_images
@@ -193,7 +195,7 @@ class SASAResNet(nn.Module):
                     f"dense attention maps of {b}x{nh}x{t}x{t} are too large for "
                     "return_attention; use model.local_attention_maps(x) (B, nh, H*W, k*k)"
                 )
-            dense.append(local_to_dense(attn, h, w, int(round(kk**0.5))))
+            dense.append(AttentionMap(local_to_dense(attn, h, w, int(round(kk**0.5))), (h, w)))
         return logits, dense
 
 

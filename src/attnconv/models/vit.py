@@ -6,7 +6,15 @@ The attention is ``attnconv.MultiHeadAttention`` (one shared kernel for the whol
 
 Position embeddings are learned 1D (the paper's default) or fixed 2D sinusoidal (half the
 channels encode the row, half the column). When the image size changes, learned embeddings
-are resampled bicubically on the patch grid (the class token's embedding is kept as is).
+are resampled bicubically on the patch grid (the prefix tokens' embeddings are kept as is);
+``pos_embed_antialias`` picks timm's antialiased kernel over Hugging Face's plain one.
+
+DeiT (Touvron et al., "Training data-efficient image transformers & distillation through
+attention", ICML 2021, sec. 5): ``dist_token`` adds a distillation token after the class token,
+and with ``dist_head`` its own classifier; at inference the two heads' logits are averaged.
+``global_pool="avg"`` classifies the mean of the patch tokens (timm's variant, with the final
+LayerNorm after the pooling as ``fc_norm``). Pretrained timm / Hugging Face weights:
+``create_model(name, checkpoint=PATH)`` (``attnconv.models.weights``).
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..layers.attention_map import AttentionMap
 from ..layers.feedforward import FeedForward
 from ..layers.functional import check_impl
 from ..layers.mha import MultiHeadAttention
@@ -32,10 +41,20 @@ __all__ = [
     "resample_pos_embed",
     "vit_tiny_cifar",
     "vit_small_cifar",
+    "vit_tiny_patch16_224",
+    "vit_small_patch16_224",
     "vit_base_patch16_224",
+    "vit_large_patch16_224",
+    "deit_tiny_patch16_224",
+    "deit_small_patch16_224",
+    "deit_base_patch16_224",
+    "deit_tiny_distilled_patch16_224",
+    "deit_small_distilled_patch16_224",
+    "deit_base_distilled_patch16_224",
 ]
 
 POS_EMBEDS = ("learned", "sinusoidal_2d")
+GLOBAL_POOLS = ("token", "avg")
 
 
 @dataclass
@@ -53,6 +72,12 @@ class ViTConfig:
     dropout: float = 0.0  # after the position embeddings, in the MLP and projections
     attn_dropout: float = 0.0
     impl: str = "auto"
+    class_token: bool = True
+    dist_token: bool = False  # DeiT's distillation token (after the class token)
+    dist_head: bool = True  # with dist_token: its own head, logits averaged with the class head
+    global_pool: str = "token"  # "token" (class token) | "avg" (mean of the patch tokens)
+    norm_eps: float = 1e-6  # LayerNorm eps (timm 1e-6; Hugging Face ViT configs say 1e-12)
+    pos_embed_antialias: bool = False  # resampling kernel: timm antialiases, Hugging Face not
 
 
 def sinusoidal_2d(grid_h: int, grid_w: int, dim: int) -> torch.Tensor:
@@ -67,17 +92,22 @@ def resample_pos_embed(
     old_grid: tuple[int, int],
     new_grid: tuple[int, int],
     num_prefix_tokens: int = 1,
+    antialias: bool = False,
 ) -> torch.Tensor:
     """Bicubic resampling of (1, prefix + gh*gw, D) patch embeddings to a new grid.
 
-    The prefix (class token) embeddings are kept unchanged.
+    The prefix (class / distillation token) embeddings are kept unchanged. The arithmetic is
+    timm's ``resample_abs_pos_embed`` (float32, ``antialias=True`` its default) and, with
+    ``antialias=False``, Hugging Face's ``interpolate_pos_encoding`` (``align_corners=False``).
     """
     if tuple(old_grid) == tuple(new_grid):
         return pos_embed
     prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
     D = grid.shape[-1]
     grid = grid.reshape(1, old_grid[0], old_grid[1], D).permute(0, 3, 1, 2)  # (1, D, gh, gw)
-    grid = F.interpolate(grid.float(), size=new_grid, mode="bicubic", align_corners=False)
+    grid = F.interpolate(
+        grid.float(), size=new_grid, mode="bicubic", align_corners=False, antialias=antialias
+    )
     grid = grid.to(pos_embed.dtype).permute(0, 2, 3, 1).reshape(1, -1, D)  # (1, gh'*gw', D)
     return torch.cat([prefix, grid], dim=1)
 
@@ -88,12 +118,12 @@ class Block(nn.Module):
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
         D = cfg.embed_dim
-        self.norm1 = nn.LayerNorm(D, eps=1e-6)
+        self.norm1 = nn.LayerNorm(D, eps=cfg.norm_eps)
         self.attn = MultiHeadAttention(
             D, cfg.num_heads, dropout=cfg.attn_dropout, bias=cfg.qkv_bias, impl=cfg.impl
         )
         self.drop = nn.Dropout(cfg.dropout)
-        self.norm2 = nn.LayerNorm(D, eps=1e-6)
+        self.norm2 = nn.LayerNorm(D, eps=cfg.norm_eps)
         self.mlp = FeedForward(
             D, int(D * cfg.mlp_ratio), cfg.dropout, activation="gelu", out_dropout=True
         )
@@ -109,13 +139,15 @@ class Block(nn.Module):
 class VisionTransformer(nn.Module):
     """ViT classifier over NCHW images; class token, learned 1D or 2D sinusoidal positions.
 
-    ``forward(x, return_attention=True)`` returns (logits, [attn per block]) with attn
-    (B, heads, 1 + N, 1 + N), token 0 the class token, then patches in row-major order.
+    Tokens: [class token][distillation token] patches, ``num_prefix_tokens`` = number of the
+    first two present.
+
+    ``forward(x, return_attention=True)`` returns (logits, [AttentionMap per block]), the
+    probabilities (B, heads, prefix + N, prefix + N): the prefix tokens first, then the patches
+    row-major.
     Inputs of another size than ``img_size`` (multiples of the patch size) are accepted:
     the position embeddings are resampled on the fly (``set_img_size`` does it once).
     """
-
-    num_prefix_tokens = 1
 
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
@@ -129,22 +161,33 @@ class VisionTransformer(nn.Module):
             raise ValueError(
                 f"embed_dim ({cfg.embed_dim}) must be divisible by num_heads ({cfg.num_heads})"
             )
+        if cfg.global_pool not in GLOBAL_POOLS:
+            raise ValueError(f"global_pool must be one of {GLOBAL_POOLS}, got {cfg.global_pool!r}")
+        if cfg.global_pool == "token" and not cfg.class_token:
+            raise ValueError('global_pool="token" needs class_token=True (or global_pool="avg")')
+        if cfg.dist_token and not (cfg.class_token and cfg.global_pool == "token"):
+            raise ValueError("dist_token needs the class token and global_pool='token' (DeiT)")
         check_impl(cfg.impl)
         self.cfg = cfg
+        self.num_prefix_tokens = int(cfg.class_token) + int(cfg.dist_token)
         D, P = cfg.embed_dim, cfg.patch_size
         self.patch_embed = nn.Conv2d(cfg.in_chans, D, P, stride=P)  # linear map E of patches
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.dist_token else None
         self.grid = (cfg.img_size // P, cfg.img_size // P)
-        n = self.grid[0] * self.grid[1]
+        n, npre = self.grid[0] * self.grid[1], self.num_prefix_tokens
         if cfg.pos_embed == "learned":
-            self.pos_embed = nn.Parameter(torch.zeros(1, 1 + n, D))
-        else:  # fixed; the class token gets a zero encoding
-            pe = torch.cat([torch.zeros(1, D), sinusoidal_2d(*self.grid, D)])[None]
+            self.pos_embed = nn.Parameter(torch.zeros(1, npre + n, D))
+        else:  # fixed; the prefix tokens get a zero encoding
+            pe = torch.cat([torch.zeros(npre, D), sinusoidal_2d(*self.grid, D)])[None]
             self.register_buffer("pos_embed", pe, persistent=False)
         self.pos_drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.depth)])
-        self.norm = nn.LayerNorm(D, eps=1e-6)
+        avg = cfg.global_pool == "avg"  # timm: the final norm moves after the pooling
+        self.norm = nn.Identity() if avg else nn.LayerNorm(D, eps=cfg.norm_eps)
+        self.fc_norm = nn.LayerNorm(D, eps=cfg.norm_eps) if avg else nn.Identity()
         self.head = nn.Linear(D, cfg.num_classes)
+        self.head_dist = nn.Linear(D, cfg.num_classes) if cfg.dist_token and cfg.dist_head else None
         self.num_features = D
         self._init_weights()
 
@@ -155,7 +198,10 @@ class VisionTransformer(nn.Module):
     def _init_weights(self) -> None:
         if isinstance(self.pos_embed, nn.Parameter):
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        nn.init.normal_(self.cls_token, std=1e-6)
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)
+        if self.dist_token is not None:
+            nn.init.trunc_normal_(self.dist_token, std=0.02)
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
@@ -169,8 +215,10 @@ class VisionTransformer(nn.Module):
             return self.pos_embed
         if self.cfg.pos_embed == "sinusoidal_2d":
             pe = sinusoidal_2d(*grid, self.cfg.embed_dim).to(self.pos_embed)
-            return torch.cat([self.pos_embed[:, :1], pe[None]], dim=1)
-        return resample_pos_embed(self.pos_embed, self.grid, grid, self.num_prefix_tokens)
+            return torch.cat([self.pos_embed[:, : self.num_prefix_tokens], pe[None]], dim=1)
+        return resample_pos_embed(
+            self.pos_embed, self.grid, grid, self.num_prefix_tokens, self.cfg.pos_embed_antialias
+        )
 
     @torch.no_grad()
     def set_img_size(self, img_size: int | tuple[int, int]) -> None:
@@ -188,7 +236,7 @@ class VisionTransformer(nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         """Loading learned position embeddings saved at another (square) image size resamples
-        them to this model's grid (bicubic, class token kept)."""
+        them to this model's grid (bicubic, prefix tokens kept, ``pos_embed_antialias``)."""
         key = prefix + "pos_embed"
         pe = state_dict.get(key)
         if (
@@ -204,7 +252,9 @@ class VisionTransformer(nn.Module):
                     f"{key}: cannot resample {n} patch embeddings (not a square grid) to "
                     f"{self.grid[0]}x{self.grid[1]}"
                 )
-            state_dict[key] = resample_pos_embed(pe, (side, side), self.grid)
+            state_dict[key] = resample_pos_embed(
+                pe, (side, side), self.grid, self.num_prefix_tokens, self.cfg.pos_embed_antialias
+            )
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _grid_of(self, h: int, w: int) -> tuple[int, int]:
@@ -220,20 +270,27 @@ class VisionTransformer(nn.Module):
         check_images(x, self.cfg.in_chans, "vit", self)
         grid = self._grid_of(x.shape[2], x.shape[3])
         x = self.patch_embed(x).flatten(2).transpose(1, 2)  # (B, N, D), row-major patches
-        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1+N, D)
+        tokens = [t for t in (self.cls_token, self.dist_token) if t is not None]
+        prefix = [t.expand(x.shape[0], -1, -1) for t in tokens]  # (B, 1, D) each
+        x = torch.cat([*prefix, x], dim=1)  # (B, prefix + N, D)
         x = self.pos_drop(x + self._pos_embed_for(grid))
         attns = []
         for blk in self.blocks:
             if return_attention:
                 x, a = blk(x, return_attention=True)
-                attns.append(a)  # (B, nh, 1+N, 1+N)
+                attns.append(AttentionMap(a, grid, self.num_prefix_tokens))  # (B, nh, 1+N, 1+N)
             else:
                 x = blk(x)
         x = self.norm(x)
         return (x, attns) if return_attention else x
 
     def forward_head(self, feats: torch.Tensor) -> torch.Tensor:
-        return self.head(feats[:, 0])  # class token -> (B, classes)
+        if self.cfg.global_pool == "avg":
+            return self.head(self.fc_norm(feats[:, self.num_prefix_tokens :].mean(1)))
+        logits = self.head(feats[:, 0])  # class token -> (B, classes)
+        if self.head_dist is not None:  # DeiT at inference: mean of the two heads
+            logits = (logits + self.head_dist(feats[:, 1])) / 2
+        return logits
 
     def forward(self, x: torch.Tensor, return_attention: bool = False):
         if return_attention:
@@ -262,7 +319,74 @@ def vit_small_cifar(num_classes: int = 10, **overrides) -> VisionTransformer:
     return _vit("vit_small_cifar", dict(_CIFAR, embed_dim=384, num_heads=6), num_classes, overrides)
 
 
+# ImageNet geometries of timm / Hugging Face (patch 16 at 224: a 14x14 grid). Their defaults are
+# timm's (LayerNorm eps 1e-6, antialiased position-embedding resampling); a checkpoint loaded with
+# ``checkpoint=`` brings its own (a Hugging Face config: eps 1e-12, no antialiasing).
+_IMAGENET = dict(pos_embed_antialias=True)
+_TINY = dict(_IMAGENET, embed_dim=192, depth=12, num_heads=3)
+_SMALL = dict(_IMAGENET, embed_dim=384, depth=12, num_heads=6)
+_BASE = dict(_IMAGENET, embed_dim=768, depth=12, num_heads=12)
+_LARGE = dict(_IMAGENET, embed_dim=1024, depth=24, num_heads=16)
+_DISTILLED = dict(dist_token=True)
+
+
+@register_model
+def vit_tiny_patch16_224(num_classes: int = 1000, **overrides) -> VisionTransformer:
+    """ViT-Ti/16 at 224x224 (192 wide, 12 blocks, 3 heads; timm's geometry)."""
+    return _vit("vit_tiny_patch16_224", _TINY, num_classes, overrides)
+
+
+@register_model
+def vit_small_patch16_224(num_classes: int = 1000, **overrides) -> VisionTransformer:
+    """ViT-S/16 at 224x224 (384 wide, 12 blocks, 6 heads; timm's geometry)."""
+    return _vit("vit_small_patch16_224", _SMALL, num_classes, overrides)
+
+
 @register_model
 def vit_base_patch16_224(num_classes: int = 1000, **overrides) -> VisionTransformer:
     """ViT-B/16 at 224x224 (768 wide, 12 blocks, 12 heads): 86.6M parameters at 1000 classes."""
-    return _vit("vit_base_patch16_224", {}, num_classes, overrides)
+    return _vit("vit_base_patch16_224", _BASE, num_classes, overrides)
+
+
+@register_model
+def vit_large_patch16_224(num_classes: int = 1000, **overrides) -> VisionTransformer:
+    """ViT-L/16 at 224x224 (1024 wide, 24 blocks, 16 heads): 304.3M parameters at 1000 classes."""
+    return _vit("vit_large_patch16_224", _LARGE, num_classes, overrides)
+
+
+@register_model
+def deit_tiny_patch16_224(num_classes: int = 1000, **overrides) -> VisionTransformer:
+    """DeiT-Ti at 224x224: ViT-Ti/16's geometry (DeiT differs in training only)."""
+    return _vit("deit_tiny_patch16_224", _TINY, num_classes, overrides)
+
+
+@register_model
+def deit_small_patch16_224(num_classes: int = 1000, **overrides) -> VisionTransformer:
+    """DeiT-S at 224x224: ViT-S/16's geometry."""
+    return _vit("deit_small_patch16_224", _SMALL, num_classes, overrides)
+
+
+@register_model
+def deit_base_patch16_224(num_classes: int = 1000, **overrides) -> VisionTransformer:
+    """DeiT-B at 224x224: ViT-B/16's geometry."""
+    return _vit("deit_base_patch16_224", _BASE, num_classes, overrides)
+
+
+@register_model
+def deit_tiny_distilled_patch16_224(num_classes: int = 1000, **overrides) -> VisionTransformer:
+    """DeiT-Ti with the distillation token and head (DeiT sec. 5), 224x224."""
+    return _vit("deit_tiny_distilled_patch16_224", {**_TINY, **_DISTILLED}, num_classes, overrides)
+
+
+@register_model
+def deit_small_distilled_patch16_224(num_classes: int = 1000, **overrides) -> VisionTransformer:
+    """DeiT-S with the distillation token and head (DeiT sec. 5), 224x224."""
+    return _vit(
+        "deit_small_distilled_patch16_224", {**_SMALL, **_DISTILLED}, num_classes, overrides
+    )
+
+
+@register_model
+def deit_base_distilled_patch16_224(num_classes: int = 1000, **overrides) -> VisionTransformer:
+    """DeiT-B with the distillation token and head (DeiT sec. 5), 224x224."""
+    return _vit("deit_base_distilled_patch16_224", {**_BASE, **_DISTILLED}, num_classes, overrides)

@@ -32,14 +32,18 @@ class DistInfo:
         return self.rank == 0
 
 
-def init_distributed() -> DistInfo:
-    """Join the process group torchrun describes (or stay single-process)."""
+def init_distributed(device: str | torch.device | None = None) -> DistInfo:
+    """Join the process group torchrun describes (or stay single-process). ``device``: see
+    ``resolve_device`` (default: CUDA if available); under torchrun a CUDA device means each
+    rank's own GPU (LOCAL_RANK)."""
+    from .device import resolve_device
+
+    dev = resolve_device(device)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
-        dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         return DistInfo(device=dev)
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available():
+    if dev.type == "cuda":
         torch.cuda.set_device(local)
         backend, dev = "nccl", torch.device("cuda", local)
     else:

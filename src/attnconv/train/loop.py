@@ -10,6 +10,7 @@ on CPU.
 from __future__ import annotations
 
 import contextlib
+import logging
 import shutil
 import signal
 import time
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 import yaml
 
 from attnconv.data import Loader, load_dataset
+from attnconv.progress import Progress
 
 from . import distributed as D
 from .checkpoint import (
@@ -35,6 +37,8 @@ from .config import Config
 from .monitor import Monitor
 from .optim import build_optimizer, lr_at, set_lr
 from .runfolder import RunLock, check_fresh
+
+log = logging.getLogger(__name__)
 
 
 class NonFiniteLoss(RuntimeError):
@@ -80,7 +84,9 @@ def evaluate(model: nn.Module, loader: Loader, info: D.DistInfo, bf16: bool = Fa
     was = model.training
     model.eval()
     loss_sum = correct = n = 0.0
-    with torch.no_grad():
+    bar = Progress(len(loader), "eval", unit="batch", logger=log, leave=False,
+                   enabled=info.is_main)  # fmt: skip
+    with torch.no_grad(), bar:
         for x, y in loader.batches(0):
             if len(y) == 0:  # more ranks than images in the last batch
                 continue
@@ -90,6 +96,7 @@ def evaluate(model: nn.Module, loader: Loader, info: D.DistInfo, bf16: bool = Fa
             loss_sum += F.cross_entropy(logits.float(), y, reduction="sum").item()
             correct += (logits.argmax(-1) == y).sum().item()
             n += len(y)
+            bar.update(1, acc=f"{100 * correct / n:.1f}%")
     model.train(was)
     loss_sum, correct, n = D.all_reduce_sum([loss_sum, correct, n], info)
     return loss_sum / max(n, 1), correct / max(n, 1)
@@ -97,10 +104,10 @@ def evaluate(model: nn.Module, loader: Loader, info: D.DistInfo, bf16: bool = Fa
 
 class Trainer:
     def __init__(self, cfg: Config, *, resume: bool = False, stop_at_step: int | None = None,
-                 overwrite: bool = False):  # fmt: skip
+                 overwrite: bool = False, device: str | None = None):  # fmt: skip
         self.cfg, self.stop_at_step = cfg, stop_at_step
         t = cfg.train
-        self.info = D.init_distributed()
+        self.info = D.init_distributed(device)
         if t.threads:
             torch.set_num_threads(t.threads)
         if t.deterministic:
@@ -119,6 +126,8 @@ class Trainer:
                     self.lock.release()
                     raise
         d = cfg.data
+        if self.info.is_main:
+            log.info(f"train: {cfg.model.name}, run folder {self.out}; reading {d.dataset}")
         common = dict(root=d.root, download=d.download and self.info.is_main, cache_dir=d.cache_dir)
         if self.info.enabled and d.download:  # rank 0 downloads, the others wait
             if self.info.is_main:
@@ -170,12 +179,9 @@ class Trainer:
         )
         if self.info.is_main:
             (self.out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        n_params = sum(p.numel() for p in self.model.parameters())
-        where = f"resuming at step {self.step}/{self.total}" if resume else f"{self.total} steps"
-        self.mon.message(
-            f"{cfg.model.name}: {n_params / 1e6:.2f}M parameters on {self.info.device} "
-            f"(x{self.info.world_size}); {where}; run folder {self.out}"
-        )
+        self.mon.summary(cfg, self.model, self.info,
+                         (len(train_ds), len(eval_ds), train_ds.num_classes), len(self.loader),
+                         self.step if resume else None)  # fmt: skip
         self.net = D.wrap(self.model, self.info)
         if t.compile:
             self.net = torch.compile(self.net)
@@ -345,6 +351,7 @@ class Trainer:
                     self.opt.step()
                     self.step += 1
                     start += 1
+                    self.mon.advance(self.step)
                     n = float(len(y))
                     li, ci = loss.item() * n, (logits.argmax(-1) == y).sum().item()
                     for p, v in (("loss", li), ("correct", ci), ("n", n)):
@@ -407,10 +414,12 @@ class Trainer:
 
 
 def train(cfg: Config, *, resume: bool = False, stop_at_step: int | None = None,
-          overwrite: bool = False) -> dict:  # fmt: skip
+          overwrite: bool = False, device: str | None = None) -> dict:  # fmt: skip
     """Build everything from ``cfg`` and train; see :class:`Trainer`. ``overwrite``: replace a
-    run already in the folder (refused otherwise, unless ``resume``)."""
-    tr = Trainer(cfg, resume=resume, stop_at_step=stop_at_step, overwrite=overwrite)
+    run already in the folder (refused otherwise, unless ``resume``). ``device``: cpu, cuda,
+    cuda:N, mps (default: CUDA if available)."""
+    tr = Trainer(cfg, resume=resume, stop_at_step=stop_at_step, overwrite=overwrite,
+                 device=device)  # fmt: skip
     try:
         return tr.fit()
     finally:

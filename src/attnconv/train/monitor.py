@@ -1,4 +1,5 @@
-"""What a run shows and records: progress bar, metrics.csv, TensorBoard, centres.jsonl.
+"""What a run shows and records: start-up summary and progress (attnconv.progress: a tqdm bar on
+a terminal, plain log lines elsewhere), metrics.csv, TensorBoard, centres.jsonl.
 
 Files in the run folder (written by rank 0):
   metrics.csv      kind (train | eval), epoch, step, lr, loss, acc, images_per_s, seconds
@@ -11,13 +12,17 @@ from __future__ import annotations
 
 import csv
 import json
-import sys
+import logging
 import time
 from pathlib import Path
 
+import torch
 import torch.nn as nn
 
 from attnconv.layers.centers import head_centers
+from attnconv.progress import Progress
+
+log = logging.getLogger(__name__)
 
 COLUMNS = ["kind", "epoch", "step", "lr", "loss", "acc", "images_per_s", "seconds"]
 
@@ -53,9 +58,9 @@ class Monitor:
         tensorboard: bool,
         total_steps: int,
     ):
-        self.enabled, self.total = enabled, total_steps
-        self.progress = progress and enabled
-        self.tty = sys.stderr.isatty()
+        self.enabled, self.total, self.out = enabled, total_steps, out
+        self.progress = Progress(total_steps, "train", unit="step", initial=resume_step or 0,
+                                 logger=log, enabled=progress and enabled)  # fmt: skip
         self.csv_path, self.centres_path = out / "metrics.csv", out / "centers.jsonl"
         self.t0 = time.time()
         self.tb = None
@@ -114,21 +119,37 @@ class Monitor:
         if kind == "eval":
             self.message(f"epoch {epoch} step {step}: eval loss {loss:.4f} acc {100 * acc:.2f}%")
 
+    def advance(self, step: int) -> None:
+        """The run is at ``step`` (called after every optimizer step)."""
+        self.progress.update(step - self.progress.n)
+
     def bar(self, epoch: int, step: int, loss: float, acc: float, ips: float) -> None:
-        """One progress line: step/total, epoch, loss, accuracy, images/s."""
-        if not self.progress:
-            return
-        done = step / max(1, self.total)
-        filled = int(20 * done)
-        line = (
-            f"[{'#' * filled}{'.' * (20 - filled)}] {step}/{self.total} ep {epoch} "
-            f"loss {loss:.4f} acc {100 * acc:5.1f}% {ips:7.1f} img/s"
-        )
-        if self.tty:
-            sys.stderr.write("\r" + line)
-            sys.stderr.flush()
-        else:
-            print(line, file=sys.stderr, flush=True)
+        """New numbers for the progress display: epoch, loss and accuracy of the last window,
+        images/s (elapsed time and ETA come with it)."""
+        self.progress.update(step - self.progress.n, epoch=epoch, loss=f"{loss:.4f}",
+                             acc=f"{100 * acc:.1f}%", **{"img/s": f"{ips:.1f}"})  # fmt: skip
+
+    def summary(self, cfg, model: nn.Module, info, data: tuple[int, int, int],
+                steps_per_epoch: int, resume_step: int | None) -> None:  # fmt: skip
+        """The start-up block, one aligned ``name  value`` line each: model and parameters,
+        device, dtype, data (``data``: training images, evaluation images, classes), steps,
+        run folder."""
+        d, t = cfg.data, cfg.train
+        n_params = sum(p.numel() for p in model.parameters())
+        where = "" if resume_step is None else f", resuming at step {resume_step}"
+        rows = [
+            ("model", f"{cfg.model.name}, {n_params / 1e6:.2f}M parameters"),
+            ("device", f"{info.device} x{info.world_size} process(es), "
+                       f"{torch.get_num_threads()} thread(s) each"),
+            ("dtype", "bfloat16 autocast (float32 weights)" if t.bf16 else "float32"),
+            ("data", f"{d.dataset}: {data[0]} {d.train_split} images, {data[1]} "
+                     f"{d.eval_split} images, {data[2]} classes"),
+            ("steps", f"{self.total} ({t.epochs} epoch(s) of {steps_per_epoch} steps, batch "
+                      f"{t.batch_size}){where}"),
+            ("run folder", str(self.out)),
+        ]  # fmt: skip
+        width = max(len(k) for k, _ in rows)
+        self.message("\n".join(f"  {k:<{width}}  {v}" for k, v in rows))
 
     def centers(self, model: nn.Module, epoch: int, step: int) -> None:
         if not self.enabled:
@@ -145,10 +166,9 @@ class Monitor:
 
     def message(self, text: str) -> None:
         if self.enabled:
-            if self.progress and self.tty:
-                sys.stderr.write("\n")
-            print(text, file=sys.stderr, flush=True)
+            log.info(text)
 
     def close(self) -> None:
+        self.progress.close()
         if self.tb is not None:
             self.tb.close()

@@ -1,0 +1,75 @@
+"""One layer's attention probabilities together with the token grid they live on.
+
+Every model's ``forward(x, return_attention=True)`` returns ``(logits, maps)`` with ``maps`` a
+list of ``AttentionMap`` (input -> output order), so that analysis never has to guess where a
+token sits: ``probs`` (B or 1, Nh, T, T) are softmax rows (queries) over keys, T =
+``num_prefix_tokens`` + h * w, the prefix tokens (a ViT's class or distillation token) first and
+the h x w spatial tokens after them in row-major order. A batch dimension of 1 means the map is
+shared by every image of the batch (position-only attention).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+Grid = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class AttentionMap:
+    probs: torch.Tensor  # (B or 1, Nh, T, T), T = num_prefix_tokens + h*w
+    grid: Grid  # (h, w) of the spatial tokens, row-major
+    num_prefix_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        p = self.probs
+        if not isinstance(p, torch.Tensor):
+            raise TypeError(f"AttentionMap.probs must be a torch.Tensor, got {type(p).__name__}")
+        if p.dim() != 4 or p.shape[-1] != p.shape[-2]:
+            raise ValueError(f"AttentionMap.probs must be (B, Nh, T, T), got {tuple(p.shape)}")
+        h, w = (int(s) for s in self.grid)
+        object.__setattr__(self, "grid", (h, w))
+        n = int(self.num_prefix_tokens)
+        if h < 1 or w < 1 or n < 0 or p.shape[-1] != n + h * w:
+            raise ValueError(
+                f"AttentionMap of {p.shape[-1]} tokens does not fit a {h}x{w} grid with "
+                f"{n} prefix tokens"
+            )
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.probs.shape
+
+    @property
+    def num_heads(self) -> int:
+        return self.probs.shape[1]
+
+    def spatial(self, renormalize: bool = False) -> torch.Tensor:
+        """(B, Nh, hw, hw) float32, prefix tokens dropped (rows renormalized if asked)."""
+        n = self.num_prefix_tokens
+        p = self.probs.detach()[..., n:, n:].float()
+        if renormalize:
+            p = p / p.sum(-1, keepdim=True).clamp_min(1e-30)
+        return p
+
+    def query_index(self, row: int, col: int) -> int:
+        """Token index of the spatial query (row, col) of this map's grid."""
+        h, w = self.grid
+        if not (0 <= row < h and 0 <= col < w):
+            raise ValueError(f"query ({row}, {col}) is outside the token grid {self.grid}")
+        return self.num_prefix_tokens + row * w + col
+
+    def query_row(self, row: int, col: int) -> torch.Tensor:
+        """(B, Nh, h, w) float32: the attention of query (row, col) over the spatial keys."""
+        n = self.num_prefix_tokens
+        p = self.probs.detach()[:, :, self.query_index(row, col), n:].float()  # (B, Nh, hw)
+        return p.reshape(*p.shape[:2], *self.grid)
+
+    def image(self, index: int) -> AttentionMap:
+        """The map of one batch element, as a batch of 1."""
+        return AttentionMap(self.probs[index : index + 1], self.grid, self.num_prefix_tokens)
+
+    def to(self, *args, **kwargs) -> AttentionMap:
+        return AttentionMap(self.probs.to(*args, **kwargs), self.grid, self.num_prefix_tokens)
