@@ -10,7 +10,7 @@ inference, fp32 or bf16 autocast, B x C x H x W, 9 heads):
   interleaved (round-robin), median of --repeats (>= 5 unless --quick); ratio = anchor time /
   attnconv time (> 1: attnconv is faster);
 - memory (train cases): peak extra RSS of one fwd+bwd of attnconv and of the dense anchor, each
-  in a fresh subprocess (common.run_case);
+  in a fresh subprocess (common.run_case), all measured before the timings;
 - precision: relative max error of the output against the float64 dense reference (B = 1, same
   C, H, W; under bf16 autocast for the bf16 cases), for attnconv and for the dense anchor.
 """
@@ -141,8 +141,17 @@ def precision(positional: str, dtype: str, c: int, hw: int) -> dict[str, float]:
 
 def run_anchors(quick: bool, repeats: int, threads: int, malloc: str = "glibc") -> list[dict]:
     torch.set_num_threads(threads)
+    # memory first, from a still-small process: a child's ru_maxrss starts from its parent's
+    # high-water mark, which the in-process timings below would raise
+    memory: dict[int, dict] = {}
+    for i, case in enumerate(anchor_cases(quick)):
+        if case["train"] and not quick:
+            memory[i] = {f"{k}_mb": run_case("attnconv.bench.anchors:make_step",
+                                             dict(case, kind=k), repeats=1, threads=threads,
+                                             flops=False, malloc=malloc).get("peak_mb")
+                         for k in ("attnconv", "dense")}  # fmt: skip
     rows = []
-    for case in anchor_cases(quick):
+    for i, case in enumerate(anchor_cases(quick)):
         kinds = ["attnconv", "dense"] + ([] if case["train"] else ["flex"])
         steps = {k: make_step(k, **case) for k in kinds}
         med = interleaved_medians(steps, repeats)
@@ -150,13 +159,9 @@ def run_anchors(quick: bool, repeats: int, threads: int, malloc: str = "glibc") 
         row["ratio_dense"] = med["dense"] / med["attnconv"]
         if "flex" in med:
             row["ratio_flex"] = med["flex"] / med["attnconv"]
-        if case["train"] and not quick:
-            for k in ("attnconv", "dense"):
-                res = run_case("attnconv.bench.anchors:make_step", dict(case, kind=k),
-                               repeats=1, threads=threads, flops=False, malloc=malloc)  # fmt: skip
-                row[f"{k}_mb"] = res.get("peak_mb")
-            if row.get("attnconv_mb") and row.get("dense_mb"):
-                row["mem_ratio"] = row["attnconv_mb"] / row["dense_mb"]
+        row.update(memory.get(i, {}))
+        if row.get("attnconv_mb") and row.get("dense_mb"):
+            row["mem_ratio"] = row["attnconv_mb"] / row["dense_mb"]
         err = precision(case["positional"], case["dtype"], case["c"], case["hw"])
         row["err_attnconv"], row["err_dense"] = err["attnconv"], err["dense"]
         rows.append(row)
