@@ -53,14 +53,19 @@ ALPHAS = [0.5, 10.0, 1e4]
 @pytest.mark.parametrize("alpha", ALPHAS)
 @pytest.mark.parametrize("autocast", [False, True])
 def test_quadratic_content_output_is_as_exact_as_dense(hw, heads, alpha, autocast):
-    """fp32 and bf16-autocast outputs within 2x of the dense path's error against float64."""
+    """fp32 and bf16-autocast outputs within 2x of the dense path's error against float64, for
+    both kernels of the fast path: the exact fold (training: gradients on) and the shared-bias
+    kernel (inference: no gradients)."""
     fast, plain = _layers(alpha, heads, seed=hw)
     x = torch.randn(1, 16, hw, hw)
     with torch.no_grad():
         y64 = copy.deepcopy(plain).double()(x.double())
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            e_fast, e_plain = _rel(fast(x), y64), _rel(plain(x), y64)
-    assert e_plain < (2e-2 if autocast else 1e-5) and e_fast <= 2 * e_plain, (e_fast, e_plain)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        e_fold = _rel(fast(x).detach(), y64)  # parameters require grad: the fold
+        with torch.no_grad():
+            e_shared, e_plain = _rel(fast(x), y64), _rel(plain(x), y64)
+    assert e_plain < (2e-2 if autocast else 1e-5), e_plain
+    assert e_fold <= 2 * e_plain and e_shared <= 2 * e_plain, (e_fold, e_shared, e_plain)
 
 
 # gradient error allowed, as a multiple of the dense path's: the fused kernel's backward forms
