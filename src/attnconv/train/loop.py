@@ -329,6 +329,7 @@ class Trainer:
                         )
                         break
                     lr = lr_at(self.step, cfg.optim.lr, cfg.schedule, self.total, L)
+                    self._check_finite(torch.tensor(lr).float(), epoch, start, "learning rate")
                     set_lr(self.opt, lr)
                     x, y = x.to(self.info.device), y.to(self.info.device)
                     with torch.autocast(
