@@ -9,9 +9,11 @@ the source's path, size and modification time.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,6 +114,32 @@ def _cache_file(path: Path, split: str, max_per_class: int | None, cache_dir: Pa
     return cache_dir / "decoded" / f"{path.name}-{split}-{digest}.npz"
 
 
+STALE_TMP_S = 3600  # a cache temp file this old belongs to a writer that was killed
+
+
+def _write_cache(cfile: Path, x: np.ndarray, y: np.ndarray, classes: list[str]) -> None:
+    """Write the decoded split through a temp file + rename; the temp file never stays (a full
+    disk removes it; one left by a killed writer is removed by the next write after an hour)."""
+    tmp = None
+    try:
+        cfile.parent.mkdir(parents=True, exist_ok=True)
+        now = time.time()
+        for old in cfile.parent.glob("*.npz.tmp"):
+            with contextlib.suppress(OSError):
+                if now - old.stat().st_mtime > STALE_TMP_S:
+                    old.unlink()
+        fd, tmp = tempfile.mkstemp(dir=cfile.parent, suffix=".npz.tmp")
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, images=x, labels=y, classes=np.asarray(classes, dtype=str))
+        os.replace(tmp, cfile)
+    except OSError:
+        pass  # a read-only or full cache is not an error
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
 def load_dataset(
     spec: str,
     split: str,
@@ -149,14 +177,7 @@ def load_dataset(
     if y.min() < 0 or y.max() >= len(classes):
         raise ValueError(f"{path}: labels outside 0..{len(classes) - 1}")
     if cfile is not None:
-        try:
-            cfile.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=cfile.parent, suffix=".npz.tmp")
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, images=x, labels=y, classes=np.asarray(classes, dtype=str))
-            os.replace(tmp, cfile)
-        except OSError:
-            pass  # a read-only cache is not an error
+        _write_cache(cfile, x, y, classes)
     x = np.ascontiguousarray(x)
     return ArrayDataset(
         torch.from_numpy(x), torch.from_numpy(y.astype(np.int64)), classes, str(path)

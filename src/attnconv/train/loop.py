@@ -190,10 +190,10 @@ class Trainer:
                 raise FileNotFoundError(f"--resume: no checkpoint in {self.ckdir}") from None
             raise
         where = meta["path"]
-        if meta["model"] != self.cfg.model.name or meta["model_kwargs"] != self.model_kwargs:
+        if meta["model"] != self.cfg.model.name or meta.get("model_kwargs") != self.model_kwargs:
             raise CheckpointError(
                 f"{where}: foreign checkpoint for this run: it holds {meta['model']} "
-                f"{meta['model_kwargs']}, the config asks for {self.cfg.model.name} "
+                f"{meta.get('model_kwargs')}, the config asks for {self.cfg.model.name} "
                 f"{self.model_kwargs}"
             )
         old, new = _flat(meta.get("config") or {}), _flat(self.cfg.to_dict())
@@ -208,11 +208,25 @@ class Trainer:
         from .checkpoint import check_fits
 
         check_fits(self.model, weights, where, meta["model"])
+        rng, want, state = st.get("rng.torch"), torch.get_rng_state(), meta["state"]
+        if rng is None or rng.dtype != want.dtype or rng.shape != want.shape:
+            got = "none" if rng is None else f"{rng.dtype} {tuple(rng.shape)}"
+            raise CheckpointError(
+                f"{where}: corrupted checkpoint: RNG state rng.torch is {got}, expected "
+                f"{want.dtype} {tuple(want.shape)}"
+            )
+        if not isinstance(state.get("step"), int) or set(state.get("sums", {})) != set(self.sums):
+            raise CheckpointError(f"{where}: corrupted checkpoint: no resumable training state")
+        if not isinstance(meta.get("optimizer"), dict):
+            raise CheckpointError(f"{where}: corrupted checkpoint: no optimizer state")
+        try:
+            optimizer_from_tensors(self.opt, st, meta["optimizer"])
+        except CheckpointError as e:
+            raise CheckpointError(f"{where}: corrupted checkpoint: {e}") from None
         self.model.load_state_dict(weights)
-        optimizer_from_tensors(self.opt, st, meta["optimizer"])
-        torch.set_rng_state(st["rng.torch"])
-        self.step = int(meta["state"]["step"])
-        self.sums.update(meta["state"]["sums"])
+        torch.set_rng_state(rng)
+        self.step = state["step"]
+        self.sums.update(state["sums"])
 
     def save(self) -> Path | None:
         """Rank 0 writes checkpoints/step-N, points ``latest`` at it, prunes old ones. Weights
