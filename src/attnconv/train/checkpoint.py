@@ -236,7 +236,10 @@ def find_checkpoint(path: str | Path) -> Path:
         if (sub / LATEST).exists() and not (sub / META).exists():
             return find_checkpoint(follow_latest(sub))
         if sub.name == "checkpoints" and sub.is_dir() and not (sub / META).exists():
-            steps = sorted(d for d in sub.glob("step-*") if d.is_dir() and (d / META).is_file())
+            steps = sorted(
+                d for d in sub.glob("step-*")
+                if d.is_dir() and not d.is_symlink() and (d / META).is_file()
+            )  # fmt: skip
             if steps:  # killed after a step folder was written, before `latest` named it
                 return steps[-1]
     if not (p / META).is_file():

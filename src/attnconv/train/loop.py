@@ -26,6 +26,7 @@ from . import distributed as D
 from .checkpoint import (
     LATEST,
     CheckpointError,
+    atomic_write,
     follow_latest,
     optimizer_from_tensors,
     read_checkpoint,
@@ -34,7 +35,8 @@ from .checkpoint import save_checkpoint as _save
 from .config import Config
 from .monitor import Monitor
 from .optim import build_optimizer, lr_at, set_lr
-from .runfolder import RunLock, check_fresh
+from .runfolder import LOCK as LOCK_FILE
+from .runfolder import RunLock, check_fresh, check_no_links
 
 
 class NonFiniteLoss(RuntimeError):
@@ -99,6 +101,7 @@ class Trainer:
     def __init__(self, cfg: Config, *, resume: bool = False, stop_at_step: int | None = None,
                  overwrite: bool = False):  # fmt: skip
         self.cfg, self.stop_at_step = cfg, stop_at_step
+        self.resume_note = ""
         t = cfg.train
         self.info = D.init_distributed()
         if t.threads:
@@ -108,8 +111,15 @@ class Trainer:
         self.out = Path(cfg.out_dir or "runs/default")
         self.ckdir = self.out / "checkpoints"
         self.lock = None
+        # a training was started here before (it may have been killed before its first checkpoint)
+        self.started = (self.out / LOCK_FILE).is_file()
         if self.info.is_main:  # one training per run folder; an old run is never replaced
             self.lock = RunLock(self.out)
+            try:
+                check_no_links(self.out)
+            except ValueError:
+                self.lock.release()
+                raise
             for tmp in self.ckdir.glob(".step-*.tmp"):  # left by a save killed half-way
                 shutil.rmtree(tmp, ignore_errors=True)
             if not resume:
@@ -169,9 +179,12 @@ class Trainer:
             total_steps=self.total,
         )
         if self.info.is_main:
-            (self.out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+            text = yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+            atomic_write(self.out / "config.yaml", text.encode())  # replaces, never follows
         n_params = sum(p.numel() for p in self.model.parameters())
         where = f"resuming at step {self.step}/{self.total}" if resume else f"{self.total} steps"
+        if self.resume_note:
+            where += f" ({self.resume_note})"
         self.mon.message(
             f"{cfg.model.name}: {n_params / 1e6:.2f}M parameters on {self.info.device} "
             f"(x{self.info.world_size}); {where}; run folder {self.out}"
@@ -183,12 +196,18 @@ class Trainer:
 
     # ---- checkpoints -------------------------------------------------------------------------
     def _resume(self) -> None:
-        try:
-            meta, weights, st = read_checkpoint(self.ckdir, with_state=True)
-        except CheckpointError as e:
-            if "missing checkpoint" in str(e) and not self.ckdir.exists():
-                raise FileNotFoundError(f"--resume: no checkpoint in {self.ckdir}") from None
-            raise
+        """Continue from the newest checkpoint; a run stopped before its first checkpoint was
+        complete (killed during it: only a temp folder, cleaned at start) starts again from step
+        0, which is the same run (everything is seeded)."""
+        saved = (self.ckdir / LATEST).exists() or any(
+            d.is_dir() for d in self.ckdir.glob("step-*")
+        )
+        if not saved:
+            if not self.started:
+                raise FileNotFoundError(f"--resume: no checkpoint in {self.ckdir}")
+            self.resume_note = "no checkpoint was complete, starting again from step 0"
+            return
+        meta, weights, st = read_checkpoint(self.ckdir, with_state=True)
         where = meta["path"]
         if meta["model"] != self.cfg.model.name or meta.get("model_kwargs") != self.model_kwargs:
             raise CheckpointError(
@@ -264,8 +283,6 @@ class Trainer:
                     }
                 },
             )
-            from .checkpoint import atomic_write
-
             atomic_write(self.ckdir / LATEST, path.name.encode())
             steps = sorted(p for p in self.ckdir.glob("step-*") if p.is_dir())
             for old in steps[: -self.cfg.train.keep_checkpoints]:

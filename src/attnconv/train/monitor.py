@@ -19,25 +19,29 @@ import torch.nn as nn
 
 from attnconv.layers.centers import head_centers
 
+from .runfolder import open_nofollow
+
 COLUMNS = ["kind", "epoch", "step", "lr", "loss", "acc", "images_per_s", "seconds"]
 
 
 def _truncate_csv(path: Path, step: int) -> None:
     if not path.is_file():
         return
-    with open(path, newline="") as f:
+    with open_nofollow(path, "r", newline="") as f:
         rows = list(csv.reader(f))
     keep = [r for r in rows[1:] if r and int(r[2]) <= step]
-    with open(path, "w", newline="") as f:
+    with open_nofollow(path, "w", newline="") as f:
         csv.writer(f).writerows([COLUMNS] + keep)
 
 
 def _truncate_jsonl(path: Path, step: int) -> None:
     if not path.is_file():
         return
-    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    with open_nofollow(path, "r") as f:
+        lines = [ln for ln in f.read().splitlines() if ln.strip()]
     keep = [ln for ln in lines if json.loads(ln)["step"] <= step]
-    path.write_text("".join(ln + "\n" for ln in keep))
+    with open_nofollow(path, "w") as f:
+        f.write("".join(ln + "\n" for ln in keep))
 
 
 class Monitor:
@@ -69,7 +73,7 @@ class Monitor:
             _truncate_csv(self.csv_path, resume_step)
             _truncate_jsonl(self.centres_path, resume_step)
         if not self.csv_path.is_file():
-            with open(self.csv_path, "w", newline="") as f:
+            with open_nofollow(self.csv_path, "w", newline="") as f:
                 csv.writer(f).writerow(COLUMNS)
         if tensorboard:
             try:
@@ -103,7 +107,7 @@ class Monitor:
             f"{images_per_s:.1f}",
             f"{time.time() - self.t0:.1f}",
         ]
-        with open(self.csv_path, "a", newline="") as f:
+        with open_nofollow(self.csv_path, "a", newline="") as f:
             csv.writer(f).writerow(vals)
         if self.tb is not None:
             self.tb.add_scalar(f"{kind}/loss", loss, step)
@@ -136,7 +140,7 @@ class Monitor:
         layers = [c.tolist() for c in head_centers(model)]
         if not layers:
             return
-        with open(self.centres_path, "a") as f:
+        with open_nofollow(self.centres_path, "a") as f:
             f.write(json.dumps({"epoch": epoch, "step": step, "layers": layers}) + "\n")
         if self.tb is not None:
             for i, layer in enumerate(layers):

@@ -5,14 +5,52 @@ replaced by accident.
   0); a second training on the same folder stops at once with the holder's PID.
 - ``check_fresh``: a training without ``--resume`` into a folder that already holds a run
   (checkpoints or logged metrics) is refused, naming the last checkpoint, unless ``--overwrite``.
+- Nothing is written or read through a symlink: ``check_no_links`` refuses a run folder whose
+  files are links (a ``config.yaml`` link to a file elsewhere would get that file overwritten),
+  and ``open_nofollow`` opens every log file with O_NOFOLLOW (a link made mid-run is refused
+  too). config.yaml and the checkpoints are written by temp file + rename, which replaces a link
+  instead of following it.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
+from typing import IO
 
 LOCK = ".lock"
+RUN_FILES = ("config.yaml", "metrics.csv", "centers.jsonl", "checkpoints", "tb", LOCK)
+_MODES = {
+    "r": os.O_RDONLY,
+    "w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+    "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+}
+
+
+def _link_error(path: Path) -> ValueError:
+    return ValueError(
+        f"{path} is a symlink; a run folder's files are never written or read through links "
+        "(remove it)"
+    )
+
+
+def check_no_links(out: Path) -> None:
+    """ValueError if a file or folder the training writes in ``out`` is a symlink."""
+    for name in RUN_FILES:
+        if (out / name).is_symlink():
+            raise _link_error(out / name)
+
+
+def open_nofollow(path: Path, mode: str, **kw) -> IO:
+    """``open(path, mode)`` (mode r / w / a, text) that refuses a symlink (O_NOFOLLOW)."""
+    try:
+        fd = os.open(path, _MODES[mode] | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP or path.is_symlink():
+            raise _link_error(path) from None
+        raise
+    return os.fdopen(fd, mode, **kw)
 
 
 class RunFolderBusy(ValueError):
