@@ -132,6 +132,11 @@ class _LocalAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, mix, qr_row, qr_col, valid, ks: int):
+        with torch.no_grad():  # also when traced (torch.export): in-place, out= kernels
+            return _LocalAttention._forward(ctx, q, k, v, mix, qr_row, qr_col, valid, ks)
+
+    @staticmethod
+    def _forward(ctx, q, k, v, mix, qr_row, qr_col, valid, ks: int):
         bsz, nh, _, h, w = q.shape
         logits = q.new_zeros(bsz, nh, ks * ks, h, w)  # (B, nh, k^2, H, W)
         if k is not None:
