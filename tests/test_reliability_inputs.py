@@ -16,6 +16,8 @@ import json
 import os
 import re
 import struct
+import subprocess
+import sys
 import time
 import zipfile
 import zlib
@@ -228,6 +230,12 @@ def test_cache_temp_file_never_stays(tmp_path, monkeypatch):
     stale.write_bytes(b"x")
     old = time.time() - 7200
     os.utime(stale, (old, old))
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()  # a PID that no longer runs
+    killed = cache / "decoded" / f"{p.pid}-abc.npz.tmp"  # left by a writer killed just now
+    killed.write_bytes(b"x")
+    alive = cache / "decoded" / f"{os.getpid()}-abc.npz.tmp"  # a live writer's: kept
+    alive.write_bytes(b"x")
 
     def full_disk(f, **arrays):
         f.write(b"half")
@@ -236,4 +244,4 @@ def test_cache_temp_file_never_stays(tmp_path, monkeypatch):
     monkeypatch.setattr(datasets.np, "savez", full_disk)
     ds = load_dataset(str(z), "train", cache_dir=cache)  # still loads (the cache is optional)
     assert len(ds) == 1
-    assert not list(cache.rglob("*.tmp")), list(cache.rglob("*"))
+    assert list(cache.rglob("*.tmp")) == [alive], list(cache.rglob("*"))

@@ -117,18 +117,33 @@ def _cache_file(path: Path, split: str, max_per_class: int | None, cache_dir: Pa
 STALE_TMP_S = 3600  # a cache temp file this old belongs to a writer that was killed
 
 
+def _writer_alive(name: str) -> bool:
+    """Whether the process that named temp file ``PID-....npz.tmp`` still runs (True if unsure)."""
+    pid = name.split("-", 1)[0]
+    if not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        pass
+    return True
+
+
 def _write_cache(cfile: Path, x: np.ndarray, y: np.ndarray, classes: list[str]) -> None:
     """Write the decoded split through a temp file + rename; the temp file never stays (a full
-    disk removes it; one left by a killed writer is removed by the next write after an hour)."""
+    disk removes it; one left by a killed writer is removed by the next write: its PID is gone,
+    or it is an hour old)."""
     tmp = None
     try:
         cfile.parent.mkdir(parents=True, exist_ok=True)
         now = time.time()
         for old in cfile.parent.glob("*.npz.tmp"):
             with contextlib.suppress(OSError):
-                if now - old.stat().st_mtime > STALE_TMP_S:
+                if not _writer_alive(old.name) or now - old.stat().st_mtime > STALE_TMP_S:
                     old.unlink()
-        fd, tmp = tempfile.mkstemp(dir=cfile.parent, suffix=".npz.tmp")
+        fd, tmp = tempfile.mkstemp(dir=cfile.parent, prefix=f"{os.getpid()}-", suffix=".npz.tmp")
         with os.fdopen(fd, "wb") as f:
             np.savez(f, images=x, labels=y, classes=np.asarray(classes, dtype=str))
         os.replace(tmp, cfile)

@@ -36,7 +36,7 @@ from .config import Config
 from .monitor import Monitor
 from .optim import build_optimizer, lr_at, set_lr
 from .runfolder import LOCK as LOCK_FILE
-from .runfolder import RunLock, check_fresh, check_no_links
+from .runfolder import RunLock, check_fresh, check_no_links, clean_temps
 
 
 class NonFiniteLoss(RuntimeError):
@@ -120,8 +120,7 @@ class Trainer:
             except ValueError:
                 self.lock.release()
                 raise
-            for tmp in self.ckdir.glob(".step-*.tmp"):  # left by a save killed half-way
-                shutil.rmtree(tmp, ignore_errors=True)
+            clean_temps(self.out)  # left by a save killed half-way
             if not resume:
                 try:
                     check_fresh(self.out, overwrite)

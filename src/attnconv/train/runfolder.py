@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 from pathlib import Path
 from typing import IO
 
@@ -86,6 +87,27 @@ class RunLock:
 
     def __del__(self) -> None:  # a Trainer dropped without fit() frees its folder
         self.release()
+
+
+def clean_temps(out: Path) -> None:
+    """Under the lock, at start: remove what a killed save leaves in the run folder and its
+    checkpoints (temp files and folders ``.NAME.*.tmp`` of every atomic write); a ``.step-N.old``
+    (killed between the two renames of a replacement) goes back to ``step-N`` if that is
+    missing, else it is removed."""
+    for d in (out, out / "checkpoints"):
+        if not d.is_dir() or d.is_symlink():
+            continue
+        for p in d.glob(".*.tmp"):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+        for old in d.glob(".step-*.old"):
+            real = d / old.name[1:].removesuffix(".old")
+            if real.exists() or real.is_symlink():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(old, real)
 
 
 def check_fresh(out: Path, overwrite: bool) -> None:
