@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from attnconv.cli import main
 from attnconv.train.checkpoint import LATEST, follow_latest
 from attnconv.train.monitor import Monitor
-from attnconv.train.runfolder import open_nofollow
+from attnconv.train.runfolder import clean_temps, open_nofollow
 
 
 @pytest.fixture(autouse=True)
@@ -118,3 +118,17 @@ def test_resume_in_a_folder_never_trained_in_is_still_an_error(tmp_path, cifar_z
     assert main(["train", _cfg(tmp_path, cifar_zip), "--out", str(tmp_path / "new"),
                  "--resume"]) == 2  # fmt: skip
     assert "--resume: no checkpoint in" in capsys.readouterr().err
+
+
+def test_clean_temps_removes_temps_and_puts_an_old_step_back(tmp_path):
+    """What kills leave: temp files/folders of atomic writes, `.step-N.old` of a replacement."""
+    ck = tmp_path / "checkpoints"
+    (ck / ".step-00000003.x1.tmp").mkdir(parents=True)
+    (ck / ".latest.x2.tmp").write_text("step-")
+    (tmp_path / ".config.yaml.x3.tmp").write_text("half")
+    (ck / ".step-00000002.old").mkdir()  # its replacement never arrived: put it back
+    (ck / ".step-00000001.old").mkdir()  # its replacement is in place: remove
+    (ck / "step-00000001").mkdir()
+    clean_temps(tmp_path)
+    assert sorted(p.name for p in ck.iterdir()) == ["step-00000001", "step-00000002"]
+    assert not list(tmp_path.glob(".*.tmp"))
