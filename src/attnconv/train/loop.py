@@ -27,6 +27,7 @@ from .checkpoint import (
     LATEST,
     CheckpointError,
     atomic_write,
+    check_fits,
     follow_latest,
     optimizer_from_tensors,
     read_checkpoint,
@@ -35,6 +36,7 @@ from .checkpoint import save_checkpoint as _save
 from .config import Config
 from .monitor import Monitor
 from .optim import build_optimizer, lr_at, set_lr
+from .resume import check_resumable
 from .runfolder import LOCK as LOCK_FILE
 from .runfolder import RunLock, check_fresh, check_no_links, clean_temps
 
@@ -49,32 +51,6 @@ class Interrupted(Exception):
     def __init__(self, signum: int, message: str):
         super().__init__(message)
         self.signum = signum
-
-
-# config keys that may change on --resume without breaking exactness
-_RESUME_FREE = {
-    "train.progress",
-    "train.log_every",
-    "train.tensorboard",
-    "train.threads",
-    "train.checkpoint_every",
-    "train.keep_checkpoints",
-    "out_dir",
-    "data.root",
-    "data.cache_dir",
-    "data.download",
-    "data.dataset",
-}
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and k != "kwargs":
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[prefix + k] = v
-    return out
 
 
 def evaluate(model: nn.Module, loader: Loader, info: D.DistInfo, bf16: bool = False):
@@ -207,44 +183,16 @@ class Trainer:
             self.resume_note = "no checkpoint was complete, starting again from step 0"
             return
         meta, weights, st = read_checkpoint(self.ckdir, with_state=True)
-        where = meta["path"]
-        if meta["model"] != self.cfg.model.name or meta.get("model_kwargs") != self.model_kwargs:
-            raise CheckpointError(
-                f"{where}: foreign checkpoint for this run: it holds {meta['model']} "
-                f"{meta.get('model_kwargs')}, the config asks for {self.cfg.model.name} "
-                f"{self.model_kwargs}"
-            )
-        old, new = _flat(meta.get("config") or {}), _flat(self.cfg.to_dict())
-        changed = sorted(
-            k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in _RESUME_FREE
-        )
-        if changed:
-            raise ValueError(
-                f"--resume: config differs from the checkpoint's in {', '.join(changed)} "
-                "(resuming would not continue the same run; use a new out_dir)"
-            )
-        from .checkpoint import check_fits
-
-        check_fits(self.model, weights, where, meta["model"])
-        rng, want, state = st.get("rng.torch"), torch.get_rng_state(), meta["state"]
-        if rng is None or rng.dtype != want.dtype or rng.shape != want.shape:
-            got = "none" if rng is None else f"{rng.dtype} {tuple(rng.shape)}"
-            raise CheckpointError(
-                f"{where}: corrupted checkpoint: RNG state rng.torch is {got}, expected "
-                f"{want.dtype} {tuple(want.shape)}"
-            )
-        if not isinstance(state.get("step"), int) or set(state.get("sums", {})) != set(self.sums):
-            raise CheckpointError(f"{where}: corrupted checkpoint: no resumable training state")
-        if not isinstance(meta.get("optimizer"), dict):
-            raise CheckpointError(f"{where}: corrupted checkpoint: no optimizer state")
+        rng = check_resumable(meta, st, self.cfg, self.model_kwargs, set(self.sums))
+        check_fits(self.model, weights, meta["path"], meta["model"])
         try:
             optimizer_from_tensors(self.opt, st, meta["optimizer"])
         except CheckpointError as e:
-            raise CheckpointError(f"{where}: corrupted checkpoint: {e}") from None
+            raise CheckpointError(f"{meta['path']}: corrupted checkpoint: {e}") from None
         self.model.load_state_dict(weights)
         torch.set_rng_state(rng)
-        self.step = state["step"]
-        self.sums.update(state["sums"])
+        self.step = meta["state"]["step"]
+        self.sums.update(meta["state"]["sums"])
 
     def save(self) -> Path | None:
         """Rank 0 writes checkpoints/step-N, points ``latest`` at it, prunes old ones. Weights
