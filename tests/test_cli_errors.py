@@ -51,7 +51,7 @@ RUN = [
     ("train-missing-data", ["train", "{ok}", "--set", "data.dataset={tmp}/none.zip",
                             "--out", "{tmp}/r4"], r"none.zip: no such dataset"),
     ("train-threads", ["train", "{ok}", "--set", "train.threads=0", "--out", "{tmp}/r5"],
-     r"train.threads must be >= 1"),
+     r"'train.threads' must be in \[1, 1024\]"),
     ("train-out-is-a-file", ["train", "{ok}", "--out", "{ok}"], r"File exists"),
     ("train-resume-nothing", ["train", "{ok}", "--resume", "--out", "{tmp}/r6"],
      r"--resume: no checkpoint"),

@@ -29,6 +29,12 @@ def _np(x) -> np.ndarray:
     return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
 
 
+def _plain(text: str) -> str:
+    """A caller's text (class names, model and folder names) shown as written: a ``$`` would
+    start matplotlib math text (and ``$\\x$`` crashes its parser)."""
+    return text.replace("$", r"\$")
+
+
 def _save(fig, out: str | Path) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -111,7 +117,7 @@ def plot_query_maps(
             if li == 0:
                 ax.set_title("query", fontsize=8)
     if title:
-        fig.suptitle(title, fontsize=10)
+        fig.suptitle(_plain(title), fontsize=10)
     return _save(fig, out)
 
 
@@ -167,7 +173,7 @@ def plot_mass_contours(
     for ax in list(axes.flat)[nl:]:
         ax.axis("off")
     fig.suptitle(
-        title
+        _plain(title)
         or f"{int(fractions[0] * 100)}% (solid) / {int(fractions[1] * 100)}% (dashed) mass "
         "contours per head; star = query, x = centre",
         fontsize=10,
@@ -265,7 +271,7 @@ def plot_mean_distance(
     ax.set_ylim(bottom=0)
     ax.grid(True, lw=0.3, alpha=0.5)
     ax.legend(fontsize=6, ncol=2, loc="best")
-    ax.set_title(title or "mean attention distance per head", fontsize=10)
+    ax.set_title(_plain(title) or "mean attention distance per head", fontsize=10)
     return _save(fig, out)
 
 

@@ -23,6 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from attnconv.layers.checks import check_tensor
+from attnconv.layers.scripting import NotScriptable
 
 from .geometry import (
     ConvGeometry,
@@ -44,7 +45,7 @@ def _mhsa_cls():
     return MultiHeadSelfAttention2d
 
 
-class ConvAttention2d(nn.Module):
+class ConvAttention2d(NotScriptable, nn.Module):
     """An nn.Conv2d computed by multi-head self-attention (Theorem 1).
 
     ``attention`` is a position-only quadratic ``MultiHeadSelfAttention2d`` over the padded input;
@@ -110,7 +111,10 @@ class ConvAttention2d(nn.Module):
         h, w = x.shape[-2:]
         self.geometry.output_size(h, w)  # ValueError if the image is smaller than the kernel
         xp = self.geometry.pad_input(x)  # (B, Cin, Hp, Wp), padded exactly as the conv pads
-        if shift and self.hard and self.attention.impl == "auto" and not return_attention:
+        tracing = torch.compiler.is_exporting()  # the shift reads its indices as Python ints
+        if shift and self.hard and self.attention.impl == "auto" and not (
+            return_attention or tracing
+        ):
             return self._forward_shift(xp, h, w)
         out = self.attention(xp, return_attention=return_attention)
         y, attn = out if return_attention else (out, None)  # y (B, Cout, Hp, Wp)

@@ -9,10 +9,12 @@ the source's path, size and modification time.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,6 +116,47 @@ def _cache_file(path: Path, split: str, max_per_class: int | None, cache_dir: Pa
     return cache_dir / "decoded" / f"{path.name}-{split}-{digest}.npz"
 
 
+STALE_TMP_S = 3600  # a cache temp file this old belongs to a writer that was killed
+
+
+def _writer_alive(name: str) -> bool:
+    """Whether the process that named temp file ``PID-....npz.tmp`` still runs (True if unsure)."""
+    pid = name.split("-", 1)[0]
+    if not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        pass
+    return True
+
+
+def _write_cache(cfile: Path, x: np.ndarray, y: np.ndarray, classes: list[str]) -> None:
+    """Write the decoded split through a temp file + rename; the temp file never stays (a full
+    disk removes it; one left by a killed writer is removed by the next write: its PID is gone,
+    or it is an hour old)."""
+    tmp = None
+    try:
+        cfile.parent.mkdir(parents=True, exist_ok=True)
+        now = time.time()
+        for old in cfile.parent.glob("*.npz.tmp"):
+            with contextlib.suppress(OSError):
+                if not _writer_alive(old.name) or now - old.stat().st_mtime > STALE_TMP_S:
+                    old.unlink()
+        fd, tmp = tempfile.mkstemp(dir=cfile.parent, prefix=f"{os.getpid()}-", suffix=".npz.tmp")
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, images=x, labels=y, classes=np.asarray(classes, dtype=str))
+        os.replace(tmp, cfile)
+    except OSError:
+        pass  # a read-only or full cache is not an error
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
 def load_dataset(
     spec: str,
     split: str,
@@ -151,15 +194,7 @@ def load_dataset(
     if y.min() < 0 or y.max() >= len(classes):
         raise ValueError(f"{path}: labels outside 0..{len(classes) - 1}")
     if cfile is not None:
-        try:
-            cfile.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=cfile.parent, suffix=".npz.tmp")
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, images=x, labels=y, classes=np.asarray(classes, dtype=str))
-            os.replace(tmp, cfile)
-            log.debug(f"{path.name}:{split}: {len(y)} images decoded once, cached in {cfile}")
-        except OSError as e:  # a read-only cache is not an error
-            log.debug(f"{path.name}:{split}: not cached ({e})")
+        _write_cache(cfile, x, y, classes)
     x = np.ascontiguousarray(x)
     return ArrayDataset(
         torch.from_numpy(x), torch.from_numpy(y.astype(np.int64)), classes, str(path)

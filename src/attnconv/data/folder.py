@@ -2,13 +2,17 @@
 
 Class indices are the sorted class folder names over all splits, so train and test agree.
 Every image is decoded once with Pillow to uint8 (3, H, W); a file that is not a readable image,
-or has another size than the first one, is an error naming the file.
+or has another size than the first one, is an error naming the file. Sizes are checked before
+anything is decoded or allocated: a file (or zip member) over MAX_FILE_BYTES, an image side over
+MAX_SIDE (decompression bombs declare huge sizes in a tiny file), or a split whose decoded array
+would not fit in half the machine's memory is refused with one line.
 """
 
 from __future__ import annotations
 
 import io
 import logging
+import os
 import zipfile
 from pathlib import Path, PurePosixPath
 
@@ -19,18 +23,62 @@ from attnconv.progress import Progress
 
 log = logging.getLogger(__name__)
 
+MAX_FILE_BYTES = 64 << 20  # one image file
+MAX_SIDE = 4096  # pixels, either side of one image
 IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".ppm", ".tif", ".tiff"}
+
+
+MAX_ENTRIES = 2_000_000  # files and folders a dataset folder may hold
+
+
+def _dirs(d: Path) -> list[str]:
+    """Sub-folders of ``d``."""
+    try:
+        return sorted(e.name for e in os.scandir(d) if e.is_dir())
+    except OSError as e:
+        raise ValueError(f"{d}: cannot list the dataset folder ({e})") from None
+
+
+def _walk(path: Path, split: str) -> list[str]:
+    """``split/class/file`` names (optionally under one top folder) of a dataset folder: the
+    split's folder must be there before anything is walked, never deeper than the layout (so a
+    symlink loop cannot recurse) and at most MAX_ENTRIES entries: a path such as ``/`` is refused
+    at once instead of walking the file system."""
+    top = _dirs(path)
+    base, prefix = path, ""
+    if split not in top and len(top) == 1 and split in _dirs(path / top[0]):
+        base, prefix = path / top[0], top[0] + "/"
+    splits = _dirs(base)
+    if split not in splits:
+        shown = ", ".join(splits[:8]) + (" ..." if len(splits) > 8 else "") or "none"
+        raise ValueError(
+            f"{path}: no split {split!r} (folders found: {shown}; expected split/class/image "
+            "files)"
+        )
+    names, seen = [], 0
+    for s in splits:
+        for c in _dirs(base / s):
+            with os.scandir(base / s / c) as it:
+                for e in it:
+                    seen += 1
+                    if seen > MAX_ENTRIES:
+                        raise ValueError(
+                            f"{path}: more than {MAX_ENTRIES} entries; not a dataset folder"
+                        )
+                    if e.is_file():
+                        names.append(f"{prefix}{s}/{c}/{e.name}")
+    return names
 
 
 class _Tree:
     """File names (posix, relative) of a folder or zip, and a way to read them."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, split: str):
         self.path = path
         self.zip = None
         self.dirs: set[str] = set()  # top-level folders (a split may be an empty folder)
         if path.is_dir():
-            self.names = [p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()]
+            self.names = _walk(path, split)
             self.dirs = {p.name for p in path.iterdir() if p.is_dir()}
         elif path.is_file():
             try:
@@ -57,6 +105,15 @@ class _Tree:
         full = self.prefix + name
         try:
             if self.zip is not None:
+                size = self.zip.getinfo(full).file_size  # declared; reading stops there
+            else:
+                size = (self.path / full).stat().st_size
+            if size > MAX_FILE_BYTES:
+                raise ValueError(
+                    f"{self.path}: {full!r} is {size} bytes, an image file holds at most "
+                    f"{MAX_FILE_BYTES}"
+                )
+            if self.zip is not None:
                 return self.zip.read(full)
             return (self.path / full).read_bytes()
         except (zipfile.BadZipFile, OSError, KeyError) as e:
@@ -68,7 +125,7 @@ def read_image_folder(
 ) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Images (N, 3, H, W) uint8, labels (N,) int64, class names of ``split``."""
     path = Path(path)
-    t = _Tree(path)
+    t = _Tree(path, split)
     if split not in t.files and split in t.dirs:
         raise ValueError(f"{path}: split {split!r} is empty (no images)")
     if split not in t.files:
@@ -89,21 +146,53 @@ def read_image_folder(
         raise ValueError(f"{path}: split {split!r} is empty (no images)")
     out = None
     bar = Progress(len(names), f"decoding {path.name}:{split}", unit="img", logger=log, leave=False)
+    bad = (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError)
     for i, name in enumerate(names):
+        full = t.prefix + name
         data = t.read(name)
         try:
-            with Image.open(io.BytesIO(data)) as im:
+            im = Image.open(io.BytesIO(data))  # reads the header only
+        except bad as e:
+            raise ValueError(f"{path}: corrupt image {full!r} ({e})") from None
+        with im:
+            w, h = im.size
+            if max(h, w) > MAX_SIDE:
+                raise ValueError(
+                    f"{path}: image {full!r} declares {h}x{w} pixels (at most {MAX_SIDE} a side)"
+                )
+            if out is None:
+                out = _allocate(path, len(names), h, w)
+            if (h, w) != out.shape[2:]:
+                raise ValueError(
+                    f"{path}: image {full!r} is {h}x{w}, the first image is {out.shape[2]}x"
+                    f"{out.shape[3]} (all images of a dataset must have one size)"
+                )
+            try:
                 a = np.asarray(im.convert("RGB"))
-        except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
-            raise ValueError(f"{path}: corrupt image {t.prefix + name!r} ({e})") from None
-        if out is None:
-            out = np.empty((len(names), 3, a.shape[0], a.shape[1]), dtype=np.uint8)
-        if a.shape[:2] != out.shape[2:]:
-            raise ValueError(
-                f"{path}: image {t.prefix + name!r} is {a.shape[0]}x{a.shape[1]}, the first image "
-                f"is {out.shape[2]}x{out.shape[3]} (all images of a dataset must have one size)"
-            )
+            except bad as e:
+                raise ValueError(f"{path}: corrupt image {full!r} ({e})") from None
+        if a.shape[:2] != out.shape[2:]:  # a header that lied about the size
+            raise ValueError(f"{path}: corrupt image {full!r} (decoded size differs from header)")
         out[i] = a.transpose(2, 0, 1)
         bar.update(1)
     bar.close()
     return out, np.asarray(labels, dtype=np.int64), classes
+
+
+def _memory() -> int:
+    """Bytes of physical memory (1 TiB if the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 40
+
+
+def _allocate(path: Path, n: int, h: int, w: int) -> np.ndarray:
+    """The (n, 3, h, w) uint8 array of a split, if it fits in half the machine's memory."""
+    need, have = n * 3 * h * w, _memory()
+    if need > have // 2:
+        raise ValueError(
+            f"{path}: {n} images of {h}x{w} need {need / 2**30:.1f} GiB decoded, more than half "
+            f"this machine's memory ({have / 2**30:.1f} GiB)"
+        )
+    return np.empty((n, 3, h, w), dtype=np.uint8)

@@ -18,6 +18,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .first_order import first_order_only
+
 IMPLS = ("auto", "reference")
 
 
@@ -199,6 +201,7 @@ def scaled_dot_product_attention(
         attn_mask, is_causal = None, True  # the kernel's own causal mask, no bias tensor
     if attn_mask is not None:
         attn_mask = attn_mask.to(q.dtype)
+    q, k, v = first_order_only("the fused attention kernel (impl='auto')", q, k, v)
     y = F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
     )

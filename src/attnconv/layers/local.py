@@ -26,13 +26,14 @@ from .local_kernel import (  # noqa: F401  (re-exported: the kernel's public nam
     window_pad,
     window_valid,
 )
+from .scripting import NotScriptable
 from .sinusoidal import sinusoid_2d
 
 POSITIONALS = ("relative", "absolute", "none")
 LOGITS = ("qk+qr", "qk", "qr")
 
 
-class LocalSelfAttention2d(nn.Module):
+class LocalSelfAttention2d(NotScriptable, nn.Module):
     """SASA local self-attention layer (Ramachandran et al., NeurIPS 2019, eq. 2-3), NCHW.
 
     Replaces a k x k convolution: 1x1 projections W_Q, W_K, W_V (no output projection), heads

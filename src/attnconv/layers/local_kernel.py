@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.autograd.function import once_differentiable
 
 from .functional import check_impl, scaled_dot_product_attention
 
@@ -126,11 +125,18 @@ class _LocalAttention(torch.autograd.Function):
     """Fused window attention: logits, mask, softmax and weighted sum over the k^2 offsets.
 
     Keeps only q, k, v and the probabilities (B, nh, k^2, H, W) for backward; the softmax and
-    its backward run in place on one (B, nh, k^2, H, W) buffer each.
+    its backward run in place on one (B, nh, k^2, H, W) buffer each. Higher derivatives
+    (``create_graph=True``, e.g. a gradient penalty): the backward is the plain path's gradient,
+    itself differentiable, so double backward is exact (never a silent zero).
     """
 
     @staticmethod
     def forward(ctx, q, k, v, mix, qr_row, qr_col, valid, ks: int):
+        with torch.no_grad():  # also when traced (torch.export): in-place, out= kernels
+            return _LocalAttention._forward(ctx, q, k, v, mix, qr_row, qr_col, valid, ks)
+
+    @staticmethod
+    def _forward(ctx, q, k, v, mix, qr_row, qr_col, valid, ks: int):
         bsz, nh, _, h, w = q.shape
         logits = q.new_zeros(bsz, nh, ks * ks, h, w)  # (B, nh, k^2, H, W)
         if k is not None:
@@ -144,18 +150,19 @@ class _LocalAttention(torch.autograd.Function):
         probs = logits.sub_(logits.amax(dim=2, keepdim=True)).exp_()
         probs.div_(probs.sum(dim=2, keepdim=True))
         y = _window_aggregate(probs, v, mix, ks)  # (B, nh, dv, H, W)
-        ctx.save_for_backward(q, k, v, mix, probs)
+        ctx.save_for_backward(q, k, v, mix, probs, qr_row, qr_col, valid)
         ctx.ks, ctx.has_qr = ks, qr_row is not None
         ctx.mark_non_differentiable(probs)
         ctx.set_materialize_grads(False)  # no zero (B, nh, k^2, H, W) gradient for probs
         return y, probs
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, gy, _gprobs):
         if gy is None:  # probs is non-differentiable: nothing flows back
             return (None,) * 8
-        q, k, v, mix, probs = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph: a differentiable gradient (plain path)
+            return _LocalAttention._plain_backward(ctx, gy)
+        q, k, v, mix, probs, _, _, _ = ctx.saved_tensors
         ks = ctx.ks
         need = ctx.needs_input_grad
         gl, gv, gm = _window_aggregate_grad(gy, probs, v, mix, ks, need[2], need[3])
@@ -172,6 +179,26 @@ class _LocalAttention(torch.autograd.Function):
         if k is not None:
             gq, gk = _window_logits_grad(gl, q, k, ks, need[0], need[1])
         return gq, gk, gv, gm, g_row, g_col, None, None
+
+    @staticmethod
+    def _plain_backward(ctx, gy):
+        """Gradients of the plain path (_reference) at the saved inputs, with their graph."""
+        # fresh views: partial derivatives per input (qr_row is computed from q outside this
+        # function; a gradient w.r.t. q itself would count that path twice)
+        *saved, valid = [t if t is None else t.view_as(t) for t in ctx.saved_tensors]
+        q, k, v, mix, _, qr_row, qr_col = saved
+        inputs = (q, k, v, mix, qr_row, qr_col)
+        wrt = [i for i, t in enumerate(inputs) if t is not None and ctx.needs_input_grad[i]]
+        qr = (qr_row, qr_col) if ctx.has_qr else None
+        padding = "zeros" if valid is None else "mask"
+        y = _reference(q, k, v, qr, mix, ctx.ks, padding, False)
+        grads = torch.autograd.grad(
+            y, [inputs[i] for i in wrt], gy, create_graph=True, allow_unused=True
+        )
+        out = [None] * 8
+        for i, g in zip(wrt, grads):
+            out[i] = g
+        return tuple(out)
 
 
 def local_attention(

@@ -14,12 +14,13 @@ import torch.nn as nn
 
 from .checks import check_tensor, positive_int
 from .functional import check_impl, scaled_dot_product_attention
+from .scripting import NotScriptable
 from .sinusoidal import sinusoid_1d, sinusoid_rotation_1d
 
 __all__ = ["MultiHeadAttention", "SinusoidalPositionalEncoding", "sinusoidal_encoding"]
 
 
-class MultiHeadAttention(nn.Module):
+class MultiHeadAttention(NotScriptable, nn.Module):
     """Multi-head (self- or cross-) attention over (B, T, C) sequences (Vaswani sec. 3.2.2).
 
     Args:
@@ -163,7 +164,7 @@ def sinusoidal_encoding(
     return sinusoid_1d(positions, dim, base)  # (T, dim), sin at even, cos at odd channels
 
 
-class SinusoidalPositionalEncoding(nn.Module):
+class SinusoidalPositionalEncoding(NotScriptable, nn.Module):
     """1D sinusoidal positional encoding of Vaswani et al. (sec. 3.5), added to (B, T, C).
 
     ``forward(x)`` returns dropout(x + PE[:T]); ``encoding(T)`` the (T, dim) table.

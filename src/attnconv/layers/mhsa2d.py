@@ -45,6 +45,7 @@ from .quadratic import (
     separable_probs,
     shift_gather,
 )
+from .scripting import NotScriptable
 
 __all__ = ["DROPOUT_MASKS", "MultiHeadSelfAttention2d", "POSITIONALS", "VALUES"]
 VALUES = ("linear", "identity")
@@ -72,7 +73,7 @@ def _head_dims(cin: int, cout: int, nh: int, head_dim, qk_dim, value: str) -> tu
     return positive_int("head_dim", head_dim), positive_int("qk_dim", qk_dim)
 
 
-class MultiHeadSelfAttention2d(nn.Module):
+class MultiHeadSelfAttention2d(NotScriptable, nn.Module):
     """Multi-head self-attention on NCHW images: (B, in_channels, H, W) -> (B, out_channels, H, W).
 
     Args: in_channels, out_channels, num_heads; positional (a ``PositionalEncoding``, or its

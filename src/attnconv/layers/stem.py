@@ -23,9 +23,10 @@ import torch.nn.functional as F
 from .checks import check_tensor, positive_int
 from .functional import check_impl
 from .local_kernel import PADDINGS, local_attention
+from .scripting import NotScriptable
 
 
-class AttentionStem2d(nn.Module):
+class AttentionStem2d(NotScriptable, nn.Module):
     """Attention stem: local attention with spatially-aware values, then BN, ReLU, max pool.
 
     x (B, C_in, H, W) -> (B, C_out, H/pool, W/pool). ``mixtures`` M value matrices per head,

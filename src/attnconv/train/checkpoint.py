@@ -16,6 +16,7 @@ and why. Nothing is ever unpickled.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -29,6 +30,8 @@ import torch.nn as nn
 from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
+
+from .checkpoint_meta import MetaError, check_meta, parse_meta
 
 FORMAT = "attnconv-checkpoint"
 VERSION = 1
@@ -93,17 +96,29 @@ def optimizer_to_tensors(opt: torch.optim.Optimizer) -> tuple[dict, dict]:
 
 
 def optimizer_from_tensors(opt: torch.optim.Optimizer, tensors: dict, meta: dict) -> None:
+    """Load the optimizer state split by :func:`optimizer_to_tensors`; a state that does not fit
+    ``opt`` (parameter count, a buffer's shape) is a CheckpointError, never loaded."""
+    params = [p for g in opt.param_groups for p in g["params"]]
     state: dict[int, dict] = {}
     for name, v in tensors.items():
         if name.startswith("optim."):
             _, pid, k = name.split(".", 2)
-            state.setdefault(int(pid), {})[k] = v
+            i = int(pid) if pid.isdigit() else -1
+            if not 0 <= i < len(params) or (v.dim() > 0 and v.shape != params[i].shape):
+                want = tuple(params[i].shape) if 0 <= i < len(params) else "no such parameter"
+                raise CheckpointError(
+                    f"optimizer state {name} has shape {tuple(v.shape)}, the parameter {want}"
+                )
+            state.setdefault(i, {})[k] = v
     for pid, d in meta["scalars"].items():
         state.setdefault(int(pid), {}).update(d)
     groups = [
         {k: tuple(v) if k == "betas" else v for k, v in g.items()} for g in meta["param_groups"]
     ]
-    opt.load_state_dict({"state": state, "param_groups": groups})
+    try:
+        opt.load_state_dict({"state": state, "param_groups": groups})
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"optimizer state does not fit this optimizer ({e})") from None
 
 
 def save_checkpoint(
@@ -221,7 +236,10 @@ def find_checkpoint(path: str | Path) -> Path:
         if (sub / LATEST).exists() and not (sub / META).exists():
             return find_checkpoint(follow_latest(sub))
         if sub.name == "checkpoints" and sub.is_dir() and not (sub / META).exists():
-            steps = sorted(d for d in sub.glob("step-*") if d.is_dir() and (d / META).is_file())
+            steps = sorted(
+                d for d in sub.glob("step-*")
+                if d.is_dir() and not d.is_symlink() and (d / META).is_file()
+            )  # fmt: skip
             if steps:  # killed after a step folder was written, before `latest` named it
                 return steps[-1]
     if not (p / META).is_file():
@@ -250,8 +268,8 @@ def read_checkpoint(path: str | Path, *, with_state: bool = False) -> tuple[dict
     """Verified (meta, weights, state_tensors) of a checkpoint; raises CheckpointError."""
     d = find_checkpoint(path)
     try:
-        meta = json.loads((d / META).read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        meta = parse_meta((d / META).read_bytes())
+    except (UnicodeDecodeError, ValueError) as e:  # JSONDecodeError, MetaError
         raise CheckpointError(
             f"{d / META}: corrupted checkpoint: metadata is not JSON ({e})"
         ) from None
@@ -262,6 +280,10 @@ def read_checkpoint(path: str | Path, *, with_state: bool = False) -> tuple[dict
             f"{d}: foreign checkpoint: format version {meta.get('version')!r}, this attnconv "
             f"({_version()}) reads versions <= {VERSION}"
         )
+    try:
+        check_meta(meta)
+    except MetaError as e:
+        raise CheckpointError(f"{d / META}: corrupted checkpoint: {e}") from None
     out = []
     for name in (WEIGHTS, STATE) if with_state else (WEIGHTS,):
         expect = meta.get("files", {}).get(name)
@@ -324,6 +346,44 @@ def check_fits(model: nn.Module, weights: dict[str, torch.Tensor], where: str, n
         )
 
 
+def _build(meta: dict, overrides: dict, on_meta: bool) -> nn.Module:
+    """The model ``meta`` describes (converted if it was); ``on_meta``: shapes only, on the meta
+    device, and never converted (the conversion reads weight values)."""
+    from attnconv.models import create_model
+
+    name, where = meta["model"], meta["path"]
+    try:
+        with torch.device("meta") if on_meta else contextlib.nullcontext():
+            model = create_model(name, **{**(meta.get("model_kwargs") or {}), **overrides})
+        conv = meta.get("converted")  # written by `attnconv convert --out`
+        if isinstance(conv, dict) and not on_meta:
+            from attnconv.convert import convert_model
+
+            model = convert_model(
+                model, alpha=conv.get("alpha"), head_dim=conv.get("head_dim"),
+                on_unsupported=conv.get("on_unsupported", "error"), inplace=True,
+            )  # fmt: skip
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{where}: foreign checkpoint: cannot build {name!r} ({e})") from None
+    return model
+
+
+def _check_size(meta: dict, overrides: dict, weights: dict[str, torch.Tensor]) -> None:
+    """Before allocating: the model ``meta`` declares, built on the meta device, must fit the
+    weight file (exactly; a converted model's base within 8x its size), so a crafted config
+    (a huge width) is refused without allocating it."""
+    probe = _build(meta, overrides, True)
+    if not isinstance(meta.get("converted"), dict):
+        return check_fits(probe, weights, meta["path"], meta["model"])
+    need = sum(t.numel() * t.element_size() for t in probe.state_dict().values())
+    have = sum(t.numel() * t.element_size() for t in weights.values())
+    if need > 8 * have + (1 << 20):
+        raise CheckpointError(
+            f"{meta['path']}: foreign checkpoint: its config declares a {need / 2**20:.1f} MiB "
+            f"model, the weight file holds {have / 2**20:.1f} MiB"
+        )
+
+
 def load_model(
     path: str | Path, *, model_name: str | None = None, **overrides
 ) -> tuple[nn.Module, dict]:
@@ -333,7 +393,7 @@ def load_model(
     ``create_model`` arguments that don't change the weights (e.g. ``impl``).
     """
     from attnconv.layers.positional import upgrade_state_dict
-    from attnconv.models import create_model, list_models
+    from attnconv.models import list_models
 
     meta, weights, _ = read_checkpoint(path)
     where = meta["path"]
@@ -345,21 +405,11 @@ def load_model(
             f"{where}: foreign checkpoint: model {name!r} is not in this attnconv"
         )
     try:
-        model = create_model(name, **{**meta.get("model_kwargs", {}), **overrides})
-        conv = meta.get("converted")  # written by `attnconv convert --out`
-        if isinstance(conv, dict):
-            from attnconv.convert import convert_model
-
-            model = convert_model(
-                model, alpha=conv.get("alpha"), head_dim=conv.get("head_dim"),
-                on_unsupported=conv.get("on_unsupported", "error"), inplace=True,
-            )  # fmt: skip
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{where}: foreign checkpoint: cannot build {name!r} ({e})") from None
-    try:
         weights = upgrade_state_dict(weights)  # quadratic alpha -> spread (older checkpoints)
     except ValueError as e:
         raise CheckpointError(f"{where}: {e}") from None
+    _check_size(meta, overrides, weights)  # on the meta device, before allocating the model
+    model = _build(meta, overrides, False)
     check_fits(model, weights, where, name)
     model.load_state_dict(weights, strict=True)
     model.eval()

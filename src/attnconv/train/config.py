@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -180,6 +181,28 @@ def _merge(a: dict, b: dict) -> dict:
     return out
 
 
+class _NoAliasLoader(yaml.SafeLoader):
+    """safe_load without aliases: ``*name`` could expand a few lines into billions of items (an
+    alias bomb); a config never needs one."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.events.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise ValueError(
+                f"YAML aliases (*{self.peek_event().anchor}) are not allowed in a config "
+                f"(line {mark.line + 1}); write the value out"
+            )
+        return super().compose_node(parent, index)
+
+
+def safe_yaml(text: str):
+    """Parse config YAML (plain values, no aliases; nesting bounded) or raise ValueError."""
+    try:
+        return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise ValueError("YAML nested too deeply") from None
+
+
 def read_yaml(path: str | Path, _seen: tuple = ()) -> dict:
     """A config file as a dict, with ``base: other.yaml`` (relative to the file) merged under it."""
     path = Path(path)
@@ -188,9 +211,11 @@ def read_yaml(path: str | Path, _seen: tuple = ()) -> dict:
     if path.resolve() in _seen:
         raise ValueError(f"{path}: circular 'base:' chain")
     try:
-        d = yaml.safe_load(path.read_text()) or {}
+        d = safe_yaml(path.read_text()) or {}
     except yaml.YAMLError as e:
         raise ValueError(f"{path}: invalid YAML ({str(e).splitlines()[0]})") from None
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
     if not isinstance(d, dict):
         raise ValueError(f"{path}: a config must be a mapping at the top level")
     base = d.pop("base", None)
@@ -208,9 +233,11 @@ def apply_overrides(d: dict, overrides: list[str]) -> dict:
         key, raw = item.split("=", 1)
         key = key.strip()
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = safe_yaml(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
+        except ValueError as e:
+            raise ValueError(f"override {item!r}: {e}") from None
         parts = key.split(".")
         node = d
         for p in parts[:-1]:
@@ -235,35 +262,156 @@ def config_from_dict(d: dict) -> Config:
     return cfg
 
 
+@dataclass(frozen=True)
+class Range:
+    """A number in [lo, hi] (``lo_open``: lo excluded); every float is also finite."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def check(self, key: str, v: Any) -> None:
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError(f"config key {key!r} must be a finite number, got {v}")
+        low = self.lo is not None and (v <= self.lo if self.lo_open else v < self.lo)
+        high = self.hi is not None and (v >= self.hi if self.hi_open else v > self.hi)
+        if low or high:
+            if self.hi is None:
+                span = f"{'>' if self.lo_open else '>='} {_g(self.lo)}"
+            else:
+                lo, hi = "(" if self.lo_open else "[", ")" if self.hi_open else "]"
+                span = f"in {lo}{_g(self.lo)}, {_g(self.hi)}{hi}"
+            raise ValueError(f"config key {key!r} must be {span}, got {v}")
+
+
+@dataclass(frozen=True)
+class OneOf:
+    choices: tuple[str, ...]
+
+    def check(self, key: str, v: Any) -> None:
+        if v not in self.choices:
+            choices = ", ".join(self.choices)
+            raise ValueError(f"config key {key!r} must be one of {choices}, got {v!r}")
+
+
+@dataclass(frozen=True)
+class ListOf:
+    """A list of ``kind`` (int | float | str) items, each checked by ``item``."""
+
+    kind: type
+    item: Range | None = None
+    length: int | None = None
+
+    def check(self, key: str, v: list) -> None:
+        if self.length is not None and len(v) != self.length:
+            raise ValueError(f"config key {key!r} needs {self.length} values, got {len(v)}")
+        if len(v) > 4096:
+            raise ValueError(f"config key {key!r}: a list of {len(v)} values (at most 4096)")
+        for i, x in enumerate(v):
+            ok = isinstance(x, self.kind) and not isinstance(x, bool)
+            if self.kind is float and isinstance(x, int) and not isinstance(x, bool):
+                ok = True
+            if not ok:
+                raise TypeError(
+                    f"config key {key!r}: item {i} must be a {self.kind.__name__}, got {x!r}"
+                )
+            if self.item is not None:
+                self.item.check(f"{key}[{i}]", x)
+
+
+@dataclass(frozen=True)
+class Name:
+    """A non-empty string; ``plain``: also a single file-name component (no '/', not '..')."""
+
+    plain: bool = False
+
+    def check(self, key: str, v: str) -> None:
+        if not v.strip() or "\x00" in v:
+            raise ValueError(f"config key {key!r} must be a non-empty name, got {v!r}")
+        if self.plain and ("/" in v or "\\" in v or v in (".", "..")):
+            raise ValueError(f"config key {key!r} must be a plain name (no path), got {v!r}")
+
+
+def _g(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+POSITIVE, NONNEG, FRACTION = Range(0, lo_open=True), Range(0), Range(0, 1, hi_open=True)
+COUNT = Range(1, 2**31)  # an integer count (at least 1)
+# The one schema: every value's range or choices (types come from the dataclass fields; a float
+# is always finite). ``validate`` checks each key of a Config against it.
+SCHEMA: dict[str, Range | OneOf | ListOf | Name] = {
+    "model.name": Name(),
+    "data.dataset": Name(),
+    "data.train_split": Name(plain=True),
+    "data.eval_split": Name(plain=True),
+    "data.max_per_class": COUNT,
+    "data.eval_max_per_class": COUNT,
+    "data.crop_padding": Range(0, 1024),
+    "data.mean": ListOf(float, Range(-1e6, 1e6), length=3),
+    "data.std": ListOf(float, Range(0, 1e6, lo_open=True), length=3),
+    "optim.name": OneOf(("sgd", "adamw")),
+    "optim.lr": Range(0, 1e6, lo_open=True),
+    "optim.momentum": Range(0, 1),
+    "optim.betas": ListOf(float, FRACTION, length=2),
+    "optim.eps": Range(0, 1, lo_open=True),
+    "optim.weight_decay": Range(0, 1e6),
+    "optim.no_decay": ListOf(str),
+    "schedule.name": OneOf(("cosine", "multistep", "constant")),
+    "schedule.warmup": FRACTION,
+    "schedule.milestones": ListOf(int, Range(0, 2**31)),
+    "schedule.gamma": Range(0, 1e6, lo_open=True),
+    "schedule.min_lr": NONNEG,
+    "train.epochs": COUNT,
+    "train.batch_size": COUNT,
+    "train.eval_batch_size": COUNT,
+    "train.steps_per_epoch": COUNT,
+    "train.label_smoothing": FRACTION,
+    "train.grad_clip": Range(0, 1e30, lo_open=True),
+    "train.seed": Range(0, 2**63 - 1),
+    "train.eval_every": COUNT,
+    "train.checkpoint_every": Range(0, 2**31),
+    "train.keep_checkpoints": COUNT,
+    "train.log_every": COUNT,
+    "train.threads": Range(1, 1024),  # torch aborts far above the core count
+    "train.time_limit": POSITIVE,
+}
+MAX_DEPTH = 8  # nesting of model.kwargs values (lists / mappings)
+
+
+def _plain_value(key: str, v: Any, depth: int = 0) -> None:
+    """model.kwargs: plain YAML values (numbers finite), nested at most MAX_DEPTH deep."""
+    if depth > MAX_DEPTH:
+        raise ValueError(f"config key {key!r} is nested more than {MAX_DEPTH} levels deep")
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ValueError(f"config key {key!r} must be a finite number, got {v}")
+    if isinstance(v, dict):
+        if len(v) > 4096:
+            raise ValueError(f"config key {key!r}: a mapping of {len(v)} keys (at most 4096)")
+        for k, x in v.items():
+            if not isinstance(k, str):
+                raise TypeError(f"config key {key!r}: key {k!r} is not a string")
+            _plain_value(f"{key}.{k}", x, depth + 1)
+    elif isinstance(v, list):
+        if len(v) > 4096:
+            raise ValueError(f"config key {key!r}: a list of {len(v)} values (at most 4096)")
+        for i, x in enumerate(v):
+            _plain_value(f"{key}[{i}]", x, depth + 1)
+    elif v is not None and not isinstance(v, (bool, int, float, str)):
+        raise TypeError(f"config key {key!r}: {type(v).__name__} is not a plain value")
+
+
 def validate(cfg: Config) -> None:
-    if cfg.optim.name not in ("sgd", "adamw"):
-        raise ValueError(f"optim.name must be 'sgd' or 'adamw', got {cfg.optim.name!r}")
-    if cfg.schedule.name not in ("cosine", "multistep", "constant"):
-        raise ValueError(
-            f"schedule.name must be 'cosine', 'multistep' or 'constant', got {cfg.schedule.name!r}"
-        )
-    if not 0 <= cfg.schedule.warmup < 1:
-        raise ValueError(
-            f"schedule.warmup is a fraction of the steps in [0, 1), got {cfg.schedule.warmup}"
-        )
-    t = cfg.train
-    for key in (
-        "epochs",
-        "batch_size",
-        "eval_batch_size",
-        "eval_every",
-        "log_every",
-        "keep_checkpoints",
-    ):
-        if getattr(t, key) < 1:
-            raise ValueError(f"train.{key} must be >= 1, got {getattr(t, key)}")
-    if t.checkpoint_every < 0:
-        raise ValueError(f"train.checkpoint_every must be >= 0, got {t.checkpoint_every}")
-    if t.threads is not None and t.threads < 1:
-        raise ValueError(f"train.threads must be >= 1 or null, got {t.threads}")
-    if not 0 <= t.label_smoothing < 1:
-        raise ValueError(f"train.label_smoothing must be in [0, 1), got {t.label_smoothing}")
-    if t.grad_clip is not None and t.grad_clip <= 0:
-        raise ValueError(f"train.grad_clip must be > 0 or null, got {t.grad_clip}")
-    if cfg.optim.lr <= 0:
-        raise ValueError(f"optim.lr must be > 0, got {cfg.optim.lr}")
+    """Every value against SCHEMA (ranges, choices, finite numbers); one-line errors."""
+    for section in dataclasses.fields(cfg):
+        sub = getattr(cfg, section.name)
+        if not dataclasses.is_dataclass(sub):
+            continue
+        for f in dataclasses.fields(sub):
+            key, v = f"{section.name}.{f.name}", getattr(sub, f.name)
+            rule = SCHEMA.get(key)
+            if key == "model.kwargs":
+                _plain_value(key, v)
+            elif v is not None and rule is not None:
+                rule.check(key, v)

@@ -28,6 +28,8 @@ from . import distributed as D
 from .checkpoint import (
     LATEST,
     CheckpointError,
+    atomic_write,
+    check_fits,
     follow_latest,
     optimizer_from_tensors,
     read_checkpoint,
@@ -36,7 +38,9 @@ from .checkpoint import save_checkpoint as _save
 from .config import Config
 from .monitor import Monitor
 from .optim import build_optimizer, lr_at, set_lr
-from .runfolder import RunLock, check_fresh
+from .resume import check_resumable
+from .runfolder import LOCK as LOCK_FILE
+from .runfolder import RunLock, check_fresh, check_no_links, clean_temps
 
 log = logging.getLogger(__name__)
 
@@ -51,32 +55,6 @@ class Interrupted(Exception):
     def __init__(self, signum: int, message: str):
         super().__init__(message)
         self.signum = signum
-
-
-# config keys that may change on --resume without breaking exactness
-_RESUME_FREE = {
-    "train.progress",
-    "train.log_every",
-    "train.tensorboard",
-    "train.threads",
-    "train.checkpoint_every",
-    "train.keep_checkpoints",
-    "out_dir",
-    "data.root",
-    "data.cache_dir",
-    "data.download",
-    "data.dataset",
-}
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and k != "kwargs":
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[prefix + k] = v
-    return out
 
 
 def evaluate(model: nn.Module, loader: Loader, info: D.DistInfo, bf16: bool = False):
@@ -106,6 +84,7 @@ class Trainer:
     def __init__(self, cfg: Config, *, resume: bool = False, stop_at_step: int | None = None,
                  overwrite: bool = False, device: str | None = None):  # fmt: skip
         self.cfg, self.stop_at_step = cfg, stop_at_step
+        self.resume_note = ""
         t = cfg.train
         self.info = D.init_distributed(device)
         if t.threads:
@@ -115,10 +94,16 @@ class Trainer:
         self.out = Path(cfg.out_dir or "runs/default")
         self.ckdir = self.out / "checkpoints"
         self.lock = None
+        # a training was started here before (it may have been killed before its first checkpoint)
+        self.started = (self.out / LOCK_FILE).is_file()
         if self.info.is_main:  # one training per run folder; an old run is never replaced
             self.lock = RunLock(self.out)
-            for tmp in self.ckdir.glob(".step-*.tmp"):  # left by a save killed half-way
-                shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                check_no_links(self.out)
+            except ValueError:
+                self.lock.release()
+                raise
+            clean_temps(self.out)  # left by a save killed half-way
             if not resume:
                 try:
                     check_fresh(self.out, overwrite)
@@ -178,10 +163,11 @@ class Trainer:
             total_steps=self.total,
         )
         if self.info.is_main:
-            (self.out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+            text = yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+            atomic_write(self.out / "config.yaml", text.encode())  # replaces, never follows
         self.mon.summary(cfg, self.model, self.info,
                          (len(train_ds), len(eval_ds), train_ds.num_classes), len(self.loader),
-                         self.step if resume else None)  # fmt: skip
+                         self.step if resume else None, self.resume_note)  # fmt: skip
         self.net = D.wrap(self.model, self.info)
         if t.compile:
             self.net = torch.compile(self.net)
@@ -189,35 +175,27 @@ class Trainer:
 
     # ---- checkpoints -------------------------------------------------------------------------
     def _resume(self) -> None:
-        try:
-            meta, weights, st = read_checkpoint(self.ckdir, with_state=True)
-        except CheckpointError as e:
-            if "missing checkpoint" in str(e) and not self.ckdir.exists():
-                raise FileNotFoundError(f"--resume: no checkpoint in {self.ckdir}") from None
-            raise
-        where = meta["path"]
-        if meta["model"] != self.cfg.model.name or meta["model_kwargs"] != self.model_kwargs:
-            raise CheckpointError(
-                f"{where}: foreign checkpoint for this run: it holds {meta['model']} "
-                f"{meta['model_kwargs']}, the config asks for {self.cfg.model.name} "
-                f"{self.model_kwargs}"
-            )
-        old, new = _flat(meta.get("config") or {}), _flat(self.cfg.to_dict())
-        changed = sorted(
-            k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in _RESUME_FREE
+        """Continue from the newest checkpoint; a run stopped before its first checkpoint was
+        complete (killed during it: only a temp folder, cleaned at start) starts again from step
+        0, which is the same run (everything is seeded)."""
+        saved = (self.ckdir / LATEST).exists() or any(
+            d.is_dir() for d in self.ckdir.glob("step-*")
         )
-        if changed:
-            raise ValueError(
-                f"--resume: config differs from the checkpoint's in {', '.join(changed)} "
-                "(resuming would not continue the same run; use a new out_dir)"
-            )
-        from .checkpoint import check_fits
-
-        check_fits(self.model, weights, where, meta["model"])
+        if not saved:
+            if not self.started:
+                raise FileNotFoundError(f"--resume: no checkpoint in {self.ckdir}")
+            self.resume_note = "no checkpoint was complete, starting again from step 0"
+            return
+        meta, weights, st = read_checkpoint(self.ckdir, with_state=True)
+        rng = check_resumable(meta, st, self.cfg, self.model_kwargs, set(self.sums))
+        check_fits(self.model, weights, meta["path"], meta["model"])
+        try:
+            optimizer_from_tensors(self.opt, st, meta["optimizer"])
+        except CheckpointError as e:
+            raise CheckpointError(f"{meta['path']}: corrupted checkpoint: {e}") from None
         self.model.load_state_dict(weights)
-        optimizer_from_tensors(self.opt, st, meta["optimizer"])
-        torch.set_rng_state(st["rng.torch"])
-        self.step = int(meta["state"]["step"])
+        torch.set_rng_state(rng)
+        self.step = meta["state"]["step"]
         self.sums.update(meta["state"]["sums"])
 
     def save(self) -> Path | None:
@@ -256,8 +234,6 @@ class Trainer:
                     }
                 },
             )
-            from .checkpoint import atomic_write
-
             atomic_write(self.ckdir / LATEST, path.name.encode())
             steps = sorted(p for p in self.ckdir.glob("step-*") if p.is_dir())
             for old in steps[: -self.cfg.train.keep_checkpoints]:
@@ -335,6 +311,7 @@ class Trainer:
                         )
                         break
                     lr = lr_at(self.step, cfg.optim.lr, cfg.schedule, self.total, L)
+                    self._check_finite(torch.tensor(lr).float(), epoch, start, "learning rate")
                     set_lr(self.opt, lr)
                     x, y = x.to(self.info.device), y.to(self.info.device)
                     with torch.autocast(

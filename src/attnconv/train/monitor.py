@@ -22,6 +22,8 @@ import torch.nn as nn
 from attnconv.layers.centers import head_centers
 from attnconv.progress import Progress
 
+from .runfolder import open_nofollow
+
 log = logging.getLogger(__name__)
 
 COLUMNS = ["kind", "epoch", "step", "lr", "loss", "acc", "images_per_s", "seconds"]
@@ -30,19 +32,21 @@ COLUMNS = ["kind", "epoch", "step", "lr", "loss", "acc", "images_per_s", "second
 def _truncate_csv(path: Path, step: int) -> None:
     if not path.is_file():
         return
-    with open(path, newline="") as f:
+    with open_nofollow(path, "r", newline="") as f:
         rows = list(csv.reader(f))
     keep = [r for r in rows[1:] if r and int(r[2]) <= step]
-    with open(path, "w", newline="") as f:
+    with open_nofollow(path, "w", newline="") as f:
         csv.writer(f).writerows([COLUMNS] + keep)
 
 
 def _truncate_jsonl(path: Path, step: int) -> None:
     if not path.is_file():
         return
-    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    with open_nofollow(path, "r") as f:
+        lines = [ln for ln in f.read().splitlines() if ln.strip()]
     keep = [ln for ln in lines if json.loads(ln)["step"] <= step]
-    path.write_text("".join(ln + "\n" for ln in keep))
+    with open_nofollow(path, "w") as f:
+        f.write("".join(ln + "\n" for ln in keep))
 
 
 class Monitor:
@@ -74,7 +78,7 @@ class Monitor:
             _truncate_csv(self.csv_path, resume_step)
             _truncate_jsonl(self.centres_path, resume_step)
         if not self.csv_path.is_file():
-            with open(self.csv_path, "w", newline="") as f:
+            with open_nofollow(self.csv_path, "w", newline="") as f:
                 csv.writer(f).writerow(COLUMNS)
         if tensorboard:
             try:
@@ -108,7 +112,7 @@ class Monitor:
             f"{images_per_s:.1f}",
             f"{time.time() - self.t0:.1f}",
         ]
-        with open(self.csv_path, "a", newline="") as f:
+        with open_nofollow(self.csv_path, "a", newline="") as f:
             csv.writer(f).writerow(vals)
         if self.tb is not None:
             self.tb.add_scalar(f"{kind}/loss", loss, step)
@@ -130,13 +134,15 @@ class Monitor:
                              acc=f"{100 * acc:.1f}%", **{"img/s": f"{ips:.1f}"})  # fmt: skip
 
     def summary(self, cfg, model: nn.Module, info, data: tuple[int, int, int],
-                steps_per_epoch: int, resume_step: int | None) -> None:  # fmt: skip
+                steps_per_epoch: int, resume_step: int | None,
+                resume_note: str = "") -> None:  # fmt: skip
         """The start-up block, one aligned ``name  value`` line each: model and parameters,
         device, dtype, data (``data``: training images, evaluation images, classes), steps,
         run folder."""
         d, t = cfg.data, cfg.train
         n_params = sum(p.numel() for p in model.parameters())
         where = "" if resume_step is None else f", resuming at step {resume_step}"
+        where += f" ({resume_note})" if resume_note else ""
         rows = [
             ("model", f"{cfg.model.name}, {n_params / 1e6:.2f}M parameters"),
             ("device", f"{info.device} x{info.world_size} process(es), "
@@ -157,7 +163,7 @@ class Monitor:
         layers = [c.tolist() for c in head_centers(model)]
         if not layers:
             return
-        with open(self.centres_path, "a") as f:
+        with open_nofollow(self.centres_path, "a") as f:
             f.write(json.dumps({"epoch": epoch, "step": step, "layers": layers}) + "\n")
         if self.tb is not None:
             for i, layer in enumerate(layers):

@@ -5,14 +5,53 @@ replaced by accident.
   0); a second training on the same folder stops at once with the holder's PID.
 - ``check_fresh``: a training without ``--resume`` into a folder that already holds a run
   (checkpoints or logged metrics) is refused, naming the last checkpoint, unless ``--overwrite``.
+- Nothing is written or read through a symlink: ``check_no_links`` refuses a run folder whose
+  files are links (a ``config.yaml`` link to a file elsewhere would get that file overwritten),
+  and ``open_nofollow`` opens every log file with O_NOFOLLOW (a link made mid-run is refused
+  too). config.yaml and the checkpoints are written by temp file + rename, which replaces a link
+  instead of following it.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 from pathlib import Path
+from typing import IO
 
 LOCK = ".lock"
+RUN_FILES = ("config.yaml", "metrics.csv", "centers.jsonl", "checkpoints", "tb", LOCK)
+_MODES = {
+    "r": os.O_RDONLY,
+    "w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+    "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+}
+
+
+def _link_error(path: Path) -> ValueError:
+    return ValueError(
+        f"{path} is a symlink; a run folder's files are never written or read through links "
+        "(remove it)"
+    )
+
+
+def check_no_links(out: Path) -> None:
+    """ValueError if a file or folder the training writes in ``out`` is a symlink."""
+    for name in RUN_FILES:
+        if (out / name).is_symlink():
+            raise _link_error(out / name)
+
+
+def open_nofollow(path: Path, mode: str, **kw) -> IO:
+    """``open(path, mode)`` (mode r / w / a, text) that refuses a symlink (O_NOFOLLOW)."""
+    try:
+        fd = os.open(path, _MODES[mode] | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP or path.is_symlink():
+            raise _link_error(path) from None
+        raise
+    return os.fdopen(fd, mode, **kw)
 
 
 class RunFolderBusy(ValueError):
@@ -48,6 +87,27 @@ class RunLock:
 
     def __del__(self) -> None:  # a Trainer dropped without fit() frees its folder
         self.release()
+
+
+def clean_temps(out: Path) -> None:
+    """Under the lock, at start: remove what a killed save leaves in the run folder and its
+    checkpoints (temp files and folders ``.NAME.*.tmp`` of every atomic write); a ``.step-N.old``
+    (killed between the two renames of a replacement) goes back to ``step-N`` if that is
+    missing, else it is removed."""
+    for d in (out, out / "checkpoints"):
+        if not d.is_dir() or d.is_symlink():
+            continue
+        for p in d.glob(".*.tmp"):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+        for old in d.glob(".step-*.old"):
+            real = d / old.name[1:].removesuffix(".old")
+            if real.exists() or real.is_symlink():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(old, real)
 
 
 def check_fresh(out: Path, overwrite: bool) -> None:

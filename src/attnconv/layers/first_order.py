@@ -1,0 +1,45 @@
+"""Kernels with a first derivative only say so in one line, never a raw PyTorch error.
+
+PyTorch's fused attention kernel (``F.scaled_dot_product_attention``, our ``impl="auto"``) has no
+second derivative: a double backward through it (``create_graph=True``, e.g. a gradient
+penalty) fails deep in autograd with "derivative ... not implemented". :func:`first_order_only`
+passes its inputs through a node whose backward, when a graph of the gradient is being built,
+raises :class:`HigherOrderGradError` naming the fix (``impl="reference"``, the plain path, is
+differentiable any number of times).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class HigherOrderGradError(RuntimeError):
+    """A second derivative through a kernel that only has a first one."""
+
+
+MESSAGE = (
+    "attnconv: {what} has no second derivative (backward with create_graph=True); build the "
+    "layer with impl='reference' (the plain path) for double backward, e.g. gradient penalties"
+)
+
+
+class _FirstOrderOnly(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, what: str, *xs: torch.Tensor):
+        ctx.what = what
+        return tuple(x.view_as(x) for x in xs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        if torch.is_grad_enabled():  # the caller asked for a differentiable gradient
+            raise HigherOrderGradError(MESSAGE.format(what=ctx.what))
+        return (None, *grads)
+
+
+def first_order_only(what: str, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``xs`` unchanged (views); a double backward through them raises HigherOrderGradError.
+    A no-op when no gradient is recorded (inference, export, compile)."""
+    tracing = torch.compiler.is_compiling() or torch.compiler.is_exporting()
+    if tracing or not torch.is_grad_enabled() or not any(x.requires_grad for x in xs):
+        return xs
+    return _FirstOrderOnly.apply(what, *xs)

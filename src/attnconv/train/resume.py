@@ -1,0 +1,70 @@
+"""What ``--resume`` accepts: the same run (model, config up to the keys that may change) and a
+complete, well-formed training state. Anything else is one line naming the key or the state."""
+
+from __future__ import annotations
+
+import torch
+
+from .checkpoint import CheckpointError
+from .config import Config
+
+# config keys that may change on --resume without breaking exactness
+RESUME_FREE = {
+    "train.progress",
+    "train.log_every",
+    "train.tensorboard",
+    "train.threads",
+    "train.checkpoint_every",
+    "train.keep_checkpoints",
+    "out_dir",
+    "data.root",
+    "data.cache_dir",
+    "data.download",
+    "data.dataset",
+}
+
+
+def flat(d: dict, prefix: str = "") -> dict:
+    """``{"train": {"lr": 1}}`` -> ``{"train.lr": 1}`` (model.kwargs stays one value)."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and k != "kwargs":
+            out.update(flat(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def check_resumable(
+    meta: dict, state_tensors: dict, cfg: Config, model_kwargs: dict, sums: set[str]
+) -> torch.Tensor:
+    """Raise unless checkpoint ``meta`` continues the run ``cfg`` describes and holds a complete
+    training state (step, running sums, optimizer, RNG of this torch's size); returns the RNG
+    state to restore."""
+    where = meta["path"]
+    if meta["model"] != cfg.model.name or meta.get("model_kwargs") != model_kwargs:
+        raise CheckpointError(
+            f"{where}: foreign checkpoint for this run: it holds {meta['model']} "
+            f"{meta.get('model_kwargs')}, the config asks for {cfg.model.name} {model_kwargs}"
+        )
+    old, new = flat(meta.get("config") or {}), flat(cfg.to_dict())
+    changed = sorted(
+        k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in RESUME_FREE
+    )
+    if changed:
+        raise ValueError(
+            f"--resume: config differs from the checkpoint's in {', '.join(changed)} "
+            "(resuming would not continue the same run; use a new out_dir)"
+        )
+    rng, want, state = state_tensors.get("rng.torch"), torch.get_rng_state(), meta["state"]
+    if rng is None or rng.dtype != want.dtype or rng.shape != want.shape:
+        got = "none" if rng is None else f"{rng.dtype} {tuple(rng.shape)}"
+        raise CheckpointError(
+            f"{where}: corrupted checkpoint: RNG state rng.torch is {got}, expected "
+            f"{want.dtype} {tuple(want.shape)}"
+        )
+    if not isinstance(state.get("step"), int) or set(state.get("sums", {})) != sums:
+        raise CheckpointError(f"{where}: corrupted checkpoint: no resumable training state")
+    if not isinstance(meta.get("optimizer"), dict):
+        raise CheckpointError(f"{where}: corrupted checkpoint: no optimizer state")
+    return rng
