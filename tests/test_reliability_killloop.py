@@ -52,11 +52,13 @@ def _start(cfg: Path, run: Path) -> subprocess.Popen:
     )
 
 
-def _wait_started(p: subprocess.Popen) -> None:
-    """Until the process prints its start line (after data and model are ready) or ends."""
+def _wait_started(p: subprocess.Popen) -> bool:
+    """Until the process prints the last line of its start-up summary (data and model ready);
+    False if it ended without one."""
     for line in p.stderr:
-        if "parameters on" in line:
-            return
+        if line.strip().startswith("run folder"):
+            return True
+    return False
 
 
 def _weights(run: Path) -> dict:
@@ -67,7 +69,7 @@ def test_random_kill_9_loop_resumes_bit_identical(tmp_path, cifar_zip):
     cfg = _config(tmp_path, cifar_zip)
     t0 = time.perf_counter()
     base = _start(cfg, tmp_path / "base")  # uninterrupted (also fills the decoded-image cache)
-    _wait_started(base)
+    assert _wait_started(base), "the training printed no start-up summary"
     t_started = time.perf_counter()
     _, err = base.communicate(timeout=300)
     assert base.returncode == 0, err
@@ -78,15 +80,16 @@ def test_random_kill_9_loop_resumes_bit_identical(tmp_path, cifar_zip):
     rng = random.Random(15)
     runs, kills, resumed = 0, 0, 0
     while kills < KILLS:
+        assert runs < 10 * KILLS + 10, f"only {kills} kills landed in {runs} runs"
         run = tmp_path / f"run{runs}"
         runs += 1
         while True:  # one run: kill it at random until a process completes it
             fresh = not run.exists()
             p = _start(cfg, run)
-            _wait_started(p)
+            started = _wait_started(p)
             t_start = time.perf_counter()
             time.sleep(rng.uniform(0, 1.1 * train_s))
-            if p.poll() is None:
+            if started and p.poll() is None:
                 p.send_signal(signal.SIGKILL)
                 p.communicate(timeout=60)
                 kills += 1
