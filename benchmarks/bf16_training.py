@@ -1,6 +1,6 @@
 """Does bf16 autocast train each Table 1 model as well as float32? Accuracy at a fixed budget.
 
-    python benchmarks/bf16_training.py run [--jobs 2] [--steps 100] [--seeds 0 1]
+    python benchmarks/bf16_training.py run [--jobs 3] [--steps 50] [--seeds 0 1]
     python benchmarks/bf16_training.py report
 
 `run` trains every model of the Table 1 experiment (configs/experiments/table1_*.yaml: its
@@ -151,11 +151,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("action", choices=("run", "report"))
     ap.add_argument("--data", default=str(default_data()), help="CIFAR-10 (cifar10-jpeg.zip)")
-    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--eval-per-class", type=int, default=200)
+    ap.add_argument("--eval-per-class", type=int, default=100)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    ap.add_argument("--jobs", type=int, default=2, help="runs side by side (one thread each)")
+    ap.add_argument("--jobs", type=int, default=3, help="runs side by side (one thread each)")
     args = ap.parse_args()
     run(args) if args.action == "run" else report(args)
 
