@@ -231,12 +231,14 @@ def render(payload: dict) -> str:
     return "\n".join(lines)
 
 
-def replace_readme_block(text: str, path: Path = README) -> None:
+def replace_readme_block(text: str, path: Path = README, begin: str = BEGIN,
+                         end: str = END) -> None:  # fmt: skip
+    """Replace what lies between the ``begin`` and ``end`` markers of ``path`` with ``text``."""
     readme = path.read_text()
-    if BEGIN not in readme or END not in readme:
-        raise ValueError(f"{path.name} has no {BEGIN} ... {END} block to replace")
-    head, rest = readme.split(BEGIN, 1)
-    path.write_text(head + BEGIN + "\n" + text + "\n" + END + rest.split(END, 1)[1])
+    if begin not in readme or end not in readme:
+        raise ValueError(f"{path.name} has no {begin} ... {end} block to replace")
+    head, rest = readme.split(begin, 1)
+    path.write_text(head + begin + "\n" + text + "\n" + end + rest.split(end, 1)[1])
 
 
 def save(payload: dict, out_dir: str | None, readme: bool) -> Path:
