@@ -224,11 +224,35 @@ def render(payload: dict) -> str:
             PEAK_N, peak
         ),
         "",
+        *summary(payload["rows"]),
         markdown_table(payload["targets"], TARGET_COLUMNS),
         "",
         markdown_table(payload["rows"], COLUMNS),
     ]
     return "\n".join(lines)
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """What attention dropout costs sa_quadratic, and what each model costs per image, per scale
+    (sentences from the rows, so they are regenerated with the table)."""
+    out = []
+    for scale in dict.fromkeys(r["scale"] for r in rows):
+        by = {(r["model"], r["p_drop"], r["mask"], r["bf16"]): r
+              for r in rows if r["scale"] == scale}  # fmt: skip
+        cost = []
+        for mask in ("batch", "sample"):
+            ratios = [by[k]["x_no_dropout"] for bf in (False, True)
+                      if (k := ("sa_quadratic", P_DROP, mask, bf)) in by]  # fmt: skip
+            if len(ratios) == 2:
+                cost.append(f"{mask} mask {ratios[0]:.2f}x / {ratios[1]:.2f}x")
+        flops = [f"{m} {r['gflop_img']:.2f}" + (f" (dropout {_label(r)})" if r["p_drop"] else "")
+                 for (m, p, mask, bf), r in by.items() if not bf]  # fmt: skip
+        line = f"- `{scale}`: "
+        if cost:
+            line += ("sa_quadratic with attention dropout 0.1 trains at "
+                     + ", ".join(cost) + " the img/s of dropout 0 (fp32 / bf16). ")  # fmt: skip
+        out.append(line + "GFLOP per image (fwd+bwd, executed): " + ", ".join(flops) + ".")
+    return out + [""] if out else []
 
 
 def replace_readme_block(text: str, path: Path = README, begin: str = BEGIN,
@@ -256,7 +280,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-paper", type=int, default=16)
     p.add_argument("--batch-cpu", type=int, default=64)
     p.add_argument("--readme", action="store_true", help="replace the README's results block")
+    p.add_argument("--report", action="store_true",
+                   help="only re-render the saved <out-dir>/models_throughput.json (no timing)")
     args = p.parse_args(argv)
+    if args.report:
+        src = Path(args.out_dir or RESULTS_DIR) / f"{NAME}.json"
+        if not src.exists():
+            raise ValueError(f"--report: no results to re-render at {src}")
+        path = save(json.loads(src.read_text()), args.out_dir, args.readme)
+        print(f"re-rendered {path.with_suffix('.md')}")
+        return 0
     repeats = args.repeats or (1 if args.quick else 3)
     models = [args.only] if args.only else list(MODELS)
     scales = ["quick"] if args.quick else ["paper", "cpu"] if args.scale == "both" else [args.scale]
