@@ -2,7 +2,8 @@
 sa_learned, sa_learned_content) and the CIFAR ResNet18 baseline.
 
 `attnconv bench --suite models [--quick] [--threads N] [--repeats N] [--out-dir DIR]
-[-- --scale paper|cpu|both --batch-paper B --batch-cpu B --readme]`
+[-- --scale paper|cpu|both --models M [M ...] --batch-paper B --batch-cpu B --readme
+--report]`
 
 Per model, at two scales: ``paper`` (the paper's configuration: the models' defaults, hidden
 400, 16x16 tokens, 6 layers, 9 heads; ResNet18 at full width) and ``cpu`` (the CPU experiment
@@ -279,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scale", choices=("paper", "cpu", "both"), default="both")
     p.add_argument("--batch-paper", type=int, default=16)
     p.add_argument("--batch-cpu", type=int, default=64)
+    p.add_argument("--models", nargs="+", choices=MODELS, help="several models (default: all)")
     p.add_argument("--readme", action="store_true", help="replace the README's results block")
     p.add_argument("--report", action="store_true",
                    help="only re-render the saved <out-dir>/models_throughput.json (no timing)")
@@ -291,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"re-rendered {path.with_suffix('.md')}")
         return 0
     repeats = args.repeats or (1 if args.quick else 3)
-    models = [args.only] if args.only else list(MODELS)
+    models = [args.only] if args.only else args.models or list(MODELS)
     scales = ["quick"] if args.quick else ["paper", "cpu"] if args.scale == "both" else [args.scale]
     rows, peaks, checks = [], {}, []
     for scale in scales:
@@ -308,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['img_s']:8.1f} img/s {r['gflops_s']:7.1f} GFLOP/s", flush=True)  # fmt: skip
     cmd = suite_command("models", args)
     extra = [f"--scale {args.scale}"] if args.scale != "both" else []
+    extra += ["--models " + " ".join(args.models)] if args.models and not args.only else []
     extra += [f"--batch-{s} {getattr(args, f'batch_{s}')}" for s, d in (("paper", 16), ("cpu", 64))
               if getattr(args, f"batch_{s}") != d]  # fmt: skip
     if extra:
