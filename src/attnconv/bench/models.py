@@ -205,7 +205,7 @@ TARGET_COLUMNS = [("target", "target", ""), ("measured", "measured", ".2f"),
 COLUMNS = [
     ("scale", "scale", ""), ("model", "model", ""), ("batch", "B", ""),
     ("precision", "precision", ""), ("attn_dropout", "attn dropout", ""),
-    ("img_s", "img/s", ".1f"), ("x_no_dropout", "x dropout 0", ".2f"),
+    ("img_s", "img/s", ".3g"), ("x_no_dropout", "x dropout 0", ".2f"),
     ("bf16_speedup", "bf16 / fp32", ".2f"), ("gflop_img", "GFLOP/img (fwd+bwd)", ".2f"),
     ("gflops_s", "GFLOP/s", ".1f"), ("pct_peak", "% of GEMM peak", ".0f"),
 ]  # fmt: skip
