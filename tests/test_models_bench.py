@@ -52,3 +52,19 @@ def test_readme_block_is_replaced_in_place(tmp_path):
     with pytest.raises(ValueError, match="README.md has no .* block"):
         bench_models.replace_readme_block("x", path)
     assert path.read_text() == "no markers\n"  # nothing lost
+
+
+def test_report_rerenders_saved_results_or_says_what_is_missing(tmp_path, capsys):
+    argv = ["bench", "--suite", "models", "--out-dir", str(tmp_path), "--", "--report"]
+    assert main(argv) == 2
+    assert "no results to re-render" in capsys.readouterr().err
+    rows = [dict(scale="cpu", model="resnet18_cifar", batch=2, p_drop=0.0, mask=None, bf16=b,
+                 img_s=10.0 + b, gflop_img=0.2, gflops_s=2.0) for b in (False, True)]  # fmt: skip
+    bench_models.derive(rows, {"fp32": 10.0, "bf16": 20.0})
+    payload = dict(command="attnconv bench --suite models", threads=1, repeats=3, torch="x",
+                   machine="m", peak_gflops={"cpu": {"fp32": 10.0, "bf16": 20.0}}, targets=[],
+                   rows=rows)  # fmt: skip
+    (tmp_path / "models_throughput.json").write_text(json.dumps(payload))
+    assert main(argv) == 0
+    md = (tmp_path / "models_throughput.md").read_text()
+    assert "| cpu | resnet18_cifar | 2 | bf16 | 0 | 11 | 1.00 | 1.10 |" in md
