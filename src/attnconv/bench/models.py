@@ -246,7 +246,7 @@ def summary(rows: list[dict]) -> list[str]:
                       if (k := ("sa_quadratic", P_DROP, mask, bf)) in by]  # fmt: skip
             if len(ratios) == 2:
                 cost.append(f"{mask} mask {ratios[0]:.2f}x / {ratios[1]:.2f}x")
-        flops = [f"{m} {r['gflop_img']:.2f}" + (f" (dropout {_label(r)})" if r["p_drop"] else "")
+        flops = [f"{m} {r['gflop_img']:.2f}" + (f" (dropout {p:g}, {mask} mask)" if p else "")
                  for (m, p, mask, bf), r in by.items() if not bf]  # fmt: skip
         line = f"- `{scale}`: "
         if cost:
