@@ -266,7 +266,13 @@ def replace_readme_block(text: str, path: Path = README, begin: str = BEGIN,
     path.write_text(head + begin + "\n" + text + "\n" + end + rest.split(end, 1)[1])
 
 
-def save(payload: dict, out_dir: str | None, readme: bool) -> Path:
+def results_dir(args) -> Path:
+    """Where this suite reads and writes its results: ``--out-dir``, else benchmarks/results/
+    (the one place to switch to a shared output policy of bench/common.py)."""
+    return Path(args.out_dir) if args.out_dir is not None else RESULTS_DIR
+
+
+def save(payload: dict, out_dir: Path, readme: bool) -> Path:
     """Write the results (the one place this suite writes files)."""
     text = render(payload)
     path = write_results(NAME, payload, text, out_dir)
@@ -286,10 +292,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="only re-render the saved <out-dir>/models_throughput.json (no timing)")
     args = p.parse_args(argv)
     if args.report:
-        src = Path(args.out_dir or RESULTS_DIR) / f"{NAME}.json"
+        src = results_dir(args) / f"{NAME}.json"
         if not src.exists():
             raise ValueError(f"--report: no results to re-render at {src}")
-        path = save(json.loads(src.read_text()), args.out_dir, args.readme)
+        path = save(json.loads(src.read_text()), results_dir(args), args.readme)
         print(f"re-rendered {path.with_suffix('.md')}")
         return 0
     repeats = args.repeats or (1 if args.quick else 3)
@@ -318,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = dict(command=cmd, threads=args.threads, repeats=repeats, torch=torch.__version__,
                    machine=platform.processor() or platform.machine(), malloc=args.malloc,
                    peak_gflops=peaks, targets=checks, rows=rows)  # fmt: skip
-    path = save(payload, args.out_dir, args.readme and not args.quick)
+    path = save(payload, results_dir(args), args.readme and not args.quick)
     print(markdown_table(checks, TARGET_COLUMNS))
     print(f"wrote {path} and {path.with_suffix('.md')}")
     return 0
