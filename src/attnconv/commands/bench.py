@@ -10,7 +10,7 @@ import argparse
 import importlib
 import importlib.util
 
-HELP = "run a benchmark suite (layers, local, convert): time, peak memory, GFLOP/s"
+HELP = "run a benchmark suite (layers, local, convert, models): time, peak memory, GFLOP/s"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
