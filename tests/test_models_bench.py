@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_bench_models_quick_writes_json_and_table(tmp_path):
     argv = ["bench", "--suite", "models", "--quick", "--out-dir", str(tmp_path)]
-    assert main(argv + ["--", "--only", "sa_quadratic", "--readme"]) == 0
+    assert main(argv + ["--", "--only", "sa_quadratic"]) == 0
     data = json.loads((tmp_path / "models_throughput.json").read_text())
     rows = data["rows"]
     assert len(rows) == 6  # (dropout 0, batch mask, sample mask) x (fp32, bf16)

@@ -43,6 +43,7 @@ from attnconv.bench.common import (
     RESULTS_DIR,
     count_flops,
     markdown_table,
+    output_dir,
     suite_command,
     suite_parser,
     write_results,
@@ -267,9 +268,9 @@ def replace_readme_block(text: str, path: Path = README, begin: str = BEGIN,
 
 
 def results_dir(args) -> Path:
-    """Where this suite reads and writes its results: ``--out-dir``, else benchmarks/results/
-    (the one place to switch to a shared output policy of bench/common.py)."""
-    return Path(args.out_dir) if args.out_dir is not None else RESULTS_DIR
+    """Where this suite reads and writes its results: bench/common.py's ``output_dir`` (the
+    committed benchmarks/results/ only with --update-results)."""
+    return output_dir(args)
 
 
 def save(payload: dict, out_dir: Path, readme: bool) -> Path:
@@ -291,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report", action="store_true",
                    help="only re-render the saved <out-dir>/models_throughput.json (no timing)")
     args = p.parse_args(argv)
+    if args.readme and not args.update_results:
+        raise ValueError("--readme rewrites the source checkout's README: add --update-results")
     if args.report:
         src = results_dir(args) / f"{NAME}.json"
         if not src.exists():
@@ -324,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = dict(command=cmd, threads=args.threads, repeats=repeats, torch=torch.__version__,
                    machine=platform.processor() or platform.machine(), malloc=args.malloc,
                    peak_gflops=peaks, targets=checks, rows=rows)  # fmt: skip
-    path = save(payload, results_dir(args), args.readme and not args.quick)
+    path = save(payload, results_dir(args), args.readme)
     print(markdown_table(checks, TARGET_COLUMNS))
     print(f"wrote {path} and {path.with_suffix('.md')}")
     return 0
