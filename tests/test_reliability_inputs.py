@@ -153,8 +153,9 @@ def test_corrupted_resume_state_is_one_line(tmp_path, cifar_zip, capsys, edit, m
     _rewrite_state(step, edit)
     capsys.readouterr()
     assert main(["train", cfg, "--resume"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "corrupted checkpoint" in err, err
+    lines = capsys.readouterr().err.strip().splitlines()  # status lines, then the error
+    err = lines[-1]
+    assert sum("error:" in ln for ln in lines) == 1 and "corrupted checkpoint" in err, lines
     assert re.search(message, err), err
 
 

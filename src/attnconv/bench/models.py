@@ -284,9 +284,10 @@ def save(payload: dict, out_dir: Path, readme: bool) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     p = suite_parser("models", __doc__.splitlines()[0], list(MODELS))
-    p.add_argument("--scale", choices=("paper", "cpu", "both"), default="both")
-    p.add_argument("--batch-paper", type=int, default=16)
-    p.add_argument("--batch-cpu", type=int, default=64)
+    p.add_argument("--scale", choices=("paper", "cpu", "both"), default="both",
+                   help="paper configuration, CPU experiment scale, or both (both)")  # fmt: skip
+    p.add_argument("--batch-paper", type=int, default=16, help="batch at the paper scale (16)")
+    p.add_argument("--batch-cpu", type=int, default=64, help="batch at the CPU scale (64)")
     p.add_argument("--models", nargs="+", choices=MODELS, help="several models (default: all)")
     p.add_argument("--readme", action="store_true", help="replace the README's results block")
     p.add_argument("--report", action="store_true",
