@@ -40,11 +40,16 @@ def cifar_zip() -> Path:
 @pytest.fixture(autouse=True)
 def _one_thread():
     """One intra-op thread for every test: the tests are many small ops, where a second spinning
-    thread only costs; restored afterwards, so code under test that sets threads cannot leak."""
+    thread only costs. The torch globals code under test may set (threads, deterministic
+    algorithms: a training's train.threads / train.deterministic) are restored afterwards, so
+    they cannot leak into the next test."""
     n = torch.get_num_threads()
+    det = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+    torch.use_deterministic_algorithms(det, warn_only=warn_only)
 
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

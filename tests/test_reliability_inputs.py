@@ -25,7 +25,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from PIL import Image
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
@@ -34,6 +33,7 @@ from attnconv.cli import main
 from attnconv.data import datasets, folder, load_dataset
 from attnconv.models import create_model
 from attnconv.train import checkpoint as ck
+from tiny_runs import tiny_config
 
 KW = {"num_classes": 10, "width": 4}
 
@@ -105,18 +105,9 @@ def test_huge_declared_converted_model_is_refused_before_allocating(ckpt):
 
 # ---- corrupted resume state ------------------------------------------------------------------
 def _train_one_step(tmp_path: Path, cifar_zip: Path) -> tuple[str, Path]:
-    d = {
-        "model": {"name": "tiny_cnn", "kwargs": {"width": 4}},
-        "data": {"dataset": str(cifar_zip), "max_per_class": 2, "eval_max_per_class": 1,
-                 "cache_dir": str(tmp_path / "cache")},
-        "train": {"epochs": 1, "batch_size": 10, "threads": 1, "progress": False,
-                  "checkpoint_every": 1},
-        "out_dir": str(tmp_path / "run"),
-    }  # fmt: skip
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump(d))
-    assert main(["train", str(cfg), "--stop-at-step", "1"]) == 0
-    return str(cfg), ck.follow_latest(tmp_path / "run" / "checkpoints")
+    cfg = tiny_config(tmp_path, cifar_zip, epochs=1, out_dir=str(tmp_path / "run"))
+    assert main(["train", cfg, "--stop-at-step", "1"]) == 0
+    return cfg, ck.follow_latest(tmp_path / "run" / "checkpoints")
 
 
 def _rewrite_state(step: Path, edit) -> None:

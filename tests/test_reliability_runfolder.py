@@ -8,34 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from safetensors.torch import load_file
 
 from attnconv.cli import main
 from attnconv.train.checkpoint import LATEST, follow_latest
 from attnconv.train.monitor import Monitor
 from attnconv.train.runfolder import clean_temps, open_nofollow
-
-
-@pytest.fixture(autouse=True)
-def _restore_torch_globals():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(False)
-
-
-def _cfg(tmp_path: Path, cifar_zip: Path) -> str:
-    d = {
-        "model": {"name": "tiny_cnn", "kwargs": {"width": 4}},
-        "data": {"dataset": str(cifar_zip), "max_per_class": 2, "eval_max_per_class": 1,
-                 "cache_dir": str(tmp_path / "cache")},
-        "train": {"epochs": 2, "batch_size": 10, "threads": 1, "progress": False,
-                  "checkpoint_every": 1},
-    }  # fmt: skip
-    f = tmp_path / "c.yaml"
-    f.write_text(yaml.safe_dump(d))
-    return str(f)
+from tiny_runs import tiny_config
 
 
 def _weights(run: Path) -> dict[str, torch.Tensor]:
@@ -53,7 +32,7 @@ def test_a_symlink_in_the_run_folder_is_never_written_through(tmp_path, cifar_zi
         target.write_text("precious\n")
     run.mkdir()
     (run / name).symlink_to(target)
-    assert main(["train", _cfg(tmp_path, cifar_zip), "--out", str(run)]) == 2
+    assert main(["train", tiny_config(tmp_path, cifar_zip, epochs=2), "--out", str(run)]) == 2
     err = capsys.readouterr().err.strip()
     assert f"{run / name} is a symlink; a run folder's files are never written" in err, err
     assert "\n" not in err
@@ -65,7 +44,7 @@ def test_a_symlink_in_the_run_folder_is_never_written_through(tmp_path, cifar_zi
 
 def test_metrics_symlink_on_resume_is_refused(tmp_path, cifar_zip, capsys):
     run, secret = tmp_path / "run", tmp_path / "secret.csv"
-    cfg = _cfg(tmp_path, cifar_zip)
+    cfg = tiny_config(tmp_path, cifar_zip, epochs=2)
     assert main(["train", cfg, "--out", str(run), "--stop-at-step", "1"]) == 0
     secret.write_text("kind,epoch,step\nnot,a,row\n")
     (run / "metrics.csv").unlink()
@@ -96,7 +75,7 @@ def test_killed_during_the_first_checkpoint_resumes_from_step_0(tmp_path, cifar_
     """A kill -9 while the first checkpoint is written leaves the run folder (lock, config,
     metrics) and only the save's temp folder: --resume starts again from step 0 and ends
     bit-identical to an uninterrupted run, the temp folder gone."""
-    cfg = _cfg(tmp_path, cifar_zip)
+    cfg = tiny_config(tmp_path, cifar_zip, epochs=2)
     assert main(["train", cfg, "--out", str(tmp_path / "full")]) == 0
     run = tmp_path / "run"
     assert main(["train", cfg, "--out", str(run), "--stop-at-step", "1"]) == 0
@@ -115,8 +94,8 @@ def test_killed_during_the_first_checkpoint_resumes_from_step_0(tmp_path, cifar_
 
 
 def test_resume_in_a_folder_never_trained_in_is_still_an_error(tmp_path, cifar_zip, capsys):
-    assert main(["train", _cfg(tmp_path, cifar_zip), "--out", str(tmp_path / "new"),
-                 "--resume"]) == 2  # fmt: skip
+    cfg = tiny_config(tmp_path, cifar_zip, epochs=2)
+    assert main(["train", cfg, "--out", str(tmp_path / "new"), "--resume"]) == 2
     assert "--resume: no checkpoint in" in capsys.readouterr().err
 
 

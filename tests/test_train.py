@@ -27,14 +27,6 @@ from attnconv.train.runfolder import RunLock
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _restore_torch_globals():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(False)
-
-
 _CACHE: list[Path] = []  # decoded-images cache shared by this module's runs
 
 
