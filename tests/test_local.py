@@ -61,13 +61,21 @@ def test_fast_equals_reference(b, cin, heads, dh, h, w, k, stride, mode, padding
         torch.testing.assert_close(u, v)
 
 
-def test_float32_close_to_reference():
+@pytest.mark.parametrize("mode", MODES)
+def test_float32_close_to_reference(mode, device):
+    """Values and gradients on every device (on CUDA the window runs through FlexAttention)."""
     torch.manual_seed(0)
-    m = LocalSelfAttention2d(16, 32, 4, 7)
-    x = torch.randn(2, 16, 12, 10)
-    y1 = m(x)
-    m.impl = "reference"
-    torch.testing.assert_close(y1, m(x), atol=1e-5, rtol=1e-5)
+    m = LocalSelfAttention2d(16, 32, 4, 7, 1, *mode).to(device)
+    x = torch.randn(2, 16, 12, 10, device=device, requires_grad=True)
+    out = {}
+    for impl in ("auto", "reference"):  # no return_attention: it would leave the Flex path
+        m.impl = impl
+        y = m(x)
+        out[impl] = y, torch.autograd.grad((y * torch.cos(y)).sum(), [x, *m.parameters()])
+    (y1, g1), (y2, g2) = out["auto"], out["reference"]
+    torch.testing.assert_close(y1, y2, atol=1e-5, rtol=1e-5)
+    for u, v in zip(g1, g2):
+        torch.testing.assert_close(u, v, atol=1e-4, rtol=1e-4)
 
 
 def test_bfloat16_computes_in_float32():

@@ -57,10 +57,12 @@ def test_fast_equals_reference_random_shapes(variant, value, b, cin, heads, dh, 
 
 
 @pytest.mark.parametrize("positional,content", VARIANTS)
-def test_fast_equals_reference_float32(positional, content):
+def test_fast_equals_reference_float32(positional, content, device):
+    """On every device: on CUDA the row/column encodings take the FlexAttention backend."""
     torch.manual_seed(0)
     layer = MultiHeadSelfAttention2d(8, 12, 3, positional=positional, content=content, max_size=16)
-    x = torch.randn(2, 8, 6, 9, requires_grad=True)
+    layer = layer.to(device)
+    x = torch.randn(2, 8, 6, 9, device=device, requires_grad=True)
     assert_fast_equals_reference(layer, x, rtol=1e-4, atol=1e-5)
 
 

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from .checks import check_tensor, positive_int
 from .encoding import POSITIONALS, build_encoding
-from .flex import flex_axis_attention
+from .flex import flex_mod_attention
 from .functional import (
     attention_probs,
     check_impl,
@@ -52,6 +52,11 @@ VALUES = ("linear", "identity")
 DROPOUT_MASKS = ("sample", "batch")
 _LOW = (torch.bfloat16, torch.float16)
 _SHARED_BIAS_MAX_T = 64 * 64  # (Nh, T, T) float32 bias in inference: 64 MiB per head at 64^2
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """t in float32 at least (a bfloat16/float16 tensor is cast up; float64 stays)."""
+    return t.float() if t.dtype in _LOW else t
 
 
 def _head_dims(cin: int, cout: int, nh: int, head_dim, qk_dim, value: str) -> tuple[int, int]:
@@ -273,7 +278,12 @@ class MultiHeadSelfAttention2d(NotScriptable, nn.Module):
             probs = shared_dropout(attention_probs(q, k, bias=bias, scale=self.scale), p_drop)
             return (probs.to(v5.dtype) @ self._seq_values(v5)).transpose(1, 2)
         y = scaled_dot_product_attention(
-            q, k, self._seq_values(v5), bias=bias, scale=self.scale, dropout_p=p_drop,
+            q,
+            k,
+            self._seq_values(v5),
+            bias=bias,
+            scale=self.scale,
+            dropout_p=p_drop,
             impl="reference",
         )  # (B, Nh, T, Dv)
         return y.transpose(1, 2)
@@ -322,17 +332,17 @@ class MultiHeadSelfAttention2d(NotScriptable, nn.Module):
         return bool(on) and enc.axis_folded and enc.uses_qk_product and p_drop == 0.0
 
     def _forward_flex(self, xt, v5, h, w) -> torch.Tensor:
-        """Content attention with the row/column logits as a FlexAttention score_mod. -> (B, T,
-        Nh, Dv)"""
-        enc = self.positional_encoding
+        """Content attention with the row/column logits as a FlexAttention score_mod. q, k, v
+        keep their (autocast) dtype, the kernel accumulates scores in float32 and the row/column
+        logits q_axis are added in float32. -> (B, T, Nh, Dv)"""
         q, k = self._qk(xt, h, w)  # (B, Nh, T, dk)
         v = self._seq_values(v5)
-        if enc.large_logits and q.dtype in _LOW:
-            q, k, v = q.float(), k.float(), v.float()
-        (q_axis,), _ = enc.fold(q, k, h, w)  # (B, Nh, T, h + w)
         with torch.autocast(q.device.type, enabled=False):
-            y = flex_axis_attention(q, k, v.to(q.dtype), q_axis.to(q.dtype), h, w, self.scale,
-                                    compiled=q.device.type == "cuda")  # fmt: skip
+            enc = self.positional_encoding
+            grad = torch.is_grad_enabled() and any(p.requires_grad for p in enc.parameters())
+            score_mod = enc.flex_score_mod(_wide(q), _wide(k), h, w, grad=grad)
+            y = flex_mod_attention(q, k.to(q.dtype), v.to(q.dtype), score_mod, self.scale,
+                                   compiled=q.device.type == "cuda")  # fmt: skip
         return y.to(xt.dtype).transpose(1, 2)
 
     def _use_shared_bias(self, xt: torch.Tensor, h: int, w: int, p_drop: float) -> bool:

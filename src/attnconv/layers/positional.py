@@ -19,6 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .flex import axis_score_mod, gaussian_score_mod
 from .sinusoidal import sinusoid_1d, sinusoid_2d
 
 
@@ -106,6 +107,13 @@ class PositionalEncoding(nn.Module):
     def fold(self, q, k, h: int, w: int) -> tuple[list, list]:
         return [], []
 
+    def flex_score_mod(self, q, k, h: int, w: int, *, grad: bool = True):
+        """The positional logits as a FlexAttention score_mod (flex.py), axis-folded encodings:
+        each query's row/column logits q_axis gathered at the key's row and column. ``grad``:
+        the encoding's parameters need gradients (see QuadraticEncoding)."""
+        (q_axis,), _ = self.fold(q, k, h, w)  # (B|1, Nh, T, h + w)
+        return axis_score_mod(q_axis[..., :h].contiguous(), q_axis[..., h:].contiguous(), w)
+
 
 class NoEncoding(PositionalEncoding):
     """``positional="none"``: no positional term (position-only: uniform attention)."""
@@ -135,10 +143,12 @@ class AbsolutePositionalEncoding2d(PositionalEncoding):
         if learned:
             self.row = nn.Parameter(torch.randn(max_size, c_row) * 0.02)
             self.col = nn.Parameter(torch.randn(max_size, channels - c_row) * 0.02)
+        # no state: follows .to(device) so the fixed sinusoids are made where the layer lives
+        self.register_buffer("device_anchor", torch.empty(0), persistent=False)
 
     def forward(self, h: int, w: int) -> torch.Tensor:
         if not self.learned:
-            return sinusoid_2d(h, w, self.channels)
+            return sinusoid_2d(h, w, self.channels, device=self.device_anchor.device)
         check_size(h, w, self.max_size, "absolute positional")
         c_row = self.row.shape[1]
         return torch.cat(
@@ -161,12 +171,15 @@ class RelativeTables2d(nn.Module):
         if learned:
             self.rel_row = nn.Parameter(torch.randn(2 * max_size - 1, dim_row))
             self.rel_col = nn.Parameter(torch.randn(2 * max_size - 1, dim_col))
+        # no state: follows .to(device) so the fixed sinusoids are made where the layer lives
+        self.register_buffer("device_anchor", torch.empty(0), persistent=False)
 
     def forward(self, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(2h-1, dim_row), (2w-1, dim_col); entry d + n - 1 holds offset d."""
         if not self.learned:
-            dr = torch.arange(-(h - 1), h, dtype=torch.float32)
-            dc = torch.arange(-(w - 1), w, dtype=torch.float32)
+            dev = self.device_anchor.device
+            dr = torch.arange(-(h - 1), h, dtype=torch.float32, device=dev)
+            dc = torch.arange(-(w - 1), w, dtype=torch.float32, device=dev)
             return sinusoid_1d(dr, self.dim_row), sinusoid_1d(dc, self.dim_col)
         check_size(h, w, self.max_size, "relative positional")
         m = self.max_size
@@ -255,6 +268,15 @@ class QuadraticEncoding(GaussianEncoding):
         q_pos = torch.cat([row[:, :, None, :].expand(nh, h, w, h).reshape(nh, t, h),
                            col[:, None].expand(nh, h, w, w).reshape(nh, t, w)], -1)  # fmt: skip
         return expand_fold((q_pos, axis_onehot(h, w, row.device, row.dtype)), q)
+
+    def flex_score_mod(self, q, k, h: int, w: int, *, grad: bool = True):
+        """Inference: eq. 9 computed in the kernel from each pair's pixel offset (flex.py), no
+        gather. Training: the row/column logits gathered per query (the base class), because
+        compiled Flex reduces a captured per-head scalar's gradient over every (query, key)
+        pair with atomics on Nh addresses: 40-50x slower on an H100 (bench --suite cuda)."""
+        if grad:
+            return super().flex_score_mod(q, k, h, w)
+        return gaussian_score_mod(hi(self.alpha), hi(self.centers), w)
 
     def dense_logits(self, h: int, w: int) -> torch.Tensor:
         """(Nh, T, T): -alpha ||delta - Delta||^2 for every (query, key) pair, or 0/-inf if hard."""

@@ -1,0 +1,293 @@
+"""Issue 17 on a CUDA GPU: attnconv's layers against what a user would run there instead.
+
+`attnconv bench --suite cuda [--quick] [--repeats N] [-- --only content|local]`
+
+Content attention (quadratic / learned-relative + content, 9 heads; train = fwd+bwd or
+inference; fp32 or bf16 autocast): attnconv (impl="auto": compiled FlexAttention with the
+row/column logits as a score_mod, flex.py), the dense anchor (SDPA with the (B, Nh, T, T) logits
+as a float ``attn_mask``, anchors.DenseSDPA) and FlashAttention-backed SDPA on the same q, k, v
+with NO positional term (what content-only attention of equal shapes costs: a floor, not an
+equal); "SDPA fold" is the layer's CPU kernels on the GPU (flex_backend=False: the exact fold
+through SDPA in training, the shared bias in inference).
+SASA local attention (k = 7, relative row/column embeddings, 8 heads): attnconv
+(FlexAttention with a block mask), our window kernel (local_kernel.py, flex_backend=False), the
+unfold reference and NATTEN's fused kernels when the natten package is installed.
+
+Time: CUDA events around --inner calls, median of --repeats, after warm-up calls (compilation
+happens there). Memory: peak allocated bytes above the inputs during one call. Precision:
+relative max output error against the float64 reference on the GPU (B = 1).
+"""
+
+from __future__ import annotations
+
+import copy
+import platform
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+from attnconv.bench.anchors import DenseSDPA
+from attnconv.bench.common import (
+    markdown_table,
+    output_dir,
+    suite_command,
+    suite_parser,
+    write_results,
+)
+from attnconv.layers.local import LocalSelfAttention2d
+from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
+
+HEADS, LOCAL_HEADS, KERNEL = 9, 8, 7
+
+
+class ContentOnlySDPA(torch.nn.Module):
+    """The floor: the layer's q, k, v through SDPA with no positional term (FlashAttention in
+    bf16)."""
+
+    def __init__(self, layer: MultiHeadSelfAttention2d):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lay, (b, _, h, w) = self.layer, x.shape
+        xt = x.flatten(2).transpose(1, 2)  # (B, T, Cin)
+        q, k = lay._qk(xt, h, w)  # (B, Nh, T, dk)
+        v = lay._seq_values(lay._values(xt, h, w))
+        y = F.scaled_dot_product_attention(q, k, v.to(q.dtype), scale=lay.scale)
+        y = lay.out_proj(y.transpose(1, 2).reshape(b, h * w, -1))
+        return y.transpose(1, 2).reshape(b, -1, h, w)
+
+
+class Natten(torch.nn.Module):
+    """NATTEN's fused neighborhood attention on the local layer's own q, k, v (its relative
+    positional bias is a (heads, 2k-1, 2k-1) table, not SASA's row/column embeddings: the same
+    work, not the same function)."""
+
+    def __init__(self, layer: LocalSelfAttention2d):
+        super().__init__()
+        import natten
+
+        self.layer, self.natten = layer, natten
+        self.rpb = torch.nn.Parameter(torch.zeros(LOCAL_HEADS, 2 * KERNEL - 1, 2 * KERNEL - 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lay = self.layer
+        q, k, v = lay.query(x), lay.key(x), lay.value(x)  # (B, C, H, W)
+        b, c, h, w = q.shape
+
+        def heads(t):  # (B, H, W, nh, d)
+            return t.view(b, LOCAL_HEADS, c // LOCAL_HEADS, h, w).permute(0, 3, 4, 1, 2)
+
+        y = self.natten.na2d(heads(q), heads(k), heads(v), kernel_size=KERNEL)
+        return y.permute(0, 3, 4, 1, 2).reshape(b, c, h, w)
+
+
+def content_cases(quick: bool) -> list[dict]:
+    shapes = [(2, 18, 8)] if quick else [(32, 144, 32), (32, 432, 32), (8, 144, 64)]
+    return [dict(group="content", positional=p, train=t, dtype=d, b=b, c=c, hw=hw)
+            for p in ("quadratic", "relative_learned") for (b, c, hw) in shapes
+            for d in ("fp32", "bf16") for t in (True, False)]  # fmt: skip
+
+
+def local_cases(quick: bool) -> list[dict]:
+    shapes = [(2, 16, 8)] if quick else [(32, 64, 56), (32, 128, 28), (32, 256, 14)]
+    return [dict(group="local", b=b, c=c, hw=hw, dtype=d, train=t)
+            for (b, c, hw) in shapes for d in ("fp32", "bf16") for t in (True, False)]  # fmt: skip
+
+
+def models_for(case: dict) -> dict[str, torch.nn.Module]:
+    torch.manual_seed(0)
+    c, hw = case["c"], case["hw"]
+    if case["group"] == "content":
+        layer = MultiHeadSelfAttention2d(c, c, HEADS, positional=case["positional"],
+                                         content=True, max_size=max(64, hw))  # fmt: skip
+        fold = copy.deepcopy(layer)
+        fold.flex_backend = False  # the CPU kernels: exact fold (train), shared bias (infer)
+        models = {"attnconv": layer, "dense": DenseSDPA(layer), "flash": ContentOnlySDPA(layer),
+                  "fold": fold}  # fmt: skip
+    else:
+        layer = LocalSelfAttention2d(c, c, LOCAL_HEADS, KERNEL)
+        window, unfold = copy.deepcopy(layer), copy.deepcopy(layer)
+        window.flex_backend, unfold.impl = False, "reference"
+        models = {"attnconv": layer, "window": window, "unfold": unfold}
+        try:
+            models["natten"] = Natten(layer)
+        except ImportError:
+            pass
+    return {k: m.cuda() for k, m in models.items()}
+
+
+def make_step(model: torch.nn.Module, case: dict):
+    x = torch.randn(case["b"], case["c"], case["hw"], case["hw"], device="cuda",
+                    requires_grad=case["train"])  # fmt: skip
+    bf16 = case["dtype"] == "bf16"
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            if not case["train"]:
+                with torch.no_grad():
+                    return model(x)
+            y = model(x)
+        x.grad = None
+        model.zero_grad(set_to_none=True)
+        y.float().sum().backward()
+
+    return step
+
+
+def time_and_memory(steps: dict, repeats: int, inner: int) -> dict[str, dict]:
+    """Per step: median ms per call (CUDA events around ``inner`` calls, interleaved round-robin)
+    and peak MB allocated during one call. A step that fails is reported with its error."""
+    out: dict[str, dict] = {}
+    for name, step in list(steps.items()):
+        try:
+            for _ in range(3):  # warm-up: compilation, autotuning, allocator
+                step()
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            step()
+            torch.cuda.synchronize()
+            out[name] = {"mb": (torch.cuda.max_memory_allocated() - base) / 2**20, "ms": []}
+        except Exception as exc:  # noqa: BLE001 - a missing kernel is a result, not a crash
+            out[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"}
+            steps.pop(name)
+    for _ in range(repeats):
+        for name, step in steps.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(inner):
+                step()
+            end.record()
+            torch.cuda.synchronize()
+            out[name]["ms"].append(start.elapsed_time(end) / inner)
+    for v in out.values():
+        if "ms" in v:
+            v["ms"] = statistics.median(v["ms"])
+    return out
+
+
+def precision(case: dict, models: dict) -> dict[str, float]:
+    """Relative max output error of each model vs the float64 reference, B = 1."""
+    layer = models["attnconv"]
+    x = torch.randn(1, case["c"], case["hw"], case["hw"], device="cuda")
+    ref = copy.deepcopy(layer).double()
+    ref.impl = "reference"
+    if hasattr(ref, "flex_backend"):
+        ref.flex_backend = False
+    out = {}
+    with torch.no_grad():
+        y64 = ref(x.double())
+        for name in ("attnconv", "dense", "fold", "window"):
+            if name in models:
+                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=case["dtype"] == "bf16"):
+                    y = models[name](x).double()
+                out[name] = ((y - y64).abs().max() / y64.abs().max()).item()
+    return out
+
+
+def run(cases: list[dict], repeats: int, inner: int, save=None) -> list[dict]:
+    """Every case in turn; ``save(rows)`` after each (a long run keeps what it measured)."""
+    torch._dynamo.config.cache_size_limit = 256  # one compiled Flex kernel per shape and dtype
+    rows = []
+    for case in cases:
+        models = models_for(case)
+        res = time_and_memory({k: make_step(m, case) for k, m in models.items()}, repeats, inner)
+        row = dict(case, name=_name(case))
+        for k, v in res.items():
+            row.update({f"{k}_{m}": v[m] for m in ("ms", "mb", "error") if m in v})
+        for k in res:
+            if k != "attnconv" and "ms" in res[k] and "ms" in res["attnconv"]:
+                row[f"ratio_{k}"] = res[k]["ms"] / res["attnconv"]["ms"]
+            if k != "attnconv" and case["train"] and "mb" in res[k] and "mb" in res["attnconv"]:
+                row[f"mem_{k}"] = res["attnconv"]["mb"] / res[k]["mb"]
+        row.update({f"err_{k}": v for k, v in precision(case, models).items()})
+        rows.append(row)
+        times = [f"{k} {row[f'{k}_ms']:.3f} ms" for k in res if f"{k}_ms" in row]
+        print(f"{row['name']:<54} " + "  ".join(times), flush=True)
+        if save is not None:
+            save(rows)
+        del models
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _name(case: dict) -> str:
+    mode = "train" if case["train"] else "infer"
+    what = f"SASA local k{KERNEL}"
+    if case["group"] == "content":
+        what = f"{case['positional']}+content"
+    return f"{what} {mode} {case['dtype']} B{case['b']} C{case['c']} {case['hw']}x{case['hw']}"
+
+
+CONTENT_COLUMNS = [("name", "case", ""), ("attnconv_ms", "ours ms", ".3f"),
+                   ("ratio_dense", "dense SDPA+bias / ours", ".2f"),
+                   ("ratio_flash", "SDPA no positional term / ours", ".2f"),
+                   ("ratio_fold", "SDPA fold / ours", ".2f"),
+                   ("mem_dense", "ours/dense memory", ".2f"),
+                   ("err_attnconv", "ours err vs f64", ".1e"),
+                   ("err_dense", "dense err vs f64", ".1e"),
+                   ("dense_error", "note", "")]  # fmt: skip
+LOCAL_COLUMNS = [("name", "case", ""), ("attnconv_ms", "ours (Flex) ms", ".3f"),
+                 ("ratio_window", "window kernel / ours", ".2f"),
+                 ("ratio_unfold", "unfold / ours", ".2f"), ("ratio_natten", "NATTEN / ours", ".2f"),
+                 ("mem_unfold", "ours/unfold memory", ".2f"),
+                 ("err_attnconv", "ours err vs f64", ".1e"),
+                 ("err_window", "window err vs f64", ".1e")]  # fmt: skip
+
+
+def render(rows: list[dict], header: str) -> str:
+    """The markdown report of a run's rows (only the groups it ran)."""
+    try:
+        import natten  # noqa: F401
+
+        has_natten = "NATTEN installed."
+    except ImportError:
+        has_natten = "NATTEN not installed (no NATTEN column)."
+    md = [
+        "# Layers on CUDA\n",
+        f"{header} {has_natten} Ratios > 1: attnconv is faster. "
+        "Memory: peak allocated MB during one training call, attnconv over the anchor.\n",
+    ]
+    for group, title, cols in (("content", "Content attention", CONTENT_COLUMNS),
+                               ("local", "SASA local attention", LOCAL_COLUMNS)):  # fmt: skip
+        part = [r for r in rows if r["group"] == group]
+        if part:
+            md += [f"## {title}\n", markdown_table(part, cols), ""]
+    return "\n".join(md)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = suite_parser("cuda", __doc__, ["content", "local"])
+    p.add_argument("--inner", type=int, default=10, help="calls per timed repeat (10)")
+    args = p.parse_args(argv)
+    out_dir = output_dir(args)
+    if not torch.cuda.is_available():
+        raise SystemExit("attnconv bench --suite cuda: no CUDA device (torch.cuda.is_available())")
+    repeats = args.repeats or (1 if args.quick else 5)
+    cases = ([] if args.only == "local" else content_cases(args.quick)) + (
+        [] if args.only == "content" else local_cases(args.quick))  # fmt: skip
+
+    def save(rows):
+        write_results("cuda_layers.partial", dict(rows=rows), "", out_dir)  # removed at the end
+
+    rows = run(cases, repeats, 1 if args.quick else args.inner, save)
+    for suffix in (".json", ".md"):
+        (out_dir / f"cuda_layers.partial{suffix}").unlink(missing_ok=True)
+    dev = torch.cuda.get_device_name()
+    header = (f"Command: `{suite_command('cuda', args)}`; {repeats} repeats of {args.inner} calls "
+              f"(median ms per call), CUDA events. Device: {dev}; torch {torch.__version__}; "
+              f"Python {platform.python_version()}.")  # fmt: skip
+    md = render(rows, header)
+    name = "cuda_layers" + (f"_{args.only}" if args.only else "")
+    path = write_results(name, dict(command=suite_command("cuda", args), header=header,
+                                    device=dev, torch=torch.__version__, repeats=repeats,
+                                    inner=args.inner, rows=rows), md, out_dir)  # fmt: skip
+    print(md)
+    print(f"wrote {path} and {path.with_suffix('.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
