@@ -82,7 +82,8 @@ class PositionalEncoding(nn.Module):
     - ``position_foldable``: position-only logits of low rank: ``position_fold(h, w)``;
     - ``adds_to_input``: absolute P (T, C) added to the input of Wq/Wk: ``self(h, w)``;
     - ``uses_qk_product``: the layer's q.k term is part of the logits;
-    - ``large_logits``: folded logits are large differences that cancel (fold in float32);
+    - ``large_logits``: the folded attention runs in float32 under autocast (quadratic: large
+      logits that cancel; learned relative: bfloat16 SDPA's backward, relative.py);
     - ``axis_folded``: ``fold`` returns [q_axis (B, Nh, T, h + w)] against one-hot key rows and
       columns (the layer may add them as a score_mod instead: flex.py);
     - ``learned_size``: side of its learned tables (None: any image size);
