@@ -57,6 +57,23 @@ def axis_onehot(h: int, w: int, device=None, dtype=torch.float32) -> torch.Tenso
     return torch.cat([F.one_hot(t // w, h), F.one_hot(t % w, w)], -1).to(dtype)
 
 
+def shifted_axis(alpha: torch.Tensor, center: torch.Tensor, n: int) -> torch.Tensor:
+    """(Nh, n, n) [q, k]: -alpha ((d - c)^2 - (d* - c)^2), d = k - q, of eq. 9 along one axis, less
+    its per-query maximum (softmax is invariant to it), d* = clamp(round(c), -q, n - 1 - q) the
+    offset nearest c, written as -alpha (d - d*) (d + d* - 2c): no cancellation, so near the
+    maximum the logits keep float32's relative precision (-alpha (d - c)^2 is ~alpha c^2 there,
+    rounded to ~alpha c^2 eps), and the gradients of alpha and c vanish exactly on the nearest
+    offset (the shift's own gradient multiplies the sum over keys of dL/dlogits, zero in exact
+    arithmetic: kept, its rounding is amplified by 2 alpha (d* - c)). alpha, c (Nh,)."""
+    r = torch.arange(n, device=alpha.device)
+    d = (r[None, :] - r[:, None]).to(alpha.dtype)  # (n, n) k - q
+    lo, top = -r[:, None], n - 1 - r[:, None]  # (n, 1) valid offsets of each query
+    near = torch.round(center.detach())[:, None, None]  # (Nh, 1, 1)
+    ds = torch.minimum(torch.maximum(near, lo.to(d.dtype)), top.to(d.dtype))  # (Nh, n, 1)
+    c = center[:, None, None]
+    return -alpha[:, None, None] * (d - ds) * (d + ds - 2 * c)
+
+
 class PositionalEncoding(nn.Module):
     """What every positional encoding tells the attention layer, which picks its path by asking
     (never by the encoding's name):
@@ -66,7 +83,8 @@ class PositionalEncoding(nn.Module):
     - ``position_foldable``: position-only logits of low rank: ``position_fold(h, w)``;
     - ``adds_to_input``: absolute P (T, C) added to the input of Wq/Wk: ``self(h, w)``;
     - ``uses_qk_product``: the layer's q.k term is part of the logits;
-    - ``large_logits``: folded logits are large differences that cancel (fold in float32);
+    - ``large_logits``: the folded attention runs in float32 under autocast (quadratic: large
+      logits that cancel; learned relative: bfloat16 SDPA's backward, relative.py);
     - ``axis_folded``: ``fold`` returns [q_axis (B, Nh, T, h + w)] against one-hot key rows and
       columns (the layer may add them as a score_mod instead: flex.py);
     - ``learned_size``: side of its learned tables (None: any image size);
@@ -248,21 +266,18 @@ class QuadraticEncoding(GaussianEncoding):
 
     def axis_logits(self, h: int, w: int, dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Separable form: row logits (Nh, h, h) [q1, k1] and column logits (Nh, w, w), float32
-        at least whatever ``dtype``."""
-        a, ctr = hi(self.alpha)[:, None, None], hi(self.centers)
-        d1 = (relative_index(h, a.device) - (h - 1)).to(a.dtype)  # k1 - q1
-        d2 = (relative_index(w, a.device) - (w - 1)).to(a.dtype)
-        row = -a * (d1[None] - ctr[:, 0, None, None]) ** 2  # (Nh, h, h)
-        col = -a * (d2[None] - ctr[:, 1, None, None]) ** 2  # (Nh, w, w)
-        return row, col
+        at least whatever ``dtype``, each query's maximum shifted to 0 (see ``shifted_axis``)."""
+        a, ctr = hi(self.alpha), hi(self.centers)
+        return shifted_axis(a, ctr[:, 0], h), shifted_axis(a, ctr[:, 1], w)
 
     def fold(self, q, k, h: int, w: int) -> tuple[list, list]:
         """Exact fold with content: each query's row logits R[q1, :] (h) and column logits
         C[q2, :] (w) meet one-hot key rows and columns, so q_pos . k_pos = R[q1, k1] + C[q2, k2],
-        the dense path's own bias values (products with 0 and 1 are exact); their gradients
-        reduce by sums over the expanded axes. The rank-3 coordinate fold (``position_fold``)
-        is cheaper, but its logits are differences of products ~alpha (H^2 + W^2) / 4 that
-        cancel (float32 error growing with image size and alpha; tests/test_precision.py)."""
+        the dense path's bias less a per-query constant (``shifted_axis``; products with 0 and 1
+        are exact); their gradients reduce by sums over the expanded axes. The rank-3 coordinate
+        fold (``position_fold``) is cheaper, but its logits are differences of products
+        ~alpha (H^2 + W^2) / 4 that cancel (float32 error growing with image size and alpha;
+        tests/test_precision.py)."""
         row, col = self.axis_logits(h, w)  # (Nh, h, h), (Nh, w, w)
         nh, t = row.shape[0], h * w
         q_pos = torch.cat([row[:, :, None, :].expand(nh, h, w, h).reshape(nh, t, h),

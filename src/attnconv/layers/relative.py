@@ -150,6 +150,11 @@ class LearnedRelativeEncoding(PositionalEncoding):
         self.num_heads, self.content, self.scale = num_heads, content, qk_dim**-0.5
         self.input_dependent, self.separable = content, not content
         self.axis_folded = content  # fold: [q_axis] against one-hot key rows/columns
+        # attention in float32 under autocast: the fused bfloat16 backward forms dS = P (dP - D)
+        # with D = rowsum(dO * O) from the bfloat16-rounded output O, an error shared by every
+        # key of a query that adds up coherently in dq, dk (dense: softmax's backward in float32);
+        # at 224^2 it measured 2-3x the dense path's gradient error (tests/test_precision.py)
+        self.large_logits = content
         self.learned_size = max_size
         if content:  # the query reads the tables: half its channels rows, half columns
             dr, dc = qk_dim // 2, qk_dim - qk_dim // 2
