@@ -358,7 +358,8 @@ class MultiHeadSelfAttention2d(NotScriptable, nn.Module):
 
     def _forward_shared_bias(self, xt, v5, h, w) -> torch.Tensor:
         """softmax(q k^T * scale + R[q1, k1] + C[q2, k2]) v, the bias built once from the row and
-        column logits (the dense path's values less a per-query constant, which the softmax cancels). -> (B, T, Nh, Dv)"""
+        column logits (the dense path's values less a per-query constant, which the softmax
+        cancels). -> (B, T, Nh, Dv)"""
         row, col = self._axis_logits(h, w, xt.dtype)  # (Nh, h, h), (Nh, w, w), float32+
         t = h * w
         bias = (row[:, :, None, :, None] + col[:, None, :, None, :]).reshape(1, -1, t, t)
