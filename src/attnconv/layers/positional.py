@@ -288,7 +288,7 @@ class QuadraticEncoding(GaussianEncoding):
         """Inference: eq. 9 computed in the kernel from each pair's pixel offset (flex.py), no
         gather. Training: the row/column logits gathered per query (the base class), because
         compiled Flex reduces a captured per-head scalar's gradient over every (query, key)
-        pair with atomics on Nh addresses: 40-50x slower on an H100 (bench --suite cuda)."""
+        pair with atomics on Nh addresses: 11-47x slower on an H100 (bench --suite cuda)."""
         if grad:
             return super().flex_score_mod(q, k, h, w)
         return gaussian_score_mod(hi(self.alpha), hi(self.centers), w)
