@@ -71,7 +71,8 @@ FLEX_PRECISION = [("quadratic", 16, 10.0), ("quadratic", 32, 1e4), ("relative_le
 def test_flex_backend_is_as_exact_as_dense(positional, hw, alpha, autocast, device):
     """Issue 17: the Flex backend's output error against float64 (fp32, and bf16 autocast where
     the device has it) at most 2x the dense path's; gradients too where Flex has a backward
-    (CUDA). Flex attends in float32 under autocast (the encodings' ``large_logits``)."""
+    (CUDA). Under autocast q, k, v stay bfloat16 and the positional logits are added in float32
+    to the kernel's float32 scores (mhsa2d._forward_flex)."""
     torch.manual_seed(hw)
     fast = MultiHeadSelfAttention2d(16, 16, 2, positional=positional, content=True, max_size=hw)
     fast = fast.to(device)
