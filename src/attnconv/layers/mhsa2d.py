@@ -26,6 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .blocked import axis_attention, kernel_dtype
 from .checks import check_tensor, positive_int
 from .encoding import POSITIONALS, build_encoding
 from .flex import flex_axis_attention
@@ -273,7 +274,12 @@ class MultiHeadSelfAttention2d(NotScriptable, nn.Module):
             probs = shared_dropout(attention_probs(q, k, bias=bias, scale=self.scale), p_drop)
             return (probs.to(v5.dtype) @ self._seq_values(v5)).transpose(1, 2)
         y = scaled_dot_product_attention(
-            q, k, self._seq_values(v5), bias=bias, scale=self.scale, dropout_p=p_drop,
+            q,
+            k,
+            self._seq_values(v5),
+            bias=bias,
+            scale=self.scale,
+            dropout_p=p_drop,
             impl="reference",
         )  # (B, Nh, T, Dv)
         return y.transpose(1, 2)
@@ -362,12 +368,34 @@ class MultiHeadSelfAttention2d(NotScriptable, nn.Module):
             )  # (B, Nh, T, Dv)
         return y.to(xt.dtype).transpose(1, 2)
 
+    def _use_blocked(self, xt: torch.Tensor, p_drop: float) -> bool:
+        """The query-blocked exact kernel (blocked.py) for content + row/column logits on CPU, no
+        dropout: its logits are dk wide where the fold's are dk + H + W (bench/anchors.py)."""
+        enc = self.positional_encoding
+        return (xt.device.type == "cpu" and p_drop == 0.0 and enc.axis_folded
+                and enc.uses_qk_product)  # fmt: skip
+
+    def _forward_blocked(self, xt, v5, h, w) -> torch.Tensor:
+        """softmax(scale q k^T + R[q1, k1] + C[q2, k2]) v by query blocks, in float32. -> (B, T,
+        Nh, Dv)"""
+        q, k = self._qk(xt, h, w)  # (B, Nh, T, dk)
+        dt = kernel_dtype(q.dtype)
+        with torch.autocast(xt.device.type, enabled=False):  # the axis logits in float32 too
+            q, k = q.to(dt), k.to(dt)
+            (q_axis,), _ = self.positional_encoding.fold(q, k, h, w)  # (B|1, Nh, T, h + w)
+            if q_axis.stride(0) == 0:  # input-independent (quadratic): one copy for the batch
+                q_axis = q_axis[:1]
+            y = axis_attention(q, k, self._seq_values(v5), q_axis, h, w, self.scale)
+        return y.to(xt.dtype).transpose(1, 2)
+
     def _forward_folded(self, xt, v5, h, w, p_drop) -> torch.Tensor:
         """Content attention with every positional term folded into q/k: fused SDPA, no bias."""
         if self._use_flex(xt.device, p_drop):
             return self._forward_flex(xt, v5, h, w)
         if self._use_shared_bias(xt, h, w, p_drop):
             return self._forward_shared_bias(xt, v5, h, w)
+        if self._use_blocked(xt, p_drop):
+            return self._forward_blocked(xt, v5, h, w)
         q_aug, k_aug, v = self.folded_qkv(xt, v5, h, w)
         # the folded quadratic logits reach alpha H^2: folded_qkv keeps them in float32, and
         # autocast must not cast them back to bfloat16 inside SDPA
