@@ -10,14 +10,16 @@ q_axis (B|1, Nh, T, H + W). The attention is
 The fold (mhsa2d.folded_qkv) widens each head from dk to dk + H + W so that the fused kernel sees
 no bias; here the logits of a block of Bq queries are built directly, the bias by broadcasting
 (Bq, H, 1) + (Bq, 1, W) (never (T, T)), then q_blk k^T added in place, softmax, @ v. Backward
-recomputes each block from q, k, v, q_axis and the saved logsumexp (flash-attention style,
-Dao et al. 2022): only q, k, v, q_axis and two (B, Nh, T) row statistics (max, 1 / sum) are
-kept.
+recomputes each block's probabilities from q, k, v, q_axis and two saved (B, Nh, T) row
+statistics, max and 1 / sum (flash-attention style, Dao et al. 2022; P = exp(s - max) / sum as
+in the forward and the dense softmax, which measured closer to float64 than exp(s - logsumexp));
+nothing else is kept.
 
-FLOPs per head (matmuls, T = H W): forward 2 T^2 (dk + dv); backward 4 T^2 (dk + dv) (the logits'
-recompute 2 T^2 dk, dv, dp, dq, dk) -- the plain dense path's own count, where the fold pays
-2 T^2 (dk + H + W) for its logits (5x dk at dk = 16, 32^2). The elementwise work (bias, exp,
-row sums) is O(T^2) per head, as in any attention.
+FLOPs per head (matmuls, T = H W): forward 2 T^2 (dk + dv), the plain dense path's; backward
+2 T^2 (3 dk + 2 dv) (dV, dP, dQ, dK and the logits' recompute, 2 T^2 dk more than the dense
+backward), where the fold pays 2 T^2 (dk + H + W) for each logits product (at dk = 16, 32^2:
+5x dk). The elementwise work (bias, exp, row sums) is O(T^2) per head, as in any attention.
+bench/anchors.py counts them (FlopCounterMode) against the dense anchor.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from torch.autograd.function import once_differentiable
 from .first_order import first_order_only
 
 _FLOOR = -60.0  # exp(-60) = 8.8e-27: products with gradients stay normal float32
-_BLOCK_ELEMS = 1 << 18  # logits per block (Nh * Bq * T floats): 1 MiB, one core's L2
+_BLOCK_ELEMS = 1 << 19  # logits per block (Nh * Bq * T floats, 2 MiB): measured, bench/anchors.py
 
 
 def kernel_dtype(dtype: torch.dtype) -> torch.dtype:

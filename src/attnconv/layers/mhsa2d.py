@@ -124,6 +124,7 @@ class MultiHeadSelfAttention2d(NotScriptable, nn.Module):
         self.content, self.dropout, self.max_size = bool(content), dropout, max_size
         self.impl, self.scale = check_impl(impl), qk_dim**-0.5
         self.flex_backend: bool | None = None  # None: FlexAttention on CUDA (see _use_flex)
+        self.blocked_backend: bool | None = None  # None: the blocked kernel on CPU (_use_blocked)
         self.positional_encoding = build_encoding(
             positional, num_heads=num_heads, in_channels=in_channels, qk_dim=qk_dim,
             content=self.content, max_size=max_size, **encoding_options,
@@ -369,11 +370,13 @@ class MultiHeadSelfAttention2d(NotScriptable, nn.Module):
         return y.to(xt.dtype).transpose(1, 2)
 
     def _use_blocked(self, xt: torch.Tensor, p_drop: float) -> bool:
-        """The query-blocked exact kernel (blocked.py) for content + row/column logits on CPU, no
-        dropout: its logits are dk wide where the fold's are dk + H + W (bench/anchors.py)."""
+        """The query-blocked exact kernel (blocked.py) for content + row/column logits, no
+        dropout, on CPU (or as ``blocked_backend`` says): its logits are dk wide where the fold's
+        are dk + H + W (bench/anchors.py times both)."""
         enc = self.positional_encoding
-        return (xt.device.type == "cpu" and p_drop == 0.0 and enc.axis_folded
-                and enc.uses_qk_product)  # fmt: skip
+        on = self.blocked_backend
+        on = xt.device.type == "cpu" if on is None else on
+        return bool(on) and p_drop == 0.0 and enc.axis_folded and enc.uses_qk_product
 
     def _forward_blocked(self, xt, v5, h, w) -> torch.Tensor:
         """softmax(scale q k^T + R[q1, k1] + C[q2, k2]) v by query blocks, in float32. -> (B, T,
