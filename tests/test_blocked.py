@@ -64,6 +64,16 @@ def test_kernel_has_first_derivative_only():
         dq.sum().backward()
 
 
+def test_layer_routes_to_blocked_kernel_from_16x16_on_cpu():
+    layer = MultiHeadSelfAttention2d(8, 8, 2, positional="relative_learned", content=True)
+    for hw, on in ((8, False), (16, True)):
+        xt = torch.randn(1, hw * hw, 8)
+        assert layer._use_blocked(xt, hw, hw, 0.0) == on
+        assert not layer._use_blocked(xt, hw, hw, 0.1)  # dropout: the fold
+    layer.blocked_backend = False
+    assert not layer._use_blocked(xt, 16, 16, 0.0)
+
+
 def test_kernel_rejects_bad_axis_logits():
     q, k, v, q_axis = _inputs(1, 1, 1, 2, 3, 2, 2, seed=3)
     with pytest.raises(ValueError, match="q_axis"):
@@ -87,11 +97,12 @@ def _pair(positional: str, c: int, heads: int, seed: int, alpha: float | None = 
        heads=st.integers(1, 3), h=st.integers(1, 6), w=st.integers(1, 6),
        seed=st.integers(0, 2**16))  # fmt: skip
 def test_layer_blocked_path_equals_reference(positional, b, heads, h, w, seed):
-    """The layer in training (gradients on) takes the blocked kernel; it equals impl="reference"
-    in float64, output and every gradient."""
+    """The layer's blocked kernel (forced on: by default it starts at 16^2) equals
+    impl="reference" in float64, output and every gradient."""
     fast, plain = (m.double() for m in _pair(positional, 6, heads, seed))
+    fast.blocked_backend = True
     x = torch.randn(b, 6, h, w, dtype=F64, requires_grad=True)
-    assert fast._use_blocked(x.flatten(2).transpose(1, 2), 0.0)
+    assert fast._use_blocked(x.flatten(2).transpose(1, 2), h, w, 0.0)
     outs = []
     for layer in (fast, plain):
         y = layer(x)

@@ -15,7 +15,9 @@ term of ``positional`` (see positional.py). Two implementations of the same equa
   bias tensor. Quadratic and learned relative: each query's row and column logits (exact, the
   dense bias's own values) against one-hot key rows/columns; generalized quadratic: a rank-5
   bilinear form of the pixel coordinates. On CUDA the row/column encodings run through
-  FlexAttention instead (flex.py), their logits added by a score_mod.
+  FlexAttention instead (flex.py), their logits added by a score_mod; on CPU through the
+  query-blocked exact kernel (blocked.py: dk-wide logits plus the row/column logits broadcast
+  per block, recomputed in backward), or in inference the fused kernel with one shared bias.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ VALUES = ("linear", "identity")
 DROPOUT_MASKS = ("sample", "batch")
 _LOW = (torch.bfloat16, torch.float16)
 _SHARED_BIAS_MAX_T = 64 * 64  # (Nh, T, T) float32 bias in inference: 64 MiB per head at 64^2
+_BLOCKED_MIN_T = 16 * 16  # smaller images: the blocked kernel's Python loop costs its gain
 
 
 def _head_dims(cin: int, cout: int, nh: int, head_dim, qk_dim, value: str) -> tuple[int, int]:
@@ -369,13 +372,14 @@ class MultiHeadSelfAttention2d(NotScriptable, nn.Module):
             )  # (B, Nh, T, Dv)
         return y.to(xt.dtype).transpose(1, 2)
 
-    def _use_blocked(self, xt: torch.Tensor, p_drop: float) -> bool:
+    def _use_blocked(self, xt: torch.Tensor, h: int, w: int, p_drop: float) -> bool:
         """The query-blocked exact kernel (blocked.py) for content + row/column logits, no
-        dropout, on CPU (or as ``blocked_backend`` says): its logits are dk wide where the fold's
-        are dk + H + W (bench/anchors.py times both)."""
+        dropout, on CPU from _BLOCKED_MIN_T pixels (or as ``blocked_backend`` says): its logits
+        are dk wide where the fold's are dk + H + W (bench/anchors.py times both)."""
         enc = self.positional_encoding
         on = self.blocked_backend
-        on = xt.device.type == "cpu" if on is None else on
+        if on is None:
+            on = xt.device.type == "cpu" and h * w >= _BLOCKED_MIN_T
         return bool(on) and p_drop == 0.0 and enc.axis_folded and enc.uses_qk_product
 
     def _forward_blocked(self, xt, v5, h, w) -> torch.Tensor:
@@ -397,7 +401,7 @@ class MultiHeadSelfAttention2d(NotScriptable, nn.Module):
             return self._forward_flex(xt, v5, h, w)
         if self._use_shared_bias(xt, h, w, p_drop):
             return self._forward_shared_bias(xt, v5, h, w)
-        if self._use_blocked(xt, p_drop):
+        if self._use_blocked(xt, h, w, p_drop):
             return self._forward_blocked(xt, v5, h, w)
         q_aug, k_aug, v = self.folded_qkv(xt, v5, h, w)
         # the folded quadratic logits reach alpha H^2: folded_qkv keeps them in float32, and
