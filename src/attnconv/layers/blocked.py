@@ -40,8 +40,9 @@ def kernel_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def query_block(nh: int, t: int) -> int:
-    """Queries per block so that a block's (Nh, Bq, T) float32 logits fit in _BLOCK_ELEMS."""
-    return max(1, min(t, _BLOCK_ELEMS // (nh * t)))
+    """Queries per block: a block's (Nh, Bq, T) logits fit in _BLOCK_ELEMS and, on small images,
+    stay below one head's T x T (Nh Bq < T): the kernel never holds the dense logits."""
+    return max(1, min(_BLOCK_ELEMS // (nh * t), (t - 1) // nh))
 
 
 def _block_logits(q, kt, qa, h: int, w: int, scale: float) -> torch.Tensor:
