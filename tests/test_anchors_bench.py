@@ -55,5 +55,15 @@ def test_cases_are_the_issue_table_and_steps_run():
         ("quadratic", True, "fp32"), ("quadratic", False, "fp32"), ("quadratic", False, "bf16"),
         ("relative_learned", True, "fp32"), ("relative_learned", False, "fp32")}  # fmt: skip
     for case in anchor_cases(quick=True):
-        for kind in ("attnconv", "dense"):
+        for kind in ("attnconv", "fold", "dense"):
             make_step(kind, **case)()
+
+
+@pytest.mark.parametrize("positional", ["quadratic", "relative_learned"])
+def test_fold_anchor_is_the_layer_without_its_blocked_kernel(positional):
+    """The "fold" kind: attnconv without the blocked kernel, the same attention by another route."""
+    ours, fold = build("attnconv", positional, 18, 16), build("fold", positional, 18, 16)
+    x = torch.randn(2, 18, 16, 16)
+    xt = x.flatten(2).transpose(1, 2)
+    assert ours._use_blocked(xt, 16, 16, 0.0) and not fold._use_blocked(xt, 16, 16, 0.0)
+    torch.testing.assert_close(fold(x), ours(x), rtol=1e-5, atol=1e-6)

@@ -4,13 +4,16 @@
 
 For each case of the issue's table (quadratic / learned-relative + content, train = fwd+bwd or
 inference, fp32 or bf16 autocast, B x C x H x W, 9 heads):
-- time: attnconv (impl="auto"), the dense anchor (``F.scaled_dot_product_attention`` with the
-  positional logits as a float ``attn_mask``) and, for inference, compiled FlexAttention (the
-  row/column logits as a score_mod, flex.py; no CPU backward), built in one process and timed
-  interleaved (round-robin), median of --repeats (>= 5 unless --quick); ratio = anchor time /
-  attnconv time (> 1: attnconv is faster);
-- memory (train cases): peak extra RSS of one fwd+bwd of attnconv and of the dense anchor, each
-  in a fresh subprocess (common.run_case), all measured before the timings;
+- time: attnconv (impl="auto"), attnconv without its query-blocked kernel ("fold": the exact
+  fold into fused SDPA, or in inference the shared-bias kernel; blocked.py, mhsa2d.py), the
+  dense anchor (``F.scaled_dot_product_attention`` with the positional logits as a float
+  ``attn_mask``) and, for inference, compiled FlexAttention (the row/column logits as a
+  score_mod, flex.py; no CPU backward), built in one process and timed interleaved
+  (round-robin), median of --repeats (>= 5 unless --quick); ratio = anchor time / attnconv time
+  (> 1: attnconv is faster);
+- memory and FLOPs (train cases): peak extra RSS and matmul GFLOP (FlopCounterMode) of one
+  fwd+bwd of attnconv and of the dense anchor (the plain equations' FLOPs), each in a fresh
+  subprocess (common.run_case), all measured before the timings;
 - precision: relative max error of the output against the float64 dense reference (B = 1, same
   C, H, W; under bf16 autocast for the bf16 cases), for attnconv and for the dense anchor.
 """
@@ -88,6 +91,9 @@ def build(kind: str, positional: str, c: int, hw: int, seed: int = 0) -> torch.n
     torch.manual_seed(seed)
     layer = MultiHeadSelfAttention2d(c, c, HEADS, positional=positional, content=True,
                                      max_size=max(64, hw))  # fmt: skip
+    if kind == "fold":  # attnconv's paths without the query-blocked kernel
+        layer.blocked_backend = False
+        return layer
     return {"attnconv": layer, "dense": DenseSDPA(layer), "flex": CompiledFlex(layer)}[kind]
 
 
@@ -146,26 +152,31 @@ def run_anchors(quick: bool, repeats: int, threads: int, malloc: str = "glibc") 
     memory: dict[int, dict] = {}
     for i, case in enumerate(anchor_cases(quick)):
         if case["train"] and not quick:
-            memory[i] = {f"{k}_mb": run_case("attnconv.bench.anchors:make_step",
-                                             dict(case, kind=k), repeats=1, threads=threads,
-                                             flops=False, malloc=malloc).get("peak_mb")
-                         for k in ("attnconv", "dense")}  # fmt: skip
+            memory[i] = {}
+            for k in ("attnconv", "dense"):
+                r = run_case("attnconv.bench.anchors:make_step", dict(case, kind=k), repeats=1,
+                             threads=threads, flops=True, malloc=malloc)  # fmt: skip
+                memory[i].update({f"{k}_mb": r.get("peak_mb"), f"{k}_gflop": r.get("gflop")})
     rows = []
     for i, case in enumerate(anchor_cases(quick)):
-        kinds = ["attnconv", "dense"] + ([] if case["train"] else ["flex"])
+        kinds = ["attnconv", "fold", "dense"] + ([] if case["train"] else ["flex"])
         steps = {k: make_step(k, **case) for k in kinds}
         med = interleaved_medians(steps, repeats)
         row = dict(case, name=_name(case), **{f"{k}_s": v for k, v in med.items()})
         row["ratio_dense"] = med["dense"] / med["attnconv"]
+        row["ratio_fold"] = med["fold"] / med["attnconv"]
         if "flex" in med:
             row["ratio_flex"] = med["flex"] / med["attnconv"]
         row.update(memory.get(i, {}))
         if row.get("attnconv_mb") and row.get("dense_mb"):
             row["mem_ratio"] = row["attnconv_mb"] / row["dense_mb"]
+        if row.get("attnconv_gflop") and row.get("dense_gflop"):
+            row["flop_ratio"] = row["attnconv_gflop"] / row["dense_gflop"]
         err = precision(case["positional"], case["dtype"], case["c"], case["hw"])
         row["err_attnconv"], row["err_dense"] = err["attnconv"], err["dense"]
         rows.append(row)
         print(f"{row['name']:<52} dense/ours {row['ratio_dense']:.2f}"
+              f"  fold/ours {row['ratio_fold']:.2f}"
               + (f"  flex/ours {row['ratio_flex']:.2f}" if "ratio_flex" in row else "")
               + f"  err {row['err_attnconv']:.1e} (dense {row['err_dense']:.1e})",
               flush=True)  # fmt: skip
@@ -180,7 +191,9 @@ def _name(case: dict) -> str:
 
 ANCHOR_COLUMNS = [("name", "case", ""), ("ratio_dense", "dense SDPA+bias / ours", ".2f"),
                   ("ratio_flex", "compiled Flex / ours", ".2f"),
+                  ("ratio_fold", "ours without blocked kernel / ours", ".2f"),
                   ("attnconv_s", "ours s", ".4f"), ("attnconv_mb", "ours MB", ".0f"),
                   ("dense_mb", "dense MB", ".0f"), ("mem_ratio", "ours/dense memory", ".2f"),
+                  ("flop_ratio", "ours/dense matmul FLOPs", ".2f"),
                   ("err_attnconv", "ours err vs f64", ".1e"),
                   ("err_dense", "dense err vs f64", ".1e")]  # fmt: skip

@@ -15,7 +15,9 @@ term of ``positional`` (see positional.py). Two implementations of the same equa
   bias tensor. Quadratic and learned relative: each query's row and column logits (exact, the
   dense bias's own values) against one-hot key rows/columns; generalized quadratic: a rank-5
   bilinear form of the pixel coordinates. On CUDA the row/column encodings run through
-  FlexAttention instead (flex.py), their logits added by a score_mod.
+  FlexAttention instead (flex.py), their logits added by a score_mod; on CPU through the
+  query-blocked exact kernel (blocked.py: dk-wide logits plus the row/column logits broadcast
+  per block, recomputed in backward), or in inference the fused kernel with one shared bias.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .blocked import axis_attention, kernel_dtype
 from .checks import check_tensor, positive_int
 from .encoding import POSITIONALS, build_encoding
 from .flex import flex_mod_attention
@@ -52,6 +55,7 @@ VALUES = ("linear", "identity")
 DROPOUT_MASKS = ("sample", "batch")
 _LOW = (torch.bfloat16, torch.float16)
 _SHARED_BIAS_MAX_T = 64 * 64  # (Nh, T, T) float32 bias in inference: 64 MiB per head at 64^2
+_BLOCKED_MIN_T = 16 * 16  # smaller images: the blocked kernel's Python loop costs its gain
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:
@@ -128,6 +132,7 @@ class MultiHeadSelfAttention2d(NotScriptable, nn.Module):
         self.content, self.dropout, self.max_size = bool(content), dropout, max_size
         self.impl, self.scale = check_impl(impl), qk_dim**-0.5
         self.flex_backend: bool | None = None  # None: FlexAttention on CUDA (see _use_flex)
+        self.blocked_backend: bool | None = None  # None: the blocked kernel on CPU (_use_blocked)
         self.positional_encoding = build_encoding(
             positional, num_heads=num_heads, in_channels=in_channels, qk_dim=qk_dim,
             content=self.content, max_size=max_size, **encoding_options,
@@ -373,12 +378,37 @@ class MultiHeadSelfAttention2d(NotScriptable, nn.Module):
             )  # (B, Nh, T, Dv)
         return y.to(xt.dtype).transpose(1, 2)
 
+    def _use_blocked(self, xt: torch.Tensor, h: int, w: int, p_drop: float) -> bool:
+        """The query-blocked exact kernel (blocked.py) for content + row/column logits, no
+        dropout, on CPU from _BLOCKED_MIN_T pixels (or as ``blocked_backend`` says): its logits
+        are dk wide where the fold's are dk + H + W (bench/anchors.py times both)."""
+        enc = self.positional_encoding
+        on = self.blocked_backend
+        if on is None:
+            on = xt.device.type == "cpu" and h * w >= _BLOCKED_MIN_T
+        return bool(on) and p_drop == 0.0 and enc.axis_folded and enc.uses_qk_product
+
+    def _forward_blocked(self, xt, v5, h, w) -> torch.Tensor:
+        """softmax(scale q k^T + R[q1, k1] + C[q2, k2]) v by query blocks, in float32. -> (B, T,
+        Nh, Dv)"""
+        q, k = self._qk(xt, h, w)  # (B, Nh, T, dk)
+        dt = kernel_dtype(q.dtype)
+        with torch.autocast(xt.device.type, enabled=False):  # the axis logits in float32 too
+            q, k = q.to(dt), k.to(dt)
+            (q_axis,), _ = self.positional_encoding.fold(q, k, h, w)  # (B|1, Nh, T, h + w)
+            if q_axis.stride(0) == 0:  # input-independent (quadratic): one copy for the batch
+                q_axis = q_axis[:1]
+            y = axis_attention(q, k, self._seq_values(v5), q_axis, h, w, self.scale)
+        return y.to(xt.dtype).transpose(1, 2)
+
     def _forward_folded(self, xt, v5, h, w, p_drop) -> torch.Tensor:
         """Content attention with every positional term folded into q/k: fused SDPA, no bias."""
         if self._use_flex(xt.device, p_drop):
             return self._forward_flex(xt, v5, h, w)
         if self._use_shared_bias(xt, h, w, p_drop):
             return self._forward_shared_bias(xt, v5, h, w)
+        if self._use_blocked(xt, h, w, p_drop):
+            return self._forward_blocked(xt, v5, h, w)
         q_aug, k_aug, v = self.folded_qkv(xt, v5, h, w)
         # the folded quadratic logits reach alpha H^2: folded_qkv keeps them in float32, and
         # autocast must not cast them back to bfloat16 inside SDPA
