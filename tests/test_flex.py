@@ -72,7 +72,7 @@ def test_flex_backend_is_as_exact_as_dense(positional, hw, alpha, autocast, devi
     """Issue 17: the Flex backend's output error against float64 (fp32, and bf16 autocast where
     the device has it) at most 2x the dense path's; gradients too where Flex has a backward
     (CUDA). Under autocast q, k, v stay bfloat16 and the positional logits are added in float32
-    to the kernel's float32 scores (mhsa2d._forward_flex)."""
+    to the kernel's float32 scores (content_kernels._forward_flex)."""
     torch.manual_seed(hw)
     fast = MultiHeadSelfAttention2d(16, 16, 2, positional=positional, content=True, max_size=hw)
     fast = fast.to(device)

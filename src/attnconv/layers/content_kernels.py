@@ -1,0 +1,141 @@
+"""The kernels of content attention with folded positional terms, and the choice between them
+(MultiHeadSelfAttention2d, mhsa2d.py, inherits these methods): one equation,
+
+    softmax(scale q k^T + positional logits) v                        (Cordonnier et al., eq. 1-9)
+
+run by the kernel that measured fastest for the device, the mode and the size (bench/anchors.py
+on CPU, bench/cuda.py on a GPU):
+
+- CUDA, row/column encodings: FlexAttention, the logits added by a score_mod (flex.py);
+- CPU inference, quadratic up to 64^2: the fused SDPA with one (1, Nh, T, T) bias for the batch;
+- CPU from 16^2: the query-blocked exact kernel (blocked.py), dk-wide logits;
+- otherwise (dropout, small images, generalized quadratic, Dai's relative): the exact fold into
+  augmented queries/keys for the fused SDPA, no bias tensor.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+
+from .blocked import axis_attention, kernel_dtype
+from .flex import flex_mod_attention
+from .functional import scaled_dot_product_attention
+
+_LOW = (torch.bfloat16, torch.float16)
+_SHARED_BIAS_MAX_T = 64 * 64  # (Nh, T, T) float32 bias in inference: 64 MiB per head at 64^2
+_BLOCKED_MIN_T = 16 * 16  # smaller images: the blocked kernel's Python loop costs its gain
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """t in float32 at least (a bfloat16/float16 tensor is cast up; float64 stays)."""
+    return t.float() if t.dtype in _LOW else t
+
+
+class ContentKernels:
+    """The content-attention kernels of MultiHeadSelfAttention2d (a mixin: it reads the layer's
+    projections, encoding, scale and backend switches ``flex_backend`` / ``blocked_backend``)."""
+
+    def _use_flex(self, device: torch.device, p_drop: float) -> bool:
+        """The FlexAttention backend (flex.py): on CUDA (or when ``flex_backend`` forces it, for
+        tests on CPU), row/column encodings, no dropout."""
+        enc = self.positional_encoding
+        on = self.flex_backend if self.flex_backend is not None else device.type == "cuda"
+        return bool(on) and enc.axis_folded and enc.uses_qk_product and p_drop == 0.0
+
+    def _forward_flex(self, xt, v5, h, w) -> torch.Tensor:
+        """Content attention with the row/column logits as a FlexAttention score_mod. q, k, v
+        keep their (autocast) dtype, the kernel accumulates scores in float32 and the row/column
+        logits q_axis are added in float32. -> (B, T, Nh, Dv)"""
+        q, k = self._qk(xt, h, w)  # (B, Nh, T, dk)
+        v = self._seq_values(v5)
+        with torch.autocast(q.device.type, enabled=False):
+            enc = self.positional_encoding
+            grad = torch.is_grad_enabled() and any(p.requires_grad for p in enc.parameters())
+            score_mod = enc.flex_score_mod(_wide(q), _wide(k), h, w, grad=grad)
+            y = flex_mod_attention(q, k.to(q.dtype), v.to(q.dtype), score_mod, self.scale,
+                                   compiled=q.device.type == "cuda")  # fmt: skip
+        return y.to(xt.dtype).transpose(1, 2)
+
+    def _use_shared_bias(self, xt: torch.Tensor, h: int, w: int, p_drop: float) -> bool:
+        """Inference with a separable, input-independent positional term (quadratic) on up to
+        _SHARED_BIAS_MAX_T pixels: the fused kernel with one (1, Nh, T, T) bias shared by the
+        batch beats the exact fold, whose width dk + H + W exceeds the head's (bench/anchors.py
+        measures both). Training keeps the fold (a bias with gradients takes SDPA's math path)."""
+        enc = self.positional_encoding
+        grad = torch.is_grad_enabled() and (
+            xt.requires_grad or any(p.requires_grad for p in self.parameters()))  # fmt: skip
+        return (not grad and p_drop == 0.0 and enc.axis_folded and enc.separable
+                and h * w <= _SHARED_BIAS_MAX_T)  # fmt: skip
+
+    def _forward_shared_bias(self, xt, v5, h, w) -> torch.Tensor:
+        """softmax(q k^T * scale + R[q1, k1] + C[q2, k2]) v, the bias built once from the row and
+        column logits (the dense path's values less a per-query constant, which the softmax
+        cancels). -> (B, T, Nh, Dv)"""
+        row, col = self._axis_logits(h, w, xt.dtype)  # (Nh, h, h), (Nh, w, w), float32+
+        t = h * w
+        bias = (row[:, :, None, :, None] + col[:, None, :, None, :]).reshape(1, -1, t, t)
+        q, k = self._qk(xt, h, w)  # (B, Nh, T, dk)
+        v = self._seq_values(v5)
+        if q.dtype in _LOW:  # a bfloat16 bias rounds the logits it adds: attention in float32
+            q, k, v = q.float(), k.float(), v.float()
+        with torch.autocast(q.device.type, enabled=False):
+            y = scaled_dot_product_attention(
+                q, k, v.to(q.dtype), bias=bias.to(q.device, q.dtype), scale=self.scale
+            )  # (B, Nh, T, Dv)
+        return y.to(xt.dtype).transpose(1, 2)
+
+    def _use_blocked(self, xt: torch.Tensor, h: int, w: int, p_drop: float) -> bool:
+        """The query-blocked exact kernel (blocked.py) for content + row/column logits, no
+        dropout, on CPU from _BLOCKED_MIN_T pixels (or as ``blocked_backend`` says): its logits
+        are dk wide where the fold's are dk + H + W (bench/anchors.py times both)."""
+        enc = self.positional_encoding
+        on = self.blocked_backend
+        if on is None:
+            on = xt.device.type == "cpu" and h * w >= _BLOCKED_MIN_T
+        return bool(on) and p_drop == 0.0 and enc.axis_folded and enc.uses_qk_product
+
+    def _forward_blocked(self, xt, v5, h, w) -> torch.Tensor:
+        """softmax(scale q k^T + R[q1, k1] + C[q2, k2]) v by query blocks, in float32. -> (B, T,
+        Nh, Dv)"""
+        q, k = self._qk(xt, h, w)  # (B, Nh, T, dk)
+        dt = kernel_dtype(q.dtype)
+        with torch.autocast(xt.device.type, enabled=False):  # the axis logits in float32 too
+            q, k = q.to(dt), k.to(dt)
+            (q_axis,), _ = self.positional_encoding.fold(q, k, h, w)  # (B|1, Nh, T, h + w)
+            if q_axis.stride(0) == 0:  # input-independent (quadratic): one copy for the batch
+                q_axis = q_axis[:1]
+            y = axis_attention(q, k, self._seq_values(v5), q_axis, h, w, self.scale)
+        return y.to(xt.dtype).transpose(1, 2)
+
+    def _forward_folded(self, xt, v5, h, w, p_drop) -> torch.Tensor:
+        """Content attention with every positional term folded into q/k: fused SDPA, no bias."""
+        if self._use_flex(xt.device, p_drop):
+            return self._forward_flex(xt, v5, h, w)
+        if self._use_shared_bias(xt, h, w, p_drop):
+            return self._forward_shared_bias(xt, v5, h, w)
+        if self._use_blocked(xt, h, w, p_drop):
+            return self._forward_blocked(xt, v5, h, w)
+        q_aug, k_aug, v = self.folded_qkv(xt, v5, h, w)
+        # the folded quadratic logits reach alpha H^2: folded_qkv keeps them in float32, and
+        # autocast must not cast them back to bfloat16 inside SDPA
+        large = self.positional_encoding.large_logits
+        with torch.autocast(q_aug.device.type, enabled=False) if large else nullcontext():
+            y = scaled_dot_product_attention(
+                q_aug, k_aug, v, scale=1.0, dropout_p=p_drop, impl="auto"
+            )  # (B, Nh, T, Dv)
+        return y.to(xt.dtype).transpose(1, 2)
+
+    def folded_qkv(self, xt, v5, h, w):
+        """Augmented q, k (B, Nh, T, dk + folded terms) and v (B, Nh, T, Dv) such that
+        softmax(q_aug k_aug^T) v is the layer's attention (scale folded into q_aug)."""
+        enc = self.positional_encoding
+        q, k = self._qk(xt, h, w)  # (B, Nh, T, dk)
+        v = self._seq_values(v5)
+        if enc.large_logits and q.dtype in _LOW:  # large folded logits: attention in float32
+            q, k, v = q.float(), k.float(), v.float()
+        qs, ks = ([q * self.scale], [k]) if enc.uses_qk_product else ([], [])
+        q_pos, k_pos = enc.fold(q, k, h, w)  # the positional terms as extra columns
+        q_aug, k_aug = torch.cat(qs + q_pos, dim=-1), torch.cat(ks + k_pos, dim=-1)
+        return q_aug, k_aug, v.to(q_aug.dtype)
