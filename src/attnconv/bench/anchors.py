@@ -97,14 +97,12 @@ def build(kind: str, positional: str, c: int, hw: int, seed: int = 0) -> torch.n
     return {"attnconv": layer, "dense": DenseSDPA(layer), "flex": CompiledFlex(layer)}[kind]
 
 
-def make_step(kind: str, positional: str, train: bool, dtype: str, b: int, c: int, hw: int):
-    """One call of a case (run_case factory): fwd+bwd (train) or an inference forward."""
-    model = build(kind, positional, c, hw)
-    x = torch.randn(b, c, hw, hw, requires_grad=train)
-    bf16 = dtype == "bf16"
+def model_step(model: torch.nn.Module, x: torch.Tensor, train: bool, bf16: bool):
+    """One call of a model on x (on x's device): fwd+bwd (train) or an inference forward, under
+    bfloat16 autocast if bf16."""
 
     def step():
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
             if not train:
                 with torch.no_grad():
                     return model(x)
@@ -114,6 +112,12 @@ def make_step(kind: str, positional: str, train: bool, dtype: str, b: int, c: in
         y.float().sum().backward()
 
     return step
+
+
+def make_step(kind: str, positional: str, train: bool, dtype: str, b: int, c: int, hw: int):
+    """One call of a case (run_case factory): fwd+bwd (train) or an inference forward."""
+    x = torch.randn(b, c, hw, hw, requires_grad=train)
+    return model_step(build(kind, positional, c, hw), x, train, dtype == "bf16")
 
 
 def interleaved_medians(steps: dict, repeats: int) -> dict[str, float]:

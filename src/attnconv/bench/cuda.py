@@ -27,7 +27,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from attnconv.bench.anchors import DenseSDPA
+from attnconv.bench.anchors import DenseSDPA, model_step
 from attnconv.bench.common import (
     markdown_table,
     output_dir,
@@ -121,19 +121,7 @@ def models_for(case: dict) -> dict[str, torch.nn.Module]:
 def make_step(model: torch.nn.Module, case: dict):
     x = torch.randn(case["b"], case["c"], case["hw"], case["hw"], device="cuda",
                     requires_grad=case["train"])  # fmt: skip
-    bf16 = case["dtype"] == "bf16"
-
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
-            if not case["train"]:
-                with torch.no_grad():
-                    return model(x)
-            y = model(x)
-        x.grad = None
-        model.zero_grad(set_to_none=True)
-        y.float().sum().backward()
-
-    return step
+    return model_step(model, x, case["train"], case["dtype"] == "bf16")
 
 
 def time_and_memory(steps: dict, repeats: int, inner: int) -> dict[str, dict]:

@@ -22,15 +22,11 @@ import torch
 from .blocked import axis_attention, kernel_dtype
 from .flex import flex_mod_attention
 from .functional import scaled_dot_product_attention
+from .positional import hi
 
 _LOW = (torch.bfloat16, torch.float16)
 _SHARED_BIAS_MAX_T = 64 * 64  # (Nh, T, T) float32 bias in inference: 64 MiB per head at 64^2
 _BLOCKED_MIN_T = 16 * 16  # smaller images: the blocked kernel's Python loop costs its gain
-
-
-def _wide(t: torch.Tensor) -> torch.Tensor:
-    """t in float32 at least (a bfloat16/float16 tensor is cast up; float64 stays)."""
-    return t.float() if t.dtype in _LOW else t
 
 
 class ContentKernels:
@@ -53,7 +49,7 @@ class ContentKernels:
         with torch.autocast(q.device.type, enabled=False):
             enc = self.positional_encoding
             grad = torch.is_grad_enabled() and any(p.requires_grad for p in enc.parameters())
-            score_mod = enc.flex_score_mod(_wide(q), _wide(k), h, w, grad=grad)
+            score_mod = enc.flex_score_mod(hi(q), hi(k), h, w, grad=grad)
             y = flex_mod_attention(q, k.to(q.dtype), v.to(q.dtype), score_mod, self.scale,
                                    compiled=q.device.type == "cuda")  # fmt: skip
         return y.to(xt.dtype).transpose(1, 2)

@@ -36,10 +36,11 @@ def _flex(q, k, v, *, compiled: bool, **kwargs) -> torch.Tensor:
     return fn(q, k, v, **kwargs)[..., :dv]
 
 
-def axis_score_mod(q_row: torch.Tensor, q_col: torch.Tensor, w: int):
-    """score_mod adding a query's row logit for the key's row and column logit for its column.
-    Two tensors, each indexed once: compiled Flex cannot differentiate a captured tensor that a
-    score_mod indexes twice."""
+def axis_score_mod(q_axis: torch.Tensor, h: int, w: int):
+    """score_mod adding a query's row logit for the key's row and column logit for its column,
+    q_axis (B|1, Nh, T, h + w). Split into two tensors, each indexed once: compiled Flex cannot
+    differentiate a captured tensor that a score_mod indexes twice."""
+    q_row, q_col = q_axis[..., :h].contiguous(), q_axis[..., h:].contiguous()  # R, C
 
     def score_mod(score, b, head, q_idx, k_idx):
         return score + q_row[b, head, q_idx, k_idx // w] + q_col[b, head, q_idx, k_idx % w]
@@ -70,8 +71,7 @@ def flex_axis_attention(
     q_axis (B, Nh, T, h + w) -> (B, Nh, T, dv)."""
     if q_axis.shape[-1] != h + w or q_axis.shape[-2] != h * w:
         raise ValueError(f"q_axis {tuple(q_axis.shape)} must be (B, Nh, T={h * w}, H+W={h + w})")
-    q_row, q_col = q_axis[..., :h].contiguous(), q_axis[..., h:].contiguous()  # R, C
-    score_mod = axis_score_mod(q_row, q_col, w)
+    score_mod = axis_score_mod(q_axis, h, w)
     return _flex(q, k, v, compiled=compiled, score_mod=score_mod, scale=scale)
 
 

@@ -130,7 +130,7 @@ class PositionalEncoding(nn.Module):
         each query's row/column logits q_axis gathered at the key's row and column. ``grad``:
         the encoding's parameters need gradients (see QuadraticEncoding)."""
         (q_axis,), _ = self.fold(q, k, h, w)  # (B|1, Nh, T, h + w)
-        return axis_score_mod(q_axis[..., :h].contiguous(), q_axis[..., h:].contiguous(), w)
+        return axis_score_mod(q_axis, h, w)
 
 
 class NoEncoding(PositionalEncoding):
