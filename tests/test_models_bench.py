@@ -20,17 +20,28 @@ def test_bench_models_quick_writes_json_and_table(tmp_path):
     assert main(argv + ["--", "--only", "sa_quadratic"]) == 0
     data = json.loads((tmp_path / "models_throughput.json").read_text())
     rows = data["rows"]
-    assert len(rows) == 6  # (dropout 0, batch mask, sample mask) x (fp32, bf16)
+    # the reference code's algorithm (float32) and attnconv in float32 and bf16 autocast
+    assert [(r["impl"], r["precision"]) for r in rows] == [
+        ("reference", "fp32"), ("attnconv", "fp32"), ("attnconv", "bf16")]
     assert all(r["img_s"] > 0 and r["gflop_img"] > 0 and r["gflops_s"] > 0 for r in rows)
-    by = {(r["p_drop"], r["mask"], r["bf16"]): r for r in rows}
-    # dropout leaves the separable path: the dense shared path executes more FLOPs
-    assert by[(0.1, "batch", False)]["gflop_img"] > by[(0.0, None, False)]["gflop_img"]
-    assert by[(0.0, None, True)]["x_no_dropout"] == 1.0
-    assert by[(0.1, "sample", True)]["bf16_speedup"] > 0
+    by = {(r["impl"], r["bf16"]): r for r in rows}
+    assert by[("reference", False)]["x_reference"] == 1.0
+    x = by[("attnconv", True)]
+    assert x["x_reference"] == x["img_s"] / by[("reference", False)]["img_s"]
     assert data["peak_gflops"]["quick"]["fp32"] > 0 and data["peak_gflops"]["quick"]["bf16"] > 0
-    assert [t["required"] for t in data["targets"]] == [">= 0.8", ">= 0.8"]
+    assert [t["required"] for t in data["targets"]] == [">= 1.5", ">= 60", ">= 10", ">= 60"]
     md = (tmp_path / "models_throughput.md").read_text()
     assert "| scale | model |" in md and "attnconv bench --suite models --quick" in md
+
+
+def test_reference_anchor_is_checked_equal_before_timing(monkeypatch):
+    """A re-statement that computes another function is refused, not timed."""
+    from attnconv.bench import reference_algo
+
+    bench_models.make_step("sa_learned", "quick", 2, impl="reference")  # equal: builds
+    monkeypatch.setattr(reference_algo, "gelu", lambda x: x)  # a different function
+    with pytest.raises(ValueError, match="differs from the model"):
+        bench_models.make_step("sa_learned", "quick", 2, impl="reference")
 
 
 def test_cpu_scale_is_the_experiments_geometry():
@@ -58,13 +69,15 @@ def test_report_rerenders_saved_results_or_says_what_is_missing(tmp_path, capsys
     argv = ["bench", "--suite", "models", "--out-dir", str(tmp_path), "--", "--report"]
     assert main(argv) == 2
     assert "no results to re-render" in capsys.readouterr().err
-    rows = [dict(scale="cpu", model="resnet18_cifar", batch=2, p_drop=0.0, mask=None, bf16=b,
-                 img_s=10.0 + b, gflop_img=0.2, gflops_s=2.0) for b in (False, True)]  # fmt: skip
+    rows = [dict(scale="cpu", model="sa_quadratic", batch=2, impl=impl, bf16=b, img_s=10.0 + b,
+                 gflop_img=0.2, gflops_s=2.0, peak_mb=100.0 / (1 + (impl == "attnconv")))
+            for impl, b in (("reference", False), ("attnconv", False))]  # fmt: skip
     bench_models.derive(rows, {"fp32": 10.0, "bf16": 20.0})
     payload = dict(command="attnconv bench --suite models", threads=1, repeats=3, torch="x",
-                   machine="m", peak_gflops={"cpu": {"fp32": 10.0, "bf16": 20.0}}, targets=[],
-                   rows=rows)  # fmt: skip
+                   machine="m", peak_gflops={"cpu": {"fp32": 10.0, "bf16": 20.0}},
+                   targets=bench_models.targets(rows, "cpu"), rows=rows)  # fmt: skip
     (tmp_path / "models_throughput.json").write_text(json.dumps(payload))
     assert main(argv) == 0
     md = (tmp_path / "models_throughput.md").read_text()
-    assert "| cpu | resnet18_cifar | 2 | bf16 | 0 | 11 | 1.00 | 1.10 |" in md
+    assert "| cpu | sa_quadratic | 2 | attnconv | fp32 | 10 | 1.00 | 50 | 0.50 |" in md
+    assert "| cpu sa_quadratic fp32: peak memory / reference | 0.50 | <= 0.5 | True |" in md

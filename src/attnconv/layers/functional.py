@@ -94,14 +94,27 @@ def _combine_masks(
     return neg if bias is None else bias + neg
 
 
-def shared_dropout(probs: torch.Tensor, p: float) -> torch.Tensor:
-    """Dropout with one mask for the whole batch: ``probs`` (B|1, nh, Tq, Tk) times a
-    (1, nh, Tq, Tk) keep-mask scaled by 1 / (1 - p) (the reference code's Gaussian layer draws
-    its mask this way: it drops the same attention links for every image of a step)."""
+def dropped_links(nh: int, t: int, batch: int | None, p: float, device) -> torch.Tensor:
+    """The links attention dropout removes, each with probability p independently (as
+    ``nn.Dropout`` draws them): bool (Nh, T, T) shared by the batch (``batch=None``, the
+    reference code's Gaussian layer) or (Nh, T, B, T) a mask per image. Every path that can
+    share its mask with another draws it here, so that they agree under one seed."""
+    shape = (nh, t, t) if batch is None else (nh, t, batch, t)
+    return torch.rand(shape, device=device) < p
+
+
+def shared_dropout(probs: torch.Tensor, p: float, per_image: bool = False) -> torch.Tensor:
+    """Dropout of ``probs`` (B|1, nh, Tq, Tk) with the links of ``dropped_links``: one mask for
+    the whole batch (the reference code's Gaussian layer drops the same attention links for every
+    image of a step), or ``per_image`` a mask per image; kept links scaled by 1 / (1 - p)."""
     if p == 0.0:
         return probs
-    keep = torch.empty((1, *probs.shape[1:]), device=probs.device, dtype=probs.dtype)
-    return probs * keep.bernoulli_(1.0 - p).div_(1.0 - p)
+    b, nh, t = probs.shape[0], probs.shape[1], probs.shape[2]
+    if per_image:
+        dropped = dropped_links(nh, t, b, p, probs.device).permute(2, 0, 1, 3)  # (B, Nh, T, T)
+    else:
+        dropped = dropped_links(nh, t, None, p, probs.device)[None]
+    return probs * (~dropped).to(probs.dtype).div_(1.0 - p)
 
 
 def softmax_f32(logits: torch.Tensor) -> torch.Tensor:

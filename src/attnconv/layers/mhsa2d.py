@@ -33,6 +33,7 @@ from .encoding import POSITIONALS, build_encoding
 from .functional import (
     attention_probs,
     check_impl,
+    dropped_links,
     scaled_dot_product_attention,
     shared_dropout,
 )
@@ -47,6 +48,7 @@ from .quadratic import (
     shift_gather,
 )
 from .scripting import NotScriptable
+from .shared_position import head_sum_linear, position_attention
 
 __all__ = ["DROPOUT_MASKS", "MultiHeadSelfAttention2d", "POSITIONALS", "VALUES"]
 VALUES = ("linear", "identity")
@@ -235,6 +237,30 @@ class MultiHeadSelfAttention2d(NotScriptable, ContentKernels, nn.Module):
             return y, self._path_probs(x, h, w)
         return y
 
+    def forward_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer on sequence-first channels-last tokens: (H, W, B, Cin) -> (H, W, B, Cout),
+        the paper models' layout. Separable position-only attention runs there with no layout
+        copy, attention dropout included (shared_position.py); every other case is ``forward``
+        on the NCHW view."""
+        enc = self.positional_encoding
+        if not (self.impl == "auto" and self.separable and not enc.hard):
+            return self.forward(x.permute(2, 3, 0, 1)).permute(2, 3, 0, 1)
+        b, h, w = self._check_input(x.permute(2, 3, 0, 1))
+        nh, dv, p = self.num_heads, self.head_dim, self.dropout if self.training else 0.0
+        if self.value == "identity":
+            v = x[None]  # (1, H, W, B, C): every head reads the raw input
+        else:
+            v = F.linear(x, self.value_proj.weight, self.value_proj.bias)  # (H, W, B, Nh*Dv)
+            v = v.view(h, w, b, nh, dv).permute(3, 0, 1, 2, 4)
+        row, col = self._axis_logits(h, w, x.dtype)
+        r, c = axis_softmax(row.to(x.device)), axis_softmax(col.to(x.device))
+        mask_batch = None if self.dropout_mask == "batch" else b
+        drop = dropped_links(nh, h * w, mask_batch, p, x.device) if p > 0 else None
+        y = position_attention(r, c, v, drop)  # (Nh, H, W, B, Dv), eq. 9 factorized, unscaled
+        wo = self.out_proj.weight if drop is None else self.out_proj.weight / (1.0 - p)
+        y = head_sum_linear(y.view(nh, h * w * b, dv), wo, self.out_proj.bias)
+        return y.view(h, w, b, self.out_channels)
+
     def _path_probs(self, x: torch.Tensor, h: int, w: int) -> torch.Tensor:
         """The probabilities (B or 1, Nh, T, T) of the path ``forward`` ran, computed from that
         path's own factors (separable R (x) C, hard one-hot shifts, the folded q/k), before
@@ -269,17 +295,12 @@ class MultiHeadSelfAttention2d(NotScriptable, ContentKernels, nn.Module):
         q, k = q.expand(b, *q.shape[1:]), k.expand(b, *k.shape[1:])
         if bias is not None:
             bias = bias.expand(b, *bias.shape[1:])
-        if self.dropout_mask == "batch":  # one mask for the batch, drawn as the fast path does
-            probs = shared_dropout(attention_probs(q, k, bias=bias, scale=self.scale), p_drop)
+        if p_drop > 0:  # the links of functional.dropped_links, as the tokens path draws them
+            probs = attention_probs(q, k, bias=bias, scale=self.scale)
+            probs = shared_dropout(probs, p_drop, per_image=self.dropout_mask == "sample")
             return (probs.to(v5.dtype) @ self._seq_values(v5)).transpose(1, 2)
         y = scaled_dot_product_attention(
-            q,
-            k,
-            self._seq_values(v5),
-            bias=bias,
-            scale=self.scale,
-            dropout_p=p_drop,
-            impl="reference",
+            q, k, self._seq_values(v5), bias=bias, scale=self.scale, impl="reference"
         )  # (B, Nh, T, Dv)
         return y.transpose(1, 2)
 

@@ -54,7 +54,13 @@ _LAYER = {  # reference suffix -> attnconv suffix, inside encoder.layer.{i}. / l
 }
 _TOP = {"features_upscale.weight": "embed.weight", "features_upscale.bias": "embed.bias",
         "classifier.weight": "head.weight", "classifier.bias": "head.bias"}  # fmt: skip
-_SKIP = ("attention.self.R", "attention_mask", "mask_embedding", "cls_embedding")
+_SKIP = ("attention.self.R", "attention_mask", "mask_embedding", "cls_embedding",
+         "relative_indices")  # fmt: skip
+# Position-only Learned2DRelativeSelfAttention broadcasts its row_scores as (1, W, 1, W, Nh), along
+# the image columns, and its col_scores along the rows (with content, q . row_embeddings reads the
+# rows): its row tables are our column tables there.
+_SWAP_AXES = {"row_embeddings": "col_embeddings", "col_embeddings": "row_embeddings",
+              "head_keys_row": "head_keys_col", "head_keys_col": "head_keys_row"}  # fmt: skip
 
 
 def embed_permutation(in_chans: int, ds: int) -> torch.Tensor:
@@ -70,8 +76,12 @@ def _name_map(model: SelfAttentionCifar) -> dict[str, str]:
     """reference name -> attnconv name, for the names this model has."""
     own = set(model.state_dict())
     out = {r: a for r, a in _TOP.items() if a in own}
+    swap = model.cfg.positional == "relative_learned" and not model.cfg.content
     for i in range(len(model.layers)):
         for r, a in _LAYER.items():
+            if swap and r.split(".")[2] in _SWAP_AXES:
+                name = r.split(".")[2]
+                r = r.replace(name, _SWAP_AXES[name])
             if f"layers.{i}.{a}" in own:
                 out[f"encoder.layer.{i}.{r}"] = f"layers.{i}.{a}"
         spread = f"layers.{i}.attn.positional_encoding.spread"

@@ -77,7 +77,9 @@ class SACifarConfig:
 
 
 class SALayer(nn.Module):
-    """One BERT layer on a (B, H, W, D) pixel grid, attention by MultiHeadSelfAttention2d."""
+    """One BERT layer on an (H, W, B, D) pixel grid (sequence-first, channels-last: every
+    Linear, LayerNorm and the attention's GEMMs read it in place), attention by
+    MultiHeadSelfAttention2d."""
 
     def __init__(self, cfg: SACifarConfig, max_size: int) -> None:
         super().__init__()
@@ -107,9 +109,12 @@ class SALayer(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, return_attention: bool = False):
-        a = self.attn(x.permute(0, 3, 1, 2), return_attention=return_attention)  # NCHW
-        a, probs = a if return_attention else (a, None)
-        a = a.permute(0, 2, 3, 1)  # (B, H, W, D)
+        probs = None
+        if return_attention:  # the NCHW path that returns the probabilities
+            a, probs = self.attn(x.permute(2, 3, 0, 1), return_attention=True)
+            a = a.permute(2, 3, 0, 1)  # (H, W, B, D)
+        else:
+            a = self.attn.forward_tokens(x)  # (H, W, B, D)
         x = self.norm1(x + self.drop(self.attn_dense(a)))  # post-LN
         x = self.norm2(x + self.drop(self.fc2(F.gelu(self.fc1(x)))))
         return x, probs
@@ -180,12 +185,12 @@ class SelfAttentionCifar(nn.Module):
     def forward_features(self, x: torch.Tensor, return_attention: bool = False):
         self._check(x)
         x = F.pixel_unshuffle(x, self.cfg.downsample)  # (B, 3*ds*ds, H/ds, W/ds)
-        x = self.embed(x.permute(0, 2, 3, 1))  # (B, h, w, D)
+        x = self.embed(x.permute(2, 3, 0, 1))  # (h, w, B, D)
         attns = []
         for layer in self.layers:
             x, a = layer(x, return_attention)
-            attns.append(None if a is None else AttentionMap(a, x.shape[1:3]))
-        feats = x.permute(0, 3, 1, 2)  # (B, D, h, w)
+            attns.append(None if a is None else AttentionMap(a, x.shape[0:2]))
+        feats = x.permute(2, 3, 0, 1)  # (B, D, h, w)
         return (feats, attns) if return_attention else feats
 
     def forward_head(self, feats: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,170 @@
+"""Separable position-only attention on sequence-first tokens, attention dropout included.
+
+For the encodings whose softmax factorizes per head (quadratic eq. 9, learned relative row +
+column tables; see quadratic.py), P_h = R_h (x) C_h, and the layer (eq. 1-2) is
+
+    MHSA(X) = sum_h Dropout(P_h) X Wval^(h) Wout^(h) + bout.
+
+Tokens are laid out (T, B, C) = (H, W, B, C) row-major, so that every step is a plain GEMM on
+contiguous memory and the output is already the next layer's input:
+
+    X1 = R X         (Nh*H, H) @ (H, W*B*C)          row operator, one GEMM
+    X2 = C X1        (Nh, H) batches of (W, W) @ (W, B*C)  column operator
+    Y  = sum_h X2_h W_h^T + b                         the value/output map, Nh accumulating GEMMs
+
+Attention dropout keeps the factorization: with D the set of dropped links (each link (h, q, k)
+dropped with probability p, independently, as ``nn.Dropout`` draws them),
+
+    Dropout(P) X = (P X - (P o 1_D) X) / (1 - p),
+
+and (P o 1_D) X is a sparse product over about p * Nh * T^2 links, run as ``F.embedding_bag``
+(bags = (head, query[, image]) rows, weights = P's values at the dropped links, gathered from R
+and C so that their gradients reach the encoding); its backward is the scatter of dX and the
+sampled dot products dP at the dropped links. ``plain_attention`` is the dense equation the tests
+hold every path to.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .functional import dropped_links
+
+__all__ = [
+    "dropped_links",
+    "head_sum_linear",
+    "plain_attention",
+    "position_attention",
+]
+
+
+def separable_tokens(r: torch.Tensor, c: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """sum_k P_h[q, k] x_h[k] for every head: r (Nh, H, H), c (Nh, W, W) row-stochastic, x
+    (Nh|1, H, W, N) (1: every head reads the same values) -> (Nh, H, W, N). The row operator is
+    one GEMM (Nh batched ones for per-head values), the column one Nh*H small ones."""
+    nh, h = r.shape[0], r.shape[1]
+    w, n = x.shape[2], x.shape[3]
+    if x.shape[0] == 1:
+        x1 = r.reshape(nh * h, h) @ x.reshape(h, w * n)  # rows: R_h x
+    else:
+        x1 = torch.matmul(r, x.reshape(nh, h, w * n))
+    return torch.matmul(c[:, None], x1.view(nh, h, w, n))  # (Nh, H, W, N) columns: C_h (R_h x)
+
+
+def dropped_product(r: torch.Tensor, c: torch.Tensor, x: torch.Tensor,
+                    drop: torch.Tensor, sign: float = 1.0) -> torch.Tensor:  # fmt: skip
+    """sign * (P o 1_D) x: r (Nh, H, H), c (Nh, W, W), x (Nh|1, H, W, B, C), drop (Nh, T, T) or
+    (Nh, T, B, T) -> (Nh, H, W, B, C), a sparse product over the dropped links only."""
+    nh, h = r.shape[0], r.shape[1]
+    w, b, ch = x.shape[2], x.shape[3], x.shape[4]
+    t, per_head = h * w, x.shape[0] > 1
+    if drop.dim() == 3:  # shared by the batch: bags (h, q), rows of x (Nh|1 * T, B*C)
+        head, q, k = drop.nonzero(as_tuple=True)
+        table, cols, bag = x.reshape(-1, b * ch), k, head * t + q
+    else:  # a mask per image: bags (h, q, b), rows of x (Nh|1 * T*B, C)
+        head, q, img, k = drop.nonzero(as_tuple=True)
+        table, cols, bag = x.reshape(-1, ch), k * b + img, (head * t + q) * b + img
+    if per_head:
+        cols = cols + head * (t if drop.dim() == 3 else t * b)
+    vals = r[head, q // w, k // w] * c[head, q % w, k % w]  # P_h[q, k] at the dropped links
+    if sign != 1.0:
+        vals = vals * sign
+    nbags = nh * t * (1 if drop.dim() == 3 else b)
+    offsets = torch.searchsorted(bag, torch.arange(nbags, device=bag.device))  # bag is sorted
+    y = F.embedding_bag(cols, table, offsets, mode="sum", per_sample_weights=vals.to(x.dtype))
+    return y.view(nh, h, w, b, ch)
+
+
+def position_attention(r: torch.Tensor, c: torch.Tensor, x: torch.Tensor,
+                       drop: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """(P_h o keep) x_h for every head, UNSCALED (the caller folds 1 / (1 - p) into the output
+    map, one scalar on a small matrix instead of a pass over the heads): x (Nh|1, H, W, B, C)
+    -> (Nh, H, W, B, C); ``drop`` from ``dropped_links`` (None: no dropout).
+
+    No dropout: the separable row then column operators. A mask shared by the batch: P o keep
+    is one dense (Nh*T, T) matrix for the whole batch and one GEMM against x (T, B*C), measured
+    faster on CPU than the separable product plus its sparse correction (whose Nh*T*B*C-sized
+    passes are memory-bound). A mask per image: separable product minus the sparse term."""
+    g, h, w, b, ch = x.shape
+    nh, t = r.shape[0], h * w
+    r, c = r.to(x.dtype), c.to(x.dtype)
+    if drop is not None and drop.dim() == 3:
+        p = (r[:, :, None, :, None] * c[:, None, :, None, :]).reshape(nh, t, t)
+        p = p.masked_fill(drop, 0.0)  # (Nh, T, T) kept links, shared by the batch
+        if g == 1:
+            y = p.view(nh * t, t) @ x.reshape(t, b * ch)
+        else:
+            y = torch.matmul(p, x.reshape(nh, t, b * ch))
+        return y.view(nh, h, w, b, ch)
+    y = separable_tokens(r, c, x.reshape(g, h, w, b * ch))  # (Nh, H, W, B*C), not a view
+    if drop is not None:
+        # P x - (P o 1_D) x: the sparse term with negated weights, added in place to y itself
+        # (not to a view of it): the backward then neither copies nor negates the gradient
+        y = y.add_(dropped_product(r, c, x, drop, sign=-1.0).view(y.shape))
+    return y.view(nh, h, w, b, ch)
+
+
+class _HeadSumLinear(torch.autograd.Function):
+    """y = sum_h heads[h] W_h^T + b with a backward that writes dheads[h] = dy W_h straight into
+    one (Nh, N, D) tensor (autograd through unbind would stack Nh separate gradients)."""
+
+    @staticmethod
+    def forward(ctx, heads, weight, bias):
+        nh = heads.shape[0]
+        ws = weight.view(weight.shape[0], nh, -1).unbind(1)  # Nh x (Dout, D) strided views
+        y = heads[0] @ ws[0].t() if bias is None else torch.addmm(bias, heads[0], ws[0].t())
+        for h in range(1, nh):
+            y.addmm_(heads[h], ws[h].t())  # accumulates in the GEMM (beta = 1)
+        ctx.save_for_backward(heads, weight)
+        ctx.has_bias = bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        heads, weight = ctx.saved_tensors
+        nh, d = heads.shape[0], heads.shape[2]
+        ws = weight.view(weight.shape[0], nh, d).unbind(1)
+        gh = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            gh = heads.new_empty(heads.shape, dtype=gy.dtype)
+            for h in range(nh):
+                torch.mm(gy, ws[h].to(gy.dtype), out=gh[h])
+        if ctx.needs_input_grad[1]:
+            gw = torch.cat([gy.t() @ heads[h].to(gy.dtype) for h in range(nh)], dim=1)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = gy.sum(0)
+        return gh, gw, gb
+
+
+def head_sum_linear(heads: torch.Tensor, weight: torch.Tensor,
+                    bias: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+    """sum_h heads[h] W_h^T + b: heads (Nh, N, D), weight (Dout, Nh*D) -> (N, Dout), Nh GEMMs
+    accumulating into one output (the concat_h of eq. 1 never built). Under autocast it runs in
+    the autocast dtype, as ``F.linear`` would."""
+    dev = heads.device.type
+    if torch.is_autocast_enabled(dev):
+        dt = torch.get_autocast_dtype(dev)
+        heads, weight = heads.to(dt), weight.to(dt)
+        bias = None if bias is None else bias.to(dt)
+    else:
+        weight = weight.to(heads.dtype)
+        bias = None if bias is None else bias.to(heads.dtype)
+    with torch.autocast(dev, enabled=False):
+        return _HeadSumLinear.apply(heads.contiguous(), weight, bias)
+
+
+def plain_attention(r: torch.Tensor, c: torch.Tensor, x: torch.Tensor,
+                    drop: torch.Tensor | None = None, p: float = 0.0) -> torch.Tensor:  # fmt: skip
+    """The dense equation, for tests: P = R (x) C (Nh, T, T), keep = not drop scaled 1/(1-p),
+    y[h, q, b] = sum_k P'[h, q, (b), k] x_h[k, b]; x (Nh|1, H, W, B, C) -> (Nh, H, W, B, C)."""
+    nh, h, w = r.shape[0], r.shape[1], c.shape[1]
+    b, ch = x.shape[3], x.shape[4]
+    p_dense = (r[:, :, None, :, None] * c[:, None, :, None, :]).reshape(nh, h * w, h * w)
+    xs = x.reshape(x.shape[0], h * w, b, ch).expand(nh, -1, -1, -1)
+    keep = torch.ones(nh, h * w, b, h * w, dtype=x.dtype)
+    if drop is not None:
+        d = drop if drop.dim() == 4 else drop[:, :, None, :].expand(-1, -1, b, -1)
+        keep = (~d).to(x.dtype) / (1 - p)
+    y = torch.einsum("hqk,hqbk,hkbc->hqbc", p_dense, keep, xs)
+    return y.reshape(nh, h, w, b, ch)
