@@ -68,7 +68,7 @@ def test_dropped_links_rate_and_shapes():
     d = dropped_links(9, 256, None, 0.1, "cpu")
     assert d.shape == (9, 256, 256) and d.dtype == torch.bool
     assert abs(d.float().mean().item() - 0.1) < 0.005
-    assert dropped_links(2, 5, 3, 0.5, "cpu").shape == (2, 5, 3, 5)
+    assert dropped_links(2, 5, 3, 0.5, "cpu").shape == (3, 2, 5, 5)  # (B, Nh, T, T)
 
 
 def test_head_sum_linear_equals_concat_linear_and_gradcheck():

@@ -9,6 +9,8 @@ on CPU, bench/cuda.py on a GPU):
 - CUDA, row/column encodings: FlexAttention, the logits added by a score_mod (flex.py);
 - CPU inference, quadratic up to 64^2: the fused SDPA with one (1, Nh, T, T) bias for the batch;
 - CPU from 16^2: the query-blocked exact kernel (blocked.py), dk-wide logits;
+- CPU training with attention dropout: dense dk-wide logits plus the row/column logits
+  broadcast, the links of ``functional.dropped_links`` removed (the plain path's own mask);
 - otherwise (dropout, small images, generalized quadratic, Dai's relative): the exact fold into
   augmented queries/keys for the fused SDPA, no bias tensor.
 """
@@ -21,7 +23,7 @@ import torch
 
 from .blocked import axis_attention, kernel_dtype
 from .flex import flex_mod_attention
-from .functional import scaled_dot_product_attention
+from .functional import dropped_links, scaled_dot_product_attention
 from .positional import hi
 
 _LOW = (torch.bfloat16, torch.float16)
@@ -105,8 +107,41 @@ class ContentKernels:
             y = axis_attention(q, k, self._seq_values(v5), q_axis, h, w, self.scale)
         return y.to(xt.dtype).transpose(1, 2)
 
+    def _use_dense_dropout(self, xt: torch.Tensor, p_drop: float) -> bool:
+        """Training with attention dropout on CPU, row/column encodings: the fused SDPA's dropout
+        path builds the same dense logits from the fold's dk + H + W wide q/k and draws a float
+        mask; bench/models.py times the two (sa_learned_content)."""
+        enc = self.positional_encoding
+        return (xt.device.type == "cpu" and p_drop > 0.0 and enc.axis_folded
+                and enc.uses_qk_product and self.blocked_backend is not False)  # fmt: skip
+
+    def _forward_dense_dropout(self, xt, v5, h, w, p_drop) -> torch.Tensor:
+        """softmax(scale q k^T + R[q1, k1] + C[q2, k2]) with dropped links removed, times v, in
+        float32 (kernel_dtype): the logits one baddbmm onto the broadcast row/column logits,
+        dropout a mask fill (1 / (1 - p) applied to the output). -> (B, T, Nh, Dv)"""
+        q, k = self._qk(xt, h, w)  # (B, Nh, T, dk)
+        b, nh, t, dk = q.shape
+        dt = kernel_dtype(q.dtype)
+        with torch.autocast(xt.device.type, enabled=False):
+            q, k = q.to(dt), k.to(dt)
+            (q_axis,), _ = self.positional_encoding.fold(q, k, h, w)  # (B|1, Nh, T, h + w)
+            pos = q_axis[..., :h, None] + q_axis[..., None, h:]  # (B|1, Nh, T, h, w), scaled
+            pos = pos.expand(b, nh, t, h, w).reshape(b * nh, t, t)
+            logits = torch.baddbmm(pos, q.reshape(b * nh, t, dk),
+                                   k.reshape(b * nh, t, dk).transpose(1, 2), alpha=self.scale)
+            probs = torch.softmax(logits, dim=-1).view(b, nh, t, t)
+            probs = probs.masked_fill(dropped_links(nh, t, b, p_drop, q.device), 0.0)
+            if v5.shape[3] == 1:  # every head reads the same values: one (Nh*T, T) GEMM each
+                y = torch.matmul(probs.view(b, nh * t, t), v5.reshape(b, t, -1).to(dt))
+            else:
+                y = torch.matmul(probs, self._seq_values(v5).to(dt))
+            y = y.view(b, nh, t, -1) * (1.0 / (1.0 - p_drop))
+        return y.to(xt.dtype).transpose(1, 2)
+
     def _forward_folded(self, xt, v5, h, w, p_drop) -> torch.Tensor:
         """Content attention with every positional term folded into q/k: fused SDPA, no bias."""
+        if self._use_dense_dropout(xt, p_drop):
+            return self._forward_dense_dropout(xt, v5, h, w, p_drop)
         if self._use_flex(xt.device, p_drop):
             return self._forward_flex(xt, v5, h, w)
         if self._use_shared_bias(xt, h, w, p_drop):

@@ -97,9 +97,9 @@ def _combine_masks(
 def dropped_links(nh: int, t: int, batch: int | None, p: float, device) -> torch.Tensor:
     """The links attention dropout removes, each with probability p independently (as
     ``nn.Dropout`` draws them): bool (Nh, T, T) shared by the batch (``batch=None``, the
-    reference code's Gaussian layer) or (Nh, T, B, T) a mask per image. Every path that can
+    reference code's Gaussian layer) or (B, Nh, T, T) a mask per image. Every path that can
     share its mask with another draws it here, so that they agree under one seed."""
-    shape = (nh, t, t) if batch is None else (nh, t, batch, t)
+    shape = (nh, t, t) if batch is None else (batch, nh, t, t)
     return torch.rand(shape, device=device) < p
 
 
@@ -111,7 +111,7 @@ def shared_dropout(probs: torch.Tensor, p: float, per_image: bool = False) -> to
         return probs
     b, nh, t = probs.shape[0], probs.shape[1], probs.shape[2]
     if per_image:
-        dropped = dropped_links(nh, t, b, p, probs.device).permute(2, 0, 1, 3)  # (B, Nh, T, T)
+        dropped = dropped_links(nh, t, b, p, probs.device)  # (B, Nh, T, T)
     else:
         dropped = dropped_links(nh, t, None, p, probs.device)[None]
     return probs * (~dropped).to(probs.dtype).div_(1.0 - p)

@@ -55,7 +55,7 @@ def separable_tokens(r: torch.Tensor, c: torch.Tensor, x: torch.Tensor) -> torch
 def dropped_product(r: torch.Tensor, c: torch.Tensor, x: torch.Tensor,
                     drop: torch.Tensor, sign: float = 1.0) -> torch.Tensor:  # fmt: skip
     """sign * (P o 1_D) x: r (Nh, H, H), c (Nh, W, W), x (Nh|1, H, W, B, C), drop (Nh, T, T) or
-    (Nh, T, B, T) -> (Nh, H, W, B, C), a sparse product over the dropped links only."""
+    (B, Nh, T, T) -> (Nh, H, W, B, C), a sparse product over the dropped links only."""
     nh, h = r.shape[0], r.shape[1]
     w, b, ch = x.shape[2], x.shape[3], x.shape[4]
     t, per_head = h * w, x.shape[0] > 1
@@ -63,7 +63,7 @@ def dropped_product(r: torch.Tensor, c: torch.Tensor, x: torch.Tensor,
         head, q, k = drop.nonzero(as_tuple=True)
         table, cols, bag = x.reshape(-1, b * ch), k, head * t + q
     else:  # a mask per image: bags (h, q, b), rows of x (Nh|1 * T*B, C)
-        head, q, img, k = drop.nonzero(as_tuple=True)
+        head, q, img, k = drop.permute(1, 2, 0, 3).nonzero(as_tuple=True)  # sorted (h, q, b)
         table, cols, bag = x.reshape(-1, ch), k * b + img, (head * t + q) * b + img
     if per_head:
         cols = cols + head * (t if drop.dim() == 3 else t * b)
@@ -97,10 +97,14 @@ def position_attention(r: torch.Tensor, c: torch.Tensor, x: torch.Tensor,
         else:
             y = torch.matmul(p, x.reshape(nh, t, b * ch))
         return y.view(nh, h, w, b, ch)
-    y = separable_tokens(r, c, x.reshape(g, h, w, b * ch))  # (Nh, H, W, B*C), not a view
-    if drop is not None:
-        # P x - (P o 1_D) x: the sparse term with negated weights, added in place to y itself
-        # (not to a view of it): the backward then neither copies nor negates the gradient
+    if drop is None:
+        y = separable_tokens(r, c, x.reshape(g, h, w, b * ch))  # (Nh, H, W, B*C)
+        return y.view(nh, h, w, b, ch)
+    # P x - (P o 1_D) x in x's dtype, autocast off: in bfloat16 the difference of the two rounded
+    # products measured twice the plain path's error. The sparse term has negated weights and is
+    # added in place to y itself (not a view): the backward neither copies nor negates.
+    with torch.autocast(x.device.type, enabled=False):
+        y = separable_tokens(r, c, x.reshape(g, h, w, b * ch))
         y = y.add_(dropped_product(r, c, x, drop, sign=-1.0).view(y.shape))
     return y.view(nh, h, w, b, ch)
 
@@ -164,7 +168,7 @@ def plain_attention(r: torch.Tensor, c: torch.Tensor, x: torch.Tensor,
     xs = x.reshape(x.shape[0], h * w, b, ch).expand(nh, -1, -1, -1)
     keep = torch.ones(nh, h * w, b, h * w, dtype=x.dtype)
     if drop is not None:
-        d = drop if drop.dim() == 4 else drop[:, :, None, :].expand(-1, -1, b, -1)
+        d = drop.permute(1, 2, 0, 3) if drop.dim() == 4 else drop[:, :, None].expand(-1, -1, b, -1)
         keep = (~d).to(x.dtype) / (1 - p)
     y = torch.einsum("hqk,hqbk,hkbc->hqbc", p_dense, keep, xs)
     return y.reshape(nh, h, w, b, ch)
