@@ -15,7 +15,8 @@ draws it, a mask per image with content), three ways:
   re-stated, dense (Nh, T, T) probabilities, every head over the raw input, Linear(Nh*D, D),
   BERT post-LN), holding the attnconv model's own weights through ``reference_port`` and
   checked equal to it (dropout off) before anything is timed; float32, as the reference trains;
-- ``attnconv`` in float32 and under bfloat16 autocast.
+- ``attnconv`` in float32 and under bfloat16 autocast (``--compile``: also float32 under
+  ``torch.compile``, its first step's time reported as the compile cost).
 
 Method: every case of a scale is built in one fresh subprocess (one thread by default); after a
 warm-up step each, the cases run round-robin, ``--repeats`` rounds (default 5), so every ratio
@@ -78,10 +79,11 @@ def model_kwargs(model: str, scale: str) -> dict:
     return dict(table[scale][0 if resnet else 1])
 
 
-def variants(model: str) -> list[tuple[str, bool]]:
-    """(impl, bf16) cases of a model."""
-    out = [("attnconv", False), ("attnconv", True)]
-    return out if model.startswith("resnet") else [("reference", False), *out]
+def variants(model: str, compile: bool = False) -> list[tuple[str, bool, bool]]:
+    """(impl, bf16, compiled) cases of a model."""
+    out = [("attnconv", False, False), ("attnconv", True, False)]
+    out += [("attnconv", False, True)] if compile else []
+    return out if model.startswith("resnet") else [("reference", False, False), *out]
 
 
 def build(model: str, scale: str, impl: str = "attnconv"):
@@ -103,9 +105,11 @@ def build(model: str, scale: str, impl: str = "attnconv"):
     return net
 
 
-def make_step(model: str, scale: str, batch: int, impl: str = "attnconv", bf16: bool = False):
+def make_step(model: str, scale: str, batch: int, impl: str = "attnconv", bf16: bool = False,
+              compiled: bool = False):  # fmt: skip
     """One case: returns step(), a full training step on a fixed random batch."""
     net = build(model, scale, impl)
+    net = torch.compile(net) if compiled else net
     opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(batch, 3, 32, 32, generator=g), torch.randint(0, 10, (batch,), generator=g)
@@ -126,9 +130,9 @@ def _gemm(dtype: torch.dtype, n: int):
     return lambda: a @ b
 
 
-def cases(scale: str, models: list[str], batch: int) -> list[dict]:
-    return [dict(model=m, scale=scale, batch=batch, impl=impl, bf16=bf16)
-            for m in models for impl, bf16 in variants(m)]  # fmt: skip
+def cases(scale: str, models: list[str], batch: int, compile: bool = False) -> list[dict]:
+    return [dict(model=m, scale=scale, batch=batch, impl=impl, bf16=bf16, compiled=c)
+            for m in models for impl, bf16, c in variants(m, compile)]  # fmt: skip
 
 
 def run_scale(specs: list[dict], repeats: int, threads: int) -> dict:
@@ -136,13 +140,15 @@ def run_scale(specs: list[dict], repeats: int, threads: int) -> dict:
     torch.set_num_threads(threads)
     steps = [make_step(**s) for s in specs]
     peaks = {"fp32": _gemm(torch.float32, PEAK_N), "bf16": _gemm(torch.bfloat16, PEAK_N)}
-    flops = {}
-    for s, step in zip(specs, steps):  # warm-up; FLOPs of float32 steps (bf16 executes the same)
-        key = (s["model"], s["impl"])
+    flops, first = {}, {}
+    for i, (s, step) in enumerate(zip(specs, steps)):  # warm-up (compiles), FLOPs of eager fp32
+        key = (s["model"], s["impl"])  # bf16 and compiled steps execute the same matmuls
+        t0 = time.perf_counter()
         if key not in flops:
             flops[key] = count_flops(step)
         else:
             step()
+        first[i] = time.perf_counter() - t0
     for g in peaks.values():
         g()
     times: list[list[float]] = [[] for _ in specs]
@@ -158,11 +164,12 @@ def run_scale(specs: list[dict], repeats: int, threads: int) -> dict:
                 g()
             peak_times[k].append((time.perf_counter() - t0) / 3)
     rows = []
-    for s, t in zip(specs, times):
+    for i, (s, t) in enumerate(zip(specs, times)):
         med = statistics.median(t)
         gflop = flops[(s["model"], s["impl"])] / 1e9
         rows.append({**s, "times_s": t, "median_s": med, "img_s": s["batch"] / med,
-                     "gflop_img": gflop / s["batch"], "gflops_s": gflop / med})  # fmt: skip
+                     "gflop_img": gflop / s["batch"], "gflops_s": gflop / med,
+                     "compile_s": first[i] - med if s.get("compiled") else None})  # fmt: skip
     peak = {k: 2 * PEAK_N**3 / statistics.median(v) / 1e9 for k, v in peak_times.items()}
     return {"rows": rows, "peak_gflops": peak}
 
@@ -181,7 +188,7 @@ def run_scale_subprocess(specs: list[dict], repeats: int, threads: int, malloc: 
 def measure_memory(rows: list[dict], threads: int, malloc: str) -> None:
     """Peak RSS a first training step adds, each case in a fresh subprocess (row["peak_mb"])."""
     for r in rows:
-        kw = {k: r[k] for k in ("model", "scale", "batch", "impl", "bf16")}
+        kw = {k: r[k] for k in ("model", "scale", "batch", "impl", "bf16", "compiled")}
         res = run_case("attnconv.bench.models:make_step", kw, repeats=1, warmup=0,
                        threads=threads, flops=False, malloc=malloc)  # fmt: skip
         r["peak_mb"] = res.get("peak_mb")
@@ -193,6 +200,7 @@ def derive(rows: list[dict], peak: dict[str, float]) -> None:
     for r in rows:
         base = ref.get(r["model"])
         r["precision"] = "bf16" if r["bf16"] else "fp32"
+        r["code"] = r["impl"] + (" (compiled)" if r.get("compiled") else "")
         r["pct_peak"] = 100 * r["gflops_s"] / peak[r["precision"]]
         r["x_reference"] = r["img_s"] / base["img_s"] if base else None
         mem, bmem = r.get("peak_mb"), base.get("peak_mb") if base else None
@@ -204,7 +212,7 @@ def targets(rows: list[dict], scale: str) -> list[dict]:
     float32 step, float32 memory <= 0.5x, sa_quadratic >= 60% of the GEMM peak."""
     out = []
     for r in rows:
-        if r["impl"] != "attnconv" or r["x_reference"] is None:
+        if r["impl"] != "attnconv" or r["x_reference"] is None or r.get("compiled"):
             continue
         name = f"{scale} {r['model']} {r['precision']}"
         need = TARGETS[r["precision"]]
@@ -224,11 +232,12 @@ def targets(rows: list[dict], scale: str) -> list[dict]:
 TARGET_COLUMNS = [("target", "target", ""), ("measured", "measured", ".2f"),
                   ("required", "required", ""), ("met", "met", "")]  # fmt: skip
 COLUMNS = [
-    ("scale", "scale", ""), ("model", "model", ""), ("batch", "B", ""), ("impl", "code", ""),
+    ("scale", "scale", ""), ("model", "model", ""), ("batch", "B", ""), ("code", "code", ""),
     ("precision", "precision", ""), ("img_s", "img/s", ".3g"),
     ("x_reference", "x reference fp32", ".2f"), ("peak_mb", "peak MB", ".0f"),
     ("mem_x_reference", "memory x reference", ".2f"), ("gflop_img", "GFLOP/img", ".2f"),
     ("gflops_s", "GFLOP/s", ".1f"), ("pct_peak", "% of GEMM peak", ".0f"),
+    ("compile_s", "compile s", ".0f"),
 ]  # fmt: skip
 
 
@@ -283,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scale", choices=("paper", "cpu", "both"), default="both",
                    help="paper configuration, CPU experiment scale, or both (both)")  # fmt: skip
     p.add_argument("--batch-paper", type=int, default=16, help="batch at the paper scale (16)")
+    p.add_argument("--compile", action="store_true",
+                   help="also time attnconv fp32 under torch.compile (reports the compile time)")
     p.add_argument("--no-memory", action="store_true",
                    help="skip the peak-memory subprocesses (faster)")  # fmt: skip
     p.add_argument("--batch-cpu", type=int, default=64, help="batch at the CPU scale (64)")
@@ -306,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, peaks, checks = [], {}, []
     for scale in scales:
         batch = 2 if args.quick else args.batch_paper if scale == "paper" else args.batch_cpu
-        specs = cases(scale, models, batch)
+        specs = cases(scale, models, batch, args.compile)
         res = (run_scale(specs, repeats, args.threads) if args.quick else
                run_scale_subprocess(specs, repeats, args.threads, args.malloc))  # fmt: skip
         if not (args.quick or args.no_memory):
@@ -322,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = suite_command("models", args)
     extra = [f"--scale {args.scale}"] if args.scale != "both" else []
     extra += ["--models " + " ".join(args.models)] if args.models and not args.only else []
+    extra += [f"--{k.replace('_', '-')}" for k in ("compile", "no_memory") if getattr(args, k)]
     extra += [f"--batch-{s} {getattr(args, f'batch_{s}')}" for s, d in (("paper", 16), ("cpu", 64))
               if getattr(args, f"batch_{s}") != d]  # fmt: skip
     if extra:
