@@ -1,10 +1,14 @@
 """Reproduce the papers' experiments at CPU scale and regenerate the README's tables and figures.
 
     python benchmarks/experiments.py run [NAME ...]   # train every configs/experiments/*.yaml
+    python benchmarks/experiments.py status [NAME ...]  # what is done, what is left
     python benchmarks/experiments.py report           # tables + figures from the run folders
 
-`run` trains each experiment with `attnconv train` into runs/experiments/<name>/ (resuming an
-interrupted run, skipping a finished one), then the follow-ups: `attnconv analyze` for the
+Run folders live under a run root outside the repository: ``--runs DIR``, else the environment
+variable ATTNCONV_RUNS, else ../attnconv-runs beside the checkout. `run` trains each experiment
+with `attnconv train` into <runs>/<name>/, resuming every unfinished run from its last
+checkpoint (a budget of many hours accrues across sittings: kill it at any time, run it again),
+skipping a finished one, then the follow-ups: `attnconv analyze` for the
 attention models, `attnconv convert` of the trained ResNet18 on the 10,000 test images, and the
 Lemma 2 sweep. `report` reads only those folders: it writes benchmarks/results/experiments.md,
 copies the figures to docs/figures/, and replaces the block between the experiments markers of
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import platform
 import shutil
 import subprocess
@@ -25,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs" / "experiments"
-RUNS = ROOT / "runs" / "experiments"
+RUNS = Path(os.environ.get("ATTNCONV_RUNS") or ROOT.parent / "attnconv-runs")  # see --runs
 FIGS = ROOT / "docs" / "figures"
 RESULTS = ROOT / "benchmarks" / "results" / "experiments.md"
 BEGIN, END = "<!-- experiments:begin -->", "<!-- experiments:end -->"
@@ -78,9 +83,16 @@ def run(args: argparse.Namespace) -> None:
             cmd = [*CLI, "train", cfg, "--out", out, "--set", f"data.dataset={data}"]
             resumable = (out / "checkpoints" / "latest").exists()
             cmd.append("--resume" if resumable else "--overwrite")  # no checkpoint: start over
-            print(f"[{time.strftime('%H:%M:%S')}] train {cfg.stem}", flush=True)
-            wall = sh(cmd, log)
-            done.write_text(json.dumps({"train_seconds": wall}))
+            print(f"[{time.strftime('%H:%M:%S')}] train {cfg.stem}: {progress(cfg, out)}",
+                  flush=True)  # fmt: skip
+            partial = out / "wall_partial.json"  # seconds of earlier sittings (their sh calls)
+            before = json.loads(partial.read_text())["train_seconds"] if partial.exists() else 0.0
+            t0 = time.time()
+            try:
+                sh(cmd, log)
+            finally:  # a sitting's time counts even when it is interrupted
+                partial.write_text(json.dumps({"train_seconds": before + time.time() - t0}))
+            done.write_text(partial.read_text())
         analyzed = cfg.stem.startswith("table1_sa") and not cfg.stem.endswith("_fp32")
         if analyzed and not (out / "analysis" / "report.json").exists():
             print(f"[{time.strftime('%H:%M:%S')}] analyze {cfg.stem}", flush=True)
@@ -93,6 +105,39 @@ def run(args: argparse.Namespace) -> None:
         if cfg.stem == "table1_resnet18" and not (out / "convert.json").exists():
             print(f"[{time.strftime('%H:%M:%S')}] convert {cfg.stem}", flush=True)
             sh([*CLI, "convert", out, "--data", data, "--json", out / "convert.json"], log)
+
+
+def total_steps(cfg: Path) -> int | None:
+    """Training steps an experiment's config asks for (None: a whole-split epoch, not capped)."""
+    from attnconv.train.config import load_config
+
+    t = load_config(cfg).train
+    return t.epochs * t.steps_per_epoch if t.steps_per_epoch else None
+
+
+def progress(cfg: Path, out: Path) -> str:
+    """'done', 'not started', or 'step S of N (P%), ~H h left at R img/s' from the run folder's
+    metrics.csv (the steps a resume restarts from are those of its last checkpoint)."""
+    if (out / "wall.json").exists():
+        return "done"
+    rows = list(csv.DictReader(open(out / "metrics.csv"))) if (out / "metrics.csv").exists() else []
+    train = [r for r in rows if r["kind"] == "train"]
+    if not train:
+        return "not started"
+    step, n = int(train[-1]["step"]), total_steps(cfg)
+    ips = sorted(float(r["images_per_s"]) for r in train[-20:])[len(train[-20:]) // 2]
+    if not n:
+        return f"step {step} ({ips:.0f} img/s)"
+    from attnconv.train.config import load_config
+
+    left_h = (n - step) * load_config(cfg).train.batch_size / max(ips, 1e-9) / 3600
+    return f"step {step} of {n} ({100 * step / n:.0f}%), ~{left_h:.1f} h left at {ips:.0f} img/s"
+
+
+def status(args: argparse.Namespace) -> None:
+    print(f"run root: {RUNS}")
+    for cfg in experiments(args.names):
+        print(f"{cfg.stem:32s} {progress(cfg, RUNS / cfg.stem)}")
 
 
 def save_init(run: Path) -> None:
@@ -304,14 +349,22 @@ def report(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    global RUNS
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="train the experiments (all, or the NAMEs given)")
     r.add_argument("names", nargs="*")
     r.add_argument("--data", default=str(default_data()), help="CIFAR-10 zip/folder")
     r.set_defaults(fn=run)
+    st = sub.add_parser("status", help="what is done and what is left, per experiment")
+    st.add_argument("names", nargs="*")
+    st.set_defaults(fn=status)
     sub.add_parser("report", help="regenerate tables and figures").set_defaults(fn=report)
+    for sp in sub.choices.values():
+        sp.add_argument("--runs", default=None, help=f"run root (default: {RUNS})")
     args = p.parse_args()
+    if args.runs:
+        RUNS = Path(args.runs).resolve()
     args.fn(args)
 
 

@@ -3,6 +3,7 @@ SIGINT), non-finite guard, configs, optimizer groups, schedules, CLI errors."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -383,6 +384,11 @@ def test_centre_log_of_attention_models(cifar_zip, tmp_path, name):
     for layer, a in zip(tr.model.layers, layers):
         assert torch.allclose(layer.attn.attention_centers(), torch.tensor(a[-1]).float())
     assert not torch.equal(torch.tensor(layers[0][0]), torch.tensor(layers[0][-1]))  # they moved
+    recs = [json.loads(line) for line in log.read_text().splitlines()]
+    last = recs[-1]["alpha"]  # isotropic heads: their alpha per epoch too (sharpness)
+    for layer, a in zip(tr.model.layers, last):
+        assert torch.allclose(layer.attn.positional_encoding.alpha, torch.tensor(a))
+    assert recs[0]["alpha"] != last  # alpha trains
     assert "layers.0.attn.positional_encoding.centers" in no_decay_names(tr.model, ["centers"])
 
 

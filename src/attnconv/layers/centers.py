@@ -33,3 +33,18 @@ def head_centers(model: nn.Module) -> list[torch.Tensor]:
             )
         out.append(c)
     return out
+
+
+def head_alphas(model: nn.Module) -> list[torch.Tensor | None]:
+    """Per layer of ``head_centers``, its (Nh,) isotropic precisions alpha (eq. 9: logits
+    -alpha ||delta - Delta||^2), or None for an encoding without one (generalized quadratic)."""
+    out = []
+    for m in center_layers(model):
+        try:
+            m.attention_centers()
+        except (ValueError, NotImplementedError):
+            continue
+        enc = getattr(m, "positional_encoding", None)
+        alpha = getattr(enc, "alpha", None)
+        out.append(None if alpha is None else alpha.detach().float().cpu())
+    return out

@@ -3,7 +3,8 @@ a terminal, plain log lines elsewhere), metrics.csv, TensorBoard, centres.jsonl.
 
 Files in the run folder (written by rank 0):
   metrics.csv      kind (train | eval), epoch, step, lr, loss, acc, images_per_s, seconds
-  centers.jsonl    per epoch {"epoch", "step", "layers": [[[row, col] per head] per layer]}
+  centers.jsonl    per epoch {"epoch", "step", "layers": [[[row, col] per head] per layer],
+                   "alpha": [[alpha per head] per layer] (isotropic quadratic layers)}
                    from ``attention_centers()`` of each quadratic layer (Cordonnier fig. 3)
 On resume, rows / lines after the resumed step are dropped (they will be written again).
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from attnconv.layers.centers import head_centers
+from attnconv.layers.centers import head_alphas, head_centers
 from attnconv.progress import Progress
 
 from .runfolder import open_nofollow
@@ -163,8 +164,12 @@ class Monitor:
         layers = [c.tolist() for c in head_centers(model)]
         if not layers:
             return
+        row = {"epoch": epoch, "step": step, "layers": layers}
+        alphas = head_alphas(model)
+        if alphas and all(a is not None for a in alphas):  # sharpness over training (fig. 3)
+            row["alpha"] = [a.tolist() for a in alphas]
         with open_nofollow(self.centres_path, "a") as f:
-            f.write(json.dumps({"epoch": epoch, "step": step, "layers": layers}) + "\n")
+            f.write(json.dumps(row) + "\n")
         if self.tb is not None:
             for i, layer in enumerate(layers):
                 dist = [(r * r + c * c) ** 0.5 for r, c in layer]

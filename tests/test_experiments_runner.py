@@ -1,0 +1,51 @@
+"""benchmarks/experiments.py: the run root lives outside the repository and `status` says what
+is left of each experiment (the resumable budget of many sittings)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "experiments.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("experiments_runner", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_default_run_root_is_outside_the_repository(monkeypatch):
+    monkeypatch.delenv("ATTNCONV_RUNS", raising=False)
+    mod = _module()
+    assert ROOT not in mod.RUNS.resolve().parents and mod.RUNS.resolve() != ROOT
+
+
+def test_progress_reads_the_run_folder(tmp_path):
+    mod = _module()
+    cfg = mod.CONFIGS / "grid_sa_quadratic.yaml"
+    n = mod.total_steps(cfg)
+    assert n == 20000
+    out = tmp_path / "grid_sa_quadratic"
+    assert mod.progress(cfg, out) == "not started"
+    out.mkdir()
+    rows = ["kind,step,images_per_s"] + [f"train,{s},128" for s in (50, 100, 150)]
+    (out / "metrics.csv").write_text("\n".join(rows) + "\n")
+    left_h = (n - 150) * 64 / 128 / 3600
+    assert mod.progress(cfg, out) == (
+        f"step 150 of {n} (1%), ~{left_h:.1f} h left at 128 img/s"
+    )
+    (out / "wall.json").write_text('{"train_seconds": 1.0}')
+    assert mod.progress(cfg, out) == "done"
+
+
+def test_status_command_with_a_run_root(tmp_path):
+    (tmp_path / "sasa_k3").mkdir()
+    r = subprocess.run([sys.executable, str(SCRIPT), "status", "sasa_k3", "--runs", str(tmp_path)],
+                       capture_output=True, text=True, check=True)  # fmt: skip
+    assert r.stdout.splitlines() == [f"run root: {tmp_path.resolve()}",
+                                     f"{'sasa_k3':32s} not started"]  # fmt: skip
