@@ -75,3 +75,21 @@ def test_demo_writes_checkpoint_metrics_centres_and_figures(tmp_path):
     last = [x.split(",") for x in rows if x.startswith("eval,")][-1]
     assert res["images"] == 50 and abs(res["accuracy"] - float(last[5])) < 1e-6
     assert abs(res["loss"] - float(last[4])) < 1e-5
+
+
+def test_demo_refuses_an_occupied_folder_and_overwrite_replaces_it(tmp_path):
+    out = tmp_path / "demo"
+    env = {**os.environ, "ATTNCONV_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "attnconv.cli", "demo", "--data", "sample", "--minutes", "0.1",
+           "--out", str(out), "--no-figures", "--set", "data.eval_max_per_class=2"]  # fmt: skip
+    first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = (out / "metrics.csv").read_text()
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode != 0 and "--overwrite" in again.stderr.strip().splitlines()[-1]
+    assert (out / "metrics.csv").read_text() == before  # refused: nothing touched
+    (out / "checkpoints" / "step-99999999").mkdir()  # a checkpoint only the old run has
+    over = subprocess.run([*cmd, "--overwrite"], env=env, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert over.returncode == 0, over.stderr[-2000:]
+    assert not (out / "checkpoints" / "step-99999999").exists()

@@ -60,6 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="override a config key (as in attnconv train)",
     )
     p.add_argument("--no-figures", action="store_true", help="skip the figures")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run already in --out (nothing of it is kept)")  # fmt: skip
 
 
 def default_data() -> str:
@@ -165,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
         f"({cfg.train.epochs} short epochs) to fit {args.minutes:g} min"
     )
     t_train = time.time()
-    last = train(cfg)
+    last = train(cfg, overwrite=args.overwrite)
     figures = out / "figures"
     t_figures = time.time()
     if not args.no_figures:

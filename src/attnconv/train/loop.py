@@ -40,7 +40,14 @@ from .monitor import Monitor
 from .optim import build_optimizer, lr_at, set_lr
 from .resume import check_resumable
 from .runfolder import LOCK as LOCK_FILE
-from .runfolder import RunLock, check_fresh, check_no_links, clean_temps
+from .runfolder import (
+    RunLock,
+    check_fresh,
+    check_no_links,
+    clean_temps,
+    finish_overwrite,
+    remove_old_run,
+)
 
 log = logging.getLogger(__name__)
 
@@ -104,12 +111,16 @@ class Trainer:
                 self.lock.release()
                 raise
             clean_temps(self.out)  # left by a save killed half-way
+            if finish_overwrite(self.out):  # an --overwrite killed half-way: old run gone now
+                self.started = False
             if not resume:
                 try:
                     check_fresh(self.out, overwrite)
                 except ValueError:
                     self.lock.release()
                     raise
+                if overwrite:  # nothing of the old run stays: not its weights, logs or config
+                    remove_old_run(self.out)
         d = cfg.data
         if self.info.is_main:
             log.info(f"train: {cfg.model.name}, run folder {self.out}; reading {d.dataset}")

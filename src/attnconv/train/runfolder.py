@@ -4,7 +4,9 @@ replaced by accident.
 - ``RunLock``: an advisory ``fcntl`` lock on ``<run>/.lock`` held for the training's life (rank
   0); a second training on the same folder stops at once with the holder's PID.
 - ``check_fresh``: a training without ``--resume`` into a folder that already holds a run
-  (checkpoints or logged metrics) is refused, naming the last checkpoint, unless ``--overwrite``.
+  (checkpoints or logged metrics) is refused, naming the last checkpoint, unless ``--overwrite``,
+  which first takes every file of the old run away (``remove_old_run``: killed at any moment,
+  the next start finishes it), so nothing of the old run can be resumed or evaluated.
 - Nothing is written or read through a symlink: ``check_no_links`` refuses a run folder whose
   files are links (a ``config.yaml`` link to a file elsewhere would get that file overwritten),
   and ``open_nofollow`` opens every log file with O_NOFOLLOW (a link made mid-run is refused
@@ -98,6 +100,8 @@ def clean_temps(out: Path) -> None:
         if not d.is_dir() or d.is_symlink():
             continue
         for p in d.glob(".*.tmp"):
+            if p.name == OVERWRITE and d == out:
+                continue  # an unfinished overwrite: finish_overwrite completes it
             if p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p, ignore_errors=True)
             else:
@@ -108,6 +112,36 @@ def clean_temps(out: Path) -> None:
                 shutil.rmtree(old, ignore_errors=True)
             else:
                 os.replace(old, real)
+
+
+OVERWRITE = ".overwrite.tmp"  # the old run's files on their way out (see remove_old_run)
+# what a run, its demo figures and its analysis write into the folder; weights first
+OLD_RUN_FILES = ("checkpoints", "config.yaml", "metrics.csv", "centers.jsonl", "tb", "figures",
+                 "analysis")  # fmt: skip
+
+
+def remove_old_run(out: Path) -> None:
+    """Under the lock: take every file of the run in ``out`` away before anything new is
+    written (``--overwrite``). Each is renamed into ``out/.overwrite.tmp`` (checkpoints first,
+    so no old weights can be resumed or evaluated once a rename has happened), then that folder
+    is deleted. Killed at any moment, the folder left behind marks the overwrite as unfinished:
+    the next training in ``out`` (``finish_overwrite`` at start) moves what is left of the old
+    run there too and deletes it, so nothing of the old run survives either way."""
+    trash = out / OVERWRITE
+    trash.mkdir(exist_ok=True)
+    for name in OLD_RUN_FILES:
+        p = out / name
+        if p.exists() or p.is_symlink():
+            os.replace(p, trash / name)  # atomic within the folder
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def finish_overwrite(out: Path) -> bool:
+    """Complete an overwrite killed half-way (``remove_old_run``); True if there was one."""
+    if not (out / OVERWRITE).is_dir() or (out / OVERWRITE).is_symlink():
+        return False
+    remove_old_run(out)
+    return True
 
 
 def check_fresh(out: Path, overwrite: bool) -> None:
