@@ -168,7 +168,7 @@ def read_image_folder(
                     f"{out.shape[3]} (all images of a dataset must have one size)"
                 )
             try:
-                a = np.asarray(im.convert("RGB"))
+                a = rgb8(im, full)
             except bad as e:
                 raise ValueError(f"{path}: corrupt image {full!r} ({e})") from None
         if a.shape[:2] != out.shape[2:]:  # a header that lied about the size
@@ -177,6 +177,25 @@ def read_image_folder(
         bar.update(1)
     bar.close()
     return out, np.asarray(labels, dtype=np.int64), classes
+
+
+WIDE = ("I;16", "I;16B", "I;16L", "I;16N", "I")  # 16-bit (and 32-bit integer) grey images
+
+
+def rgb8(im: Image.Image, name: str) -> np.ndarray:
+    """(H, W, 3) uint8 of an image. 16-bit images are scaled to 8 bits (v / 257, rounded: 65535
+    is white), not clipped (PIL's convert("RGB") turns every value above 255 white); float
+    images are refused: their range (0-1, 0-255, HDR) cannot be known, and PIL would turn 0-1
+    values black."""
+    if im.mode == "F":
+        raise ValueError(f"image {name!r} has float pixels (mode F): save it as 8- or 16-bit")
+    if im.mode in WIDE:
+        a = np.asarray(im).astype(np.int64)
+        if a.min() < 0 or a.max() > 65535:
+            raise ValueError(f"image {name!r}: integer pixels outside 0..65535 (mode {im.mode})")
+        g = ((a + 128) // 257).astype(np.uint8)  # round(v * 255 / 65535)
+        return np.repeat(g[..., None], 3, axis=-1)
+    return np.asarray(im.convert("RGB"))
 
 
 def _memory() -> int:

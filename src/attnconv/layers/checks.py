@@ -8,7 +8,22 @@ RuntimeError/ZeroDivisionError/AttributeError from deep inside PyTorch.
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+
+def finite_float(name: str, val, *, positive: bool = False) -> float:
+    """``val`` as a float if it is a finite real number (> 0 with ``positive``, else >= 0),
+    else ValueError naming ``name``: inf / nan initial values give all-NaN outputs."""
+    try:
+        v = float(val)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{name} must be a real number, got {val!r}") from None
+    if not math.isfinite(v) or v < 0 or (positive and v == 0):
+        raise ValueError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, "
+                         f"got {val!r}")  # fmt: skip
+    return v
 
 
 def positive_int(name: str, val) -> int:

@@ -19,6 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .checks import finite_float
 from .flex import axis_score_mod, gaussian_score_mod
 from .sinusoidal import sinusoid_1d, sinusoid_2d
 
@@ -243,8 +244,9 @@ class QuadraticEncoding(GaussianEncoding):
         init_spread_std: float = 0.01,
     ):
         super().__init__()
-        if not init_alpha > 0:
-            raise ValueError(f"init_alpha must be > 0, got {init_alpha}")
+        init_alpha = finite_float("init_alpha", init_alpha, positive=True)
+        init_centers_std = finite_float("init_centers_std", init_centers_std)
+        init_spread_std = finite_float("init_spread_std", init_spread_std)
         self.num_heads, self.hard = num_heads, hard
         self.centers = nn.Parameter(torch.randn(num_heads, 2) * init_centers_std)
         s0 = (2.0 * init_alpha) ** 0.5
@@ -339,6 +341,7 @@ class GeneralizedQuadraticEncoding(GaussianEncoding):
         super().__init__()
         if hard:
             raise ValueError("hard=True is only defined for positional='quadratic'")
+        init_centers_std = finite_float("init_centers_std", init_centers_std)
         self.num_heads = num_heads
         self.centers = nn.Parameter(torch.randn(num_heads, 2) * init_centers_std)
         self.spread = nn.Parameter(
