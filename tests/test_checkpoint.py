@@ -13,9 +13,11 @@ from attnconv import create_model
 from attnconv.train.checkpoint import (
     LATEST,
     META,
+    META_HASH,
     WEIGHTS,
     CheckpointError,
     load_model,
+    meta_digest,
     read_checkpoint,
     save_checkpoint,
 )
@@ -93,8 +95,11 @@ def test_corrupted_metadata(saved):
 
 
 def _edit_meta(path: Path, **changes) -> None:
+    """A crafted edit whose metadata digest was recomputed (sha256 is public): the checks
+    behind the digest must still refuse it."""
     meta = json.loads((path / META).read_text())
     meta.update(changes)
+    meta[META_HASH] = meta_digest(meta)
     (path / META).write_text(json.dumps(meta))
 
 
@@ -139,6 +144,7 @@ def test_stored_tensor_index_must_match(saved):
     path, _ = saved
     meta = json.loads((path / META).read_text())
     meta["tensors"][WEIGHTS]["conv1.weight"][1] = [1, 2, 3]
+    meta[META_HASH] = meta_digest(meta)
     (path / META).write_text(json.dumps(meta))
     with pytest.raises(CheckpointError, match="tensors differ from the index"):
         load_model(path)
@@ -193,3 +199,19 @@ def test_cli_eval_bad_checkpoint_one_line(saved, tmp_path):
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().count("\n") == 0 and "truncated checkpoint" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_metadata_edit_is_detected(saved):
+    """The normalization and config are outside the weight files: the metadata's own digest
+    covers them, and a zero std is refused even with the digest recomputed."""
+    path, _ = saved
+    meta = json.loads((path / META).read_text())
+    meta.setdefault("data", {})["std"] = [0.3, 0.3, 0.3]  # plausible, but not what was saved
+    (path / META).write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="metadata sha256 differs"):
+        load_model(path)
+    _edit_meta(path, data={"std": [0, 0, 0]})
+    with pytest.raises(CheckpointError, match="data.std"):
+        load_model(path)
+    _edit_meta(path, data={"std": [0.2, 0.2, 0.2]})  # a sound, re-signed edit loads
+    load_model(path)

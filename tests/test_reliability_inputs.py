@@ -47,6 +47,7 @@ def ckpt(tmp_path) -> Path:
 def _edit_meta(path: Path, edit) -> None:
     meta = json.loads((path / ck.META).read_text())
     edit(meta)
+    meta[ck.META_HASH] = ck.meta_digest(meta)  # re-signed: the checks behind it must refuse
     (path / ck.META).write_text(json.dumps(meta))
 
 

@@ -174,6 +174,7 @@ def save_checkpoint(
             },
             **(extra or {}),
         }
+        meta[META_HASH] = meta_digest(meta)  # the metadata itself (normalization, config)
         atomic_write(tmp / META, json.dumps(meta, indent=1).encode())
         old = None
         if path.exists():
@@ -192,6 +193,16 @@ def save_checkpoint(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+META_HASH = "meta_sha256"
+
+
+def meta_digest(meta: dict) -> str:
+    """sha256 of the metadata's canonical JSON, without its own digest (and the reader's
+    ``path``): covers the normalization, config and state that the file hashes do not."""
+    body = {k: v for k, v in meta.items() if k not in (META_HASH, "path")}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def _version() -> str:
@@ -284,6 +295,10 @@ def read_checkpoint(path: str | Path, *, with_state: bool = False) -> tuple[dict
         check_meta(meta)
     except MetaError as e:
         raise CheckpointError(f"{d / META}: corrupted checkpoint: {e}") from None
+    if META_HASH in meta and meta[META_HASH] != meta_digest(meta):  # older files have none
+        raise CheckpointError(
+            f"{d / META}: corrupted checkpoint: metadata sha256 differs (the file was modified)"
+        )
     out = []
     for name in (WEIGHTS, STATE) if with_state else (WEIGHTS,):
         expect = meta.get("files", {}).get(name)

@@ -98,6 +98,8 @@ def check_meta(meta: dict) -> None:
     for k in ("mean", "std"):
         if data.get(k) is not None:
             _numbers(data[k], f"data.{k}", 3)
+    if data.get("std") is not None and not all(x > 0 for x in data["std"]):
+        raise _fail("data.std", "positive numbers (images are divided by them)", data["std"])
     if data.get("image_size") is not None:
         _numbers(data["image_size"], "data.image_size", 2, ints=True)
     conv = _mapping(meta.get("converted"), "converted", optional=True)
