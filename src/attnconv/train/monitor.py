@@ -30,22 +30,53 @@ log = logging.getLogger(__name__)
 COLUMNS = ["kind", "epoch", "step", "lr", "loss", "acc", "images_per_s", "seconds"]
 
 
+def _csv_row_ok(r: list[str]) -> bool:
+    """A complete metrics row: every column, a known kind, numbers where numbers go."""
+    if len(r) != len(COLUMNS) or r[0] not in ("train", "eval"):
+        return False
+    try:
+        int(r[1]), int(r[2]), [float(v) for v in r[3:]]
+    except ValueError:
+        return False
+    return True
+
+
 def _truncate_csv(path: Path, step: int) -> None:
+    """Keep the complete rows up to ``step``; a torn or garbled row (a kill mid-write, an edit)
+    is dropped with a warning naming the file and line, never kept or fatal."""
     if not path.is_file():
         return
     with open_nofollow(path, "r", newline="") as f:
         rows = list(csv.reader(f))
-    keep = [r for r in rows[1:] if r and int(r[2]) <= step]
+    keep = []
+    for n, r in enumerate(rows[1:], 2):
+        if not r:
+            continue
+        if not _csv_row_ok(r):
+            log.warning(f"{path}:{n}: dropped a torn or malformed metrics row {','.join(r)[:60]!r}")
+        elif int(r[2]) <= step:
+            keep.append(r)
     with open_nofollow(path, "w", newline="") as f:
         csv.writer(f).writerows([COLUMNS] + keep)
 
 
 def _truncate_jsonl(path: Path, step: int) -> None:
+    """Keep the centre-log lines up to ``step``; a torn line is dropped with a warning."""
     if not path.is_file():
         return
     with open_nofollow(path, "r") as f:
         lines = [ln for ln in f.read().splitlines() if ln.strip()]
-    keep = [ln for ln in lines if json.loads(ln)["step"] <= step]
+    keep = []
+    for n, ln in enumerate(lines, 1):
+        try:
+            rec = json.loads(ln)
+            ok = isinstance(rec, dict) and isinstance(rec.get("step"), int)
+        except json.JSONDecodeError:
+            ok = False
+        if not ok:
+            log.warning(f"{path}:{n}: dropped a torn or malformed centre-log line")
+        elif rec["step"] <= step:
+            keep.append(ln)
     with open_nofollow(path, "w") as f:
         f.write("".join(ln + "\n" for ln in keep))
 
@@ -72,7 +103,7 @@ class Monitor:
         if not enabled:
             return
         out.mkdir(parents=True, exist_ok=True)
-        if resume_step is None:
+        if not resume_step:  # a new run, or one killed before its first checkpoint (step 0)
             for p in (self.csv_path, self.centres_path):
                 p.unlink(missing_ok=True)
         else:

@@ -1,0 +1,51 @@
+"""Torn logs (issue 27, item 3): a kill mid-write leaves a partial metrics row or centre-log
+line; resuming drops it with a warning naming the file instead of keeping garbage or failing,
+and a run restarted from step 0 does not log its step-0 centres twice."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from attnconv.cli import main
+from attnconv.train.monitor import COLUMNS, Monitor
+from tiny_runs import tiny_config
+
+
+def test_resume_drops_torn_metrics_rows(tmp_path, cifar_zip, capsys):
+    run = tmp_path / "run"
+    cfg = tiny_config(tmp_path, cifar_zip, epochs=2, out_dir=str(run))
+    assert main(["train", cfg, "--stop-at-step", "2"]) == 0
+    m = run / "metrics.csv"
+    lines = m.read_text().splitlines()
+    torn = [lines[0], lines[1][: len(lines[1]) // 2], *lines[1:], "trai"]  # torn row, torn tail
+    m.write_text("\n".join(torn) + "\n")
+    capsys.readouterr()
+    assert main(["train", cfg, "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "metrics.csv:2: dropped a torn" in err and "'trai'" in err
+    rows = m.read_text().splitlines()
+    assert rows[0] == ",".join(COLUMNS)
+    assert all(len(r.split(",")) == len(COLUMNS) for r in rows[1:])
+    steps = [int(r.split(",")[2]) for r in rows[1:] if r.startswith("train,")]
+    assert steps == sorted(steps) and steps[-1] == 4
+
+
+def test_restart_from_step_zero_logs_step_zero_once(tmp_path):
+    log = tmp_path / "centers.jsonl"
+    log.write_text(json.dumps({"epoch": 0, "step": 0, "layers": [[[0.0, 0.0]]]}) + "\n")
+    (tmp_path / "metrics.csv").write_text(",".join(COLUMNS) + "\n")
+    Monitor(tmp_path, enabled=True, resume_step=0, progress=False, tensorboard=False,
+            total_steps=4)  # fmt: skip
+    assert not log.exists()  # the restarted run logs its own step 0
+
+
+def test_resume_drops_torn_centre_lines(tmp_path, caplog):
+    log = tmp_path / "centers.jsonl"
+    good = [json.dumps({"epoch": e, "step": 2 * e, "layers": [[[0.0, 0.0]]]}) for e in range(3)]
+    log.write_text(good[0] + "\n" + good[1][:10] + "\n" + good[1] + "\n" + good[2] + "\n")
+    with caplog.at_level(logging.WARNING):
+        Monitor(tmp_path, enabled=True, resume_step=2, progress=False, tensorboard=False,
+                total_steps=4)  # fmt: skip
+    assert log.read_text().splitlines() == good[:2]
+    assert "centers.jsonl:2: dropped a torn" in caplog.text
