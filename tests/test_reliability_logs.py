@@ -49,3 +49,32 @@ def test_resume_drops_torn_centre_lines(tmp_path, caplog):
                 total_steps=4)  # fmt: skip
     assert log.read_text().splitlines() == good[:2]
     assert "centers.jsonl:2: dropped a torn" in caplog.text
+
+
+def test_resume_refuses_a_checkpoint_with_non_finite_weights(tmp_path, cifar_zip, capsys):
+    """A crafted checkpoint (hashes recomputed) holding NaN weights is never resumed from, so
+    it is never named "last good" when the first step then fails."""
+    import hashlib
+
+    from safetensors.torch import load as st_load
+    from safetensors.torch import save as st_save
+
+    from attnconv.train import checkpoint as ck
+
+    run = tmp_path / "run"
+    cfg = tiny_config(tmp_path, cifar_zip, epochs=2, out_dir=str(run))
+    assert main(["train", cfg, "--stop-at-step", "2"]) == 0
+    step = ck.follow_latest(run / "checkpoints")
+    w = st_load((step / ck.WEIGHTS).read_bytes())
+    name = next(k for k, t in w.items() if t.is_floating_point())
+    w[name][...] = float("nan")
+    data = st_save(w)
+    (step / ck.WEIGHTS).write_bytes(data)
+    meta = json.loads((step / ck.META).read_text())
+    meta["files"][ck.WEIGHTS] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    meta[ck.META_HASH] = ck.meta_digest(meta)
+    (step / ck.META).write_text(json.dumps(meta))
+    capsys.readouterr()
+    assert main(["train", cfg, "--resume"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "non-finite weights" in err and name in err and "last good" not in err

@@ -205,6 +205,12 @@ class Trainer:
         except CheckpointError as e:
             raise CheckpointError(f"{meta['path']}: corrupted checkpoint: {e}") from None
         self.model.load_state_dict(weights)
+        bad = [n for n, p in self.model.named_parameters() if not bool(torch.isfinite(p).all())]
+        if bad:  # never resumed from, never called "last good"
+            raise CheckpointError(
+                f"{meta['path']}: checkpoint holds non-finite weights ({', '.join(bad[:3])}"
+                f"{', ...' if len(bad) > 3 else ''}); resume from an earlier checkpoint"
+            )
         torch.set_rng_state(rng)
         self.step = meta["state"]["step"]
         self.sums.update(meta["state"]["sums"])
