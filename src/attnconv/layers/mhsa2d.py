@@ -278,7 +278,7 @@ class MultiHeadSelfAttention2d(NotScriptable, ContentKernels, nn.Module):
         xt = x.flatten(2).transpose(1, 2)  # (B, T, Cin)
         if not self.input_dependent:
             if enc.position_foldable and not enc.separable:  # the low-rank fold it runs
-                return axis_softmax(enc.position_logits(h, w))[None]
+                return axis_softmax(enc.position_logits(h, w))[None].to(x.dtype)
             return self.attention_probs(x)  # the shared path's own dense probabilities
         q_aug, k_aug, _ = self.folded_qkv(xt, self._values(xt, h, w), h, w)
         return axis_softmax(q_aug @ k_aug.transpose(-2, -1))  # scale folded into q_aug

@@ -110,15 +110,21 @@ class PositionalEncoding(nn.Module):
     def axis_logits(self, h: int, w: int, dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError(f"{type(self).__name__} is not separable")
 
-    def position_fold(self, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def position_fold(self, h: int, w: int, dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError(f"{type(self).__name__} has no low-rank position fold")
 
     def position_logits(self, h: int, w: int) -> torch.Tensor:
-        """(Nh, T, T) position-only logits from the low-rank fold, in float32 outside autocast
-        (the folded terms are large and cancel: bfloat16 would round them away)."""
-        q_pos, k_pos = self.position_fold(h, w)  # (Nh, T, r), (T, r)
-        with torch.autocast(q_pos.device.type, enabled=False):
-            return hi(q_pos) @ hi(k_pos).t()
+        """(Nh, T, T) position-only logits from the low-rank fold, each query's maximum shifted
+        to 0 (softmax is invariant to it). The folded terms grow as alpha
+        H^2 and cancel (float32 lost 1e-2 of the output at 1 x 1000 pixels, 10x the dense
+        path's error at 32 x 32): the fold's product and the shift run in float64, so only
+        the final probabilities are rounded. Returned in float64: the softmax runs there too,
+        so that its backward's dlogits meet the fold's large key terms without float32
+        rounding (callers cast the probabilities)."""
+        with torch.autocast(self.centers.device.type, enabled=False):
+            q_pos, k_pos = self.position_fold(h, w, torch.float64)  # (Nh, T, r), (T, r)
+            lg = q_pos @ k_pos.t()
+            return lg - lg.amax(-1, keepdim=True).detach()
 
     def dense_bias(self, q, k, h: int, w: int, dtype) -> torch.Tensor | None:
         return None
@@ -309,13 +315,15 @@ class QuadraticEncoding(GaussianEncoding):
         diff = delta[None] - hi(self.centers)[:, None, None, :]  # (Nh, T, T, 2)
         return -hi(self.alpha)[:, None, None] * diff.pow(2).sum(-1)
 
-    def position_fold(self, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def position_fold(self, h: int, w: int, dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Rank-3 bilinear form of the logits: q_pos (Nh, T, 3) . k_pos (T, 3) equals
         -alpha ||k - q - Delta||^2 up to a per-query constant:
-        2 alpha k.(q + Delta) - alpha ||k||^2 (centred coordinates)."""
+        2 alpha k.(q + Delta) - alpha ||k||^2 (centred coordinates), in ``dtype`` (default
+        float32 at least)."""
         a = hi(self.alpha)[:, None, None]
+        a = a if dtype is None else a.to(dtype)
         p = pixel_coords(h, w, a.device, a.dtype)  # (T, 2)
-        target = p[None] + hi(self.centers)[:, None, :]  # (Nh, T, 2)
+        target = p[None] + self.centers.to(a.dtype)[:, None, :]  # (Nh, T, 2)
         q_pos = torch.cat([2 * a * target, -a.expand(-1, h * w, 1)], dim=-1)  # (Nh, T, 3)
         k_pos = torch.cat([p, p.pow(2).sum(-1, keepdim=True)], dim=-1)  # (T, 3)
         return q_pos, k_pos
@@ -362,11 +370,12 @@ class GeneralizedQuadraticEncoding(GaussianEncoding):
         diff = delta[None] - ctr[:, None, None, :]  # (Nh, T, T, 2)
         return -0.5 * torch.einsum("htsi,hij,htsj->hts", diff, self.precision, diff)
 
-    def position_fold(self, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """q_pos (Nh, T, 5) . k_pos (T, 5) = k^T S (q + Delta) - 1/2 k^T S k (+ per-query const)."""
-        ctr = hi(self.centers)
+    def position_fold(self, h: int, w: int, dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """q_pos (Nh, T, 5) . k_pos (T, 5) = k^T S (q + Delta) - 1/2 k^T S k (+ per-query const),
+        in ``dtype`` (default float32 at least)."""
+        ctr = hi(self.centers) if dtype is None else self.centers.to(dtype)
         p = pixel_coords(h, w, ctr.device, ctr.dtype)  # (T, 2)
-        s = self.precision  # (Nh, 2, 2)
+        s = self.precision.to(ctr.dtype)  # (Nh, 2, 2)
         target = p[None] + ctr[:, None, :]  # (Nh, T, 2)
         lin = torch.einsum("hij,htj->hti", s, target)  # (Nh, T, 2)
         quad = torch.stack([-0.5 * s[:, 0, 0], -0.5 * s[:, 1, 1], -s[:, 0, 1]], -1)  # (Nh, 3)
