@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import logging
 
+import pytest
+
 from attnconv.cli import main
 from attnconv.train.monitor import COLUMNS, Monitor
 from tiny_runs import tiny_config
@@ -78,3 +80,58 @@ def test_resume_refuses_a_checkpoint_with_non_finite_weights(tmp_path, cifar_zip
     assert main(["train", cfg, "--resume"]) != 0
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "non-finite weights" in err and name in err and "last good" not in err
+
+
+def _trainer(tmp_path, cifar_zip, epochs: int):
+    from attnconv.train.config import load_config
+    from attnconv.train.loop import Trainer
+
+    run = tmp_path / "run"
+    cfg = load_config(tiny_config(tmp_path, cifar_zip, epochs=epochs, out_dir=str(run)))
+    cfg.train.eval_batch_size = 2  # 10 test images: 5 eval batches
+    return Trainer(cfg)
+
+
+def test_signal_during_evaluation_stops_it(tmp_path, cifar_zip):
+    """SIGTERM / SIGINT while evaluating stops at the next batch (not after the whole split):
+    a resumable checkpoint, a 'stopped by' line, no eval row for the cut evaluation."""
+    import signal
+
+    from attnconv.train.loop import Interrupted
+
+    tr = _trainer(tmp_path, cifar_zip, epochs=2)
+    batches, seen = tr.eval_loader.batches, []
+
+    def signalled(epoch, *a):
+        for i, b in enumerate(batches(epoch, *a)):
+            seen.append(i)
+            if i == 0:
+                tr.stop_signal = signal.SIGTERM  # arrives during the first eval batch
+            yield b
+
+    tr.eval_loader.batches = signalled
+    with pytest.raises(Interrupted):
+        tr.fit()
+    assert seen == [0]  # the second batch was never evaluated
+    rows = (tr.out / "metrics.csv").read_text().splitlines()
+    assert not any(r.startswith("eval,") for r in rows)
+    assert (tr.ckdir / "step-00000002").is_dir()  # resumable at the epoch's end
+
+
+def test_signal_in_the_last_epoch_is_not_swallowed(tmp_path, cifar_zip):
+    import signal
+
+    from attnconv.train.loop import Interrupted
+
+    tr = _trainer(tmp_path, cifar_zip, epochs=1)
+    save = tr.save
+
+    def save_then_signal():
+        path = save()
+        if tr.step == tr.total:
+            tr.stop_signal = signal.SIGINT  # arrives during the final save
+        return path
+
+    tr.save = save_then_signal
+    with pytest.raises(Interrupted):
+        tr.fit()

@@ -64,8 +64,10 @@ class Interrupted(Exception):
         self.signum = signum
 
 
-def evaluate(model: nn.Module, loader: Loader, info: D.DistInfo, bf16: bool = False):
-    """(loss, accuracy) over the loader's split, summed over the ranks."""
+def evaluate(model: nn.Module, loader: Loader, info: D.DistInfo, bf16: bool = False,
+             stop=None):  # fmt: skip
+    """(loss, accuracy) over the loader's split, summed over the ranks; None when ``stop()``
+    (checked before every batch, agreed by all ranks) asks to stop half-way (a signal)."""
     was = model.training
     model.eval()
     loss_sum = correct = n = 0.0
@@ -73,6 +75,9 @@ def evaluate(model: nn.Module, loader: Loader, info: D.DistInfo, bf16: bool = Fa
                    enabled=info.is_main)  # fmt: skip
     with torch.no_grad(), bar:
         for x, y in loader.batches(0):
+            if stop is not None and D.any_rank(stop(), info):
+                model.train(was)
+                return None
             if len(y) == 0:  # more ranks than images in the last batch
                 continue
             x, y = x.to(info.device), y.to(info.device)
@@ -363,7 +368,13 @@ class Trainer:
                 # end of epoch: eval, centres, checkpoint (in this order: a checkpoint at an
                 # epoch boundary always has its epoch's logs)
                 if (epoch + 1) % t.eval_every == 0 or self.step == self.total or out_of_time:
-                    el, ea = evaluate(self.model, self.eval_loader, self.info, t.bf16)
+                    res = evaluate(self.model, self.eval_loader, self.info, t.bf16,
+                                   stop=lambda: self.stop_signal is not None)  # fmt: skip
+                    if res is None:  # a signal during evaluation: stop now, not at its end
+                        self.mon.message(f"evaluation at step {self.step} stopped by a signal "
+                                         "(not logged)")  # fmt: skip
+                        self._interrupt()
+                    el, ea = res
                     self.mon.row("eval", epoch + 1, self.step, lr, el, ea, 0.0)
                     last = {
                         "eval_loss": el,
@@ -375,6 +386,8 @@ class Trainer:
                 self.mon.centers(self.model, epoch + 1, self.step)
                 self.save()
                 t0 = time.time()
+            if D.any_rank(self.stop_signal is not None, self.info):  # during the last epoch's
+                self._interrupt()  # end: said and exited as stopped, never swallowed
         self.mon.close()
         return last
 
