@@ -99,7 +99,8 @@ class ConvAttention2d(NotScriptable, nn.Module):
 
     def _check(self, x: torch.Tensor, dims: int) -> None:
         g = self.geometry
-        check_tensor(x, self.attention.out_proj.weight.dtype)  # a non-empty float of our dtype
+        dtype = next(self.attention.out_proj.parameters()).dtype  # (a grouped Wout's .weight
+        check_tensor(x, dtype)  # would build the dense matrix) a non-empty float of our dtype
         if x.dim() != dims + 2 or x.shape[1] != g.in_channels:
             shape = "(B, C, H, W)" if dims == 2 else "(B, C, L)"
             raise ValueError(
