@@ -5,6 +5,8 @@ float64, clamped borders, and the zoo-like benchmark networks (exact, same param
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn as nn
@@ -152,17 +154,18 @@ def _rel(a, b):
 
 @pytest.mark.parametrize("quick", [True, False])
 def test_zoo_like_networks_convert_exactly_at_their_size(quick):
+    """Exact in float64; in float32 as close to the float64 original as the original is (these
+    deep random networks have a float32 floor of ~1e-6..1e-5 of their own)."""
     from attnconv.bench.zoo_nets import zoo_networks
 
     torch.manual_seed(0)
     x = torch.randn(2, 3, 64, 64) if quick else torch.randn(1, 3, 96, 80)
     for name, net in zoo_networks(quick).items():
-        net = net.eval()
         conv = convert_model(net).eval()
         n0, n1 = (sum(p.numel() for p in m.parameters()) for m in (net, conv))
         assert n1 <= (1.03 if quick else 1.003) * n0, name  # + 3 numbers per head
-        half = len(net.blocks) // 2
         with torch.no_grad():
-            stem = net.stem(x)  # mid-network features too, not only the logits
-            assert _rel(conv.blocks[:half](stem), net.blocks[:half](stem)) <= 1e-5, name
-            assert _rel(conv(x), net(x)) <= 1e-5, name
+            ref = copy.deepcopy(net).double()(x.double())
+            assert _rel(copy.deepcopy(conv).double()(x.double()), ref) <= 1e-12, name
+            floor = _rel(net(x).double(), ref)
+            assert _rel(conv(x).double(), ref) <= 2 * floor + 1e-6, name

@@ -303,16 +303,35 @@ class GhostNet(nn.Module):
         return self.fc(self.head(self.blocks(self.stem(x))).mean((2, 3)))
 
 
+@torch.no_grad()
+def calibrate_batchnorm(net: nn.Module, size: int = 64, seed: int = 0) -> nn.Module:
+    """Running statistics of every BatchNorm from one train-mode pass over a seeded random
+    batch, so that a randomly initialized deep network keeps its activations' scale in eval
+    mode (else they vanish layer after layer and the logits are the same for every image).
+    Returns ``net`` in eval mode."""
+    bns = [m for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    for bn in bns:
+        bn.reset_running_stats()
+        bn.momentum = None  # cumulative average: this one batch
+    x = torch.randn(4, 3, size, size, generator=torch.Generator().manual_seed(seed))
+    net.train()(x)
+    for bn in bns:
+        bn.momentum = 0.1
+    return net.eval()
+
+
 def zoo_networks(quick: bool = False) -> dict[str, nn.Module]:
-    """The benchmark's zoo-like networks by name (``quick``: tiny widths for smoke tests)."""
+    """The benchmark's zoo-like networks by name (``quick``: tiny widths for smoke tests), in
+    eval mode with calibrated BatchNorm statistics."""
     s = 0.25 if quick else 1.0
     if quick:
         xcep = XceptionNet((16, 16, 16), 16, 1, (16, 16))
         regnet = RegNetYNet((16, 16, 32, 32), (1, 1, 1, 1))
     else:
         xcep, regnet = XceptionNet(), RegNetYNet()
-    return {
+    nets = {
         "mnasnet_like": mnasnet_like(s), "fbnet_like": fbnet_like(s),
         "efficientnetv2_like": efficientnetv2_like(s), "mixnet_like": mixnet_like(s),
         "xception_like": xcep, "regnety_like": regnet, "ghostnet_like": GhostNet(s),
     }  # fmt: skip
+    return {name: calibrate_batchnorm(net) for name, net in nets.items()}
