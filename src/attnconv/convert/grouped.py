@@ -89,30 +89,36 @@ def grouped_flat_mix(xp: torch.Tensor, rows: list, cols: list, kernel: torch.Ten
                      groups: int) -> torch.Tensor:  # fmt: skip
     """Grouped heads as Nh batched matmuls over the groups, on the flattened padded image.
 
-    xp is laid out (Cin, B*Hp*Wp); head h's pixel for query q (a flat position of the padded
-    grid) is q + off_h, off_h = r0_h*Wp + c0_h, so SA_h(X) for every query at once is one
-    contiguous slice of length m = B*Hp*Wp - max_h off_h (no copy). y[:, q] sums
-    W^(h) x[:, q + off_h] over the heads (block-diagonal W^(h): a bmm over the groups); the
-    conv's outputs are the queries q = (b, o*sh, p*sw), read as a strided view of y (the other
-    queries, and the ones past m, are never read).
+    The stride (sh, sw) is taken out by splitting the padded image into its sh*sw phases
+    (pixel (i, j) -> phase (i % sh, j % sw), position (i // sh, j // sw)), so that every head
+    reads one phase at a fixed offset, off_h = (r0_h // sh) * Wq + c0_h // sw, for every
+    output. Laid out (Cin, phase, B*Hq*Wq), SA_h(X) for all the queries of the phase grid is
+    then one contiguous slice of length m = B*Hq*Wq - max_h off_h (no copy), and
+    y[:, q] = sum_h W^(h) x_h[:, q + off_h] (block-diagonal W^(h): a bmm over the groups).
+    The conv's outputs are the queries (b, o, p), o < Ho, p < Wo, a strided view of y (all
+    below m since every head's pixel is inside the image; the rest is never read).
     """
     nh, cout, cin_g = kernel.shape
     b, cin, hp, wp = xp.shape
     sh, sw = rows[0].step, cols[0].step
     oh, ow = len(range(hp)[rows[0]]), len(range(wp)[cols[0]])
-    offs = [r.start * wp + c.start for r, c in zip(rows, cols)]
-    span = b * hp * wp
+    hq, wq = -(-hp // sh), -(-wp // sw)  # phase grid
+    if hq * sh != hp or wq * sw != wp:  # whole phases (the added pixels are never read)
+        xp = F.pad(xp, (0, wq * sw - wp, 0, hq * sh - hp))
+    span = b * hq * wq
+    xq = xp.reshape(b, cin, hq, sh, wq, sw).permute(1, 3, 5, 0, 2, 4)  # (Cin, sh, sw, B, Hq, Wq)
+    xf = xq.reshape(groups, cin_g, sh * sw, span)  # one copy
+    phase = [(r.start % sh) * sw + c.start % sw for r, c in zip(rows, cols)]
+    offs = [(r.start // sh) * wq + c.start // sw for r, c in zip(rows, cols)]
     m = span - max(offs)
-    xf = xp.transpose(0, 1).reshape(groups, cin_g, span)  # (g, Cin/g, B*Hp*Wp), one copy
     wg = kernel.reshape(nh, groups, cout // groups, cin_g)  # (Nh, g, Cout/g, Cin/g)
     xf = xf.to(torch.promote_types(xf.dtype, wg.dtype))  # autocast: sum the heads in fp32,
     y = None  # as a conv accumulates its taps (the in-place sum is not autocast)
     with torch.autocast(xp.device.type, enabled=False):
         for h in range(nh):
-            v = xf[:, :, offs[h] : offs[h] + m]  # SA_h(X) at every query: (g, Cin/g, m)
+            v = xf[:, :, phase[h], offs[h] : offs[h] + m]  # SA_h(X), every query: (g, Cin/g, m)
             y = torch.bmm(wg[h], v) if y is None else y.baddbmm_(wg[h], v)  # (g, Cout/g, m)
-    # queries (b, o*sh, p*sw): all below m since every head's pixel is inside the image
-    y = y.reshape(cout, m).as_strided((cout, b, oh, ow), (m, hp * wp, sh * wp, sw))
+    y = y.reshape(cout, m).as_strided((cout, b, oh, ow), (m, hq * wq, wq, 1))  # the outputs
     return y.permute(1, 0, 2, 3).contiguous(memory_format=torch.channels_last)
 
 
