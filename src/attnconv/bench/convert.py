@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         lemma2 = bench_lemma2([0.5, 2.0, 10.0, 1e4], 2)
     else:
         speed = bench_speed(args.batch, args.repeats, None)
-        networks = bench_networks(args.net_batch, max(3, args.repeats // 3), args.net_size)
+        networks = bench_networks(args.net_batch, args.repeats, args.net_size)
         alphas = [float(f"{a:.3g}") for a in torch.logspace(math.log10(0.5), 4, 22).tolist()]
         lemma2 = bench_lemma2(alphas, 8)
     res = {"command": _command(argv), "speed": speed, "networks": networks, "lemma2": lemma2}

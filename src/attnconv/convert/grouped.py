@@ -52,8 +52,8 @@ def grouped_head_mix(xp: torch.Tensor, rows: list, cols: list, proj) -> torch.Te
 
     xp (B, Cin, Hp, Wp) is the padded input; head h attends to pixel (rows[h][o], cols[h][p]) of
     it for output (o, p): rows[h] / cols[h] are slices (a strided view) or index lists (a
-    clamped border). Returns (B, Cout, Ho, Wo) in channels_last memory format. Equals
-    ``grouped_head_mix_reference`` (values and gradients).
+    clamped border). Returns (B, Cout, Ho, Wo), channels_last from the fast kernels (as the
+    dense hard path's). Equals ``grouped_head_mix_reference`` (values and gradients).
     """
     nh, cout, cin_g = proj.kernel.shape
     slices = _one_step(rows) and _one_step(cols)  # strided views with the conv's stride
