@@ -4,8 +4,10 @@ A grouped conv's W^(h) = Wval^(h) Wout_h is block-diagonal: output group j reads
 only. Stored dense, a converted 7x7 depthwise conv on C channels would hold 49 C^2 weights
 instead of 49 C. ``GroupedHeadProjection`` stores, per head, only the diagonal blocks
 (Nh, Cout, Cin/g), exactly the conv kernel's entries, and builds the dense (Cout, Nh*Cin) Wout on
-access for the attention layer's plain paths; the hard fast path mixes channels with grouped
-1x1 convolutions (``grouped_head_mix``), never densifying.
+access for the attention layer's plain paths; the hard fast path (``grouped_head_mix``) never
+densifies: depthwise heads accumulate channels-last, grouped heads are batched matmuls over
+the groups on the flattened image, each beside the plain loop it equals
+(``grouped_head_mix_reference``).
 """
 
 from __future__ import annotations
@@ -45,38 +47,100 @@ class GroupedHeadProjection(nn.Module):
         return f"heads={nh}, out={cout}, in_per_group={cin_g}, groups={self.groups}"
 
 
-CHUNK_FLOATS = 1 << 18  # depthwise inference works on (channels x padded image) blocks of
-# about 1 MB, so the Nh passes of one block stay in L2 (not the whole tensor streamed Nh times)
+def grouped_head_mix(xp: torch.Tensor, rows: list, cols: list, proj) -> torch.Tensor:
+    """sum_h SA_h(X) W^(h) (+ b) for hard heads (Lemma 1), the fast kernels.
 
-
-def grouped_head_mix(xp: torch.Tensor, shift, proj: GroupedHeadProjection) -> torch.Tensor:
-    """sum_h SA_h(X) W^(h) (+ b) for hard heads. xp (B, Cin, Hp, Wp) is the padded input and
-    ``shift(t, h)`` slices head h's pixels out of t (..., Hp, Wp) -> (..., Ho, Wo). Each W^(h)
-    runs as a grouped 1x1 convolution, or, depthwise, a per-channel scale accumulated block by
-    block (inference) so that the heads' passes stay in cache."""
+    xp (B, Cin, Hp, Wp) is the padded input; head h attends to pixel (rows[h][o], cols[h][p]) of
+    it for output (o, p): rows[h] / cols[h] are slices (a strided view) or index lists (a
+    clamped border). Returns (B, Cout, Ho, Wo), channels_last from the fast kernels (as the
+    dense hard path's). Equals ``grouped_head_mix_reference`` (values and gradients).
+    """
     nh, cout, cin_g = proj.kernel.shape
-    depthwise = cin_g == 1 and proj.groups == cout == xp.shape[1]
-    if depthwise and not torch.is_grad_enabled():
-        b, c, hp, wp = xp.shape
-        flat = xp.contiguous().view(b * c, hp, wp)  # (B*C, Hp, Wp), channel = row % C
-        w = proj.kernel[:, :, 0].repeat(1, b)  # (Nh, B*C)
-        y = xp.new_empty(b * c, *shift(flat[:1], 0).shape[-2:])
-        cb = max(1, CHUNK_FLOATS // (hp * wp))
-        for r0 in range(0, b * c, cb):
-            xb, yb, wb = flat[r0 : r0 + cb], y[r0 : r0 + cb], w[:, r0 : r0 + cb, None, None]
-            torch.mul(shift(xb, 0), wb[0], out=yb)
-            for h in range(1, nh):
-                yb.addcmul_(shift(xb, h), wb[h])
-        y = y.view(b, c, *y.shape[-2:])
-    else:
-        y = None
+    slices = _one_step(rows) and _one_step(cols)  # strided views with the conv's stride
+    if cin_g == 1 and proj.groups == cout == xp.shape[1]:  # depthwise: W^(h) diagonal
+        y = depthwise_mix(xp, rows, cols, proj.kernel[:, :, 0])
+    elif nh > 1 and slices:
+        y = grouped_flat_mix(xp, rows, cols, proj.kernel, proj.groups)
+    else:  # one head (a grouped 1x1 conv) or clamped borders: the plain loop
+        return grouped_head_mix_reference(xp, rows, cols, proj)
+    if proj.bias is not None:
+        y = y + proj.bias[None, :, None, None]
+    dev = xp.device.type
+    if torch.is_autocast_enabled(dev):  # heads summed in fp32, the output in the autocast
+        y = y.to(torch.get_autocast_dtype(dev))  # dtype, as a conv's
+    return y
+
+
+def depthwise_mix(xp: torch.Tensor, rows: list, cols: list, w: torch.Tensor) -> torch.Tensor:
+    """Depthwise heads, channels-last: y = sum_h SA_h(X) * w_h, w (Nh, C) the diagonals of
+    W^(h). Each SA_h(X) is a (B, Ho, Wo, C) view of the (B, Hp, Wp, C) input (the stride is in
+    the slice), so every head is one vectorized multiply-add over contiguous channels."""
+    xl = xp.permute(0, 2, 3, 1)  # (B, Hp, Wp, C): a view when xp is channels_last
+    if not xl.is_contiguous():
+        xl = xl.contiguous()
+    y = None
+    for h in range(w.shape[0]):
+        v = _take(_take(xl, 1, rows[h]), 2, cols[h])  # SA_h(X): (B, Ho, Wo, C)
+        y = v * w[h] if y is None else y.addcmul_(v, w[h])  # + X_{q+f(h)} W^(h)
+    return y.permute(0, 3, 1, 2)  # (B, C, Ho, Wo), channels_last
+
+
+def grouped_flat_mix(xp: torch.Tensor, rows: list, cols: list, kernel: torch.Tensor,
+                     groups: int) -> torch.Tensor:  # fmt: skip
+    """Grouped heads as Nh batched matmuls over the groups, on the flattened padded image.
+
+    The stride (sh, sw) is taken out by splitting the padded image into its sh*sw phases
+    (pixel (i, j) -> phase (i % sh, j % sw), position (i // sh, j // sw)), so that every head
+    reads one phase at a fixed offset, off_h = (r0_h // sh) * Wq + c0_h // sw, for every
+    output. Laid out (Cin, phase, B*Hq*Wq), SA_h(X) for all the queries of the phase grid is
+    then one contiguous slice of length m = B*Hq*Wq - max_h off_h (no copy), and
+    y[:, q] = sum_h W^(h) x_h[:, q + off_h] (block-diagonal W^(h): a bmm over the groups).
+    The conv's outputs are the queries (b, o, p), o < Ho, p < Wo, a strided view of y (all
+    below m since every head's pixel is inside the image; the rest is never read).
+    """
+    nh, cout, cin_g = kernel.shape
+    b, cin, hp, wp = xp.shape
+    sh, sw = rows[0].step, cols[0].step
+    oh, ow = len(range(hp)[rows[0]]), len(range(wp)[cols[0]])
+    hq, wq = -(-hp // sh), -(-wp // sw)  # phase grid
+    if hq * sh != hp or wq * sw != wp:  # whole phases (the added pixels are never read)
+        xp = F.pad(xp, (0, wq * sw - wp, 0, hq * sh - hp))
+    span = b * hq * wq
+    xq = xp.reshape(b, cin, hq, sh, wq, sw).permute(1, 3, 5, 0, 2, 4)  # (Cin, sh, sw, B, Hq, Wq)
+    xf = xq.reshape(groups, cin_g, sh * sw, span)  # one copy
+    phase = [(r.start % sh) * sw + c.start % sw for r, c in zip(rows, cols)]
+    offs = [(r.start // sh) * wq + c.start // sw for r, c in zip(rows, cols)]
+    m = span - max(offs)
+    wg = kernel.reshape(nh, groups, cout // groups, cin_g)  # (Nh, g, Cout/g, Cin/g)
+    xf = xf.to(torch.promote_types(xf.dtype, wg.dtype))  # autocast: sum the heads in fp32,
+    y = None  # as a conv accumulates its taps (the in-place sum is not autocast)
+    with torch.autocast(xp.device.type, enabled=False):
         for h in range(nh):
-            xs, wh = shift(xp, h), proj.kernel[h]  # (B, Cin, Ho, Wo), (Cout, Cin/g)
-            if depthwise:
-                t = xs * wh[None, :, 0, None, None]
-            else:
-                t = F.conv2d(xs, wh[:, :, None, None], groups=proj.groups)
-            y = t if y is None else y + t
+            v = xf[:, :, phase[h], offs[h] : offs[h] + m]  # SA_h(X), every query: (g, Cin/g, m)
+            y = torch.bmm(wg[h], v) if y is None else y.baddbmm_(wg[h], v)  # (g, Cout/g, m)
+    y = y.reshape(cout, m).as_strided((cout, b, oh, ow), (m, hq * wq, wq, 1))  # the outputs
+    return y.permute(1, 0, 2, 3).contiguous(memory_format=torch.channels_last)
+
+
+def grouped_head_mix_reference(xp: torch.Tensor, rows: list, cols: list, proj) -> torch.Tensor:
+    """The plain loop: SA_h(X) = xp[:, :, rows[h], cols[h]], W^(h) as a grouped 1x1 conv,
+    summed over the heads (+ b)."""
+    y = None
+    for h in range(proj.kernel.shape[0]):
+        xs = _take(_take(xp, 2, rows[h]), 3, cols[h])  # (B, Cin, Ho, Wo)
+        t = F.conv2d(xs, proj.kernel[h][:, :, None, None], groups=proj.groups)
+        y = t if y is None else y + t
     if proj.bias is not None:
         y = y + proj.bias[None, :, None, None]
     return y
+
+
+def _one_step(idx: list) -> bool:
+    return all(isinstance(i, slice) and i.step == idx[0].step for i in idx)
+
+
+def _take(x: torch.Tensor, dim: int, idx: slice | list[int]) -> torch.Tensor:
+    """x.index_select(dim, idx): a strided view when idx is a slice."""
+    if isinstance(idx, slice):
+        return x[(slice(None),) * dim + (idx,)]
+    return x.index_select(dim, torch.tensor(idx, device=x.device))

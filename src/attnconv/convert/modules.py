@@ -99,7 +99,8 @@ class ConvAttention2d(NotScriptable, nn.Module):
 
     def _check(self, x: torch.Tensor, dims: int) -> None:
         g = self.geometry
-        check_tensor(x, self.attention.out_proj.weight.dtype)  # a non-empty float of our dtype
+        dtype = next(self.attention.out_proj.parameters()).dtype  # (a grouped Wout's .weight
+        check_tensor(x, dtype)  # would build the dense matrix) a non-empty float of our dtype
         if x.dim() != dims + 2 or x.shape[1] != g.in_channels:
             shape = "(B, C, H, W)" if dims == 2 else "(B, C, L)"
             raise ValueError(
@@ -127,23 +128,18 @@ class ConvAttention2d(NotScriptable, nn.Module):
         Head h reads pixel clamp(q + round(Delta_h)) of the padded image (the layer's
         ``hard_indices``), so SA_h(X) is a strided slice of X; Lemma 1's sum_h X_{q+f(h)} W^(h)
         is then a channel mix (W^(h) as a 1x1 conv, channels-last): of the concatenated heads
-        when Nh * Cin is small, else one per head, summed. Equals the
-        reference path (the layer's own forward on every query, then ``geometry.crop``).
+        when Nh * Cin is small, else one per head, summed; grouped / depthwise W^(h) go to
+        ``grouped_head_mix``. Equals the reference path (the layer's own forward on every
+        query, then ``geometry.crop``).
         """
         g, layer = self.geometry, self.attention
         oh, ow = g.output_size(h, w)
-        (ah, aw), (sh, sw) = g.anchor, g.stride
-        rows, cols = layer.positional_encoding.hard_indices(*xp.shape[-2:])  # (Nh, Hp), (Nh, Wp)
-        rows = rows[:, ah : ah + (oh - 1) * sh + 1 : sh].tolist()  # (Nh, Ho) kept queries
-        cols = cols[:, aw : aw + (ow - 1) * sw + 1 : sw].tolist()  # (Nh, Wo)
+        (ah, aw), (sh, sw), (hp, wp) = g.anchor, g.stride, xp.shape[-2:]
+        shifts = torch.round(layer.positional_encoding.centers.detach()).long().tolist()
+        rows = [_kept(ah, oh, sh, hp, dr) for dr, _ in shifts]  # per head: slice or index list
+        cols = [_kept(aw, ow, sw, wp, dc) for _, dc in shifts]
         if isinstance(layer.out_proj, GroupedHeadProjection):  # block-diagonal W^(h), grouped
-
-            rs, cs = [_as_slice(r) for r in rows], [_as_slice(c) for c in cols]  # once per call
-
-            def shift(t: torch.Tensor, h: int) -> torch.Tensor:  # SA_h: head h's pixels
-                return _take(_take(t, t.dim() - 2, rs[h]), t.dim() - 1, cs[h])
-
-            return grouped_head_mix(xp, shift, layer.out_proj)
+            return grouped_head_mix(xp, rows, cols, layer.out_proj)
         heads, bias = _head_matrices(layer, detach=False)  # (Nh, Cout, Cin), (Cout,) | None
         nh, cout, cin = heads.shape
         if nh == 1:  # a 1x1 conv: one head reading one (strided) pixel, one channel mix in place
@@ -295,6 +291,16 @@ def _build(spec, alpha: float | None, head_dim: int | None, impl: str) -> ConvAt
                 layer.value_proj.bias.zero_()
     cls = ConvAttention1d if geom.ndim == 1 else ConvAttention2d
     return cls(geom, layer, rank_error)
+
+
+def _kept(anchor: int, n: int, stride: int, size: int, shift: int) -> slice | list[int]:
+    """Head targets of the kept queries q = anchor + o * stride (o < n) along one axis:
+    clamp(q + shift, 0, size - 1), as the layer's ``hard_indices``; a slice (a strided view)
+    when no target is clamped, else the index list."""
+    first, last = anchor + shift, anchor + (n - 1) * stride + shift
+    if first >= 0 and last <= size - 1:
+        return slice(first, last + 1, stride)
+    return [min(max(anchor + o * stride + shift, 0), size - 1) for o in range(n)]
 
 
 def _as_slice(idx: list[int]) -> slice | list[int]:
