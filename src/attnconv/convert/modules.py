@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from attnconv.layers.checks import check_tensor
 from attnconv.layers.scripting import NotScriptable
 
+from .attributes import ConvAttributes
 from .geometry import (
     ConvGeometry,
     heads_to_kernel,
@@ -45,7 +46,7 @@ def _mhsa_cls():
     return MultiHeadSelfAttention2d
 
 
-class ConvAttention2d(NotScriptable, nn.Module):
+class ConvAttention2d(NotScriptable, ConvAttributes, nn.Module):
     """An nn.Conv2d computed by multi-head self-attention (Theorem 1).
 
     ``attention`` is a position-only quadratic ``MultiHeadSelfAttention2d`` over the padded input;
@@ -53,6 +54,8 @@ class ConvAttention2d(NotScriptable, nn.Module):
     the original conv. One path switch, the layer's ``impl``: with "auto" a hard layer evaluates
     its one-hot attention at the kept queries only (a shift, ``_forward_shift``); ``forward_layer``
     runs the layer's own forward on every padded pixel, then the crop (what the shift equals).
+    It answers the conv's attributes (``weight``, ``bias``, ``in_channels``, ``kernel_size``,
+    ``stride``, ``padding``, ``dilation``, ``groups``; attributes.py).
     """
 
     def __init__(self, geometry: ConvGeometry, attention: nn.Module, rank_error: float = 0.0):
@@ -60,31 +63,6 @@ class ConvAttention2d(NotScriptable, nn.Module):
         self.geometry = geometry
         self.attention = attention
         self.rank_error = rank_error  # ||W - W_r||_F / ||W||_F of the kernel (0 = exact)
-
-    # the convolution's own attributes, so code that reads them keeps working after conversion
-    @property
-    def in_channels(self) -> int:
-        return self.geometry.in_channels
-
-    @property
-    def out_channels(self) -> int:
-        return self.geometry.out_channels
-
-    @property
-    def groups(self) -> int:
-        return self.geometry.groups
-
-    @property
-    def kernel_size(self) -> tuple[int, ...]:
-        return self.geometry.kernel if self.geometry.ndim == 2 else self.geometry.kernel[1:]
-
-    @property
-    def stride(self) -> tuple[int, ...]:
-        return self.geometry.stride if self.geometry.ndim == 2 else self.geometry.stride[1:]
-
-    @property
-    def dilation(self) -> tuple[int, ...]:
-        return self.geometry.dilation if self.geometry.ndim == 2 else self.geometry.dilation[1:]
 
     @property
     def hard(self) -> bool:

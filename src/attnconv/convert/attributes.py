@@ -1,0 +1,84 @@
+"""A converted convolution keeps answering as the convolution it replaced (issue 27): model code
+reads its convolutions' attributes (``weight`` for weight standardization or a re-parametrized
+branch, ``in_channels`` / ``kernel_size`` / ``stride`` / ``padding`` / ``groups`` to size other
+layers), so ``ConvAttention2d`` answers them all from its geometry and its heads.
+
+``weight`` is the equivalent kernel of Lemma 1 read back from the heads, W[:, :, kh, kw] =
+W^(h) for h = kh*Kw + kw, built on access and differentiable in the heads (a forward that
+convolves with it gives the same function and trains the same parameters). It exists for hard
+layers whose centres still sit on the kernel's shifts; a soft layer (finite alpha) or moved
+centres have no equivalent kernel: ``weight`` is then absent (AttributeError, ``hasattr`` False).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .geometry import heads_to_kernel
+from .grouped import GroupedHeadProjection
+
+
+class ConvAttributes:
+    """Mixin of ``ConvAttention2d``: the nn.Conv1d/Conv2d attributes, from ``self.geometry``
+    and ``self.attention``."""
+
+    def _pick(self, t: tuple) -> tuple:
+        return t if self.geometry.ndim == 2 else t[1:]  # Conv1d: (K,), geometry is (1, K)
+
+    @property
+    def in_channels(self) -> int:
+        return self.geometry.in_channels
+
+    @property
+    def out_channels(self) -> int:
+        return self.geometry.out_channels
+
+    @property
+    def groups(self) -> int:
+        return self.geometry.groups
+
+    @property
+    def kernel_size(self) -> tuple[int, ...]:
+        return self._pick(self.geometry.kernel)
+
+    @property
+    def stride(self) -> tuple[int, ...]:
+        return self._pick(self.geometry.stride)
+
+    @property
+    def dilation(self) -> tuple[int, ...]:
+        return self._pick(self.geometry.dilation)
+
+    @property
+    def padding(self):
+        return self.geometry.padding  # the conv's own argument (int, tuple, "same", "valid")
+
+    @property
+    def padding_mode(self) -> str:
+        return self.geometry.padding_mode
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        """The conv's bias: b_out + sum_h Wout_h b_val^(h) (one-hot rows sum to 1)."""
+        from .modules import _head_matrices
+
+        return _head_matrices(self.attention, detach=False)[1]
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """(Cout, Cin/g, Kh, Kw) (Conv1d: (Cout, Cin/g, K)), the equivalent kernel (Lemma 1)."""
+        from .modules import _head_matrices
+
+        layer, g = self.attention, self.geometry
+        enc = layer.positional_encoding
+        if not enc.hard:
+            raise AttributeError("a soft converted layer (finite alpha) has no equivalent kernel")
+        if not torch.equal(enc.centers.detach().round().long().cpu(), g.centers()):
+            raise AttributeError("the heads' centres left the kernel's shifts: no kernel")
+        out = layer.out_proj
+        if isinstance(out, GroupedHeadProjection) and layer.value == "identity":
+            nh, cout, cin_g = out.kernel.shape  # the kernel's own entries, no dense matrix
+            w = out.kernel.reshape(g.kernel[0], g.kernel[1], cout, cin_g).permute(2, 3, 0, 1)
+            return w.squeeze(2) if g.ndim == 1 else w
+        heads, _ = _head_matrices(layer, detach=False)
+        return heads_to_kernel(heads, g.kernel, g.groups, g.ndim)
