@@ -144,6 +144,17 @@ def _build(cls: type, d: dict, prefix: str = ""):
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
+def _as_float(key: str, v: Any) -> float:
+    """float(v), or one ValueError naming the key (a 400-digit integer overflows a float)."""
+    try:
+        x = float(v)
+    except OverflowError:
+        x = math.inf
+    if not math.isfinite(x):
+        raise ValueError(f"config key {key!r} must be a finite number, got {str(v)[:40]!r}")
+    return x
+
+
 def _check_type(key: str, v: Any, f: dataclasses.Field) -> Any:
     t = str(f.type)
     if v is None:
@@ -154,9 +165,9 @@ def _check_type(key: str, v: Any, f: dataclasses.Field) -> Any:
         return v
     if t.startswith("float"):
         if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return float(v)
+            return _as_float(key, v)
         if isinstance(v, str) and _NUMBER.fullmatch(v.strip()):
-            return float(v)  # YAML 1.1 reads 1e-3 (no dot in the mantissa) as a string
+            return _as_float(key, v)  # YAML 1.1 reads 1e-3 (no dot in the mantissa) as a string
         raise TypeError(f"config key {key!r} must be a number, got {v!r}")
     if t.startswith("int"):
         raise TypeError(f"config key {key!r} must be an integer, got {v!r}")
@@ -309,9 +320,12 @@ class ListOf:
         if len(v) > 4096:
             raise ValueError(f"config key {key!r}: a list of {len(v)} values (at most 4096)")
         for i, x in enumerate(v):
+            if self.kind is float and isinstance(x, str) and _NUMBER.fullmatch(x.strip()):
+                x = v[i] = _as_float(f"{key}[{i}]", x)  # YAML 1.1 reads 1e-3 as a string
             ok = isinstance(x, self.kind) and not isinstance(x, bool)
             if self.kind is float and isinstance(x, int) and not isinstance(x, bool):
                 ok = True
+                x = v[i] = _as_float(f"{key}[{i}]", x)
             if not ok:
                 raise TypeError(
                     f"config key {key!r}: item {i} must be a {self.kind.__name__}, got {x!r}"
@@ -386,6 +400,8 @@ def _plain_value(key: str, v: Any, depth: int = 0) -> None:
         raise ValueError(f"config key {key!r} is nested more than {MAX_DEPTH} levels deep")
     if isinstance(v, float) and not math.isfinite(v):
         raise ValueError(f"config key {key!r} must be a finite number, got {v}")
+    if isinstance(v, int) and not isinstance(v, bool) and not -(2**63) <= v < 2**63:
+        raise ValueError(f"config key {key!r}: integer out of range, got {str(v)[:40]}...")
     if isinstance(v, dict):
         if len(v) > 4096:
             raise ValueError(f"config key {key!r}: a mapping of {len(v)} keys (at most 4096)")
