@@ -118,6 +118,16 @@ def _batch_arrays(d: dict, label_key: bytes, source: str) -> tuple[np.ndarray, n
     return x.reshape(-1, 3, 32, 32), y  # (N, 3, 32, 32) uint8, planes R, G, B
 
 
+MAX_BATCH_BYTES = 256 << 20  # a CIFAR batch file: 31 MB (CIFAR-10), 154 MB (CIFAR-100 train)
+
+
+def _check_batch_size(size: int, what: str) -> None:
+    """Before reading (from the declared size) and after: a batch file is bounded."""
+    if size > MAX_BATCH_BYTES:
+        raise ValueError(f"{what} is {size} bytes, a CIFAR batch file holds at most "
+                         f"{MAX_BATCH_BYTES}")  # fmt: skip
+
+
 class _Source:
     """Members of an extracted folder or of the .tar.gz, by file name."""
 
@@ -136,11 +146,15 @@ class _Source:
             f = self.path / name
             if not f.is_file():
                 raise FileNotFoundError(f"{f}: missing CIFAR batch file")
+            _check_batch_size(f.stat().st_size, f"{f}")
             return f.read_bytes()
         if name not in self.members:
             raise ValueError(f"{self.path}: archive has no {name!r} (is it {self.arch.filename}?)")
+        _check_batch_size(self.members[name].size, f"{self.path}: member {name!r}")  # declared
         try:
-            return self.tar.extractfile(self.members[name]).read()
+            data = self.tar.extractfile(self.members[name]).read(MAX_BATCH_BYTES + 1)
+            _check_batch_size(len(data), f"{self.path}: member {name!r}")  # what it held
+            return data
         except (tarfile.TarError, OSError, EOFError, ValueError) as e:
             raise ValueError(f"{self.path}: corrupt archive member {name!r} ({e})") from None
 

@@ -19,6 +19,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from attnconv.memory import memory_bytes
 from attnconv.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -199,11 +200,7 @@ def rgb8(im: Image.Image, name: str) -> np.ndarray:
 
 
 def _memory() -> int:
-    """Bytes of physical memory (1 TiB if the system does not say)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 1 << 40
+    return memory_bytes()
 
 
 def _allocate(path: Path, n: int, h: int, w: int) -> np.ndarray:

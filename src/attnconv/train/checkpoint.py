@@ -31,6 +31,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from attnconv.memory import memory_bytes
+
 from .checkpoint_meta import MetaError, check_meta, parse_meta
 
 FORMAT = "attnconv-checkpoint"
@@ -308,9 +310,19 @@ def read_checkpoint(path: str | Path, *, with_state: bool = False) -> tuple[dict
             continue
         if not f.is_file():
             raise CheckpointError(f"{f}: missing checkpoint file (listed in {META})")
-        data = f.read_bytes()
-        if _is_pickle(f):
+        if _is_pickle(f):  # its first bytes only
             raise CheckpointError(f"{f}: pickle checkpoint file; attnconv never unpickles (unsafe)")
+        size = f.stat().st_size  # before reading: never read a file whole to learn its size
+        if size < expect["bytes"]:
+            raise CheckpointError(f"{f}: truncated checkpoint: {size} of {expect['bytes']} bytes")
+        if size != expect["bytes"]:
+            raise CheckpointError(
+                f"{f}: corrupted checkpoint: sha256/size differ from {META} (file was modified)"
+            )
+        if size > memory_bytes() // 2:
+            raise CheckpointError(f"{f}: {size / 2**30:.1f} GiB, more than half this machine's "
+                                  "memory")  # fmt: skip
+        data = f.read_bytes()
         if len(data) < expect["bytes"]:
             raise CheckpointError(
                 f"{f}: truncated checkpoint: {len(data)} of {expect['bytes']} bytes"
@@ -361,14 +373,18 @@ def check_fits(model: nn.Module, weights: dict[str, torch.Tensor], where: str, n
         )
 
 
-def _build(meta: dict, overrides: dict, on_meta: bool) -> nn.Module:
+def _build(meta: dict, overrides: dict, on_meta: bool, max_bytes: int | None = None) -> nn.Module:
     """The model ``meta`` describes (converted if it was); ``on_meta``: shapes only, on the meta
-    device, and never converted (the conversion reads weight values)."""
+    device, and never converted (the conversion reads weight values), its parameters and
+    modules counted as they are registered and refused past ``max_bytes`` (models/budget.py)."""
     from attnconv.models import create_model
+    from attnconv.models.budget import construction_budget
 
     name, where = meta["model"], meta["path"]
+    budget = (construction_budget(max_bytes, f"its config ({name!r})")
+              if on_meta and max_bytes is not None else contextlib.nullcontext())  # fmt: skip
     try:
-        with torch.device("meta") if on_meta else contextlib.nullcontext():
+        with torch.device("meta") if on_meta else contextlib.nullcontext(), budget:
             model = create_model(name, **{**(meta.get("model_kwargs") or {}), **overrides})
         conv = meta.get("converted")  # written by `attnconv convert --out`
         if isinstance(conv, dict) and not on_meta:
@@ -387,11 +403,11 @@ def _check_size(meta: dict, overrides: dict, weights: dict[str, torch.Tensor]) -
     """Before allocating: the model ``meta`` declares, built on the meta device, must fit the
     weight file (exactly; a converted model's base within 8x its size), so a crafted config
     (a huge width) is refused without allocating it."""
-    probe = _build(meta, overrides, True)
+    have = sum(t.numel() * t.element_size() for t in weights.values())
+    probe = _build(meta, overrides, True, max_bytes=memory_bytes() // 2)
     if not isinstance(meta.get("converted"), dict):
         return check_fits(probe, weights, meta["path"], meta["model"])
     need = sum(t.numel() * t.element_size() for t in probe.state_dict().values())
-    have = sum(t.numel() * t.element_size() for t in weights.values())
     if need > 8 * have + (1 << 20):
         raise CheckpointError(
             f"{meta['path']}: foreign checkpoint: its config declares a {need / 2**20:.1f} MiB "

@@ -22,6 +22,8 @@ import torch.nn.functional as F
 import yaml
 
 from attnconv.data import Loader, load_dataset
+from attnconv.memory import memory_bytes
+from attnconv.models.budget import probe_bytes
 from attnconv.progress import Progress
 
 from . import distributed as D
@@ -98,6 +100,10 @@ class Trainer:
         self.cfg, self.stop_at_step = cfg, stop_at_step
         self.resume_note = ""
         t = cfg.train
+        # the declared model, measured on the meta device before the data or the model is
+        # allocated (a crafted width or depth is refused in seconds; models/budget.py)
+        probe_bytes(cfg.model.name, dict(cfg.model.kwargs), memory_bytes() // 2,
+                    f"model {cfg.model.name!r}")  # fmt: skip
         self.info = D.init_distributed(device)
         if t.threads:
             torch.set_num_threads(t.threads)
