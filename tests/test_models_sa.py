@@ -148,3 +148,15 @@ def test_gradcheck_float64_through_the_model(name):
     m = create_model(name, img_size=8, downsample=2, attn_dropout=0.0, **tiny).double().eval()
     x = torch.randn(2, 3, 8, 6, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda x: m.forward_features(x), (x,))
+
+
+def test_head_keys_option():
+    """sa_learned_content_runs is sa_learned_content with head_keys=True; the option belongs to
+    the learned relative encoding and position-only tables are always read by head keys."""
+    runs = create_model("sa_learned_content", head_keys=True, **SMALL)
+    assert runs.layers[0].attn.positional_encoding.tables.rel_row.shape == (31, 24)
+    assert create_model("sa_learned_content_runs", **SMALL).cfg.head_keys is True
+    with pytest.raises(ValueError, match="head_keys=False needs content=True"):
+        create_model("sa_learned", head_keys=False, **SMALL)
+    with pytest.raises(ValueError, match="head_keys only applies"):
+        create_model("sa_quadratic", head_keys=True, **SMALL)
