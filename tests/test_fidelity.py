@@ -24,7 +24,12 @@ def _position_logits(model, h: int = 16, w: int = 16) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    "name, lo, hi", [("sa_learned", 0.6, 1.0), ("sa_learned_content", 0.4, 0.75)]
+    "name, lo, hi",
+    [
+        ("sa_learned", 0.6, 1.0),
+        ("sa_learned_content", 0.4, 0.75),
+        ("sa_learned_content_runs", 0.6, 1.0),
+    ],
 )
 def test_reference_init_learned_logits_are_not_uniform(name, lo, hi):
     """Paper configuration, default init: the learned relative logits start with the reference's
@@ -177,7 +182,14 @@ SMALL_PORT = dict(hidden_size=12, num_layers=2, num_heads=3, ff_size=8, img_size
 
 
 @pytest.mark.parametrize(
-    "name", ["sa_quadratic", "sa_quadratic_generalized", "sa_learned", "sa_learned_content"]
+    "name",
+    [
+        "sa_quadratic",
+        "sa_quadratic_generalized",
+        "sa_learned",
+        "sa_learned_content",
+        "sa_learned_content_runs",
+    ],
 )
 def test_reference_mapping_round_trip(name):
     from attnconv.models.reference_port import from_reference, to_reference

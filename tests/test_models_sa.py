@@ -11,7 +11,8 @@ from attnconv.models import create_model
 from attnconv.models._common import num_params
 from cifar_images import cifar_batch
 
-SA_MODELS = ("sa_quadratic", "sa_quadratic_generalized", "sa_learned", "sa_learned_content")
+SA_MODELS = ("sa_quadratic", "sa_quadratic_generalized", "sa_learned", "sa_learned_content",
+             "sa_learned_content_runs")  # fmt: skip
 SMALL = dict(hidden_size=24, num_layers=2, num_heads=3, ff_size=32)
 
 
@@ -33,6 +34,7 @@ def test_paper_configuration():
         "sa_quadratic_generalized": 12_087_006,
         "sa_learned": 12_278_682,
         "sa_learned_content": 29_484_282,
+        "sa_learned_content_runs": 29_601_882,  # the paper-run commit's content layer
     }
     for name, n in exact.items():
         with torch.device("meta"):
@@ -60,7 +62,7 @@ def test_real_cifar_forward_backward_and_attention_maps(cifar_zip, name):
         assert p.grad is not None and torch.isfinite(p.grad).all()
     assert m.embed.weight.grad.abs().sum() > 0
     assert len(attns) == 2
-    batch = 8 if name == "sa_learned_content" else 1  # position-only maps are shared
+    batch = 8 if name.startswith("sa_learned_content") else 1  # position-only maps are shared
     for a in attns:
         assert a.shape == (batch, 3, 256, 256) and a.grid == (16, 16)
         assert a.num_prefix_tokens == 0
@@ -146,3 +148,15 @@ def test_gradcheck_float64_through_the_model(name):
     m = create_model(name, img_size=8, downsample=2, attn_dropout=0.0, **tiny).double().eval()
     x = torch.randn(2, 3, 8, 6, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda x: m.forward_features(x), (x,))
+
+
+def test_head_keys_option():
+    """sa_learned_content_runs is sa_learned_content with head_keys=True; the option belongs to
+    the learned relative encoding and position-only tables are always read by head keys."""
+    runs = create_model("sa_learned_content", head_keys=True, **SMALL)
+    assert runs.layers[0].attn.positional_encoding.tables.rel_row.shape == (31, 24)
+    assert create_model("sa_learned_content_runs", **SMALL).cfg.head_keys is True
+    with pytest.raises(ValueError, match="head_keys=False needs content=True"):
+        create_model("sa_learned", head_keys=False, **SMALL)
+    with pytest.raises(ValueError, match="head_keys only applies"):
+        create_model("sa_quadratic", head_keys=True, **SMALL)

@@ -16,6 +16,10 @@ Read from the reference, kept in its own order and layout (NHWC tokens, referenc
   - the same class with ``use_attention_data`` and ``query_positional_score`` (sa_learned_content,
     the later upstream layer): q = query(X) (B, H, W, Nh, D), q[:D/2] . row_embeddings along the
     rows, q[D/2:] . col_embeddings along the columns, plus q.k, all / sqrt(D), a mask per image;
+  - the same class with ``use_attention_data`` at the paper-run commit 9ffaa30
+    (sa_learned_content_runs): the position-only layer's head-key scores (1, H, W, Nh, H, W),
+    unscaled, plus einsum('bijhd,bklhd->bijhkl', q, k) / sqrt(D), q and k D wide per head, a
+    mask per image;
   - ``value``: Linear(Nh*D, D) on the (B, H, W, Nh*D) head outputs;
 - ``BertSelfOutput`` / ``BertIntermediate`` / ``BertOutput``: dense, dropout, the reference's own
   ``BertLayerNorm`` ((x - u) / sqrt(s + eps), apex absent on a CPU) and its erf ``gelu``;
@@ -37,7 +41,7 @@ import torch.nn as nn
 from ..models.reference_port import to_reference
 from ..models.sa_cifar import SelfAttentionCifar
 
-KINDS = ("gaussian", "learned", "learned_content")
+KINDS = ("gaussian", "learned", "learned_content", "learned_content_runs")
 
 
 def kind_of(model: SelfAttentionCifar) -> str:
@@ -45,8 +49,11 @@ def kind_of(model: SelfAttentionCifar) -> str:
     cfg = model.cfg
     if cfg.positional == "quadratic" and not cfg.content:
         return "gaussian"
+    if cfg.positional == "relative_learned" and not cfg.content:
+        return "learned"
     if cfg.positional == "relative_learned":
-        return "learned_content" if cfg.content else "learned"
+        head_keys = not model.layers[0].attn.positional_encoding.query_reads
+        return "learned_content_runs" if head_keys else "learned_content"
     raise ValueError(f"no reference re-statement for positional={cfg.positional!r}")
 
 
@@ -94,11 +101,11 @@ class ImageSelfAttention(nn.Module):
             return
         self.row_embeddings = nn.Embedding(2 * max_pos - 1, emb_dim)
         self.col_embeddings = nn.Embedding(2 * max_pos - 1, emb_dim)
-        self.register_buffer("relative_indices", _rel_indices(max_pos), persistent=False)
-        if kind == "learned":
+        self.register_buffer("relative_indices", _rel_indices(max_pos))  # in its checkpoints
+        if kind in ("learned", "learned_content_runs"):
             self.head_keys_row = nn.Linear(emb_dim, nh, bias=False)
             self.head_keys_col = nn.Linear(emb_dim, nh, bias=False)
-        else:
+        if kind != "learned":
             self.query = nn.Linear(d, nh * d)
             self.key = nn.Linear(d, nh * d)
 
@@ -114,11 +121,16 @@ class ImageSelfAttention(nn.Module):
         b, h, w, _ = x.shape
         row_emb = self.row_embeddings(self.relative_indices[:w, :w].reshape(-1))
         col_emb = self.col_embeddings(self.relative_indices[:h, :h].reshape(-1))
-        if self.kind == "learned":  # position only, no scaling; rows of the table on columns
+        d = self.d
+        if self.kind != "learned_content":  # head keys, no scaling; rows of the table on columns
             row = self.head_keys_row(row_emb).view(1, w, 1, w, self.nh)
             col = self.head_keys_col(col_emb).view(h, 1, h, 1, self.nh)
-            return (row + col).permute(0, 1, 4, 2, 3).unsqueeze(0)  # (1, H, W, Nh, H, W)
-        d = self.d
+            pos = (row + col).permute(0, 1, 4, 2, 3).unsqueeze(0)  # (1, H, W, Nh, H, W)
+            if self.kind == "learned":
+                return pos
+            q = self.query(x).view(b, h, w, self.nh, d)
+            k = self.key(x).view(b, h, w, self.nh, d)
+            return pos + torch.einsum("bijhd,bklhd->bijhkl", q, k) / math.sqrt(d)
         q = self.query(x).view(b, h, w, self.nh, d)
         k = self.key(x).view(b, h, w, self.nh, d)
         row = torch.einsum("bijhd,ikd->bijhk", q[..., : d // 2], row_emb.view(w, w, -1))
@@ -183,6 +195,7 @@ class ReferenceBertImage(nn.Module):
             ReferenceLayer(self.kind, cfg, grid, max_pos, emb_dim) for _ in range(cfg.num_layers)
         )
         self.classifier = nn.Linear(cfg.hidden_size, cfg.num_classes)
+        self.register_buffer("attention_mask", torch.tensor(1.0))  # BertImage's, unused here
         missing, unexpected = self.load_state_dict(state, strict=False)
         if unexpected or [k for k in missing if "key.bias" not in k and "query.bias" not in k]:
             raise ValueError(f"reference re-statement: unmatched {unexpected[:3] or missing[:3]}")

@@ -39,6 +39,7 @@ def build_encoding(
     relative_terms: tuple[str, ...] = RELATIVE_TERMS,
     learned_r: bool = False,
     rel_dim: int | None = None,
+    head_keys: bool | None = None,
 ) -> PositionalEncoding:
     """The encoding named ``positional`` with its options checked (each option belongs to one
     encoding; giving it to another is an error), or ``positional`` itself when it is already a
@@ -54,14 +55,15 @@ def build_encoding(
                          qk_dim=qk_dim, content=content, max_size=max_size, hard=hard,
                          init_centers_std=init_centers_std, init_alpha=init_alpha,
                          relative_terms=relative_terms, learned_r=learned_r,
-                         rel_dim=rel_dim)  # fmt: skip
+                         rel_dim=rel_dim, head_keys=head_keys)  # fmt: skip
     if enc.hard and content:
         raise ValueError("hard=True (one-hot attention) needs content=False")
     return enc
 
 
 def _from_name(positional: str, *, num_heads, in_channels, qk_dim, content, max_size, hard,
-               init_centers_std, init_alpha, relative_terms, learned_r, rel_dim):  # fmt: skip
+               init_centers_std, init_alpha, relative_terms, learned_r, rel_dim,
+               head_keys):  # fmt: skip
     if positional not in POSITIONALS:
         raise ValueError(f"positional must be one of {POSITIONALS}, got {positional!r}")
     bad = [t for t in relative_terms if t not in RELATIVE_TERMS]
@@ -77,6 +79,8 @@ def _from_name(positional: str, *, num_heads, in_channels, qk_dim, content, max_
         raise ValueError("rel_dim only applies to positional='relative' or 'relative_learned'")
     if rel_dim is not None:
         positive_int("rel_dim", rel_dim)
+    if head_keys is not None and positional != "relative_learned":
+        raise ValueError("head_keys only applies to positional='relative_learned'")
     if positional == "none":
         return NoEncoding(num_heads)
     if positional.startswith("absolute"):
@@ -91,7 +95,7 @@ def _from_name(positional: str, *, num_heads, in_channels, qk_dim, content, max_
                                 max_size=max_size)  # fmt: skip
     if positional == "relative_learned":
         return LearnedRelativeEncoding(num_heads, qk_dim, rel_dim or qk_dim, content=content,
-                                       max_size=max_size)  # fmt: skip
+                                       head_keys=head_keys, max_size=max_size)  # fmt: skip
     if positional == "quadratic":
         return QuadraticEncoding(num_heads, hard=hard, init_centers_std=init_centers_std,
                                  init_alpha=init_alpha)  # fmt: skip

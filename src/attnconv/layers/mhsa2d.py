@@ -87,7 +87,8 @@ class MultiHeadSelfAttention2d(NotScriptable, ContentKernels, nn.Module):
     attention only); impl ("auto" | "reference"); max_size (side of learned
     tables); bias (of the projections). ``encoding_options`` go to the named encoding
     (encoding.build_encoding): hard, init_centers_std, init_alpha (quadratic); relative_terms,
-    learned_r (relative, Dai eq. 8); rel_dim (r_delta width, relative encodings).
+    learned_r (relative, Dai eq. 8); rel_dim (r_delta width, relative encodings); head_keys
+    (relative_learned: per-head keys read the tables, with content too; relative.py).
     """
 
     def __init__(

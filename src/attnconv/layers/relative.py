@@ -10,7 +10,9 @@
 - ``LearnedRelativeEncoding``: Cordonnier sec. 4.3 (reference: Learned2DRelativeSelfAttention):
   position only, logits_h = w_row_h . r_row(delta1) + w_col_h . r_col(delta2) (no scaling);
   with content, the query reads the tables: (q.k + q[:Dk/2] . r_row(delta1)
-  + q[Dk/2:] . r_col(delta2)) / sqrt(Dk).
+  + q[Dk/2:] . r_col(delta2)) / sqrt(Dk) (the later upstream layer, ``query_positional_score``);
+  or, ``head_keys=True``, the per-head keys still read them: q.k / sqrt(Dk) + w_row_h . r_row
+  + w_col_h . r_col, unscaled (``use_attention_data`` at the paper-run commit 9ffaa30).
 
 Each module gives the same logits three ways: ``dense_bias`` (the plain (B|1, Nh, T, T) tensor
 of the equations, for impl="reference"), ``fold`` (extra query/key columns so that
@@ -26,7 +28,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .positional import PositionalEncoding, RelativeTables2d, relative_index
+from .positional import (
+    PositionalEncoding,
+    RelativeTables2d,
+    axis_onehot,
+    expand_fold,
+    relative_index,
+)
 
 RELATIVE_TERMS = ("content_content", "content_position", "global_content", "global_position")
 
@@ -55,6 +63,17 @@ def fold_axis_scores(row_full, col_full, h: int, w: int, batch: int, scale: floa
     q_cols = torch.cat([rel_gather(row_full, h, rows), rel_gather(col_full, w, cols)], -1) * scale
     onehot = torch.cat([F.one_hot(rows, h), F.one_hot(cols, w)], -1).to(dt)  # (T, h + w)
     return q_cols, onehot.expand(batch, nh, t, h + w)
+
+
+def axis_fold(row: torch.Tensor, col: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row logits (Nh, h, h) and column logits (Nh, w, w) -> q_pos (Nh, T, h + w), each query's
+    row R[q1, :] and column C[q2, :], and k_pos (T, h + w) one-hot key rows and columns:
+    q_pos . k_pos = R[q1, k1] + C[q2, k2] exactly."""
+    nh, h, w = row.shape[0], row.shape[1], col.shape[1]
+    t = h * w
+    q_pos = torch.cat([row[:, :, None, :].expand(nh, h, w, h).reshape(nh, t, h),
+                       col[:, None].expand(nh, h, w, w).reshape(nh, t, w)], -1)  # fmt: skip
+    return q_pos, axis_onehot(h, w, row.device, row.dtype)
 
 
 class RelativeEncoding(PositionalEncoding):
@@ -140,15 +159,23 @@ class RelativeEncoding(PositionalEncoding):
 
 
 class LearnedRelativeEncoding(PositionalEncoding):
-    """Cordonnier sec. 4.3 (see module docstring): learned row and column tables of offsets."""
+    """Cordonnier sec. 4.3 (see module docstring): learned row and column tables of offsets,
+    read by per-head keys (``head_keys``, default without content) or by the query (default
+    with content). Per-head keys give input-independent, separable row + column logits, added
+    unscaled to the layer's q.k / sqrt(Dk) when it has content."""
 
     name = "relative_learned"
 
     def __init__(self, num_heads: int, qk_dim: int, rel_dim: int, *, content: bool,
-                 max_size: int = 64):  # fmt: skip
+                 head_keys: bool | None = None, max_size: int = 64):  # fmt: skip
         super().__init__()
+        head_keys = not content if head_keys is None else bool(head_keys)
+        if not (content or head_keys):
+            raise ValueError("relative_learned without content reads its tables by head keys "
+                             "(head_keys=False needs content=True)")  # fmt: skip
         self.num_heads, self.content, self.scale = num_heads, content, qk_dim**-0.5
-        self.input_dependent, self.separable = content, not content
+        self.query_reads = not head_keys  # the query reads the tables (q . r)
+        self.input_dependent, self.separable = self.query_reads, head_keys
         self.axis_folded = content  # fold: [q_axis] against one-hot key rows/columns
         # attention in float32 under autocast: the fused bfloat16 backward forms dS = P (dP - D)
         # with D = rowsum(dO * O) from the bfloat16-rounded output O, an error shared by every
@@ -156,7 +183,7 @@ class LearnedRelativeEncoding(PositionalEncoding):
         # at 224^2 it measured 2-3x the dense path's gradient error (tests/test_precision.py)
         self.large_logits = content
         self.learned_size = max_size
-        if content:  # the query reads the tables: half its channels rows, half columns
+        if self.query_reads:  # half the query's channels read the rows, half the columns
             dr, dc = qk_dim // 2, qk_dim - qk_dim // 2
         else:  # per-head keys read them
             dr = dc = rel_dim
@@ -174,7 +201,7 @@ class LearnedRelativeEncoding(PositionalEncoding):
         d1, d2 = _pair_index(h, w, self.tables.rel_row.device)
         r_row, r_col = self.tables(h, w)
         e_row, e_col = r_row[d1].to(dtype), r_col[d2].to(dtype)  # (T, T, dr), (T, T, dc)
-        if not self.content:
+        if not self.query_reads:  # w_h . r, unscaled, shared by the batch
             bias = torch.einsum("qkd,hd->hqk", e_row, self.head_keys_row.weight)
             return (bias + torch.einsum("qkd,hd->hqk", e_col, self.head_keys_col.weight))[None]
         dr = e_row.shape[-1]
@@ -182,6 +209,9 @@ class LearnedRelativeEncoding(PositionalEncoding):
         return (bias + torch.einsum("bhqd,qkd->bhqk", q[..., dr:], e_col)) * self.scale
 
     def fold(self, q, k, h: int, w: int) -> tuple[list, list]:
+        if not self.query_reads:  # head keys: each query's row logits and column logits
+            row, col = self.axis_logits(h, w, q.dtype)  # (Nh, h, h), (Nh, w, w)
+            return expand_fold(axis_fold(row, col), q)
         r_row, r_col = self.tables(h, w)
         dr = r_row.shape[1]
         row_full = q[..., :dr] @ r_row.to(q.dtype).t()  # (B, Nh, T, 2h-1)

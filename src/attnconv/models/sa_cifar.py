@@ -11,7 +11,10 @@ image (16x16x12), Linear(12, 400), then 6 post-LayerNorm layers of
 mean pooling over pixels and Linear(400, classes). Positional encodings (sec. 4.2-4.3):
 quadratic (eq. 9, isotropic Gaussian per head), its generalized form (learned PSD precision),
 learned relative (position-only) and learned relative + content.
-Table 1 parameters at 10 classes: 12.1M / 12.3M / 29.5M (these models: 12.09M, 12.28M, 29.49M).
+Table 1 parameters at 10 classes: 12.1M / 12.3M / 29.5M (these models: 12.09M, 12.28M, 29.48M).
+Learned relative + content comes twice: ``sa_learned_content`` (q.k + q.r, the later upstream
+layer, Table 1's size) and ``sa_learned_content_runs`` (q.k + per-head keys' w.r, the layer of
+the reference's paper-run commit 9ffaa30, 29.60M).
 Width, depth, heads, feed-forward size and input downsampling are overridable.
 
 Initialisation and parametrization follow the reference code, not BERT's paper: PyTorch's
@@ -41,6 +44,7 @@ __all__ = [
     "sa_quadratic_generalized",
     "sa_learned",
     "sa_learned_content",
+    "sa_learned_content_runs",
 ]
 
 # "reference": what epfml/attention-cnn's BertImage does (it never calls BERT's
@@ -67,6 +71,9 @@ class SACifarConfig:
     attn_dropout_mask: str = "batch"
     positional: str = "quadratic"  # any MultiHeadSelfAttention2d positional
     content: bool = False
+    # learned relative: per-head keys read the tables (w_h . r, unscaled; the position-only
+    # layer, and with content the paper-run commit's); None: head keys iff content is False
+    head_keys: bool | None = None
     max_size: int | None = None  # side of learned tables; default img_size // downsample
     init_centers_std: float = 2.0  # Delta ~ N(0, 2^2 I) pixels (reference init)
     init_alpha: float = 0.5  # alpha = s^2 / 2, s init sqrt(2 init_alpha) (1 + N(0, 0.01^2))
@@ -88,6 +95,8 @@ class SALayer(nn.Module):
         extra = {"init_centers_std": cfg.init_centers_std} if quad else {}
         if cfg.positional == "quadratic":
             extra["init_alpha"] = cfg.init_alpha
+        if cfg.head_keys is not None:  # relative_learned only (build_encoding checks)
+            extra["head_keys"] = cfg.head_keys
         self.attn = MultiHeadSelfAttention2d(
             D,
             D,
@@ -238,3 +247,17 @@ def sa_learned_content(num_classes: int = 10, **overrides) -> SelfAttentionCifar
     """Learned relative encoding + content: Table 1 "SA learned relative + content", 29.5M."""
     defaults = {"positional": "relative_learned", "content": True}
     return _sa("sa_learned_content", num_classes, defaults, overrides)
+
+
+@register_model
+def sa_learned_content_runs(num_classes: int = 10, **overrides) -> SelfAttentionCifar:
+    """Learned relative + content as the reference code's paper-run commit computes it
+    (epfml/attention-cnn 9ffaa30, the commit of runs/*/run.sh; models/bert.py
+    ``Learned2DRelativeSelfAttention`` with ``use_attention_data=True``, position_encoding_size
+    -1): logits q.k / sqrt(D) + w_row_h . r_row(delta1) + w_col_h . r_col(delta2), the
+    position-only layer's per-head keys and D-wide tables (2m-1, D), unscaled, added to the
+    content term; q, k D wide per head (biased Linear(D, Nh*D)). ``sa_learned_content`` is the
+    later upstream layer instead (``query_positional_score``: q.k + q.r, the query reading
+    (2m-1, D/2) tables, all / sqrt(D)), Table 1's 29.5M; this one has 29.60M."""
+    defaults = {"positional": "relative_learned", "content": True, "head_keys": True}
+    return _sa("sa_learned_content_runs", num_classes, defaults, overrides)
