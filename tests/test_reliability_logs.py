@@ -135,3 +135,31 @@ def test_signal_in_the_last_epoch_is_not_swallowed(tmp_path, cifar_zip):
     tr.save = save_then_signal
     with pytest.raises(Interrupted):
         tr.fit()
+
+
+def test_reader_survives_a_pruned_step_folder(tmp_path, cifar_zip, monkeypatch):
+    """load_model beside a training that prunes (keep_checkpoints 1): the step folder it
+    resolved disappears before it is read; it reads the one `latest` names now, never a bare
+    [Errno 2]."""
+    import shutil
+
+    from attnconv.train import checkpoint as ck
+
+    run = tmp_path / "run"
+    cfg = tiny_config(tmp_path, cifar_zip, epochs=2, out_dir=str(run))
+    assert main(["train", cfg, "--stop-at-step", "2"]) == 0
+    real, calls = ck.find_checkpoint, []
+
+    def pruned_after_resolving(path):
+        d = real(path)
+        calls.append(d)
+        if len(calls) == 1:  # the training saves step 3 and prunes this one right now
+            shutil.copytree(d, d.with_name("step-00000003"))
+            (d.parent / "latest").write_text("step-00000003")
+            shutil.rmtree(d)
+        return d
+
+    monkeypatch.setattr(ck, "find_checkpoint", pruned_after_resolving)
+    model, meta = ck.load_model(run)
+    assert calls[0].name == "step-00000002" and calls[-1].name == "step-00000003"
+    assert meta["path"].endswith("step-00000003")

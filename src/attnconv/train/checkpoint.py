@@ -278,7 +278,22 @@ def follow_latest(folder: Path) -> Path:
 
 
 def read_checkpoint(path: str | Path, *, with_state: bool = False) -> tuple[dict, dict, dict]:
-    """Verified (meta, weights, state_tensors) of a checkpoint; raises CheckpointError."""
+    """Verified (meta, weights, state_tensors) of a checkpoint; raises CheckpointError. A step
+    folder removed while it is read (a training pruning its old checkpoints beside a reader
+    that followed ``latest`` just before) is read again from where ``latest`` points now."""
+    for attempt in range(3):
+        try:
+            return _read_checkpoint(path, with_state)
+        except FileNotFoundError as e:
+            if attempt == 2:
+                raise CheckpointError(
+                    f"{path}: the checkpoint was removed while it was read, three times (a "
+                    f"training pruning its checkpoints?): {e.filename}"
+                ) from None
+    raise AssertionError("unreachable")
+
+
+def _read_checkpoint(path: str | Path, with_state: bool) -> tuple[dict, dict, dict]:
     d = find_checkpoint(path)
     try:
         meta = parse_meta((d / META).read_bytes())
