@@ -49,3 +49,19 @@ def test_status_command_with_a_run_root(tmp_path):
                        capture_output=True, text=True, check=True)  # fmt: skip
     assert r.stdout.splitlines() == [f"run root: {tmp_path.resolve()}",
                                      f"{'sasa_k3':32s} not started"]  # fmt: skip
+
+
+def test_table1_seeds_and_their_spread():
+    mod = _module()
+    assert mod.seed_runs("sa_quadratic") == ["table1_sa_quadratic", "table1_sa_quadratic_seed1",
+                                             "table1_sa_quadratic_seed2"]  # fmt: skip
+    m, sd = mod.mean_std([0.40, 0.42, 0.44])
+    assert abs(m - 0.42) < 1e-12 and abs(sd - 0.02) < 1e-12
+    assert mod.mean_std([0.5]) == (0.5, 0.0)
+    from attnconv.train.config import load_config
+
+    for name in ("resnet18", "sa_quadratic", "sa_learned", "sa_learned_content"):
+        base = load_config(mod.CONFIGS / f"table1_{name}.yaml")
+        for k, run in enumerate(mod.seed_runs(name)):
+            cfg = load_config(mod.CONFIGS / f"{run}.yaml")
+            assert cfg.train.seed == k and cfg.model == base.model  # only the seed differs
