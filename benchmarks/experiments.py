@@ -8,7 +8,8 @@ Run folders live under a run root outside the repository: ``--runs DIR``, else t
 variable ATTNCONV_RUNS, else ../attnconv-runs beside the checkout. `run` trains each experiment
 with `attnconv train` into <runs>/<name>/, resuming every unfinished run from its last
 checkpoint (a budget of many hours accrues across sittings: kill it at any time, run it again),
-skipping a finished one, then the follow-ups: `attnconv analyze` for the
+skipping a finished one or one that a second `run` beside it is training (start one `run` per
+core), then the follow-ups: `attnconv analyze` for the
 attention models, `attnconv convert` of the trained ResNet18 on the 10,000 test images, and the
 Lemma 2 sweep. `report` reads only those folders: it writes benchmarks/results/experiments.md,
 copies the figures to docs/figures/, and replaces the block between the experiments markers of
@@ -74,38 +75,64 @@ def run(args: argparse.Namespace) -> None:
     data = Path(args.data)
     if not data.exists():
         raise SystemExit(f"--data {data}: no such file")
+    failed = []
     for cfg in experiments(args.names):
-        out = RUNS / cfg.stem
-        out.mkdir(parents=True, exist_ok=True)
-        log = out / "experiment.log"
-        done = out / "wall.json"
-        if not done.exists():
-            cmd = [*CLI, "train", cfg, "--out", out, "--set", f"data.dataset={data}"]
-            resumable = (out / "checkpoints" / "latest").exists()
-            cmd.append("--resume" if resumable else "--overwrite")  # no checkpoint: start over
-            print(f"[{time.strftime('%H:%M:%S')}] train {cfg.stem}: {progress(cfg, out)}",
-                  flush=True)  # fmt: skip
-            partial = out / "wall_partial.json"  # seconds of earlier sittings (their sh calls)
-            before = json.loads(partial.read_text())["train_seconds"] if partial.exists() else 0.0
-            t0 = time.time()
-            try:
-                sh(cmd, log)
-            finally:  # a sitting's time counts even when it is interrupted
-                partial.write_text(json.dumps({"train_seconds": before + time.time() - t0}))
-            done.write_text(partial.read_text())
-        analyzed = cfg.stem.startswith("table1_sa") and not cfg.stem.endswith("_fp32") and (
-            "_seed" not in cfg.stem)  # the heads of the seed-0 runs
-        if analyzed and not (out / "analysis" / "report.json").exists():
-            print(f"[{time.strftime('%H:%M:%S')}] analyze {cfg.stem}", flush=True)
-            sh([*CLI, "analyze", out, "--data", data, "--out", out / "analysis"], log)
-        control = out / "analysis_init" / "report.json"
-        if analyzed and not control.exists():
-            print(f"[{time.strftime('%H:%M:%S')}] analyze {cfg.stem} at step 0", flush=True)
-            save_init(out)  # the control: the same model before its first step
-            sh([*CLI, "analyze", out / "init", "--data", data, "--out", out / "analysis_init"], log)
-        if cfg.stem == "table1_resnet18" and not (out / "convert.json").exists():
-            print(f"[{time.strftime('%H:%M:%S')}] convert {cfg.stem}", flush=True)
-            sh([*CLI, "convert", out, "--data", data, "--json", out / "convert.json"], log)
+        try:
+            run_one(cfg, data)
+        except SystemExit as e:  # one experiment's failure does not stop the queue
+            print(f"[{time.strftime('%H:%M:%S')}] {cfg.stem}: {e}", flush=True)
+            failed.append(cfg.stem)
+    if failed:
+        raise SystemExit(f"failed or skipped: {', '.join(failed)}")
+
+
+def busy(out: Path) -> bool:
+    """Another training (a second `run` beside this one) holds the run folder's lock."""
+    from attnconv.train.runfolder import RunFolderBusy, RunLock
+
+    try:
+        RunLock(out).release()
+    except RunFolderBusy:
+        return True
+    return False
+
+
+def run_one(cfg: Path, data: Path) -> None:
+    """Train one experiment to its end (resuming it), then its follow-ups. Two `run`s side by
+    side (one per core) share the queue: a folder another training holds is skipped."""
+    out = RUNS / cfg.stem
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "experiment.log"
+    done = out / "wall.json"
+    if not done.exists() and busy(out):
+        raise SystemExit("skipped: another run is training it")
+    if not done.exists():
+        cmd = [*CLI, "train", cfg, "--out", out, "--set", f"data.dataset={data}"]
+        resumable = (out / "checkpoints" / "latest").exists()
+        cmd.append("--resume" if resumable else "--overwrite")  # no checkpoint: start over
+        print(f"[{time.strftime('%H:%M:%S')}] train {cfg.stem}: {progress(cfg, out)}",
+              flush=True)  # fmt: skip
+        partial = out / "wall_partial.json"  # seconds of earlier sittings (their sh calls)
+        before = json.loads(partial.read_text())["train_seconds"] if partial.exists() else 0.0
+        t0 = time.time()
+        try:
+            sh(cmd, log)
+        finally:  # a sitting's time counts even when it is interrupted
+            partial.write_text(json.dumps({"train_seconds": before + time.time() - t0}))
+        done.write_text(partial.read_text())
+    analyzed = cfg.stem.startswith("table1_sa") and not cfg.stem.endswith("_fp32") and (
+        "_seed" not in cfg.stem)  # the heads of the seed-0 runs
+    if analyzed and not (out / "analysis" / "report.json").exists():
+        print(f"[{time.strftime('%H:%M:%S')}] analyze {cfg.stem}", flush=True)
+        sh([*CLI, "analyze", out, "--data", data, "--out", out / "analysis"], log)
+    control = out / "analysis_init" / "report.json"
+    if analyzed and not control.exists():
+        print(f"[{time.strftime('%H:%M:%S')}] analyze {cfg.stem} at step 0", flush=True)
+        save_init(out)  # the control: the same model before its first step
+        sh([*CLI, "analyze", out / "init", "--data", data, "--out", out / "analysis_init"], log)
+    if cfg.stem == "table1_resnet18" and not (out / "convert.json").exists():
+        print(f"[{time.strftime('%H:%M:%S')}] convert {cfg.stem}", flush=True)
+        sh([*CLI, "convert", out, "--data", data, "--json", out / "convert.json"], log)
 
 
 def total_steps(cfg: Path) -> int | None:
@@ -138,7 +165,9 @@ def progress(cfg: Path, out: Path) -> str:
 def status(args: argparse.Namespace) -> None:
     print(f"run root: {RUNS}")
     for cfg in experiments(args.names):
-        print(f"{cfg.stem:32s} {progress(cfg, RUNS / cfg.stem)}")
+        out = RUNS / cfg.stem
+        now = " (training now)" if (out / ".lock").is_file() and busy(out) else ""
+        print(f"{cfg.stem:32s} {progress(cfg, out)}{now}")
 
 
 def save_init(run: Path) -> None:

@@ -65,3 +65,19 @@ def test_table1_seeds_and_their_spread():
         for k, run in enumerate(mod.seed_runs(name)):
             cfg = load_config(mod.CONFIGS / f"{run}.yaml")
             assert cfg.train.seed == k and cfg.model == base.model  # only the seed differs
+
+
+def test_a_folder_another_run_trains_is_skipped(tmp_path, monkeypatch):
+    from attnconv.train.runfolder import RunLock
+
+    mod = _module()
+    monkeypatch.setattr(mod, "RUNS", tmp_path)
+    lock = RunLock(tmp_path / "sasa_k3")  # a second `run` is training it
+    try:
+        import pytest
+
+        with pytest.raises(SystemExit, match="another run is training it"):
+            mod.run_one(mod.CONFIGS / "sasa_k3.yaml", tmp_path / "data.zip")
+        assert not (tmp_path / "sasa_k3" / "metrics.csv").exists()
+    finally:
+        lock.release()
