@@ -42,10 +42,13 @@ def test_probe_measures_a_real_model():
 def test_training_config_refused_in_seconds_and_little_memory(tmp_path, override):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("model: {name: sa_learned}\n")
-    code = ("import resource, sys\nfrom attnconv.cli import main\n"
+    # the child's own peak resident memory (VmHWM of its address space, KiB): ru_maxrss would
+    # carry the parent's peak over the fork and exec
+    code = ("import sys\nfrom attnconv.cli import main\n"
             "try:\n    rc = main(sys.argv[1:])\nfinally:\n"
-            "    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
-            "sys.exit(rc)")  # the process's own peak resident memory, KiB
+            "    hwm = [ln for ln in open('/proc/self/status') if ln.startswith('VmHWM')]\n"
+            "    print(hwm[0].split()[1])\n"
+            "sys.exit(rc)")
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-c", code, "train", str(cfg), "--out",
                         str(tmp_path / "run"), "--set", override],
