@@ -431,6 +431,34 @@ def grid_formation(lines: list[str]) -> None:
     FIGS.mkdir(parents=True, exist_ok=True)
     fig = evolution_figure(evo, FIGS / "grid_evolution.png")
     lines += ["", f"![grid evolution](docs/figures/{fig.name})", ""]
+    grid_sensitivity(lines)
+
+
+def grid_sensitivity(lines: list[str]) -> None:
+    """The grid5k_* runs (one change each from grid5k_base, 5,000 steps): where their heads are
+    at their last logged step."""
+    from attnconv.analysis.evolution import head_evolution
+
+    rows = []
+    for cfg in sorted(CONFIGS.glob("grid5k_*.yaml")):
+        log = RUNS / cfg.stem / "centers.jsonl"
+        if not log.exists():
+            continue
+        last = head_evolution(log)[-1]
+        lay = last["layers"]
+        acc = run_cells(RUNS / cfg.stem)[1]
+        rows.append(
+            f"| {cfg.stem} | {progress(cfg, RUNS / cfg.stem)} | {last['step']} | "
+            f"{per_layer((x['displacement'] for x in lay), '{:.2f}')} | "
+            f"{per_layer((max(x['peak_mass']) for x in lay), '{:.2f}')} | "
+            f"{sum(x['sharp_heads'] for x in lay)} | {sum(x['grid3'] for x in lay)} | "
+            f"{'' if acc is None else f'{100 * acc:.1f}%'} |"
+        )
+    if rows:
+        lines += ["#### Sensitivity: one change at a time, 5,000 steps", "",
+                  "| run | progress | step | displacement | largest peak | sharp heads (all "
+                  "layers) | 3x3 grid score (all layers) | test acc. |",
+                  "|---|---|---|---|---|---|---|---|", *rows, ""]  # fmt: skip
 
 
 def report(args: argparse.Namespace) -> None:
