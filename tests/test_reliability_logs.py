@@ -163,3 +163,12 @@ def test_reader_survives_a_pruned_step_folder(tmp_path, cifar_zip, monkeypatch):
     model, meta = ck.load_model(run)
     assert calls[0].name == "step-00000002" and calls[-1].name == "step-00000003"
     assert meta["path"].endswith("step-00000003")
+
+
+def test_resuming_a_finished_run_says_so(tmp_path, cifar_zip, capsys):
+    run = tmp_path / "run"
+    cfg = tiny_config(tmp_path, cifar_zip, epochs=1, out_dir=str(run))
+    assert main(["train", cfg]) == 0
+    capsys.readouterr()
+    assert main(["train", cfg, "--resume"]) == 0
+    assert "already finished: nothing left to train" in capsys.readouterr().err

@@ -25,6 +25,7 @@ HELP = "train a small quadratic-attention model for ~2 minutes and draw what its
 log = logging.getLogger(__name__)
 MARGIN = 0.8  # plan the steps for this share of the time left (the machine may be shared)
 PROBE_S = 3.0  # a speed probe stops after this many seconds (a slow thread count is seen soon)
+MIN_TRAIN_S = 10.0  # training time a demo always gets, however short its budget
 # Planning estimate: drawing the figures (matplotlib) costs about as much CPU time as training on
 # this many images, so FIGURES_IMAGES / (measured images/s) seconds are kept for them. Every demo
 # run prints the figures' actual time beside this plan, so the estimate is checked each time.
@@ -152,14 +153,19 @@ def run(args: argparse.Namespace) -> int:
     eval_s = len(eval_ds) / eval_ips
     left = 60 * args.minutes - (time.time() - t_start)
     figures_s = 0.0 if args.no_figures else FIGURES_IMAGES / ips
-    train_s = left - eval_s - figures_s
+    train_s = max(left - eval_s - figures_s, MIN_TRAIN_S)
+    if left - eval_s - figures_s < MIN_TRAIN_S:  # said up front, never a negative allotment
+        over = (time.time() - t_start + MIN_TRAIN_S + eval_s + figures_s) / 60
+        log.info(f"demo: {args.minutes:g} min is less than this machine needs for the data, "
+                 f"speed probe, evaluation and figures; training gets its minimum "
+                 f"{MIN_TRAIN_S:.0f} s and the demo will take about {over:.1f} min")  # fmt: skip
     steps = max(10, int(ips * MARGIN * train_s / cfg.train.batch_size))
     # at least 6 (short) epochs so centers.jsonl shows the heads' centres moving; eval at the end
     per_epoch = len(train_ds) // cfg.train.batch_size
     cfg.train.epochs = max(6, steps // per_epoch)
     cfg.train.steps_per_epoch = min(per_epoch, max(1, steps // cfg.train.epochs))
     cfg.train.eval_every = cfg.train.epochs
-    cfg.train.time_limit = max(train_s, 10.0)
+    cfg.train.time_limit = train_s
     planned = cfg.train.epochs * cfg.train.steps_per_epoch
     log.info(
         f"demo: {ips:.0f} training images/s here ({threads} thread(s)), {len(train_ds)} training "

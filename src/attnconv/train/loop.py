@@ -176,6 +176,8 @@ class Trainer:
         }
         if resume:
             self._resume()
+            if self.step >= self.total:  # said, not a silent exit
+                self.resume_note = "the run had already finished: nothing left to train"
         self.mon = Monitor(
             self.out,
             enabled=self.info.is_main,
