@@ -132,3 +132,96 @@ def axis_attention_reference(q, k, v, q_axis, h: int, w: int, scale: float) -> t
     """The plain equation of ``axis_attention``: the dense (B, Nh, T, T) logits, softmax, @ v."""
     bias = (q_axis[..., :h, None] + q_axis[..., None, h:]).flatten(-2)  # (B|1, Nh, T, T)
     return torch.softmax(scale * q @ k.transpose(-2, -1) + bias, -1) @ v
+
+
+def _gauss_block(qc, kc, ctr, prec) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized quadratic logits (eq. 9 with a full precision S) of a query block, built
+    from the offsets d = key - query directly (no cancelling alpha H^2 terms):
+    -1/2 (d - Delta)^T S (d - Delta) (Nh, Bq, T), and e = d - Delta (Nh, Bq, T, 2).
+    qc (Bq, 2), kc (T, 2) pixel coordinates, ctr (Nh, 2), prec (Nh, 2, 2)."""
+    e = (kc[None, None] - qc[None, :, None]) - ctr[:, None, None, :]  # (Nh, Bq, T, 2)
+    s00, s01, s11 = (prec[:, i, j, None, None] for i, j in ((0, 0), (0, 1), (1, 1)))
+    e0, e1 = e[..., 0], e[..., 1]
+    return -0.5 * (e0 * e0 * s00 + 2 * e0 * e1 * s01 + e1 * e1 * s11), e
+
+
+class _GaussianAttention(torch.autograd.Function):
+    """softmax(scale q k^T + G) v with G the generalized quadratic position logits, blocked over
+    queries like _AxisAttention; backward recomputes each block and returns the gradients of
+    the centres (sum dS S e) and of the precision (-1/2 sum dS e e^T), summed over the batch."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, ctr, prec, coords, scale: float, bq: int):
+        b, nh, t, _ = q.shape
+        out = torch.empty(*q.shape[:3], v.shape[-1], dtype=q.dtype, device=q.device)
+        rmax, rden = (torch.empty(b, nh, t, 1, dtype=q.dtype, device=q.device) for _ in "md")
+        for j in range(0, t, bq):
+            sl = slice(j, j + bq)
+            g, _ = _gauss_block(coords[sl], coords, ctr, prec)  # (Nh, Bq, T), shared by images
+            for i in range(b):
+                s = torch.baddbmm(g, q[i, :, sl], k[i].transpose(1, 2), alpha=scale)
+                m = s.amax(-1, keepdim=True)
+                p = _exp_(s.sub_(m))
+                rd = p.sum(-1, keepdim=True).reciprocal_()
+                out[i, :, sl] = torch.bmm(p, v[i]).mul_(rd)
+                rmax[i, :, sl], rden[i, :, sl] = m, rd
+        ctx.save_for_backward(q, k, v, ctr, prec, coords, rmax, rden)
+        ctx.scale, ctx.bq = scale, bq
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout):
+        q, k, v, ctr, prec, coords, rmax, rden = ctx.saved_tensors
+        scale, bq = ctx.scale, ctx.bq
+        b, nh, t, _ = q.shape
+        dout = dout.to(q.dtype).contiguous()
+        dq, dk, dv = (torch.zeros_like(x) for x in (q, k, v))
+        u = torch.zeros(nh, 2, dtype=q.dtype, device=q.device)  # sum dS e
+        dprec = torch.zeros_like(prec)  # -1/2 sum dS e e^T
+        for j in range(0, t, bq):
+            sl = slice(j, j + bq)
+            g, e = _gauss_block(coords[sl], coords, ctr, prec)
+            dg = torch.zeros_like(g)
+            for i in range(b):
+                qi, doi = q[i, :, sl], dout[i, :, sl]
+                s = torch.baddbmm(g, qi, k[i].transpose(1, 2), alpha=scale).sub_(rmax[i, :, sl])
+                p = _exp_(s).mul_(rden[i, :, sl])
+                dv[i].baddbmm_(p.transpose(1, 2), doi)
+                ds = torch.bmm(doi, v[i].transpose(1, 2)).mul_(p)
+                ds.addcmul_(p, ds.sum(-1, keepdim=True), value=-1)
+                torch.bmm(ds, k[i], out=dq[i, :, sl]).mul_(scale)
+                dk[i].baddbmm_(ds.transpose(1, 2), qi, alpha=scale)
+                dg += ds
+            u += torch.einsum("hqk,hqki->hi", dg, e)
+            dprec -= 0.5 * torch.einsum("hqk,hqki,hqkj->hij", dg, e, e)
+        dctr = torch.einsum("hij,hj->hi", prec, u)  # dG/dDelta = S e (S symmetric)
+        return dq, dk, dv, dctr, dprec, None, None, None
+
+
+def gaussian_attention(q, k, v, centers, precision, h: int, w: int, scale: float,
+                       block: int | None = None) -> torch.Tensor:  # fmt: skip
+    """softmax(scale q k^T - 1/2 (d - Delta)^T S (d - Delta)) v, d = key - query pixel, exact,
+    blocked over queries (generalized quadratic encoding with content). q, k (B, Nh, T, dk),
+    v (B, Nh, T, dv), centers (Nh, 2), precision (Nh, 2, 2) symmetric -> (B, Nh, T, dv), in
+    float32 (float64 stays). First derivative only."""
+    from .positional import pixel_coords
+
+    dt = kernel_dtype(q.dtype)
+    q, k, v, centers, precision = (t.to(dt).contiguous() for t in (q, k, v, centers, precision))
+    q, k, v, centers, precision = first_order_only(
+        "the blocked Gaussian attention (impl='auto')", q, k, v, centers, precision)
+    coords = pixel_coords(h, w, q.device, dt)  # (T, 2)
+    with torch.autocast(q.device.type, enabled=False):
+        bq = block or query_block(2 * q.shape[1], q.shape[2])  # e = d - Delta: 2 values a link
+        return _GaussianAttention.apply(q, k, v, centers, precision, coords, scale, bq)
+
+
+def gaussian_attention_reference(q, k, v, centers, precision, h: int, w: int,
+                                 scale: float) -> torch.Tensor:  # fmt: skip
+    """The plain equation of ``gaussian_attention``: dense logits, softmax, @ v."""
+    from .positional import pixel_coords
+
+    c = pixel_coords(h, w, q.device, q.dtype)
+    g, _ = _gauss_block(c, c, centers.to(q.dtype), precision.to(q.dtype))  # (Nh, T, T)
+    return torch.softmax(scale * q @ k.transpose(-2, -1) + g, -1) @ v

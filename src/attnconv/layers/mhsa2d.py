@@ -281,6 +281,10 @@ class MultiHeadSelfAttention2d(NotScriptable, ContentKernels, nn.Module):
             if enc.position_foldable and not enc.separable:  # the low-rank fold it runs
                 return axis_softmax(enc.position_logits(h, w))[None].to(x.dtype)
             return self.attention_probs(x)  # the shared path's own dense probabilities
+        if enc.position_foldable and not enc.separable:  # generalized: from the offsets
+            q, k = self._qk(xt, h, w)
+            lg = q @ k.transpose(-2, -1) * self.scale + enc.dense_logits(h, w).to(q.dtype)
+            return axis_softmax(lg)
         q_aug, k_aug, _ = self.folded_qkv(xt, self._values(xt, h, w), h, w)
         return axis_softmax(q_aug @ k_aug.transpose(-2, -1))  # scale folded into q_aug
 
