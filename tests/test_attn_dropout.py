@@ -93,3 +93,31 @@ def test_content_dropout_kernel_equals_reference(positional, b, h, w, nh, value,
     torch.testing.assert_close(outs[0], outs[1])
     for ga, gr in zip(*grads):
         torch.testing.assert_close(ga, gr)
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    b=st.integers(1, 2), h=st.integers(1, 5), w=st.integers(1, 5), nh=st.integers(1, 3),
+    value=st.sampled_from(["linear", "identity"]), p=st.sampled_from([0.1, 0.5]),
+    seed=st.integers(0, 2**16),
+)  # fmt: skip
+def test_generalized_content_dropout_equals_reference(b, h, w, nh, value, p, seed):
+    """Generalized quadratic + content in training on CPU: the blocked Gaussian kernel removes
+    the links the plain equations remove (functional.dropped_links), values and gradients."""
+    c = 2 * nh
+    kw = dict(positional="quadratic_generalized", content=True, dropout=p, value=value)
+    fast = MultiHeadSelfAttention2d(c, c, nh, **kw).double().train()
+    ref = MultiHeadSelfAttention2d(c, c, nh, impl="reference", **kw).double().train()
+    ref.load_state_dict(fast.state_dict())
+    assert fast._use_gaussian(torch.zeros(1), p)
+    x = torch.randn(b, c, h, w, dtype=torch.float64, requires_grad=True)
+    outs, grads = [], []
+    for m in (fast, ref):
+        torch.manual_seed(seed)
+        y = m(x)
+        params = [q for q in m.parameters() if q.requires_grad]
+        grads.append(torch.autograd.grad((y * y.detach().cos()).sum(), [x, *params]))
+        outs.append(y)
+    torch.testing.assert_close(outs[0], outs[1])
+    for ga, gr in zip(*grads):
+        torch.testing.assert_close(ga, gr)

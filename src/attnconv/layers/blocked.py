@@ -151,7 +151,7 @@ class _GaussianAttention(torch.autograd.Function):
     the centres (sum dS S e) and of the precision (-1/2 sum dS e e^T), summed over the batch."""
 
     @staticmethod
-    def forward(ctx, q, k, v, ctr, prec, coords, scale: float, bq: int):
+    def forward(ctx, q, k, v, ctr, prec, coords, scale: float, bq: int, drop, p_drop: float):
         b, nh, t, _ = q.shape
         out = torch.empty(*q.shape[:3], v.shape[-1], dtype=q.dtype, device=q.device)
         rmax, rden = (torch.empty(b, nh, t, 1, dtype=q.dtype, device=q.device) for _ in "md")
@@ -163,17 +163,22 @@ class _GaussianAttention(torch.autograd.Function):
                 m = s.amax(-1, keepdim=True)
                 p = _exp_(s.sub_(m))
                 rd = p.sum(-1, keepdim=True).reciprocal_()
+                rmax[i, :, sl], rden[i, :, sl] = m, rd  # the softmax's, before dropout
+                if drop is not None:  # attention dropout after the softmax: kept / (1 - p)
+                    p.masked_fill_(drop[i, :, sl], 0.0)
+                    rd = rd / (1.0 - p_drop)
                 out[i, :, sl] = torch.bmm(p, v[i]).mul_(rd)
-                rmax[i, :, sl], rden[i, :, sl] = m, rd
-        ctx.save_for_backward(q, k, v, ctr, prec, coords, rmax, rden)
-        ctx.scale, ctx.bq = scale, bq
+        ctx.save_for_backward(q, k, v, ctr, prec, coords, rmax, rden,
+                              *(() if drop is None else (drop,)))  # fmt: skip
+        ctx.scale, ctx.bq, ctx.p_drop = scale, bq, p_drop
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dout):
-        q, k, v, ctr, prec, coords, rmax, rden = ctx.saved_tensors
-        scale, bq = ctx.scale, ctx.bq
+        q, k, v, ctr, prec, coords, rmax, rden, *drop = ctx.saved_tensors
+        scale, bq, p_drop = ctx.scale, ctx.bq, ctx.p_drop
+        drop = drop[0] if drop else None
         b, nh, t, _ = q.shape
         dout = dout.to(q.dtype).contiguous()
         dq, dk, dv = (torch.zeros_like(x) for x in (q, k, v))
@@ -186,9 +191,16 @@ class _GaussianAttention(torch.autograd.Function):
             for i in range(b):
                 qi, doi = q[i, :, sl], dout[i, :, sl]
                 s = torch.baddbmm(g, qi, k[i].transpose(1, 2), alpha=scale).sub_(rmax[i, :, sl])
-                p = _exp_(s).mul_(rden[i, :, sl])
-                dv[i].baddbmm_(p.transpose(1, 2), doi)
-                ds = torch.bmm(doi, v[i].transpose(1, 2)).mul_(p)
+                p = _exp_(s).mul_(rden[i, :, sl])  # P, before dropout
+                dp = torch.bmm(doi, v[i].transpose(1, 2))  # dL/dP' (Nh, Bq, T)
+                if drop is not None:  # P' = P o keep / (1 - p): dP = dP' o keep / (1 - p)
+                    keep = drop[i, :, sl].logical_not()
+                    pk = p.masked_fill(~keep, 0.0).div_(1.0 - p_drop)
+                    dv[i].baddbmm_(pk.transpose(1, 2), doi)
+                    dp.masked_fill_(~keep, 0.0).div_(1.0 - p_drop)
+                else:
+                    dv[i].baddbmm_(p.transpose(1, 2), doi)
+                ds = dp.mul_(p)
                 ds.addcmul_(p, ds.sum(-1, keepdim=True), value=-1)
                 torch.bmm(ds, k[i], out=dq[i, :, sl]).mul_(scale)
                 dk[i].baddbmm_(ds.transpose(1, 2), qi, alpha=scale)
@@ -196,15 +208,17 @@ class _GaussianAttention(torch.autograd.Function):
             u += torch.einsum("hqk,hqki->hi", dg, e)
             dprec -= 0.5 * torch.einsum("hqk,hqki,hqkj->hij", dg, e, e)
         dctr = torch.einsum("hij,hj->hi", prec, u)  # dG/dDelta = S e (S symmetric)
-        return dq, dk, dv, dctr, dprec, None, None, None
+        return dq, dk, dv, dctr, dprec, None, None, None, None, None
 
 
 def gaussian_attention(q, k, v, centers, precision, h: int, w: int, scale: float,
-                       block: int | None = None) -> torch.Tensor:  # fmt: skip
+                       block: int | None = None, drop=None,
+                       p_drop: float = 0.0) -> torch.Tensor:  # fmt: skip
     """softmax(scale q k^T - 1/2 (d - Delta)^T S (d - Delta)) v, d = key - query pixel, exact,
     blocked over queries (generalized quadratic encoding with content). q, k (B, Nh, T, dk),
     v (B, Nh, T, dv), centers (Nh, 2), precision (Nh, 2, 2) symmetric -> (B, Nh, T, dv), in
-    float32 (float64 stays). First derivative only."""
+    float32 (float64 stays); ``drop`` (B, Nh, T, T) bool: the links attention dropout removes
+    (functional.dropped_links), kept ones scaled by 1 / (1 - p_drop). First derivative only."""
     from .positional import pixel_coords
 
     dt = kernel_dtype(q.dtype)
@@ -214,7 +228,8 @@ def gaussian_attention(q, k, v, centers, precision, h: int, w: int, scale: float
     coords = pixel_coords(h, w, q.device, dt)  # (T, 2)
     with torch.autocast(q.device.type, enabled=False):
         bq = block or query_block(2 * q.shape[1], q.shape[2])  # e = d - Delta: 2 values a link
-        return _GaussianAttention.apply(q, k, v, centers, precision, coords, scale, bq)
+        return _GaussianAttention.apply(q, k, v, centers, precision, coords, scale, bq, drop,
+                                        p_drop)  # fmt: skip
 
 
 def gaussian_attention_reference(q, k, v, centers, precision, h: int, w: int,

@@ -149,7 +149,7 @@ class ContentKernels:
         if self._use_blocked(xt, h, w, p_drop):
             return self._forward_blocked(xt, v5, h, w)
         if self._use_gaussian(xt, p_drop):
-            return self._forward_gaussian(xt, v5, h, w)
+            return self._forward_gaussian(xt, v5, h, w, p_drop)
         q_aug, k_aug, v = self.folded_qkv(xt, v5, h, w)
         # the folded quadratic logits reach alpha H^2: folded_qkv keeps them in float32, and
         # autocast must not cast them back to bfloat16 inside SDPA
@@ -161,25 +161,27 @@ class ContentKernels:
         return y.to(xt.dtype).transpose(1, 2)
 
     def _use_gaussian(self, xt: torch.Tensor, p_drop: float) -> bool:
-        """Generalized quadratic + content on CPU, no dropout: the blocked kernel with the
-        position logits built from the offsets (blocked.gaussian_attention). Folded into q/k,
-        the bilinear form's alpha H^2 terms cancel in float32 (2e-2 of the output at 1 x 1000
-        pixels, 5x the dense path's error at 32 x 32)."""
+        """Generalized quadratic + content on CPU: the blocked kernel with the position logits
+        built from the offsets (blocked.gaussian_attention), attention dropout by the plain
+        path's own dropped links. Folded into q/k, the bilinear form's alpha H^2 terms cancel
+        in float32 (2e-2 of the output at 1 x 1000 pixels, 5x the dense path's at 32 x 32)."""
         enc = self.positional_encoding
         on = self.blocked_backend
         if on is None:  # a Python loop over images and blocks: not for a traced graph
             tracing = torch.compiler.is_compiling() or torch.compiler.is_exporting()
             on = xt.device.type == "cpu" and not tracing
-        return (bool(on) and p_drop == 0.0 and enc.position_foldable and not enc.separable
+        return (bool(on) and enc.position_foldable and not enc.separable
                 and enc.uses_qk_product)  # fmt: skip
 
-    def _forward_gaussian(self, xt, v5, h, w) -> torch.Tensor:
+    def _forward_gaussian(self, xt, v5, h, w, p_drop) -> torch.Tensor:
         """softmax(scale q k^T - 1/2 (d - Delta)^T S (d - Delta)) v by query blocks, in float32.
         -> (B, T, Nh, Dv)"""
         q, k = self._qk(xt, h, w)  # (B, Nh, T, dk)
         enc = self.positional_encoding
+        b, nh, t = q.shape[:3]
+        drop = dropped_links(nh, t, b, p_drop, q.device) if p_drop > 0 else None
         y = gaussian_attention(q, k, self._seq_values(v5), hi(enc.centers), enc.precision, h, w,
-                               self.scale)  # fmt: skip
+                               self.scale, drop=drop, p_drop=p_drop)  # fmt: skip
         return y.to(xt.dtype).transpose(1, 2)
 
     def folded_qkv(self, xt, v5, h, w):
