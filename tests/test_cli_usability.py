@@ -160,9 +160,10 @@ def test_train_prints_a_startup_summary_and_progress_lines(files, capsys):
     assert re.search(r"^  steps +5 \(1 epoch\(s\) of 5 steps, batch 8\)", err, re.M), err
     assert f"run folder  {files['tmp'] / 'run'}" in err
     assert "eval acc" in err or "eval loss" in err
-    assert main(["train", files["cfg"], "--resume"]) == 0  # says where it resumes
-    err = capsys.readouterr().err
-    assert re.search(r"^  steps +5 \(.*\), resuming at step 5$", err, re.M), err
+    assert main(["train", files["cfg"], "--resume"]) == 0  # says where it resumes, and that
+    err = capsys.readouterr().err  # the run had finished there (was silent: issue 28)
+    assert re.search(r"^  steps +5 \(.*\), resuming at step 5 \(the run had already finished: "
+                     r"nothing left to train\)$", err, re.M), err
 
 
 def test_quiet_prints_no_status(files, capsys):
