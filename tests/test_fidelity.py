@@ -4,6 +4,7 @@ parametrization of the Gaussian precision, its weight-decay groups and its sched
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -251,3 +252,18 @@ def test_load_reference_checkpoint_file(tmp_path):
     dst = load_reference_checkpoint(attnconv.create_model("sa_quadratic", **SMALL_PORT), str(f))
     x = torch.randn(2, 3, 8, 8)
     torch.testing.assert_close(dst.eval()(x), src.eval()(x))
+
+
+@pytest.mark.parametrize("name", ["sa_quadratic", "sa_learned", "sa_learned_content"])
+def test_paper_configs_train_in_bf16_and_float32_is_one_flag_away(name):
+    """The fidelity table's precision row: the paper configs autocast to bfloat16 where the
+    reference trains in float32; `--set train.bf16=false` is the float32 recipe, nothing else
+    changed."""
+    from attnconv.train.config import load_config
+
+    path = Path(__file__).resolve().parents[1] / "configs" / f"{name}.yaml"
+    bf16, fp32 = load_config(path), load_config(path, ["train.bf16=false"])
+    assert bf16.train.bf16 is True and fp32.train.bf16 is False
+    a, b = bf16.to_dict(), fp32.to_dict()
+    a["train"].pop("bf16"), b["train"].pop("bf16")
+    assert a == b
