@@ -28,6 +28,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .first_order import first_order_only
+from .positional import gaussian_offset_logits, pixel_coords
 
 _FLOOR = -60.0  # exp(-60) = 8.8e-27: products with gradients stay normal float32
 _BLOCK_ELEMS = 1 << 19  # logits per block, Nh * Bq * T: 2 MiB of float32, one core's L2 + L3 share
@@ -134,17 +135,6 @@ def axis_attention_reference(q, k, v, q_axis, h: int, w: int, scale: float) -> t
     return torch.softmax(scale * q @ k.transpose(-2, -1) + bias, -1) @ v
 
 
-def _gauss_block(qc, kc, ctr, prec) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalized quadratic logits (eq. 9 with a full precision S) of a query block, built
-    from the offsets d = key - query directly (no cancelling alpha H^2 terms):
-    -1/2 (d - Delta)^T S (d - Delta) (Nh, Bq, T), and e = d - Delta (Nh, Bq, T, 2).
-    qc (Bq, 2), kc (T, 2) pixel coordinates, ctr (Nh, 2), prec (Nh, 2, 2)."""
-    e = (kc[None, None] - qc[None, :, None]) - ctr[:, None, None, :]  # (Nh, Bq, T, 2)
-    s00, s01, s11 = (prec[:, i, j, None, None] for i, j in ((0, 0), (0, 1), (1, 1)))
-    e0, e1 = e[..., 0], e[..., 1]
-    return -0.5 * (e0 * e0 * s00 + 2 * e0 * e1 * s01 + e1 * e1 * s11), e
-
-
 class _GaussianAttention(torch.autograd.Function):
     """softmax(scale q k^T + G) v with G the generalized quadratic position logits, blocked over
     queries like _AxisAttention; backward recomputes each block and returns the gradients of
@@ -157,7 +147,7 @@ class _GaussianAttention(torch.autograd.Function):
         rmax, rden = (torch.empty(b, nh, t, 1, dtype=q.dtype, device=q.device) for _ in "md")
         for j in range(0, t, bq):
             sl = slice(j, j + bq)
-            g, _ = _gauss_block(coords[sl], coords, ctr, prec)  # (Nh, Bq, T), shared by images
+            g, _ = gaussian_offset_logits(coords[sl], coords, ctr, prec)  # (Nh, Bq, T), all images
             for i in range(b):
                 s = torch.baddbmm(g, q[i, :, sl], k[i].transpose(1, 2), alpha=scale)
                 m = s.amax(-1, keepdim=True)
@@ -186,7 +176,7 @@ class _GaussianAttention(torch.autograd.Function):
         dprec = torch.zeros_like(prec)  # -1/2 sum dS e e^T
         for j in range(0, t, bq):
             sl = slice(j, j + bq)
-            g, e = _gauss_block(coords[sl], coords, ctr, prec)
+            g, e = gaussian_offset_logits(coords[sl], coords, ctr, prec)
             dg = torch.zeros_like(g)
             for i in range(b):
                 qi, doi = q[i, :, sl], dout[i, :, sl]
@@ -219,8 +209,6 @@ def gaussian_attention(q, k, v, centers, precision, h: int, w: int, scale: float
     v (B, Nh, T, dv), centers (Nh, 2), precision (Nh, 2, 2) symmetric -> (B, Nh, T, dv), in
     float32 (float64 stays); ``drop`` (B, Nh, T, T) bool: the links attention dropout removes
     (functional.dropped_links), kept ones scaled by 1 / (1 - p_drop). First derivative only."""
-    from .positional import pixel_coords
-
     dt = kernel_dtype(q.dtype)
     q, k, v, centers, precision = (t.to(dt).contiguous() for t in (q, k, v, centers, precision))
     q, k, v, centers, precision = first_order_only(
@@ -235,8 +223,6 @@ def gaussian_attention(q, k, v, centers, precision, h: int, w: int, scale: float
 def gaussian_attention_reference(q, k, v, centers, precision, h: int, w: int,
                                  scale: float) -> torch.Tensor:  # fmt: skip
     """The plain equation of ``gaussian_attention``: dense logits, softmax, @ v."""
-    from .positional import pixel_coords
-
     c = pixel_coords(h, w, q.device, q.dtype)
-    g, _ = _gauss_block(c, c, centers.to(q.dtype), precision.to(q.dtype))  # (Nh, T, T)
+    g, _ = gaussian_offset_logits(c, c, centers.to(q.dtype), precision.to(q.dtype))  # (Nh, T, T)
     return torch.softmax(scale * q @ k.transpose(-2, -1) + g, -1) @ v

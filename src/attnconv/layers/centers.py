@@ -18,9 +18,9 @@ def center_layers(model: nn.Module) -> list[nn.Module]:
                                        for o in mods)]  # fmt: skip
 
 
-def head_centers(model: nn.Module) -> list[torch.Tensor]:
-    """Per quadratic layer, its (Nh, 2) (row, col) head centres (float32, CPU); layers whose
-    encoding has no centres (``attention_centers()`` raises ValueError) are skipped."""
+def _centered(model: nn.Module) -> list[tuple[nn.Module, torch.Tensor]]:
+    """(layer, its (Nh, 2) centres as float32 on CPU) for every layer of ``center_layers`` whose
+    encoding has centres (``attention_centers()`` raising ValueError: skipped)."""
     out = []
     for m in center_layers(model):
         try:
@@ -31,20 +31,19 @@ def head_centers(model: nn.Module) -> list[torch.Tensor]:
             raise ValueError(
                 f"{type(m).__name__}.attention_centers() must return (Nh, 2), got {tuple(c.shape)}"
             )
-        out.append(c)
+        out.append((m, c))
     return out
+
+
+def head_centers(model: nn.Module) -> list[torch.Tensor]:
+    """Per quadratic layer, its (Nh, 2) (row, col) head centres (float32, CPU); layers whose
+    encoding has no centres (``attention_centers()`` raises ValueError) are skipped."""
+    return [c for _, c in _centered(model)]
 
 
 def head_alphas(model: nn.Module) -> list[torch.Tensor | None]:
     """Per layer of ``head_centers``, its (Nh,) isotropic precisions alpha (eq. 9: logits
     -alpha ||delta - Delta||^2), or None for an encoding without one (generalized quadratic)."""
-    out = []
-    for m in center_layers(model):
-        try:
-            m.attention_centers()
-        except (ValueError, NotImplementedError):
-            continue
-        enc = getattr(m, "positional_encoding", None)
-        alpha = getattr(enc, "alpha", None)
-        out.append(None if alpha is None else alpha.detach().float().cpu())
-    return out
+    alphas = [getattr(getattr(m, "positional_encoding", None), "alpha", None)
+              for m, _ in _centered(model)]  # fmt: skip
+    return [None if a is None else a.detach().float().cpu() for a in alphas]

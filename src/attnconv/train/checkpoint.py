@@ -337,11 +337,7 @@ def _read_checkpoint(path: str | Path, with_state: bool) -> tuple[dict, dict, di
         if size > memory_bytes() // 2:
             raise CheckpointError(f"{f}: {size / 2**30:.1f} GiB, more than half this machine's "
                                   "memory")  # fmt: skip
-        data = f.read_bytes()
-        if len(data) < expect["bytes"]:
-            raise CheckpointError(
-                f"{f}: truncated checkpoint: {len(data)} of {expect['bytes']} bytes"
-            )
+        data = f.read_bytes()  # its size was checked above; a change since is caught here
         if len(data) != expect["bytes"] or hashlib.sha256(data).hexdigest() != expect["sha256"]:
             raise CheckpointError(
                 f"{f}: corrupted checkpoint: sha256/size differ from {META} (file was modified)"
