@@ -135,11 +135,17 @@ def run_one(cfg: Path, data: Path) -> None:
         sh([*CLI, "convert", out, "--data", data, "--json", out / "convert.json"], log)
 
 
-def total_steps(cfg: Path) -> int | None:
-    """Training steps an experiment's config asks for (None: a whole-split epoch, not capped)."""
+def train_config(cfg: Path):
+    """An experiment's ``train`` section (its steps and batch)."""
     from attnconv.train.config import load_config
 
-    t = load_config(cfg).train
+    return load_config(cfg).train
+
+
+def total_steps(cfg: Path, t=None) -> int | None:
+    """Training steps an experiment's config asks for (None: a whole-split epoch, not capped);
+    ``t``: its train section, if already read."""
+    t = t or train_config(cfg)
     return t.epochs * t.steps_per_epoch if t.steps_per_epoch else None
 
 
@@ -152,13 +158,12 @@ def progress(cfg: Path, out: Path) -> str:
     train = [r for r in rows if r["kind"] == "train"]
     if not train:
         return "not started"
-    step, n = int(train[-1]["step"]), total_steps(cfg)
+    t = train_config(cfg)
+    step, n = int(train[-1]["step"]), total_steps(cfg, t)
     ips = sorted(float(r["images_per_s"]) for r in train[-20:])[len(train[-20:]) // 2]
     if not n:
         return f"step {step} ({ips:.0f} img/s)"
-    from attnconv.train.config import load_config
-
-    left_h = (n - step) * load_config(cfg).train.batch_size / max(ips, 1e-9) / 3600
+    left_h = (n - step) * t.batch_size / max(ips, 1e-9) / 3600
     return f"step {step} of {n} ({100 * step / n:.0f}%), ~{left_h:.1f} h left at {ips:.0f} img/s"
 
 
@@ -420,7 +425,8 @@ def grid_formation(lines: list[str]) -> None:
     cfg = CONFIGS / f"{name}.yaml"
     lines += ["### Do the quadratic heads form a grid? (Cordonnier et al. 2020, fig. 3-4)", "",
               f"`{name}`: sa_quadratic at the Table 1 CPU scale with 20x its budget "
-              f"({total_steps(cfg)} steps of 64 images, cosine); {progress(cfg, RUNS / name)}. "
+              f"({total_steps(cfg)} steps of {train_config(cfg).batch_size} images, cosine); "
+              f"{progress(cfg, RUNS / name)}. "
               "Per layer (1 -> 6), from its centre log (exact: position-only attention does not "
               "depend on the input): centre displacement from step 0 and mean attention "
               "distance in tokens of the 16x16 grid, the largest top-key share of a head (sharp "
