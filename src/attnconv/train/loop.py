@@ -436,6 +436,12 @@ def train(cfg: Config, *, resume: bool = False, stop_at_step: int | None = None,
     tr = Trainer(cfg, resume=resume, stop_at_step=stop_at_step, overwrite=overwrite,
                  device=device)  # fmt: skip
     try:
-        return tr.fit()
+        last = tr.fit()
+        # every rank past its last collective before gloo is torn down: a rank destroying the
+        # group while a peer's final all_reduce was in flight aborted under load ("terminate
+        # called without an active exception"); on the success path only, so that a failing
+        # rank never waits on a peer stuck elsewhere
+        D.barrier(tr.info)
+        return last
     finally:
         D.shutdown(tr.info)
