@@ -83,3 +83,28 @@ def test_gaussian_kernel_gradcheck():
     assert torch.autograd.gradcheck(
         lambda q, k, v, c, a: gaussian_attention(q, k, v, c, a @ a.transpose(-1, -2), 3, 4, 0.5,
                                                  block=5), ins)  # fmt: skip
+
+
+@pytest.mark.parametrize("hw", [(1, 300), (16, 16), (32, 32)])
+@pytest.mark.parametrize("content", [False, True])
+def test_bf16_autocast_error_within_2x_of_dense(hw, content):
+    """Under bfloat16 autocast (how train.bf16 trains), against float64: the fast path's output
+    error within 2x of the dense path's under the same autocast."""
+    torch.manual_seed(0)
+    fast = _layer("auto", content=content)
+    with torch.no_grad():
+        fast.positional_encoding.spread.mul_(3.0)
+        fast.positional_encoding.centers.mul_(3)
+    dense = _layer("reference", content=content)
+    exact = _layer("reference", torch.float64, content=content)
+    dense.load_state_dict(fast.state_dict())
+    exact.load_state_dict(fast.state_dict())
+    x = torch.randn(1, 6, *hw)
+    with torch.no_grad():
+        ref = exact(x.double())
+        errs = []
+        for m in (fast, dense):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = m(x)
+            errs.append(((y.double() - ref).abs().max() / ref.abs().max()).item())
+    assert errs[0] <= 2 * errs[1] + 1e-7, errs
