@@ -70,6 +70,15 @@ def query_maps(
     return out
 
 
+def layer_names(model: nn.Module, n: int) -> list[str]:
+    """Labels of the ``n`` attention layers of ``model``: its ``layer_names`` (a converted CNN's
+    module names) when it has one per layer, else "layer 1", "layer 2", ..."""
+    names = getattr(model, "layer_names", None)
+    if names is not None and len(names) == n:
+        return [str(x) for x in names]
+    return [f"layer {i + 1}" for i in range(n)]
+
+
 MAP_BUDGET = 2**27  # bytes of attention maps one batch may hold (dense T x T maps are large)
 
 
