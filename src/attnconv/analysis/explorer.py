@@ -211,9 +211,8 @@ def collect_attention(
 ) -> tuple[list[list[torch.Tensor]], list[torch.Tensor] | None, int, list[Grid], bool]:
     """Run ``model``: the stored query rows (Nh, Q, hw) per layer of every shown image, and of
     the average over ``average_images`` (prefix keys dropped). Returns (single, average, n,
-    layer grids, shared). ``shared``: every map of the first image is position-only (batch 1,
-    ``AttentionMap``), the same for every image, so no other image is run; the average is that
-    map."""
+    layer grids, shared). ``shared``: the maps are position-only (batch 1, ``AttentionMap``), the
+    same for every image: ``iter_attention`` runs two images only."""
     picks: list[torch.Tensor] = []
     grids: list[Grid] = []
 
@@ -226,33 +225,25 @@ def collect_attention(
             m.probs[:, :, idx, m.num_prefix_tokens :].float() for m, idx in zip(maps, picks)
         ]
 
-    single, shared = [], False
-    batches = iter_attention(
-        model, normalize(images, mean, std), batch_size, desc="explore: images shown"
-    )
-    for start, stop, attns in batches:
-        r = pick(attns)
-        if start == 0 and all(x.shape[0] == 1 for x in r):
-            single, shared = [[x[0] for x in r]] * images.shape[0], True
-            batches.close()
-            break
-        for i in range(stop - start):
-            single.append([x[min(i, x.shape[0] - 1)] for x in r])
-    single = single[: images.shape[0]]
+    def batches(x, desc):  # position-only maps (batch 1) come once for all images
+        for start, stop, attns in iter_attention(model, normalize(x, mean, std), batch_size,
+                                                 desc=desc):  # fmt: skip
+            r = pick(attns)
+            flags.append(stop - start > 1 and all(a.shape[0] == 1 for a in r))
+            yield stop - start, r
+
+    flags: list[bool] = []
+    single = []
+    for b, r in batches(images, "explore: images shown"):
+        single += [[x[min(i, x.shape[0] - 1)] for x in r] for i in range(b)]
     if average_images is None or average_images.shape[0] == 0:
-        return single, None, 0, grids, shared
-    if shared:
-        return single, single[0], average_images.shape[0], grids, shared
+        return single, None, 0, grids, any(flags)
     sums, n = None, 0
-    for start, stop, attns in iter_attention(
-        model, normalize(average_images, mean, std), batch_size, desc="explore: average"
-    ):
-        b = stop - start
-        # a (1, ...) map shared by the batch stands for b images
-        r = [x.sum(0) * (b if x.shape[0] == 1 else 1) for x in pick(attns)]
+    for b, r in batches(average_images, "explore: average"):
+        r = [x.sum(0) * (b if x.shape[0] == 1 else 1) for x in r]  # a (1, ...) map: b images
         sums = r if sums is None else [s + x for s, x in zip(sums, r)]
         n += b
-    return single, [s / n for s in sums], n, grids, shared
+    return single, [s / n for s in sums], n, grids, any(flags)
 
 
 def render_html(data: dict) -> str:

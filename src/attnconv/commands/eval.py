@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 
 from .options import add_device
 
+log = logging.getLogger(__name__)
 HELP = "evaluate a checkpoint (accuracy, loss) on a dataset split"
 
 
@@ -22,6 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    log.info(f"eval: loading {args.checkpoint}")
     import torch
 
     from attnconv.data import CIFAR10_MEAN, CIFAR10_STD, Loader, load_dataset
@@ -37,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     if spec is None:
         raise ValueError("the checkpoint stores no dataset: pass --data")
     root = args.root or (cfg_data.get("root") if not args.data else None)
+    log.info(f"eval: {info['model']}; reading {spec}:{args.split}")
     ds = load_dataset(spec, args.split, root=root, max_per_class=args.max_per_class)
     data_info = info.get("data", {})
     classes = data_info.get("classes")
