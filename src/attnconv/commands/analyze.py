@@ -102,6 +102,7 @@ def analyze_checkpoint(
     from attnconv.analysis.centers import find_center_log
     from attnconv.analysis.inputs import load_for_analysis
     from attnconv.analysis.report import analyze_model
+    from attnconv.train.device import resolve_device
 
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
@@ -110,6 +111,7 @@ def analyze_checkpoint(
     center_log = Path(centers_log) if centers_log else find_center_log(checkpoint)
     if centers_log and not center_log.is_file():
         raise FileNotFoundError(f"--centers-log {center_log}: no such file")
+    resolve_device(device)  # an unusable --device before any work
     log.info(f"analyze: loading {checkpoint} and {num_images} test images")
     model, info, images, labels, mean, std = load_for_analysis(
         checkpoint, data, num_images, split, device=device, model_name=model_name

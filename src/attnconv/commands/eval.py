@@ -24,7 +24,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    log.info(f"eval: loading {args.checkpoint}")
     import torch
 
     from attnconv.data import CIFAR10_MEAN, CIFAR10_STD, Loader, load_dataset
@@ -34,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.train.loop import evaluate
 
     device = resolve_device(args.device)
+    log.info(f"eval: loading {args.checkpoint}")
     model, info = load_model(args.checkpoint)
     cfg_data = (info.get("config") or {}).get("data", {})
     spec = args.data or cfg_data.get("dataset")

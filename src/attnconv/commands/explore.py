@@ -37,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
     from attnconv.analysis.explorer import explore_model
     from attnconv.analysis.inputs import load_for_analysis
+    from attnconv.train.device import resolve_device
 
     from .analyze import model_source
 
@@ -48,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     if Path(args.out).suffix.lower() not in (".html", ".htm"):
         raise ValueError(f"--out must name an .html file, got {args.out}")
     path, name = model_source(args)
+    resolve_device(args.device)  # an unusable --device before any work
     log.info(f"explore: loading {path} and {max(args.images, args.average)} test images")
     model, info, images, labels, mean, std = load_for_analysis(
         path, args.data, max(args.images, args.average), args.split, device=args.device,
