@@ -22,20 +22,19 @@ import torch.nn.functional as F
 import yaml
 
 from attnconv.data import Loader, load_dataset
+from attnconv.loading.checkpoint import (
+    LATEST,
+    CheckpointError,
+    check_fits,
+    follow_latest,
+    read_checkpoint,
+)
 from attnconv.memory import memory_bytes
 from attnconv.models.budget import probe_bytes
 from attnconv.progress import Progress
 
 from . import distributed as D
-from .checkpoint import (
-    LATEST,
-    CheckpointError,
-    atomic_write,
-    check_fits,
-    follow_latest,
-    optimizer_from_tensors,
-    read_checkpoint,
-)
+from .checkpoint import atomic_write, optimizer_from_tensors
 from .checkpoint import save_checkpoint as _save
 from .config import Config
 from .monitor import Monitor
