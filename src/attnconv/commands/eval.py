@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.loading import load_model
     from attnconv.train.device import resolve_device
     from attnconv.train.distributed import DistInfo
-    from attnconv.train.loop import evaluate
+    from attnconv.train.evaluation import evaluate
 
     device = resolve_device(args.device)
     model, info = load_model(args.checkpoint)
