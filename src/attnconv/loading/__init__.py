@@ -1,7 +1,8 @@
-"""Loading weights into the models: attnconv checkpoints and model-zoo (timm, Hugging Face)
-ViT / DeiT weights. ``attnconv.models`` builds modules; this package fills them.
+"""Loading weights into the models: attnconv checkpoints (``checkpoint``) and timm / Hugging
+Face ViT / DeiT weights (``pretrained``). ``attnconv.models`` builds modules; this package fills
+them. ``attnconv.create_model`` is :func:`create_model` here.
 
-    model = attnconv.create_model("vit_tiny_patch16_224", checkpoint="deit_tiny/")  # this one
+    model = attnconv.create_model("deit_tiny_patch16_224", checkpoint="deit_tiny/")
     model, info = load_model("runs/sa_quadratic")  # an attnconv run or checkpoint folder
 """
 
@@ -15,12 +16,12 @@ from attnconv.models import check_model_args
 from attnconv.models import create_model as build_model
 
 from .checkpoint import CheckpointError, load_model
-from .pretrained import load_pretrained, model_kwargs, read_source
+from .pretrained import load_pretrained, model_kwargs
 from .source import WeightsError
 
 __all__ = [
     "CheckpointError", "WeightsError", "create_model", "load_model", "load_pretrained",
-    "model_kwargs", "read_source",
+    "model_kwargs",
 ]  # fmt: skip
 
 

@@ -20,7 +20,10 @@ import torch.nn as nn
 from safetensors.torch import save as st_save
 
 from attnconv import __version__
-from attnconv.loading.checkpoint import (  # noqa: F401 (the format's names, read from here too)
+
+# the format; the reading side (LATEST, CheckpointError, find / follow / read, load_model) stays
+# importable from here, where it is documented
+from attnconv.loading.checkpoint import (  # noqa: F401
     FORMAT,
     LATEST,
     META,
@@ -29,7 +32,6 @@ from attnconv.loading.checkpoint import (  # noqa: F401 (the format's names, rea
     VERSION,
     WEIGHTS,
     CheckpointError,
-    check_fits,
     find_checkpoint,
     follow_latest,
     load_model,
