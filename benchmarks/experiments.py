@@ -208,7 +208,7 @@ def read_metrics(run: Path) -> dict:
 
 
 def n_params(run: Path) -> int:
-    from attnconv.train.checkpoint import load_model
+    from attnconv.loading import load_model
 
     model, _ = load_model(run)
     return sum(p.numel() for p in model.parameters())
