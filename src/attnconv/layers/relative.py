@@ -49,14 +49,17 @@ def _pair_index(h: int, w: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     return rows[None, :] - rows[:, None] + h - 1, cols[None, :] - cols[:, None] + w - 1
 
 
-def fold_axis_scores(row_full, col_full, h: int, w: int, batch: int, scale: float):
+def fold_axis_scores(row_full, col_full, h: int, w: int, batch: int, scale: float,
+                     keys: bool = True):  # fmt: skip
     """Scores per key offset (B|1, Nh, T, 2h-1) and (B|1, Nh, T, 2w-1) -> query columns
-    (B, Nh, T, h + w) and the matching one-hot key columns."""
+    (B, Nh, T, h + w) and the matching one-hot key columns (None unless ``keys``)."""
     t, nh, dev, dt = h * w, row_full.shape[1], row_full.device, row_full.dtype
     rows = torch.arange(t, device=dev) // w
     cols = torch.arange(t, device=dev) % w
     row_full, col_full = row_full.expand(batch, nh, t, -1), col_full.expand(batch, nh, t, -1)
     q_cols = torch.cat([rel_gather(row_full, h, rows), rel_gather(col_full, w, cols)], -1) * scale
+    if not keys:
+        return q_cols, None
     onehot = torch.cat([F.one_hot(rows, h), F.one_hot(cols, w)], -1).to(dt)  # (T, h + w)
     return q_cols, onehot.expand(batch, nh, t, h + w)
 
@@ -186,7 +189,7 @@ class LearnedRelativeEncoding(PositionalEncoding):
         the dense path's gradient error (tests/test_precision.py)."""
         if self.query_reads:
             return AxisTerm(dense=self.dense(h, w), h=h, w=w,
-                            read=lambda q: self.fold(q, None, h, w)[0][0])  # fmt: skip
+                            read=lambda q: self.read_axis(q, h, w))  # fmt: skip
         return AxisTerm(dense=self.dense(h, w), h=h, w=w,
                         axes=lambda dtype=None: self.axis_logits(h, w, dtype))  # fmt: skip
 
@@ -211,9 +214,15 @@ class LearnedRelativeEncoding(PositionalEncoding):
         if not self.query_reads:  # head keys: each query's row logits and column logits
             row, col = self.axis_logits(h, w, q.dtype)  # (Nh, h, h), (Nh, w, w)
             return expand_fold(axis_fold(row, col), q)
+        qc, kc = self.read_axis(q, h, w, keys=True)
+        return [qc], [kc]
+
+    def read_axis(self, q, h: int, w: int, keys: bool = False):
+        """The query reads the tables: q_axis (B, Nh, T, h + w) (and, ``keys``, the one-hot key
+        columns it meets)."""
         r_row, r_col = self.tables(h, w)
         dr = r_row.shape[1]
         row_full = q[..., :dr] @ r_row.to(q.dtype).t()  # (B, Nh, T, 2h-1)
         col_full = q[..., dr:] @ r_col.to(q.dtype).t()  # (B, Nh, T, 2w-1)
-        qc, kc = fold_axis_scores(row_full, col_full, h, w, q.shape[0], self.scale)
-        return [qc], [kc]
+        out = fold_axis_scores(row_full, col_full, h, w, q.shape[0], self.scale, keys)
+        return out if keys else out[0]

@@ -102,7 +102,7 @@ def for_layer(layer, x: torch.Tensor, term: Term, p_drop: float, device: str | N
     """``choose`` for MultiHeadSelfAttention2d ``layer`` on x (B, Cin, H, W); the gradient facts are
     read only for the rows that ask (an AxisTerm with content)."""
     grad = pos_grad = True
-    if isinstance(term, AxisTerm) and layer.impl == "auto" and p_drop == 0:
+    if isinstance(term, AxisTerm) and layer.input_dependent and layer.impl == "auto" and not p_drop:
         on = torch.is_grad_enabled()
         pos_grad = on and any(p.requires_grad for p in layer.positional_encoding.parameters())
         grad = on and (x.requires_grad or any(p.requires_grad for p in layer.parameters()))
