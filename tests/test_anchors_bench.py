@@ -64,6 +64,5 @@ def test_fold_anchor_is_the_layer_without_its_blocked_kernel(positional):
     """The "fold" kind: attnconv without the blocked kernel, the same attention by another route."""
     ours, fold = build("attnconv", positional, 18, 16), build("fold", positional, 18, 16)
     x = torch.randn(2, 18, 16, 16)
-    xt = x.flatten(2).transpose(1, 2)
-    assert ours._use_blocked(xt, 16, 16, 0.0) and not fold._use_blocked(xt, 16, 16, 0.0)
+    assert ours.kernel(x, 0.0) == "blocked" and fold.kernel(x, 0.0) != "blocked"
     torch.testing.assert_close(fold(x), ours(x), rtol=1e-5, atol=1e-6)

@@ -67,11 +67,11 @@ def test_kernel_has_first_derivative_only():
 def test_layer_routes_to_blocked_kernel_from_16x16_on_cpu():
     layer = MultiHeadSelfAttention2d(8, 8, 2, positional="relative_learned", content=True)
     for hw, on in ((8, False), (16, True)):
-        xt = torch.randn(1, hw * hw, 8)
-        assert layer._use_blocked(xt, hw, hw, 0.0) == on
-        assert not layer._use_blocked(xt, hw, hw, 0.1)  # dropout: the fold
+        x = torch.randn(1, 8, hw, hw)
+        assert (layer.kernel(x, 0.0) == "blocked") == on
+        assert layer.kernel(x, 0.1) != "blocked"  # dropout: the fold
     layer.blocked_backend = False
-    assert not layer._use_blocked(xt, 16, 16, 0.0)
+    assert layer.kernel(x, 0.0) != "blocked"
 
 
 def test_kernel_rejects_bad_axis_logits():
@@ -102,7 +102,7 @@ def test_layer_blocked_path_equals_reference(positional, b, heads, h, w, seed):
     fast, plain = (m.double() for m in _pair(positional, 6, heads, seed))
     fast.blocked_backend = True
     x = torch.randn(b, 6, h, w, dtype=F64, requires_grad=True)
-    assert fast._use_blocked(x.flatten(2).transpose(1, 2), h, w, 0.0)
+    assert fast.kernel(x, 0.0) == "blocked"
     outs = []
     for layer in (fast, plain):
         y = layer(x)

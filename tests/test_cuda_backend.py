@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from attnconv.bench.cuda import render
 from attnconv.layers.flex import MIN_HEAD_DIM, flex_mod_attention
+from attnconv.layers.kernels.content import score_mod
 from attnconv.layers.positional import QuadraticEncoding
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 @given(heads=st.integers(1, 3), h=st.integers(1, 6), w=st.integers(1, 6), dk=st.integers(1, 20),
        grad=st.booleans(), seed=st.integers(0, 2**16))  # fmt: skip
 def test_quadratic_score_mods_equal_dense_attention(heads, h, w, dk, grad, seed):
-    """flex_score_mod (grad=False: eq. 9 from pixel offsets; grad=True: gathered row/column
+    """score_mod (grad=False: eq. 9 from pixel offsets; grad=True: gathered row/column
     logits) inside Flex == softmax(scale q k^T + dense logits) v, float64, eager on CPU; dk < 16
     exercises the zero padding compiled Flex needs."""
     torch.manual_seed(seed)
@@ -34,7 +35,8 @@ def test_quadratic_score_mods_equal_dense_attention(heads, h, w, dk, grad, seed)
     q, k, v = (torch.randn(2, heads, t, dk, dtype=torch.float64) for _ in range(3))
     scale = dk**-0.5
     with torch.no_grad():
-        y = flex_mod_attention(q, k, v, enc.flex_score_mod(q, k, h, w, grad=grad), scale)
+        mod = score_mod(enc.term(h, w, content=True), q, in_kernel=not grad)
+        y = flex_mod_attention(q, k, v, mod, scale)
         logits = q @ k.transpose(-2, -1) * scale + enc.dense_bias(q, k, h, w, torch.float64)
         ref = torch.softmax(logits, -1) @ v
     assert dk >= MIN_HEAD_DIM or y.shape[-1] == dk  # padded columns are dropped

@@ -20,7 +20,7 @@ def _position_logits(model, h: int = 16, w: int = 16) -> torch.Tensor:
     attn = model.layers[0].attn
     x = torch.randn(2, attn.in_channels, h, w)
     with torch.no_grad():
-        _, _, bias = attn._dense(x.flatten(2).transpose(1, 2), h, w)
+        _, _, bias = attn.dense(x)
     return bias
 
 

@@ -72,7 +72,7 @@ def test_flex_backend_is_as_exact_as_dense(positional, hw, alpha, autocast, devi
     """Issue 17: the Flex backend's output error against float64 (fp32, and bf16 autocast where
     the device has it) at most 2x the dense path's; gradients too where Flex has a backward
     (CUDA). Under autocast q, k, v stay bfloat16 and the positional logits are added in float32
-    to the kernel's float32 scores (content_kernels._forward_flex)."""
+    to the kernel's float32 scores (kernels/content.py, flex)."""
     torch.manual_seed(hw)
     fast = MultiHeadSelfAttention2d(16, 16, 2, positional=positional, content=True, max_size=hw)
     fast = fast.to(device)
@@ -107,9 +107,9 @@ def test_flex_backend_is_as_exact_as_dense(positional, hw, alpha, autocast, devi
 def test_cpu_layer_keeps_the_fused_sdpa_path_by_default():
     layer = MultiHeadSelfAttention2d(4, 4, 2, positional="quadratic", content=True)
     assert layer.flex_backend is None
-    assert not layer._use_flex(torch.device("cpu"), 0.0)
-    assert layer._use_flex(torch.device("cuda"), 0.0) and not layer._use_flex(
-        torch.device("cuda"), 0.1)  # fmt: skip
+    x, flex = torch.randn(1, 4, 3, 3), ("flex", "flex_gaussian")
+    assert layer.kernel(x, 0.0) not in flex
+    assert layer.kernel(x, 0.0, "cuda") in flex and layer.kernel(x, 0.1, "cuda") not in flex
 
 
 def test_flex_axis_attention_rejects_a_mismatched_table():

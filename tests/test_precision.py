@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnconv.layers.functional import scaled_dot_product_attention
+from attnconv.layers.kernels.content import folded_qkv
 from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
 from attnconv.layers.positional import hi, pixel_coords, shifted_axis
 
@@ -147,20 +148,19 @@ def _bias_rows(layer, q: torch.Tensor, rows: torch.Tensor, h: int, w: int) -> to
 def _attend_rows(layer, x, rows: torch.Tensor, fold: bool, autocast: bool) -> torch.Tensor:
     """Head outputs (B, Nh, n, Dv) of the query pixels ``rows`` against every key: the fold the
     layer runs in training, and in inference above 64^2 (``folded_qkv`` + fused SDPA, float32
-    under autocast for large_logits, as ``_forward_folded``), or the dense equations (SDPA
+    under autocast for large_logits, as the fold kernel), or the dense equations (SDPA
     reference with a float bias)."""
     _, _, h, w = x.shape
-    xt = x.flatten(2).transpose(1, 2)  # (B, T, Cin)
+    term = layer.positional_encoding.term(h, w, content=layer.content)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        v5 = layer._values(xt, h, w)
+        q, k, v = layer.project(x)
         if fold:
-            q_aug, k_aug, v = layer.folded_qkv(xt, v5, h, w)
-            large = layer.positional_encoding.large_logits
+            q_aug, k_aug, v = folded_qkv(q, k, v, term, layer.scale)
+            large = term.large_logits
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast and not large):
                 return scaled_dot_product_attention(q_aug[:, :, rows], k_aug, v, scale=1.0)
-        q, k = layer._qk(xt, h, w)
         return scaled_dot_product_attention(
-            q[:, :, rows], k, layer._seq_values(v5), bias=_bias_rows(layer, q, rows, h, w),
+            q[:, :, rows], k, v, bias=_bias_rows(layer, q, rows, h, w),
             scale=layer.scale, impl="reference",
         )  # fmt: skip
 
@@ -213,6 +213,6 @@ def test_inference_shared_bias_kernel_equals_reference(b, heads, h, w, seed):
     plain.impl = "reference"
     x = torch.randn(b, 5, h, w, dtype=torch.float64)
     with torch.no_grad():
-        assert fast._use_shared_bias(x.flatten(2).transpose(1, 2), h, w, 0.0)
+        assert fast.kernel(x, 0.0) == "shared_bias"
         torch.testing.assert_close(fast(x), plain(x), rtol=1e-9, atol=1e-11)
-    assert not fast._use_shared_bias(x.flatten(2).transpose(1, 2), h, w, 0.0)  # grads: the fold
+    assert fast.kernel(x, 0.0) != "shared_bias"  # grads: the fold

@@ -60,9 +60,8 @@ class DenseSDPA(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lay, (b, _, h, w) = self.layer, x.shape
-        xt = x.flatten(2).transpose(1, 2)  # (B, T, Cin)
-        q, k, bias = lay._dense(xt, h, w)
-        v = lay._seq_values(lay._values(xt, h, w))  # (B, Nh, T, Dv)
+        q, k, bias = lay.dense(x)
+        v = lay.project(x)[2]  # (B, Nh, T, Dv)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), scale=lay.scale)
         y = lay.out_proj(y.transpose(1, 2).reshape(b, h * w, -1))
         return y.transpose(1, 2).reshape(b, -1, h, w)
@@ -77,10 +76,8 @@ class CompiledFlex(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lay, (b, _, h, w) = self.layer, x.shape
-        xt = x.flatten(2).transpose(1, 2)
-        q, k = lay._qk(xt, h, w)
-        v = lay._seq_values(lay._values(xt, h, w))
-        (q_axis,), _ = lay.positional_encoding.fold(q, k, h, w)
+        q, k, v = lay.project(x)  # (B, Nh, T, dk), (B, Nh, T, Dv)
+        q_axis = lay.positional_encoding.term(h, w, content=True).q_axis(q)
         y = flex_axis_attention(q, k, v.to(q.dtype), q_axis.to(q.dtype), h, w, lay.scale,
                                 compiled=True)  # fmt: skip
         y = lay.out_proj(y.transpose(1, 2).reshape(b, h * w, -1))
@@ -92,7 +89,7 @@ def build(kind: str, positional: str, c: int, hw: int, seed: int = 0) -> torch.n
     layer = MultiHeadSelfAttention2d(c, c, HEADS, positional=positional, content=True,
                                      max_size=max(64, hw))  # fmt: skip
     if kind == "fold":  # attnconv's paths without the query-blocked kernel
-        layer.blocked_backend = False
+        layer.backend = "fold"
         return layer
     return {"attnconv": layer, "dense": DenseSDPA(layer), "flex": CompiledFlex(layer)}[kind]
 

@@ -7,7 +7,7 @@ inference; fp32 or bf16 autocast): attnconv (impl="auto": compiled FlexAttention
 row/column logits as a score_mod, flex.py), the dense anchor (SDPA with the (B, Nh, T, T) logits
 as a float ``attn_mask``, anchors.DenseSDPA) and FlashAttention-backed SDPA on the same q, k, v
 with NO positional term (what content-only attention of equal shapes costs: a floor, not an
-equal); "SDPA fold" is the layer's CPU kernels on the GPU (flex_backend=False: the exact fold
+equal); "SDPA fold" is the layer's CPU kernels on the GPU (backend="fold": the exact fold
 through SDPA in training, the shared bias in inference).
 SASA local attention (k = 7, relative row/column embeddings, 8 heads): attnconv
 (FlexAttention with a block mask), our window kernel (local_kernel.py, flex_backend=False), the
@@ -51,9 +51,7 @@ class ContentOnlySDPA(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lay, (b, _, h, w) = self.layer, x.shape
-        xt = x.flatten(2).transpose(1, 2)  # (B, T, Cin)
-        q, k = lay._qk(xt, h, w)  # (B, Nh, T, dk)
-        v = lay._seq_values(lay._values(xt, h, w))
+        q, k, v = lay.project(x)  # (B, Nh, T, dk), (B, Nh, T, Dv)
         y = F.scaled_dot_product_attention(q, k, v.to(q.dtype), scale=lay.scale)
         y = lay.out_proj(y.transpose(1, 2).reshape(b, h * w, -1))
         return y.transpose(1, 2).reshape(b, -1, h, w)
@@ -103,7 +101,7 @@ def models_for(case: dict) -> dict[str, torch.nn.Module]:
         layer = MultiHeadSelfAttention2d(c, c, HEADS, positional=case["positional"],
                                          content=True, max_size=max(64, hw))  # fmt: skip
         fold = copy.deepcopy(layer)
-        fold.flex_backend = False  # the CPU kernels: exact fold (train), shared bias (infer)
+        fold.backend = "fold"  # the CPU kernels: exact fold (train), shared bias (infer)
         models = {"attnconv": layer, "dense": DenseSDPA(layer), "flash": ContentOnlySDPA(layer),
                   "fold": fold}  # fmt: skip
     else:

@@ -34,6 +34,7 @@ from attnconv.bench.common import (
     write_results,
 )
 from attnconv.layers.functional import scaled_dot_product_attention
+from attnconv.layers.kernels.content import folded_qkv
 from attnconv.layers.mhsa2d import POSITIONALS, MultiHeadSelfAttention2d
 
 FACTORY = "attnconv.bench.layers:make_step"
@@ -89,14 +90,15 @@ def make_kernel_step(impl: str, b: int, c: int, h: int, w: int, heads: int = 9, 
     torch.manual_seed(seed)
     lay = MultiHeadSelfAttention2d(c, c, heads, positional="quadratic", content=True, impl=impl)
     with torch.no_grad():
-        xt = torch.randn(b, c, h * w).transpose(1, 2)  # (B, T, Cin)
-        v5 = lay._values(xt, h, w)
+        x = torch.randn(b, c, h, w)
+        q, k, v = lay.project(x)
         if impl == "auto":
-            q, k, v = lay.folded_qkv(xt, v5, h, w)
+            term = lay.positional_encoding.term(h, w, content=True)
+            q, k, v = folded_qkv(q, k, v, term, lay.scale)
             bias, scale = None, 1.0
         else:
-            q, k, bias = lay._dense(xt, h, w)
-            v, scale = lay._seq_values(v5), lay.scale
+            q, k, bias = lay.dense(x)
+            scale = lay.scale
     leaves = [t.contiguous().requires_grad_() for t in (q, k, v) + ((bias,) if bias is not None
               else ())]  # fmt: skip
 

@@ -27,17 +27,13 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from .encoding_base import pixel_coords
 from .first_order import first_order_only
-from .positional import gaussian_offset_logits, pixel_coords
+from .gaussian import gaussian_offset_logits
+from .precision import kernel_dtype
 
 _FLOOR = -60.0  # exp(-60) = 8.8e-27: products with gradients stay normal float32
 _BLOCK_ELEMS = 1 << 19  # logits per block, Nh * Bq * T: 2 MiB of float32, one core's L2 + L3 share
-
-
-def kernel_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The kernel's dtype: float64 stays, anything else (float32, bfloat16 under autocast) runs
-    in float32 (the positional logits reach alpha H^2 and bfloat16 would round them)."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def query_block(nh: int, t: int) -> int:

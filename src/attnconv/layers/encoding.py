@@ -1,6 +1,6 @@
 """The one place that maps the string shorthand of a positional encoding (configs, CLI) and its
-options to a ``PositionalEncoding`` (positional.py, relative.py); the attention layer only asks
-the encoding what it can do."""
+options to a ``PositionalEncoding`` (positional.py, gaussian.py, relative.py); the attention layer
+only asks the encoding for its typed term (terms.py)."""
 
 from __future__ import annotations
 
@@ -56,8 +56,7 @@ def build_encoding(
                          init_centers_std=init_centers_std, init_alpha=init_alpha,
                          relative_terms=relative_terms, learned_r=learned_r,
                          rel_dim=rel_dim, head_keys=head_keys)  # fmt: skip
-    if enc.hard and content:
-        raise ValueError("hard=True (one-hot attention) needs content=False")
+    enc.check(content)
     return enc
 
 

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from .first_order import first_order_only
+from .precision import softmax_f32
 
 IMPLS = ("auto", "reference")
 
@@ -115,12 +116,6 @@ def shared_dropout(probs: torch.Tensor, p: float, per_image: bool = False) -> to
     else:
         dropped = dropped_links(nh, t, None, p, probs.device)[None]
     return probs * (~dropped).to(probs.dtype).div_(1.0 - p)
-
-
-def softmax_f32(logits: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last dim in at least float32 (bfloat16/float16 logits lose the
-    max-subtraction's precision); the one place every attention path normalizes."""
-    return torch.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
 
 
 def attention_probs(

@@ -28,13 +28,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .positional import (
-    PositionalEncoding,
-    RelativeTables2d,
-    axis_onehot,
-    expand_fold,
-    relative_index,
-)
+from .encoding_base import PositionalEncoding, relative_index
+from .positional import RelativeTables2d
+from .terms import AxisTerm, FoldTerm, Term, axis_fold, expand_fold
 
 RELATIVE_TERMS = ("content_content", "content_position", "global_content", "global_position")
 
@@ -53,27 +49,19 @@ def _pair_index(h: int, w: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     return rows[None, :] - rows[:, None] + h - 1, cols[None, :] - cols[:, None] + w - 1
 
 
-def fold_axis_scores(row_full, col_full, h: int, w: int, batch: int, scale: float):
+def fold_axis_scores(row_full, col_full, h: int, w: int, batch: int, scale: float,
+                     keys: bool = True):  # fmt: skip
     """Scores per key offset (B|1, Nh, T, 2h-1) and (B|1, Nh, T, 2w-1) -> query columns
-    (B, Nh, T, h + w) and the matching one-hot key columns."""
+    (B, Nh, T, h + w) and the matching one-hot key columns (None unless ``keys``)."""
     t, nh, dev, dt = h * w, row_full.shape[1], row_full.device, row_full.dtype
     rows = torch.arange(t, device=dev) // w
     cols = torch.arange(t, device=dev) % w
     row_full, col_full = row_full.expand(batch, nh, t, -1), col_full.expand(batch, nh, t, -1)
     q_cols = torch.cat([rel_gather(row_full, h, rows), rel_gather(col_full, w, cols)], -1) * scale
+    if not keys:
+        return q_cols, None
     onehot = torch.cat([F.one_hot(rows, h), F.one_hot(cols, w)], -1).to(dt)  # (T, h + w)
     return q_cols, onehot.expand(batch, nh, t, h + w)
-
-
-def axis_fold(row: torch.Tensor, col: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row logits (Nh, h, h) and column logits (Nh, w, w) -> q_pos (Nh, T, h + w), each query's
-    row R[q1, :] and column C[q2, :], and k_pos (T, h + w) one-hot key rows and columns:
-    q_pos . k_pos = R[q1, k1] + C[q2, k2] exactly."""
-    nh, h, w = row.shape[0], row.shape[1], col.shape[1]
-    t = h * w
-    q_pos = torch.cat([row[:, :, None, :].expand(nh, h, w, h).reshape(nh, t, h),
-                       col[:, None].expand(nh, h, w, w).reshape(nh, t, w)], -1)  # fmt: skip
-    return q_pos, axis_onehot(h, w, row.device, row.dtype)
 
 
 class RelativeEncoding(PositionalEncoding):
@@ -86,9 +74,7 @@ class RelativeEncoding(PositionalEncoding):
                  learned: bool = False, max_size: int = 64):  # fmt: skip
         super().__init__()
         self.num_heads, self.qk_dim, self.terms = num_heads, qk_dim, tuple(terms)
-        self.input_dependent = bool(set(self.terms) & {"content_position", "global_content"})
-        self.separable = not self.input_dependent  # only v^T What_k r_delta: row + column
-        self.uses_qk_product = "content_content" in self.terms
+        self.reads_q = bool(set(self.terms) & {"content_position", "global_content"})
         self.learned_size = max_size if learned else None
         self.scale = qk_dim**-0.5
         self.tables = RelativeTables2d(
@@ -101,6 +87,16 @@ class RelativeEncoding(PositionalEncoding):
     @property
     def learned(self) -> bool:
         return self.tables.learned
+
+    def term(self, h: int, w: int, *, content: bool) -> Term:
+        """Only the global positional bias, position only: separable row + column logits;
+        otherwise extra query/key columns (``fold``)."""
+        qk = "content_content" in self.terms
+        if not (self.reads_q or content):
+            return AxisTerm(dense=self.dense(h, w), qk=qk, h=h, w=w,
+                            axes=lambda dtype=None: self.axis_logits(h, w, dtype))  # fmt: skip
+        return FoldTerm(dense=self.dense(h, w), qk=qk,
+                        columns=lambda q, k: self.fold(q, k, h, w))  # fmt: skip
 
     def head_tables(self, h: int, w: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """What_k r_row (2h-1, Nh, dk) and What_k r_col (2w-1, Nh, dk)."""
@@ -174,14 +170,7 @@ class LearnedRelativeEncoding(PositionalEncoding):
             raise ValueError("relative_learned without content reads its tables by head keys "
                              "(head_keys=False needs content=True)")  # fmt: skip
         self.num_heads, self.content, self.scale = num_heads, content, qk_dim**-0.5
-        self.query_reads = not head_keys  # the query reads the tables (q . r)
-        self.input_dependent, self.separable = self.query_reads, head_keys
-        self.axis_folded = content  # fold: [q_axis] against one-hot key rows/columns
-        # attention in float32 under autocast: the fused bfloat16 backward forms dS = P (dP - D)
-        # with D = rowsum(dO * O) from the bfloat16-rounded output O, an error shared by every
-        # key of a query that adds up coherently in dq, dk (dense: softmax's backward in float32);
-        # at 224^2 it measured 2-3x the dense path's gradient error (tests/test_precision.py)
-        self.large_logits = content
+        self.query_reads = self.reads_q = not head_keys  # the query reads the tables (q . r)
         self.learned_size = max_size
         if self.query_reads:  # half the query's channels read the rows, half the columns
             dr, dc = qk_dim // 2, qk_dim - qk_dim // 2
@@ -190,6 +179,19 @@ class LearnedRelativeEncoding(PositionalEncoding):
             self.head_keys_row = nn.Linear(dr, num_heads, bias=False)
             self.head_keys_col = nn.Linear(dc, num_heads, bias=False)
         self.tables = RelativeTables2d(dr, dc, learned=True, max_size=max_size)
+
+    def term(self, h: int, w: int, *, content: bool) -> AxisTerm:
+        """Each query's row and column logits: read by the query (``fold``), or the per-head
+        keys' fixed ones. An AxisTerm's attention runs in float32 under autocast (precision.py):
+        the fused bfloat16 backward forms dS = P (dP - D) with D = rowsum(dO * O) from the
+        bfloat16-rounded output O, an error shared by every key of a query that adds up
+        coherently in dq, dk (dense: softmax's backward in float32); at 224^2 it measured 2-3x
+        the dense path's gradient error (tests/test_precision.py)."""
+        if self.query_reads:
+            return AxisTerm(dense=self.dense(h, w), h=h, w=w,
+                            read=lambda q: self.read_axis(q, h, w))  # fmt: skip
+        return AxisTerm(dense=self.dense(h, w), h=h, w=w,
+                        axes=lambda dtype=None: self.axis_logits(h, w, dtype))  # fmt: skip
 
     def axis_logits(self, h: int, w: int, dtype=None):
         r_row, r_col = self.tables(h, w)
@@ -212,9 +214,15 @@ class LearnedRelativeEncoding(PositionalEncoding):
         if not self.query_reads:  # head keys: each query's row logits and column logits
             row, col = self.axis_logits(h, w, q.dtype)  # (Nh, h, h), (Nh, w, w)
             return expand_fold(axis_fold(row, col), q)
+        qc, kc = self.read_axis(q, h, w, keys=True)
+        return [qc], [kc]
+
+    def read_axis(self, q, h: int, w: int, keys: bool = False):
+        """The query reads the tables: q_axis (B, Nh, T, h + w) (and, ``keys``, the one-hot key
+        columns it meets)."""
         r_row, r_col = self.tables(h, w)
         dr = r_row.shape[1]
         row_full = q[..., :dr] @ r_row.to(q.dtype).t()  # (B, Nh, T, 2h-1)
         col_full = q[..., dr:] @ r_col.to(q.dtype).t()  # (B, Nh, T, 2w-1)
-        qc, kc = fold_axis_scores(row_full, col_full, h, w, q.shape[0], self.scale)
-        return [qc], [kc]
+        out = fold_axis_scores(row_full, col_full, h, w, q.shape[0], self.scale, keys)
+        return out if keys else out[0]

@@ -1,0 +1,38 @@
+"""The attention kernels of MultiHeadSelfAttention2d, each a plain function of one signature
+``(q, k, v, term, grid, scale, *, p_drop)`` with its ``probs`` for ``return_attention``
+(``(q, k, v, term, grid, scale)`` -> (B|1, Nh, T, T), before dropout); plan.py picks one.
+
+``layout``: "tokens" kernels read q, k, v (B, Nh, T, d) and return (B, T, Nh, Dv);
+"head_major" ones read v (Nh|1, D, H, B, W) (quadratic.head_major) and return (Nh, D, H, B, W).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+from . import content, position
+from .plan import Case, choose
+
+
+class Kernel(NamedTuple):
+    run: Callable
+    probs: Callable
+    layout: str = "tokens"
+
+
+KERNELS = {
+    "reference": Kernel(position.reference, position.reference_probs),
+    "shift": Kernel(position.shift, position.shift_probs, "head_major"),
+    "separable": Kernel(position.separable, position.separable_probs, "head_major"),
+    "shared": Kernel(position.shared, position.shared_probs),
+    "dense_dropout": Kernel(content.dense_dropout, content.content_probs),
+    "flex_gaussian": Kernel(content.flex_gaussian, content.content_probs),
+    "flex": Kernel(content.flex, content.content_probs),
+    "shared_bias": Kernel(content.shared_bias, content.content_probs),
+    "blocked": Kernel(content.blocked, content.content_probs),
+    "blocked_gaussian": Kernel(content.blocked_gaussian, content.content_probs),
+    "fold": Kernel(content.fold, content.content_probs),
+}
+
+__all__ = ["Case", "KERNELS", "Kernel", "choose"]

@@ -1,0 +1,112 @@
+"""The one place that picks the attention kernel: term type x device x grad x dropout x size,
+with the thresholds the benchmarks measured (bench/anchors.py on CPU, bench/cuda.py on a GPU)
+and the ``backend`` override of MultiHeadSelfAttention2d. First matching row wins.
+
+| kernel           | term                   | when                                             |
+|------------------|------------------------|--------------------------------------------------|
+| reference        | any                    | impl="reference"                                 |
+| shift            | Shift, position only   | no dropout                                       |
+| separable        | Axis, position only    | no dropout                                       |
+| shared           | any, position only     | (computed once for the batch)                    |
+| dense_dropout    | Axis                   | CPU, dropout, backend != "fold"                  |
+| flex_gaussian    | Axis with a Gaussian   | Flex, no dropout, no grad to the encoding        |
+| flex             | Axis                   | Flex (CUDA, or backend="flex"), no dropout       |
+| shared_bias      | Axis, fixed logits     | no grad, no dropout, T <= SHARED_BIAS_MAX_T      |
+| blocked          | Axis                   | CPU, T >= BLOCKED_MIN_T (or "blocked"), no drop. |
+| blocked_gaussian | Gaussian               | CPU, not traced (or "blocked")                   |
+| fold             | any                    | otherwise: folded into q/k, the fused SDPA       |
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import NamedTuple
+
+import torch
+
+from ..terms import AxisTerm, GaussianTerm, ShiftTerm, Term
+
+BACKENDS = ("flex", "blocked", "fold")
+FLEX = importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
+SHARED_BIAS_MAX_T = 64 * 64  # (Nh, T, T) float32 bias in inference: 64 MiB per head at 64^2
+BLOCKED_MIN_T = 16 * 16  # smaller images: the blocked kernel's Python loop costs its gain
+
+
+class Case(NamedTuple):
+    """What the choice reads: the term, the layer's impl and backend override, the device, whether
+    gradients reach the layer (``grad``) or the encoding's parameters (``pos_grad``), attention
+    dropout, the number of pixels, and whether a compiler is tracing."""
+
+    term: Term
+    content: bool = True
+    impl: str = "auto"
+    backend: str | None = None
+    device: str = "cpu"
+    grad: bool = True
+    pos_grad: bool = True
+    p_drop: float = 0.0
+    t: int = 1
+    tracing: bool = False
+
+    @property
+    def position_only(self) -> bool:
+        return not (self.content or self.term.reads_q)
+
+    @property
+    def flex(self) -> bool:
+        on = self.device == "cuda" if self.backend is None else self.backend == "flex"
+        return FLEX and on
+
+    @property
+    def cpu_blocked(self) -> bool:
+        if self.backend in (None, "flex"):
+            return self.device == "cpu"
+        return self.backend == "blocked"
+
+
+def _axis(c: Case) -> bool:
+    return isinstance(c.term, AxisTerm)
+
+
+TABLE = (
+    ("reference", lambda c: c.impl == "reference"),
+    ("shift", lambda c: c.position_only and isinstance(c.term, ShiftTerm) and c.p_drop == 0),
+    ("separable", lambda c: c.position_only and _axis(c) and c.p_drop == 0),
+    ("shared", lambda c: c.position_only),
+    ("dense_dropout", lambda c: _axis(c) and c.device == "cpu" and c.p_drop > 0
+                                and c.backend != "fold"),  # fmt: skip
+    ("flex_gaussian", lambda c: _axis(c) and c.flex and c.p_drop == 0
+                                and c.term.gaussian is not None and not c.pos_grad),  # fmt: skip
+    ("flex", lambda c: _axis(c) and c.flex and c.p_drop == 0),
+    ("shared_bias", lambda c: _axis(c) and c.term.axes is not None and not c.grad
+                              and c.p_drop == 0 and c.t <= SHARED_BIAS_MAX_T),  # fmt: skip
+    ("blocked", lambda c: _axis(c) and c.p_drop == 0 and c.cpu_blocked
+                          and (c.t >= BLOCKED_MIN_T or c.backend == "blocked")),  # fmt: skip
+    ("blocked_gaussian", lambda c: isinstance(c.term, GaussianTerm) and c.cpu_blocked
+                                   and (c.backend is not None or not c.tracing)),  # fmt: skip
+    ("fold", lambda c: True),
+)
+
+
+def choose(case: Case) -> str:
+    """The kernel's name (kernels.KERNELS) for ``case``: the first row of TABLE that matches."""
+    return next(name for name, when in TABLE if when(case))
+
+
+def tracing() -> bool:
+    """A compiler traces the forward (the blocked kernels loop in Python over images/blocks)."""
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting()
+
+
+def for_layer(layer, x: torch.Tensor, term: Term, p_drop: float, device: str | None = None) -> str:
+    """``choose`` for MultiHeadSelfAttention2d ``layer`` on x (B, Cin, H, W); the gradient facts are
+    read only for the rows that ask (an AxisTerm with content)."""
+    grad = pos_grad = True
+    if isinstance(term, AxisTerm) and layer.input_dependent and layer.impl == "auto" and not p_drop:
+        on = torch.is_grad_enabled()
+        pos_grad = on and any(p.requires_grad for p in layer.positional_encoding.parameters())
+        grad = on and (x.requires_grad or any(p.requires_grad for p in layer.parameters()))
+    traced = isinstance(term, GaussianTerm) and layer.impl == "auto" and tracing()
+    device = device or x.device.type
+    return choose(Case(term, layer.content, layer.impl, layer.backend, device, grad,
+                       pos_grad, p_drop, x.shape[-2] * x.shape[-1], traced))  # fmt: skip

@@ -1,0 +1,99 @@
+"""The kernels of the plain equations and of position-only attention, one signature
+``(q, k, v, term, grid, scale, *, p_drop, per_image)``:
+
+- ``reference``: dense (B, Nh, T, T) logits for every batch element, softmax, matmul;
+- ``shared``: position-only attention computed once per forward, shared by the batch;
+- ``separable`` / ``shift``: a row then a column operator (quadratic.py), or the hard shift, in
+  the head-major layout: v (Nh|1, D, H, B, W) -> (Nh, D, H, B, W), never T x T.
+
+Token-layout kernels return (B, T, Nh, Dv); q, k (B|1, Nh, T, dk) or None (no query/key
+projections), v (B, Nh, T, Dv).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..functional import attention_probs, scaled_dot_product_attention, shared_dropout
+from ..quadratic import axis_softmax, outer_probs, separable_attention, shift_gather
+from ..quadratic import separable_probs as axis_probs
+from ..terms import GaussianTerm
+
+
+def dense_inputs(q, k, v, term, grid):
+    """q, k, bias of the plain equations: logits = q k^T * scale + bias, bias (B|1, Nh, T, T) or
+    None; zero-width q, k when the logits have no q.k term."""
+    bias = term.dense(q, k, grid.dtype)
+    if not (q is not None and term.qk):
+        b = q.shape[0] if q is not None else (bias.shape[0] if bias is not None else 1)
+        q = k = torch.zeros(b, v.shape[1], grid.h * grid.w, 0, dtype=grid.dtype, device=v.device)
+    return q, k, bias
+
+
+def reference(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True):
+    """Dense logits for every batch element, exactly the equations; dropout draws the links of
+    functional.dropped_links, as the tokens path does."""
+    b = v.shape[0]
+    q, k, bias = dense_inputs(q, k, v, term, grid)
+    q, k = q.expand(b, *q.shape[1:]), k.expand(b, *k.shape[1:])
+    if bias is not None:
+        bias = bias.expand(b, *bias.shape[1:])
+    if p_drop > 0:
+        probs = attention_probs(q, k, bias=bias, scale=scale)
+        probs = shared_dropout(probs, p_drop, per_image=per_image)
+        return (probs.to(v.dtype) @ v).transpose(1, 2)
+    y = scaled_dot_product_attention(q, k, v, bias=bias, scale=scale, impl="reference")
+    return y.transpose(1, 2)  # (B, T, Nh, Dv)
+
+
+def reference_probs(q, k, v, term, grid, scale):
+    q, k, bias = dense_inputs(q, k, v, term, grid)
+    return attention_probs(q, k, bias=bias, scale=scale)
+
+
+def shared_probs(q, k, v, term, grid, scale, dtype=None) -> torch.Tensor:
+    """(1, Nh, T, T) position-only probabilities: a Gaussian term's from its low-rank fold in
+    float64 (position_logits), any other from the dense equations; in ``dtype`` (default: the
+    layer's for a Gaussian term, q's otherwise)."""
+    if isinstance(term, GaussianTerm):
+        return axis_softmax(term.position_logits())[None].to(dtype or grid.dtype)
+    probs = reference_probs(q, k, v, term, grid, scale)
+    return probs if dtype is None else probs.to(dtype)
+
+
+def shared(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True):
+    """Input-independent attention: computed once, shared by the batch. -> (B, T, Nh, Dv)"""
+    b, dt = v.shape[0], v.dtype
+    probs = shared_probs(q, k, v, term, grid, scale, dt)  # (1, Nh, T, T)
+    vs = v.transpose(1, 2)  # (B, T, Nh, Dv)
+    if p_drop > 0 and not per_image:  # one mask: still shared by the batch
+        probs = shared_dropout(probs, p_drop)
+    elif p_drop > 0:  # a mask per image: expand the shared probabilities
+        p = F.dropout(probs.expand(b, -1, -1, -1), p_drop)
+        return torch.einsum("bhqk,bkhd->bqhd", p, vs)
+    if vs.shape[2] == 1 or vs.stride(2) == 0:  # the heads share values
+        return torch.einsum("hqk,bkd->bqhd", probs[0], vs[:, :, 0])
+    return torch.einsum("hqk,bkhd->bqhd", probs[0], vs)  # (B, T, Nh, Dv)
+
+
+def separable(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True):
+    """Separable position-only attention, head-major v (Nh|1, D, H, B, W): a row then a column
+    operator, softmax over each axis (eq. 9 factorized)."""
+    row, col = term.axes(grid.dtype)
+    return separable_attention(v, row.to(v.device), col.to(v.device))
+
+
+def separable_probs(q, k, v, term, grid, scale):
+    row, col = term.axes(grid.dtype)
+    return axis_probs(row.to(v.device), col.to(v.device))[None]
+
+
+def shift(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True):
+    """The alpha -> infinity limit (Lemma 2), a gather: head-major v (Nh|1, D, H, B, W)."""
+    return shift_gather(v, term.rows, term.cols)
+
+
+def shift_probs(q, k, v, term, grid, scale):
+    r, c = F.one_hot(term.rows, grid.h), F.one_hot(term.cols, grid.w)  # (Nh, h, h), (Nh, w, w)
+    return outer_probs(r.to(grid.dtype), c.to(grid.dtype))[None]

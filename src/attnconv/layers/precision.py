@@ -1,0 +1,47 @@
+"""Precision policy of the attention kernels, in one place: which dtype each computes in, the
+upcast helpers and the autocast-off context.
+
+- Position logits like the quadratic -alpha (d - Delta)^2 (Cordonnier et al. eq. 9) reach 1e5+
+  and cancel: they are built in float32 at least (``hi``) whatever the layer's dtype.
+- Softmax runs in float32 at least (``softmax_f32``): bfloat16 logits lose the max-subtraction.
+- The query-blocked kernels (blocked.py) compute in float32, float64 stays (``kernel_dtype``).
+- The fold, the shared bias and the Flex score_mod keep their large positional logits out of
+  bfloat16: ``upcast`` q, k, v and run with autocast off (``no_autocast``).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+
+LOW = (torch.bfloat16, torch.float16)
+
+
+def hi(t: torch.Tensor) -> torch.Tensor:
+    """float32 copy of a bfloat16/float16 tensor (parameters, queries), anything else as is."""
+    return t.float() if t.dtype in LOW else t
+
+
+def kernel_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The blocked kernels' dtype: float64 stays, anything else (float32, bfloat16 under
+    autocast) runs in float32 (the positional logits reach alpha H^2 and bfloat16 would round
+    them)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def softmax_f32(logits: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim in at least float32 (bfloat16/float16 logits lose the
+    max-subtraction's precision); the one place every attention path normalizes."""
+    return torch.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
+
+
+def upcast(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """float32 copies of q, k, v when the first is bfloat16/float16 (attention whose
+    positional logits bfloat16 would round), the tensors themselves otherwise."""
+    return tuple(t.float() for t in ts) if ts[0].dtype in LOW else ts
+
+
+def no_autocast(device_type: str, off: bool = True):
+    """Autocast disabled on ``device_type`` (when ``off``): the kernel's own dtypes hold."""
+    return torch.autocast(device_type, enabled=False) if off else nullcontext()
