@@ -197,7 +197,9 @@ def test_cli_eval_bad_checkpoint_one_line(saved, tmp_path):
         timeout=120,
     )
     assert r.returncode == 2, r.stderr
-    assert r.stderr.strip().count("\n") == 0 and "truncated checkpoint" in r.stderr
+    lines = r.stderr.strip().splitlines()  # status lines ("eval: loading ..."), then the error
+    assert sum("error" in ln.lower() for ln in lines) == 1, r.stderr
+    assert lines[-1].startswith("attnconv eval: error: ") and "truncated checkpoint" in lines[-1]
     assert "Traceback" not in r.stderr
 
 
