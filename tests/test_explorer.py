@@ -14,13 +14,14 @@ import torch
 from attnconv.analysis.explorer import build_data, query_subgrid, render_html, write_explorer
 from attnconv.data import CIFAR10_MEAN, CIFAR10_STD, load_dataset
 
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"  # Debian's package
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 SCALE = 9  # the page draws a 32x32 image at 9 screen pixels per image pixel (288 // 32)
 
 pytestmark = pytest.mark.skipif(
-    shutil.which("chromium") is None and not Path(CHROMIUM).exists(),
-    reason="Debian's chromium is not installed (.ci/run installs it)",
+    not Path(CHROMIUM).exists(),
+    reason="no headless browser: install Debian's chromium with `apt-get install -y chromium` "
+    "(.ci/run does)",
 )
 
 
@@ -69,7 +70,9 @@ def test_images(cifar_zip):
 
 @pytest.fixture(scope="module")
 def browser():
-    sync_api = pytest.importorskip("playwright.sync_api")
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="Playwright's Python package: pip install -e '.[dev]'"
+    )
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         yield b
