@@ -92,6 +92,7 @@ def test_fast_kernels_equal_the_plain_loop_and_the_conv(case, clamp):
             torch.testing.assert_close(a(xc), conv(x))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["depthwise", "grouped"])
 @pytest.mark.parametrize("stride", [1, 2])
 def test_kernels_pass_gradcheck(kind, stride):

@@ -19,6 +19,7 @@ from attnconv.layers.positional import QuadraticEncoding
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
+@pytest.mark.slow
 @given(heads=st.integers(1, 3), h=st.integers(1, 6), w=st.integers(1, 6), dk=st.integers(1, 20),
        grad=st.booleans(), seed=st.integers(0, 2**16))  # fmt: skip
 def test_quadratic_score_mods_equal_dense_attention(heads, h, w, dk, grad, seed):

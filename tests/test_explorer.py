@@ -115,6 +115,7 @@ def decode_maps(entry, nh, q, hw):
     return np.frombuffer(base64.b64decode(entry["maps"]), np.uint8).reshape(nh, q, hw)
 
 
+@pytest.mark.slow
 def test_click_redraws_every_head_for_the_query(browser, test_images, tmp_path):
     images, labels = test_images
     data = constructed(images, labels=labels, title="constructed heads")
@@ -165,6 +166,7 @@ def test_click_redraws_every_head_for_the_query(browser, test_images, tmp_path):
     page.close()
 
 
+@pytest.mark.slow
 def test_query_subgrid_snaps_clicks(browser, test_images, tmp_path):
     images, labels = test_images
     data = constructed(images, labels=labels, max_queries=16)
@@ -179,6 +181,7 @@ def test_query_subgrid_snaps_clicks(browser, test_images, tmp_path):
     page.close()
 
 
+@pytest.mark.slow
 def test_inlined_data_is_escaped(browser, test_images, tmp_path):
     images, _ = test_images
     evil = "</script><script>document.body.dataset.pwned='1'</script><!--"
@@ -203,6 +206,7 @@ def test_bad_inputs_raise_clear_errors(test_images, tmp_path):
         write_explorer(constructed(images), tmp_path / "page.txt")
 
 
+@pytest.mark.slow
 def test_page_from_a_real_checkpoint(browser, cifar_zip, tmp_path):
     """`attnconv explore` on a tiny ViT checkpoint: clicking pixels shows the model's attention."""
     import attnconv

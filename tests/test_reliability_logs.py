@@ -137,6 +137,7 @@ def test_signal_in_the_last_epoch_is_not_swallowed(tmp_path, cifar_zip):
         tr.fit()
 
 
+@pytest.mark.slow
 def test_reader_survives_a_pruned_step_folder(tmp_path, cifar_zip, monkeypatch):
     """load_model beside a training that prunes (keep_checkpoints 1): the step folder it
     resolved disappears before it is read; it reads the one `latest` names now, never a bare

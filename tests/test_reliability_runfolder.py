@@ -71,6 +71,7 @@ def test_a_link_made_mid_run_is_refused_by_every_open(tmp_path):
     assert target.read_text() == "keep"
 
 
+@pytest.mark.slow
 def test_killed_during_the_first_checkpoint_resumes_from_step_0(tmp_path, cifar_zip, capsys):
     """A kill -9 while the first checkpoint is written leaves the run folder (lock, config,
     metrics) and only the save's temp folder: --resume starts again from step 0 and ends

@@ -115,6 +115,7 @@ def baseline(tmp_path_factory):
     return cfg_file, weights(tmp / "run"), tmp / "run"
 
 
+@pytest.mark.slow
 def test_loss_falls_on_real_cifar(baseline):
     import csv
 
@@ -150,6 +151,7 @@ def test_resume_refuses_changed_config(baseline, cifar_zip, tmp_path):
         Trainer(config_from_dict(d), resume=True)
 
 
+@pytest.mark.slow
 def test_kill_9_then_resume_is_exact(baseline, tmp_path):
     cfg_file, final, _ = baseline
     run = tmp_path / "run"
@@ -164,6 +166,7 @@ def test_kill_9_then_resume_is_exact(baseline, tmp_path):
     assert_identical(weights(run), final)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_saves_resumable_checkpoint_and_exits(baseline, tmp_path, sig):
     cfg_file, final, _ = baseline
@@ -196,6 +199,7 @@ def _diverged_line(cfg: Path, d: dict) -> list[str]:
     return line
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_and_keeps_last_good(cifar_zip, tmp_path):
     cfg = tmp_path / "nan.yaml"
     d = small(
@@ -436,6 +440,7 @@ def test_cpu_scale_quadratic_model_loss_falls_on_real_cifar(cifar_zip, tmp_path)
     assert after < before - 0.2, (before, after)  # measured here: 2.30 -> 1.95
 
 
+@pytest.mark.slow
 def test_compile_trains_and_saves_plain_weights(cifar_zip, tmp_path):
     """train.compile: the torch.compile'd model trains, and its checkpoint holds the plain
     model's names (no ``_orig_mod.`` prefix) so it loads without compiling."""
