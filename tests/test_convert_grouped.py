@@ -153,6 +153,7 @@ def _rel(a, b):
     return ((a - b).abs().max() / b.abs().max()).item()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quick", [True, False])
 def test_zoo_like_networks_convert_exactly_at_their_size(quick):
     """Exact in float64; in float32 as close to the float64 original as the original is (these

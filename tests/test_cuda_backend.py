@@ -50,6 +50,7 @@ def test_cuda_report_renders_the_groups_it_ran():
     assert "| SASA local k7 train fp32 B2 C16 8x8 | 1.000 | - | 2.00 |" in md
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without a GPU")
 def test_cuda_bench_without_a_gpu_is_one_clear_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "attnconv.cli", "bench", "--suite", "cuda",

@@ -128,6 +128,7 @@ def test_loss_falls_on_real_cifar(baseline):
     assert {r["kind"] for r in rows} == {"train", "eval"} and float(train[-1]["images_per_s"]) > 0
 
 
+@pytest.mark.slow
 def test_resume_mid_epoch_is_exact(baseline, cifar_zip, tmp_path):
     _, final, _ = baseline
     d = small(cifar_zip, tmp_path / "run")
@@ -142,6 +143,7 @@ def test_resume_mid_epoch_is_exact(baseline, cifar_zip, tmp_path):
     assert [ln.split(",")[:6] for ln in lines] == [ln.split(",")[:6] for ln in base]
 
 
+@pytest.mark.slow
 def test_resume_refuses_changed_config(baseline, cifar_zip, tmp_path):
     d = small(cifar_zip, tmp_path / "run")
     with pytest.raises(Interrupted):
@@ -409,6 +411,7 @@ def test_tensorboard_missing_is_a_clear_error(cifar_zip, tmp_path):
     assert list((tmp_path / "run" / "tb").glob("events.*"))
 
 
+@pytest.mark.slow
 def test_cpu_scale_quadratic_model_loss_falls_on_real_cifar(cifar_zip, tmp_path):
     from attnconv.train.loop import evaluate
 
