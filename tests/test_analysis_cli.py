@@ -132,8 +132,8 @@ def test_cli_errors_are_one_line(tmp_path, cifar_zip, capsys):
     ck = save_checkpoint(tmp_path / "cnn", cnn, "tiny_cnn", {"num_classes": 10})
     argv = ["analyze", str(ck), "--data", str(cifar_zip), "--out", str(tmp_path / "o")]
     assert main(argv + ["--num-images", "2"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "nothing to analyze" in err and "\n" not in err
+    *status, err = capsys.readouterr().err.strip().splitlines()  # the error: one line, last
+    assert "nothing to analyze" in err and all(s.startswith("analyze: ") for s in status)
     assert main(argv + ["--num-images", "2", "--query", "40", "0"]) == 2
     assert "outside the 32x32 image" in capsys.readouterr().err
     assert main(["explore", str(ck), "--out", str(tmp_path / "p.txt")]) == 2
@@ -157,8 +157,12 @@ def test_analyze_and_explore_a_converted_cnn(tmp_path, cifar_zip, capsys):
     n3 = [g for g in rep["grid_score"] if len(g["offsets"]) == 9]
     assert n3 and all(g["sharp_heads"] == 9 and g["grid3"] == 9 for g in n3)
     assert all(c["score"] > 0.99 for c in rep["conv_likeness"])
+    # rows, tables and the page name the converted modules, not "layer N"
+    assert [L["name"] for L in rep["layers"]] == ["conv1", "conv2"]
+    assert "| conv2 | 1.000 |" in rep["conv_likeness_table"]
     png_ok(out / "attention_average.png")
     page = tmp_path / "page.html"
     args = ["explore", str(conv), "--data", str(cifar_zip), "--out", str(page), "--images", "1"]
     assert main(args + ["--average", "2"]) == 0
-    assert "explorer-data" in page.read_text()
+    data = json.loads(page.read_text().split('id="explorer-data">')[1].split("</script>")[0])
+    assert [L["name"] for L in data["layers"]] == ["conv1", "conv2"]

@@ -30,4 +30,6 @@ def test_bench_convert_quick(tmp_path, capsys, monkeypatch):
         assert res["lemma2"][dt]["monotone_to_precision"]
         assert rows[0]["rel_err"] > 0.1 and math.isinf(rows[-1]["alpha"])
         assert rows[-2]["rel_err"] < floor and rows[-1]["rel_err"] < floor
-    assert "speed: conv" in capsys.readouterr().out
+    out = capsys.readouterr().out  # every ratio printed beside the times it divides
+    assert "speed of resnet18_cifar" in out and "original" in out and "channels_last" in out
+    assert "network table" in out and "x wall" in out and "x CPU" in out

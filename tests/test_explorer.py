@@ -3,7 +3,6 @@ that query, the switch shows the average, and the page makes no network request.
 
 from __future__ import annotations
 
-import base64
 import shutil
 from pathlib import Path
 
@@ -11,7 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from attnconv.analysis.explorer import build_data, query_subgrid, render_html, write_explorer
+from attnconv.analysis.explorer import (
+    build_data,
+    decode_rows,
+    query_subgrid,
+    render_html,
+    write_explorer,
+)
 from attnconv.data import CIFAR10_MEAN, CIFAR10_STD, load_dataset
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"  # Debian's package
@@ -79,9 +84,9 @@ def browser():
         b.close()
 
 
-def open_page(browser, path: Path):
+def open_page(browser, path: Path, width: int = 1400):
     """Open ``path`` recording every request the page makes (all are let through)."""
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page = browser.new_page(viewport={"width": width, "height": 1000})
     requests, errors = [], []
     page.on("request", lambda r: requests.append(r.url))
     page.on("pageerror", lambda e: errors.append(str(e)))
@@ -111,8 +116,10 @@ def click_pixel(page, row, col):
     page.click("#image", position={"x": col * SCALE + SCALE // 2, "y": row * SCALE + SCALE // 2})
 
 
-def decode_maps(entry, nh, q, hw):
-    return np.frombuffer(base64.b64decode(entry["maps"]), np.uint8).reshape(nh, q, hw)
+def decode_maps(data, image, li):
+    """The stored (Nh, Q, hw) uint8 maps of layer ``li`` for ``image``."""
+    L = data["layers"][li]
+    return decode_rows(L["maps"][data["single"][image][li]], L["heads"], L["grid"])
 
 
 @pytest.mark.slow
@@ -137,9 +144,7 @@ def test_click_redraws_every_head_for_the_query(browser, test_images, tmp_path):
             want = expected_argmax(grid, tok, CENTERS[key][li][hd])
             assert s["argmax"] == f"{want[0]},{want[1]}", (li, hd)
             # every drawn token has the colour of the stored map value for this query
-            vals = decode_maps(
-                data["single"][0][li], 3 if li == 0 else 2, grid[0] * grid[1], grid[0] * grid[1]
-            )
+            vals = decode_maps(data, 0, li)
             q = tok[0] * grid[1] + tok[1]
             np.testing.assert_array_equal(np.array(s["rgb"]), cmap[vals[hd, q]])
     # second image: other centres; average: the averaged maps
@@ -177,6 +182,37 @@ def test_query_subgrid_snaps_clicks(browser, test_images, tmp_path):
     assert s[0]["query"] == "1,7" and s[3]["query"] == "0,3"
     _, _, idx = query_subgrid((8, 8), 16)
     assert idx.tolist()[:4] == [9, 11, 13, 15]
+    assert errors == [] and len(requests) == 1
+    page.close()
+
+
+@pytest.mark.slow
+def test_hard_heads_are_ringed_and_the_page_fits_its_width(browser, test_images, tmp_path):
+    """Nine one-hot heads on a 32x32 grid (a converted 3x3 convolution, 20 layers of them): each
+    map rings the one key it attends to, which keeps its colour, and at 1000 px the page does
+    not scroll sideways."""
+    images, labels = test_images
+    centers = [(r, c) for r in (-1, 0, 1) for c in (-1, 0, 1)]
+    hard = [gaussian_layer((32, 32), centers, alpha=50.0)] * 20
+    data = build_data(images, [hard, hard], hard, (32, 32), labels=labels, num_average=2)
+    page, requests, errors = open_page(browser, write_explorer(data, tmp_path / "h.html"), 1000)
+    width = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+    assert width[0] <= width[1]
+    click_pixel(page, 17, 13)
+    top = list(np.array(data["colormap"])[255])
+    marks = page.evaluate(
+        """() => [...document.querySelectorAll('canvas.head')].map(c => {
+            const cell = +c.dataset.cell, [r, k] = c.dataset.argmax.split(',').map(Number);
+            const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+            let white = 0;
+            for (let i = 0; i < d.length; i += 4) white += d[i] + d[i + 1] + d[i + 2] === 765;
+            const i = 4 * ((r * cell + (cell >> 1)) * c.width + k * cell + (cell >> 1));
+            return {hard: c.dataset.hard, white, key: [d[i], d[i + 1], d[i + 2]]};
+        })"""
+    )
+    assert len(marks) == 20 * 9
+    for m in marks:
+        assert m["hard"] == "1" and m["white"] > 10 and m["key"] == top
     assert errors == [] and len(requests) == 1
     page.close()
 

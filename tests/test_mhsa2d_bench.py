@@ -41,4 +41,20 @@ def test_malloc_policy_reaches_the_case_process(monkeypatch):
 
 def test_unknown_suite_is_a_clear_error(capsys):
     assert main(["bench", "--suite", "nope"]) == 2
-    assert "unknown benchmark suite" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "unknown benchmark suite 'nope' (suites: layers, local, convert, models, cuda)" in err
+
+
+def test_one_list_of_suites():
+    """SUITES names every bench module that has a main(), and the command's help uses it."""
+    import importlib
+    import pkgutil
+
+    import attnconv.bench
+    from attnconv.bench import SUITES
+    from attnconv.commands.bench import HELP
+
+    mods = [importlib.import_module(f"attnconv.bench.{i.name}")
+            for i in pkgutil.iter_modules(attnconv.bench.__path__)]  # fmt: skip
+    assert {m.__name__.rsplit(".", 1)[1] for m in mods if hasattr(m, "main")} == set(SUITES)
+    assert ", ".join(SUITES) in HELP

@@ -144,11 +144,16 @@ def test_resume_mid_epoch_is_exact(baseline, cifar_zip, tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_refuses_changed_config(baseline, cifar_zip, tmp_path):
+def test_resume_refuses_changed_config(baseline, cifar_zip, tmp_path, monkeypatch):
     d = small(cifar_zip, tmp_path / "run")
     with pytest.raises(Interrupted):
         Trainer(config_from_dict(d), stop_at_step=2).fit()
     d["optim"]["lr"] = 0.5
+
+    def no_data(*a, **k):
+        raise AssertionError("the data was read before the changed config was refused")
+
+    monkeypatch.setattr("attnconv.train.loop.load_dataset", no_data)  # refused from the metadata
     with pytest.raises(ValueError, match="config differs from the checkpoint's in optim.lr"):
         Trainer(config_from_dict(d), resume=True)
 

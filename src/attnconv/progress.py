@@ -119,7 +119,7 @@ class Progress:
         unit: str = "it",
         initial: int = 0,
         logger: logging.Logger | None = None,
-        line_every_s: float = 10.0,
+        line_every_s: float = 5.0,
         leave: bool = True,
         enabled: bool = True,
     ):

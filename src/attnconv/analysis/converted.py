@@ -7,7 +7,7 @@ of every query pixel of that layer's input over the input's pixels: the (1, Nh, 
 probabilities of the layer cropped to the unpadded image, queries and keys alike
 ((1, Nh, h*w, h*w) on the layer's h x w grid; a head whose key falls in the padding has an empty
 row there). Hard heads give one-hot maps on the kernel's grid. ``attention_grid`` is the input
-image's size.
+image's size; ``layer_names`` are the converted modules' names.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ class ConvertedAttentionView(nn.Module):
     def __init__(self, model: nn.Module, image_size: tuple[int, int] = (32, 32)):
         super().__init__()
         self.model = model
-        self.layers = [m for _, m in converted_layers(model) if m.geometry.ndim == 2]
+        named = [(n, m) for n, m in converted_layers(model) if m.geometry.ndim == 2]
+        self.layers = [m for _, m in named]
+        self.layer_names = [n for n, _ in named]  # module names label the layers (maps.layer_names)
         if not self.layers:
             raise ValueError(f"{type(model).__name__} has no converted 2-D convolution")
         self.attention_grid = tuple(image_size)

@@ -4,8 +4,10 @@ The page shows test images; clicking a pixel shows, for the query token under it
 of every head of every layer (Cordonnier et al. 2020 fig. 4-6, interactively), for that image or
 averaged over many test images. Everything the page needs is in the file: the template
 ``explorer.html`` (HTML + CSS + JS) and a JSON blob with the images (raw RGB bytes, base64) and
-the attention rows quantized to uint8 (each (head, query) row scaled to its maximum, which is
-kept as float32). A Content-Security-Policy forbids every fetch.
+the attention rows of the stored queries (``encode_rows``: quantized to uint8, each row scaled
+to its maximum and cut to the box of keys it attends to). Maps equal across images (position-only
+attention, as in a converted CNN) are stored once per layer, and the page decodes a layer's maps
+only when it draws them. A Content-Security-Policy forbids every fetch.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .maps import Grid, iter_attention
+from .maps import Grid, iter_attention, layer_names
 
 TEMPLATE = "explorer.html"
 PLACEHOLDER = "/*__EXPLORER_DATA__*/"
@@ -48,12 +50,46 @@ def query_subgrid(lgrid: Grid, max_queries: int) -> tuple[Grid, int, torch.Tenso
     return (len(rows), len(cols)), s, idx
 
 
-def encode_rows(rows: torch.Tensor) -> tuple[str, str]:
-    """(Nh, Q, hw) probs -> (base64 uint8 rows scaled to their max, base64 float32 maxima)."""
+def encode_rows(rows: torch.Tensor, grid: Grid) -> dict:
+    """(Nh, Q, h*w) probs of one layer -> the page's form of its maps.
+
+    Each (head, query) row is scaled to its maximum ("peaks", float32) and quantized to uint8;
+    only the smallest box of keys holding its nonzero values is kept ("boxes": row0, col0, rows,
+    cols as uint16; "maps": the boxes' values, row-major, one after another). A hard (one-hot)
+    head keeps one byte per row, a global one its whole map. All base64, little-endian.
+    """
+    h, w = (int(g) for g in grid)
     r = rows.double()
     peak = r.amax(-1, keepdim=True).clamp_min(1e-30)
-    q = torch.round(r / peak * 255.0).clamp(0, 255).to(torch.uint8)
-    return _b64(q.numpy()), _b64(peak[..., 0].float().numpy().astype("<f4"))
+    q = torch.round(r / peak * 255.0).clamp(0, 255).to(torch.uint8).reshape(-1, h, w).numpy()
+    on_rows, on_cols = (q > 0).any(2), (q > 0).any(1)  # (R, h), (R, w)
+    r0, c0 = on_rows.argmax(1), on_cols.argmax(1)
+    nr = np.where(on_rows.any(1), h - on_rows[:, ::-1].argmax(1) - r0, 0)
+    nc = np.where(on_cols.any(1), w - on_cols[:, ::-1].argmax(1) - c0, 0)
+    if (nr == h).all() and (nc == w).all():
+        vals = q.reshape(-1)
+    elif (nr * nc <= 1).all():  # hard heads: one key (or none, in the padding) per row
+        i = np.flatnonzero(nr)
+        vals = q[i, r0[i], c0[i]]
+    else:
+        vals = np.concatenate([q[i, r0[i] : r0[i] + nr[i], c0[i] : c0[i] + nc[i]].reshape(-1)
+                               for i in range(q.shape[0])])  # fmt: skip
+    boxes = np.stack([r0 * (nr > 0), c0 * (nc > 0), nr, nc], 1).astype("<u2")
+    peaks = peak[..., 0].numpy().astype("<f4")
+    return {"maps": _b64(vals), "boxes": _b64(boxes), "peaks": _b64(peaks)}
+
+
+def decode_rows(entry: dict, heads: int, grid: Grid) -> np.ndarray:
+    """``encode_rows``'s entry back to (Nh, Q, h*w) uint8 (what the page draws)."""
+    h, w = grid
+    vals = np.frombuffer(base64.b64decode(entry["maps"]), np.uint8)
+    boxes = np.frombuffer(base64.b64decode(entry["boxes"]), "<u2").reshape(-1, 4).astype(int)
+    out = np.zeros((len(boxes), h, w), np.uint8)
+    k = 0
+    for i, (r0, c0, nr, nc) in enumerate(boxes):
+        out[i, r0 : r0 + nr, c0 : c0 + nc] = vals[k : k + nr * nc].reshape(nr, nc)
+        k += nr * nc
+    return out.reshape(heads, -1, h * w)
 
 
 def _viridis() -> list[list[int]]:
@@ -71,11 +107,13 @@ def build_data(
     *,
     num_prefix_tokens: int = 0,
     layer_grids: Sequence[Grid] | None = None,
+    names: Sequence[str] | None = None,
     num_average: int = 0,
     labels: Sequence[str] | None = None,
     title: str = "attention explorer",
     max_queries: int = 256,
     rows: bool = False,
+    note: str = "",
 ) -> dict:
     """The page's data from attention already computed.
 
@@ -83,7 +121,8 @@ def build_data(
     ``average[l]`` (Nh, T, T) averaged over ``num_average`` images (or None). Instead of full
     maps, ``rows=True`` takes the stored query rows (Nh, Q, hw), as ``collect_attention`` returns.
     ``layer_grids[l]`` is layer l's token grid (``AttentionMap.grid``); default: every layer on
-    ``grid``.
+    ``grid``. ``names`` label the layers (default "layer 1", ...). Layer l's distinct maps
+    are ``layers[l]["maps"]``; ``single[i][l]`` and ``average[l]`` index them.
     """
     if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 3:
         raise ValueError(
@@ -95,6 +134,8 @@ def build_data(
     layers, picks = [], []
     if layer_grids is not None and len(layer_grids) != len(ref):
         raise ValueError(f"{len(layer_grids)} layer grids for {len(ref)} attention layers")
+    if names is not None and len(names) != len(ref):
+        raise ValueError(f"{len(names)} layer names for {len(ref)} attention layers")
     for li, a in enumerate(ref):
         if a.dim() != 3:
             raise ValueError(f"attention of layer {li} must be (Nh, T, T), got {tuple(a.shape)}")
@@ -105,30 +146,33 @@ def build_data(
                 f"attention of layer {li} has {t} spatial keys, not the {lg[0]}x{lg[1]} grid"
             )
         qg, stride, idx = query_subgrid(lg, max_queries)
-        layers.append(
-            {"grid": list(lg), "heads": int(a.shape[0]), "qgrid": list(qg), "stride": stride}
-        )
+        name = str(names[li]) if names is not None else f"layer {li + 1}"
+        layers.append({"name": name, "grid": list(lg), "heads": int(a.shape[0]),
+                       "qgrid": list(qg), "stride": stride, "maps": []})  # fmt: skip
         picks.append(idx + num_prefix_tokens)
 
     def enc(attn_layers):
         if len(attn_layers) != len(layers):
             raise ValueError(f"expected {len(layers)} attention layers, got {len(attn_layers)}")
         out = []
-        for li, (a, idx) in enumerate(zip(attn_layers, picks)):
-            hw = layers[li]["grid"][0] * layers[li]["grid"][1]
+        for L, a, idx in zip(layers, attn_layers, picks):
+            hw = L["grid"][0] * L["grid"][1]
             want = (len(idx), hw) if rows else (num_prefix_tokens + hw,) * 2
             if tuple(a.shape[-2:]) != want:
                 raise ValueError(
-                    f"layer {li}: attention of shape {tuple(a.shape)}, expected (Nh, {want[0]}, "
+                    f"{L['name']}: attention of shape {tuple(a.shape)}, expected (Nh, {want[0]}, "
                     f"{want[1]}) like the first one"
                 )
-            m, p = encode_rows(a if rows else a[:, idx, num_prefix_tokens:])  # (Nh, Q, hw)
-            out.append({"maps": m, "peaks": p})
+            e = encode_rows(a if rows else a[:, idx, num_prefix_tokens:], L["grid"])
+            if e not in L["maps"]:  # equal maps (position-only attention) are stored once
+                L["maps"].append(e)
+            out.append(L["maps"].index(e))
         return out
 
     h, w = images.shape[2:]
     return {
         "title": str(title),
+        "note": str(note),
         "image": [int(h), int(w)],
         "grid": [int(grid[0]), int(grid[1])],
         "prefix": int(num_prefix_tokens),
@@ -139,9 +183,9 @@ def build_data(
             }
             for i in range(images.shape[0])
         ],
-        "layers": layers,
         "single": [enc(s) for s in single],
         "average": enc(average) if average is not None else None,
+        "layers": layers,
         "num_average": int(num_average),
         "colormap": _viridis(),
     }
@@ -164,10 +208,11 @@ def collect_attention(
     std: Sequence[float],
     max_queries: int = 256,
     batch_size: int = 25,
-) -> tuple[list[list[torch.Tensor]], list[torch.Tensor] | None, int, list[Grid]]:
+) -> tuple[list[list[torch.Tensor]], list[torch.Tensor] | None, int, list[Grid], bool]:
     """Run ``model``: the stored query rows (Nh, Q, hw) per layer of every shown image, and of
     the average over ``average_images`` (prefix keys dropped). Returns (single, average, n,
-    layer grids)."""
+    layer grids, shared). ``shared``: the maps are position-only (batch 1, ``AttentionMap``), the
+    same for every image: ``iter_attention`` runs two images only."""
     picks: list[torch.Tensor] = []
     grids: list[Grid] = []
 
@@ -180,26 +225,25 @@ def collect_attention(
             m.probs[:, :, idx, m.num_prefix_tokens :].float() for m, idx in zip(maps, picks)
         ]
 
+    def batches(x, desc):  # position-only maps (batch 1) come once for all images
+        for start, stop, attns in iter_attention(model, normalize(x, mean, std), batch_size,
+                                                 desc=desc):  # fmt: skip
+            r = pick(attns)
+            flags.append(stop - start > 1 and all(a.shape[0] == 1 for a in r))
+            yield stop - start, r
+
+    flags: list[bool] = []
     single = []
-    for start, stop, attns in iter_attention(
-        model, normalize(images, mean, std), batch_size, desc="explore: images shown"
-    ):
-        r = pick(attns)
-        for i in range(stop - start):
-            single.append([x[min(i, x.shape[0] - 1)] for x in r])
-    single = single[: images.shape[0]]
+    for b, r in batches(images, "explore: images shown"):
+        single += [[x[min(i, x.shape[0] - 1)] for x in r] for i in range(b)]
     if average_images is None or average_images.shape[0] == 0:
-        return single, None, 0, grids
+        return single, None, 0, grids, any(flags)
     sums, n = None, 0
-    for start, stop, attns in iter_attention(
-        model, normalize(average_images, mean, std), batch_size, desc="explore: average"
-    ):
-        b = stop - start
-        # a (1, ...) map shared by the batch stands for b images
-        r = [x.sum(0) * (b if x.shape[0] == 1 else 1) for x in pick(attns)]
+    for b, r in batches(average_images, "explore: average"):
+        r = [x.sum(0) * (b if x.shape[0] == 1 else 1) for x in r]  # a (1, ...) map: b images
         sums = r if sums is None else [s + x for s, x in zip(sums, r)]
         n += b
-    return single, [s / n for s in sums], n, grids
+    return single, [s / n for s in sums], n, grids, any(flags)
 
 
 def render_html(data: dict) -> str:
@@ -236,7 +280,7 @@ def explore_model(
     batch_size: int = 25,
 ) -> Path:
     """Compute the attention of ``model`` on ``images`` (uint8) and write the explorer page."""
-    single, avg, n, grids = collect_attention(
+    single, avg, n, grids, shared = collect_attention(
         model, images, average_images, mean=mean, std=std, max_queries=max_queries,
         batch_size=batch_size,
     )  # fmt: skip
@@ -247,10 +291,12 @@ def explore_model(
         tuple(model.attention_grid),
         num_prefix_tokens=int(getattr(model, "num_prefix_tokens", 0)),
         layer_grids=grids,
+        names=layer_names(model, len(grids)),
         num_average=n,
         labels=labels,
         title=title,
         max_queries=max_queries,
         rows=True,
+        note="Position-only attention: the same maps for every image" if shared else "",
     )
     return write_explorer(data, out)

@@ -70,6 +70,15 @@ def query_maps(
     return out
 
 
+def layer_names(model: nn.Module, n: int) -> list[str]:
+    """Labels of the ``n`` attention layers of ``model``: its ``layer_names`` (a converted CNN's
+    module names) when it has one per layer, else "layer 1", "layer 2", ..."""
+    names = getattr(model, "layer_names", None)
+    if names is not None and len(names) == n:
+        return [str(x) for x in names]
+    return [f"layer {i + 1}" for i in range(n)]
+
+
 MAP_BUDGET = 2**27  # bytes of attention maps one batch may hold (dense T x T maps are large)
 
 
@@ -86,8 +95,10 @@ def iter_attention(
     """Run ``model`` over ``images`` (N, C, H, W); yield (start, stop, maps) per batch, the
     batch being ``images[start:stop]`` (maps of batch 1 are shared by the whole batch).
 
-    The first batch is one image; its maps' size sets the next batches' size so that one batch
-    holds at most ``budget`` bytes of maps (and at most ``batch_size`` images). A model without
+    The first batch is two images. If all its maps are position-only (batch 1: the same for
+    every image), they are yielded once for all N images and no other image is run. Otherwise
+    its maps' size sets the next batches' size so that one batch holds at most ``budget`` bytes
+    of maps (and at most ``batch_size`` images). A model without
     attention maps raises ValueError, or with ``allow_empty`` yields nothing. Progress (images
     done) is shown as ``desc``.
     """
@@ -98,7 +109,7 @@ def iter_attention(
     model.eval()
     dev = next(model.parameters(), images).device  # the images go where the model is
     bar = Progress(images.shape[0], desc, unit="img", logger=log, leave=False)
-    start, b = 0, 1
+    start, b = 0, min(2, batch_size)
     try:
         while start < images.shape[0]:
             stop = min(start + b, images.shape[0])
@@ -109,6 +120,8 @@ def iter_attention(
                 if allow_empty:
                     return
                 raise ValueError(f"{type(model).__name__} returned no attention maps")
+            if start == 0 and stop > 1 and all(m.shape[0] == 1 for m in maps):
+                stop = images.shape[0]  # position-only: these maps are every image's
             bar.update(stop - start)
             yield start, stop, maps
             if start == 0:  # size the next batches from the first image's maps

@@ -22,7 +22,7 @@ from .convlike import ConvLikeness, LayerConvLikeness
 from .distance import MeanDistance, pixel_distances
 from .explorer import normalize
 from .grid import GridScore, grid_scores
-from .maps import MapAverage, iter_attention, query_maps
+from .maps import MapAverage, iter_attention, layer_names, query_maps
 from .posemb import (
     find_patch_embedding,
     find_position_embedding,
@@ -42,6 +42,7 @@ class AttentionAnalysis:
     query_pixel: Grid
     query_token: Grid  # the query on ``grid``
     layer_grids: list[Grid] = field(default_factory=list)  # each attention layer's own grid
+    layer_names: list[str] = field(default_factory=list)  # maps.layer_names: module names or N
     single: list[torch.Tensor] | None = None  # per layer (Nh, h, w): one image, query's row
     average: list[torch.Tensor] | None = None  # per layer (Nh, h, w): averaged over the images
     mean_distance: list[torch.Tensor] = field(default_factory=list)  # per layer (Nh,) pixels
@@ -105,6 +106,7 @@ def measure_model(
             res.single = query_maps(maps, grid, qtok, image=image_index - seen)
     if res.single is not None:
         res.layer_grids = list(avg.grids)
+        res.layer_names = layer_names(model, len(avg.grids))
         res.average = [m[:, 0].reshape(-1, *g) for m, g in zip(avg.result(), avg.grids)]
         res.mean_distance = [d.result() for d in dist]
         res.uniform_distance = float(pixel_distances(grid, ppt).mean())

@@ -12,15 +12,26 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
+from . import center_figures as C
 from . import figures as F
 from .centers import read_center_log
 from .measure import AttentionAnalysis, measure_model
+
+log = logging.getLogger(__name__)
+
+
+def draw(figs: dict[str, str], key: str, plot: Callable[[], Path]) -> None:
+    """``figs[key]`` = the name of the file ``plot()`` writes, said first: a figure of many
+    layers takes seconds to draw."""
+    log.info(f"analyze: drawing {key.replace('_', ' ')} (figure {len(figs) + 1})")
+    figs[key] = plot().name
 
 
 def analyze_model(
@@ -83,40 +94,42 @@ def render_report(
     figs = report["figures"]
     tables: dict[str, list[list[str]]] = {}
     if res.has_attention:
-        single, avg = res.single, res.average
+        single, avg, names = res.single, res.average, res.layer_names
         where = f"query pixel {res.query_pixel} (token {qtok})"
-        figs["attention_single"] = F.plot_query_maps(
+        draw(figs, "attention_single", lambda: F.plot_query_maps(
             single, qtok, grid, out / "attention_single.png", image=image,
-            title=f"attention of every head for {where}, {label}",
-        ).name  # fmt: skip
-        figs["attention_average"] = F.plot_query_maps(
+            title=f"attention of every head for {where}, {label}", names=names,
+        ))  # fmt: skip
+        draw(figs, "attention_average", lambda: F.plot_query_maps(
             avg, qtok, grid, out / "attention_average.png",
-            title=f"attention of every head for {where}, averaged over {n} images",
-        ).name  # fmt: skip
+            title=f"attention of every head for {where}, averaged over {n} images", names=names,
+        ))  # fmt: skip
         if zoom and any(max(m.shape[-2:]) > zoom for m in avg):
-            figs["attention_single_zoom"] = F.plot_query_maps(
+            draw(figs, "attention_single_zoom", lambda: F.plot_query_maps(
                 single, qtok, grid, out / "attention_single_zoom.png", image=image, zoom=zoom,
-                title=f"{zoom}x{zoom} keys around {where}, {label}",
-            ).name  # fmt: skip
-            figs["attention_average_zoom"] = F.plot_query_maps(
+                title=f"{zoom}x{zoom} keys around {where}, {label}", names=names,
+            ))  # fmt: skip
+            draw(figs, "attention_average_zoom", lambda: F.plot_query_maps(
                 avg, qtok, grid, out / "attention_average_zoom.png", zoom=zoom,
                 title=f"{zoom}x{zoom} keys around {where}, averaged over {n} images",
-            ).name  # fmt: skip
+                names=names,
+            ))  # fmt: skip
         use_c = res.centers if len(res.centers) == len(avg) else None
-        figs["mass_contours"] = F.plot_mass_contours(
+        draw(figs, "mass_contours", lambda: C.plot_mass_contours(
             avg, qtok, grid, out / "mass_contours.png", centers=use_c,
             title=f"50% (solid) / 90% (dashed) of each head's mass for {where}, average of {n} "
-            "images; x = head centre" if use_c else "",
-        ).name  # fmt: skip
-        figs["mean_distance"] = F.plot_mean_distance(
+            "images; x = head centre" if use_c else "", names=names,
+        ))  # fmt: skip
+        draw(figs, "mean_distance", lambda: F.plot_mean_distance(
             res.mean_distance, out / "mean_distance.png", uniform=res.uniform_distance,
-            title=f"mean attention distance per head ({n} images)",
-        ).name  # fmt: skip
-        figs["conv_likeness"] = F.plot_convlikeness(
-            res.conv_likeness, out / "conv_likeness.png"
-        ).name
+            title=f"mean attention distance per head ({n} images)", names=names,
+        ))  # fmt: skip
+        draw(figs, "conv_likeness", lambda: F.plot_convlikeness(
+            res.conv_likeness, out / "conv_likeness.png", names=names
+        ))
         report["layers"] = [
-            {"grid": list(g), "heads": int(m.shape[0])} for g, m in zip(res.layer_grids, avg)
+            {"name": name, "grid": list(g), "heads": int(m.shape[0])}
+            for name, g, m in zip(names, res.layer_grids, avg)
         ]
         report["mean_distance_px"] = [d.tolist() for d in res.mean_distance]
         report["uniform_distance_px"] = res.uniform_distance
@@ -134,10 +147,10 @@ def render_report(
             for r in res.conv_likeness
         ]
         tables["mean_distance"] = [["layer", "mean distance per head (px)"]] + [
-            [str(i + 1), " ".join(f"{v:.2f}" for v in d.tolist())]
-            for i, d in enumerate(res.mean_distance)
+            [name, " ".join(f"{v:.2f}" for v in d.tolist())]
+            for name, d in zip(names, res.mean_distance)
         ]
-        tables["conv_likeness"] = F.convlikeness_rows(res.conv_likeness)
+        tables["conv_likeness"] = F.convlikeness_rows(res.conv_likeness, names)
         report["conv_likeness_table"] = _md_table(tables["conv_likeness"])
     if res.centers:
         report["centers"] = [c.tolist() for c in res.centers]
@@ -145,21 +158,21 @@ def render_report(
         report["grid_score"] = [g.to_dict() for g in res.grid_scores]
     if center_log is not None and Path(center_log).is_file():
         epochs, traj = read_center_log(center_log)
-        figs["center_trajectories"] = F.plot_center_trajectories(
+        draw(figs, "center_trajectories", lambda: C.plot_center_trajectories(
             epochs, traj, out / "center_trajectories.png"
-        ).name
-        figs["center_trajectories_gif"] = F.save_center_gif(
+        ))
+        draw(figs, "center_trajectories_gif", lambda: C.save_center_gif(
             epochs, traj, out / "center_trajectories.gif"
-        ).name
+        ))
         report["center_log"] = {"path": str(center_log), "epochs": [int(e) for e in epochs]}
     if res.position_similarity is not None:
-        figs["position_similarity"] = F.plot_position_similarity(
+        draw(figs, "position_similarity", lambda: F.plot_position_similarity(
             res.position_similarity, out / "position_similarity.png"
-        ).name
+        ))
     if res.patch_pcs is not None:
-        figs["patch_pcs"] = F.plot_patch_pcs(
+        draw(figs, "patch_pcs", lambda: F.plot_patch_pcs(
             res.patch_pcs, out / "patch_pcs.png", ratios=res.patch_pc_variance
-        ).name
+        ))
         report["patch_pc_variance"] = res.patch_pc_variance.tolist()
     if not figs:
         raise ValueError(
@@ -185,8 +198,8 @@ CAPTIONS = {
     "attention_average_zoom": "The average, zoomed on the keys around the query.",
     "mass_contours": "Contours holding 50% (solid) and 90% (dashed) of each head's averaged "
     "attention around the query (star), x = the head's learned centre (quadratic layers).",
-    "center_trajectories": "Head centres over training (o = first logged epoch, x = last) "
-    "(Cordonnier et al. fig. 3).",
+    "center_trajectories": "Head centres over training (o = first logged epoch, arrowhead = the "
+    "last move) (Cordonnier et al. fig. 3).",
     "center_trajectories_gif": "Animation of the head centres over training.",
     "mean_distance": "Mean attention distance of every head against depth, in image pixels "
     "(ViT fig. 7 right); dashed: a uniform head.",

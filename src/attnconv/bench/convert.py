@@ -300,16 +300,22 @@ def main(argv: list[str] | None = None) -> int:
     plot_lemma2(lemma2, out / "convert_lemma2.png")
     (out / "convert.json").write_text(json.dumps(res, indent=1))
     (out / "convert.md").write_text(_markdown(res, argv))
-    s = speed
-    print(f"speed: conv {s['seconds']['conv']:.4f} s, attention (hard) "
-          f"{s['seconds']['attention_hard']:.4f} s: {s['ratio_attention_over_best_conv']:.2f}x "
-          f"of the faster original (CPU time {s['cpu_ratio_attention_over_best_conv']:.2f}x) "
-          f"(target <= 2x {'met' if s['target_met'] else 'NOT met'})")  # fmt: skip
+    s, sec = speed, speed["seconds"]
+    print(f"speed of {s['model']}, batch {s['batch']} of {s['image'][0]}x{s['image'][1]}, per "
+          f"batch: original {sec['conv']:.4f} s (channels_last {sec['conv_channels_last']:.4f} "
+          f"s), converted (hard) {sec['attention_hard']:.4f} s; converted / faster original: "
+          f"{s['ratio_attention_over_best_conv']:.2f}x wall time, "
+          f"{s['cpu_ratio_attention_over_best_conv']:.2f}x CPU time (target <= 2x wall: "
+          f"{'met' if s['target_met'] else 'NOT met'})")  # fmt: skip
+    if networks:
+        print("network table (each its own size), converted / original in wall time and in CPU "
+              "time (wall time counts waits for a busy core, CPU time does not):")  # fmt: skip
     for r in networks:
         print(
-            f"{r['network']}: converted {r['ratio']:.2f}x the original's time (CPU "
-            f"{r['cpu_ratio']:.2f}x), {r['params_ratio']:.3f}x its parameters, max rel. "
-            f"logit diff {r['max_rel_logit_diff']:.1e}"
+            f"  {r['network']}, batch {r['batch']} of {r['image']}x{r['image']}: original "
+            f"{r['seconds']['conv']:.4f} s, converted {r['seconds']['attention_hard']:.4f} s: "
+            f"{r['ratio']:.2f}x wall, {r['cpu_ratio']:.2f}x CPU; {r['params_ratio']:.3f}x its "
+            f"parameters, max rel. logit diff {r['max_rel_logit_diff']:.1e}"
         )
     for dt in ("float32", "float64"):
         rows = lemma2[dt]["rows"]

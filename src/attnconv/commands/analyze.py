@@ -7,10 +7,12 @@ Pretrained timm / Hugging Face weights: `attnconv analyze --model NAME --checkpo
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
 from .options import add_device
 
+log = logging.getLogger(__name__)
 HELP = "figures of what the attention heads learned (PNGs + index.md/index.html)"
 
 
@@ -100,21 +102,24 @@ def analyze_checkpoint(
     from attnconv.analysis.centers import find_center_log
     from attnconv.analysis.inputs import load_for_analysis
     from attnconv.analysis.report import analyze_model
+    from attnconv.train.device import resolve_device
 
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
     if zoom < 0:
         raise ValueError(f"--zoom must be >= 0, got {zoom}")
-    log = Path(centers_log) if centers_log else find_center_log(checkpoint)
-    if centers_log and not log.is_file():
-        raise FileNotFoundError(f"--centers-log {log}: no such file")
+    center_log = Path(centers_log) if centers_log else find_center_log(checkpoint)
+    if centers_log and not center_log.is_file():
+        raise FileNotFoundError(f"--centers-log {center_log}: no such file")
+    resolve_device(device)  # an unusable --device before any work
+    log.info(f"analyze: loading {checkpoint} and {num_images} test images")
     model, info, images, labels, mean, std = load_for_analysis(
         checkpoint, data, num_images, split, device=device, model_name=model_name
     )
     with torch.no_grad():
         return analyze_model(
             model, images, out, mean=mean, std=std, labels=labels, query=query,
-            image_index=image, zoom=zoom or None, center_log=log,
+            image_index=image, zoom=zoom or None, center_log=center_log,
             title=f"{info.get('model')} ({Path(info.get('path', checkpoint)).name})",
             batch_size=batch_size,
         )  # fmt: skip

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 
-HELP = "run a benchmark suite (layers, local, convert, models): time, peak memory, GFLOP/s"
+from attnconv.bench import SUITES
+
+HELP = f"run a benchmark suite ({', '.join(SUITES)}): time, peak memory, GFLOP/s"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--suite", default="layers", help="suite name: module attnconv.bench.SUITE")
+    p.add_argument("--suite", default="layers", metavar="SUITE",
+                   help="; ".join(f"{k}: {v}" for k, v in SUITES.items()) + " (default: layers)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, one repeat (CI smoke test)")
     p.add_argument("--threads", type=int, help="torch threads per case")
     p.add_argument("--repeats", type=int, help="timed repeats per case (median is reported)")
@@ -38,10 +40,8 @@ def suite_argv(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     name = args.suite
-    if not name.isidentifier() or name == "common":
-        raise ValueError(f"unknown benchmark suite {name!r}")
-    if importlib.util.find_spec(f"attnconv.bench.{name}") is None:
-        raise ValueError(f"unknown benchmark suite {name!r} (no module attnconv.bench.{name})")
+    if name not in SUITES:
+        raise ValueError(f"unknown benchmark suite {name!r} (suites: {', '.join(SUITES)})")
     for opt in ("threads", "repeats"):
         if getattr(args, opt) is not None and getattr(args, opt) < 1:
             raise ValueError(f"--{opt} must be >= 1, got {getattr(args, opt)}")

@@ -3,12 +3,13 @@ write its checkpoint, metrics and figures of its heads into a run folder.
 
 Data: ``--data`` if given, else the full CIFAR-10 JPEG zip at ``../shared/data/cifar10-jpeg.zip``
 (or ``$ATTNCONV_CIFAR_ZIP``) when it exists, else the CIFAR-10 sample embedded in the package, so
-it runs offline on a fresh machine. The whole command fits ``--minutes``: after the data is
+it runs offline on a fresh machine. The whole command fits ``--minutes``: after the test images are
 decoded, a short timed warm-up of the real training step (real batches, augmentation, optimizer)
-and of an evaluation batch measures this machine's throughput, and the schedule (steps, cosine to
-its end) is sized so that training, the final evaluation and the figures fit the time left, with a
-margin. A hard time limit ends training gracefully if the machine slows down later (the summary
-then says the schedule did not finish).
+and of an evaluation batch measures this machine's throughput; only as many training images as
+the time left can use are decoded, and the schedule (steps, cosine to its end) is sized so that
+training, the final evaluation and the figures fit the time left, with a margin. A hard time
+limit ends training gracefully if the machine slows down later (the summary then says the
+schedule did not finish).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import csv
 import logging
+import math
 import os
 import statistics
 import time
@@ -25,11 +27,15 @@ HELP = "train a small quadratic-attention model for ~2 minutes and draw what its
 log = logging.getLogger(__name__)
 MARGIN = 0.8  # plan the steps for this share of the time left (the machine may be shared)
 PROBE_S = 3.0  # a speed probe stops after this many seconds (a slow thread count is seen soon)
+PROBE_SHARE = 0.04  # ... or after this share of the budget if less (then 1 thread only)
+PROBE_PER_CLASS = 50  # test images per class the speed probe trains on (its batches)
+CLASS_STEP = 500  # training images decoded per class: a multiple of this (the decoded cache's key)
 MIN_TRAIN_S = 10.0  # training time a demo always gets, however short its budget
 # Planning estimate: drawing the figures (matplotlib) costs about as much CPU time as training on
-# this many images, so FIGURES_IMAGES / (measured images/s) seconds are kept for them. Every demo
-# run prints the figures' actual time beside this plan, so the estimate is checked each time.
-FIGURES_IMAGES = 6000
+# this many images, so FIGURES_IMAGES / (measured images/s) seconds are kept for them (0.5 min
+# demos on a shared 2-core machine: figures 7-11 s at 314-565 images/s, 3500-4000 images' worth).
+# Every demo run prints the figures' actual time beside this plan, so it is checked each time.
+FIGURES_IMAGES = 4500
 
 # 3 layers x 9 quadratic heads, hidden 64, 4x4 space-to-depth (8x8 tokens); no dropout (short run)
 MODEL = {
@@ -72,11 +78,11 @@ def default_data() -> str:
     return "sample"
 
 
-def _probe(cfg, train_ds, eval_ds, threads: int, steps: int = 6) -> tuple[float, float]:
+def _probe(cfg, ds, threads: int, probe_s: float, steps: int = 6) -> tuple[float, float]:
     """(training images/s, evaluation images/s) of the demo model here with ``threads``: the
-    mean over up to ``steps`` real training steps (loader batches with augmentation, forward,
-    cross-entropy, backward, SGD) after one warm-up step, stopping after PROBE_S seconds, and
-    one timed evaluation batch (of at most 100 images)."""
+    mean over up to ``steps`` real training steps on ``ds`` (loader batches with augmentation,
+    forward, cross-entropy, backward, SGD) after one warm-up step (or that step alone),
+    stopping after ``probe_s`` seconds, and one timed evaluation batch (of at most 100 images)."""
     import torch
     import torch.nn.functional as F
 
@@ -85,9 +91,9 @@ def _probe(cfg, train_ds, eval_ds, threads: int, steps: int = 6) -> tuple[float,
 
     torch.set_num_threads(threads)
     d, t = cfg.data, cfg.train
-    model = create_model(cfg.model.name, num_classes=train_ds.num_classes, **cfg.model.kwargs)
+    model = create_model(cfg.model.name, num_classes=ds.num_classes, **cfg.model.kwargs)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loader = Loader(train_ds, t.batch_size, shuffle=True, seed=t.seed, augment=d.augment,
+    loader = Loader(ds, t.batch_size, shuffle=True, seed=t.seed, augment=d.augment,
                     pad=d.crop_padding, flip=d.flip, mean=d.mean, std=d.std)  # fmt: skip
     times, t0 = [], time.perf_counter()
     for i, (x, y) in enumerate(loader.batches(0)):
@@ -98,9 +104,9 @@ def _probe(cfg, train_ds, eval_ds, threads: int, steps: int = 6) -> tuple[float,
         now = time.perf_counter()
         times.append(now - t0)
         t0 = now
-        if i == steps or (len(times) >= 2 and sum(times) > PROBE_S):
+        if i == steps or sum(times) > probe_s:  # a slow thread count: its warm-up tells
             break
-    eval_loader = Loader(eval_ds, min(100, t.eval_batch_size), shuffle=False, mean=d.mean,
+    eval_loader = Loader(ds, min(100, t.eval_batch_size), shuffle=False, mean=d.mean,
                          std=d.std)  # fmt: skip
     x, _ = next(eval_loader.batches(0))
     t0 = time.perf_counter()
@@ -137,24 +143,38 @@ def run(args: argparse.Namespace) -> int:
         "out_dir": str(out),
     }
     cfg = config_from_dict(apply_overrides(base, args.overrides))
-    d = cfg.data
-    log.info(f"demo: reading {data}")
-    train_ds = load_dataset(d.dataset, d.train_split, root=d.root, max_per_class=d.max_per_class)
+    d, budget_s = cfg.data, 60 * args.minutes
+    log.info(f"demo: reading the test images of {data}")
     eval_ds = load_dataset(d.dataset, d.eval_split, root=d.root,
                            max_per_class=d.eval_max_per_class)  # fmt: skip
+    probe_ds = load_dataset(d.dataset, d.eval_split, root=d.root, max_per_class=PROBE_PER_CLASS)
     import torch
 
-    # on a busy machine one thread can beat several by far: measure both, keep the faster
-    log.info("demo: measuring this machine's speed (a few real training steps)")
-    probes = {n: _probe(cfg, train_ds, eval_ds, n) for n in sorted({1, torch.get_num_threads()})}
+    # on a busy machine one thread can beat several by far: measure both, keep the faster; a
+    # short budget measures one thread only (several, on a busy machine, took seconds a step)
+    probe_s = min(PROBE_S, PROBE_SHARE * budget_s)
+    counts = sorted({1, torch.get_num_threads() if probe_s == PROBE_S else 1})
+    log.info(f"demo: measuring this machine's speed (real training steps, {probe_s:.1f} s for "
+             f"{' and '.join(map(str, counts))} thread(s))")  # fmt: skip
+    probes = {n: _probe(cfg, probe_ds, n, probe_s) for n in counts}
     threads = max(probes, key=lambda n: probes[n][0])
     ips, eval_ips = probes[threads]
     cfg.train.threads = cfg.train.threads or threads
     eval_s = len(eval_ds) / eval_ips
-    left = 60 * args.minutes - (time.time() - t_start)
     figures_s = 0.0 if args.no_figures else FIGURES_IMAGES / ips
-    train_s = max(left - eval_s - figures_s, MIN_TRAIN_S)
-    if left - eval_s - figures_s < MIN_TRAIN_S:  # said up front, never a negative allotment
+
+    def train_time() -> float:  # what the budget leaves for training now
+        return budget_s - (time.time() - t_start) - eval_s - figures_s
+
+    # decode only the training images the time left can use (the probe trained on test images)
+    per_class = math.ceil(ips * max(train_time(), MIN_TRAIN_S) / eval_ds.num_classes / CLASS_STEP)
+    if d.max_per_class is None or per_class * CLASS_STEP < d.max_per_class:
+        d.max_per_class = per_class * CLASS_STEP
+    log.info(f"demo: {ips:.0f} training images/s here ({threads} thread(s)); reading at most "
+             f"{d.max_per_class} training images per class")  # fmt: skip
+    train_ds = load_dataset(d.dataset, d.train_split, root=d.root, max_per_class=d.max_per_class)
+    train_s = max(train_time(), MIN_TRAIN_S)
+    if train_time() < MIN_TRAIN_S:  # said up front, never a negative allotment
         over = (time.time() - t_start + MIN_TRAIN_S + eval_s + figures_s) / 60
         log.info(f"demo: {args.minutes:g} min is less than this machine needs for the data, "
                  f"speed probe, evaluation and figures; training gets its minimum "
@@ -168,9 +188,9 @@ def run(args: argparse.Namespace) -> int:
     cfg.train.time_limit = train_s
     planned = cfg.train.epochs * cfg.train.steps_per_epoch
     log.info(
-        f"demo: {ips:.0f} training images/s here ({threads} thread(s)), {len(train_ds)} training "
-        f"images: planned {planned} steps of {cfg.train.batch_size} images "
-        f"({cfg.train.epochs} short epochs) to fit {args.minutes:g} min"
+        f"demo: {len(train_ds)} training images: planned {planned} steps of "
+        f"{cfg.train.batch_size} images ({cfg.train.epochs} short epochs) in {train_s:.0f} s, "
+        f"to fit {args.minutes:g} min"
     )
     t_train = time.time()
     last = train(cfg, overwrite=args.overwrite)

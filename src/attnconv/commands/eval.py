@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 
 from .options import add_device
 
+log = logging.getLogger(__name__)
 HELP = "evaluate a checkpoint (accuracy, loss) on a dataset split"
 
 
@@ -31,12 +33,14 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.train.loop import evaluate
 
     device = resolve_device(args.device)
+    log.info(f"eval: loading {args.checkpoint}")
     model, info = load_model(args.checkpoint)
     cfg_data = (info.get("config") or {}).get("data", {})
     spec = args.data or cfg_data.get("dataset")
     if spec is None:
         raise ValueError("the checkpoint stores no dataset: pass --data")
     root = args.root or (cfg_data.get("root") if not args.data else None)
+    log.info(f"eval: {info['model']}; reading {spec}:{args.split}")
     ds = load_dataset(spec, args.split, root=root, max_per_class=args.max_per_class)
     data_info = info.get("data", {})
     classes = data_info.get("classes")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
 from .options import add_device
 
+log = logging.getLogger(__name__)
 HELP = "write a self-contained HTML page to explore every head's attention by clicking pixels"
 
 
@@ -18,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", default="test", help="split of --data to use (default: test)")
     p.add_argument("--images", type=int, default=4, help="test images shown (default 4)")
     p.add_argument(
-        "--average", type=int, default=100, help="images of the average view (default 100; 0 = off)"
+        "--average", type=int, default=25, help="images of the average view (default 25; 0 = off)"
     )
     p.add_argument(
         "--max-queries",
@@ -35,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
     from attnconv.analysis.explorer import explore_model
     from attnconv.analysis.inputs import load_for_analysis
+    from attnconv.train.device import resolve_device
 
     from .analyze import model_source
 
@@ -46,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
     if Path(args.out).suffix.lower() not in (".html", ".htm"):
         raise ValueError(f"--out must name an .html file, got {args.out}")
     path, name = model_source(args)
+    resolve_device(args.device)  # an unusable --device before any work
+    log.info(f"explore: loading {path} and {max(args.images, args.average)} test images")
     model, info, images, labels, mean, std = load_for_analysis(
         path, args.data, max(args.images, args.average), args.split, device=args.device,
         model_name=name,

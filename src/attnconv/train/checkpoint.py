@@ -293,7 +293,8 @@ def read_checkpoint(path: str | Path, *, with_state: bool = False) -> tuple[dict
     raise AssertionError("unreachable")
 
 
-def _read_checkpoint(path: str | Path, with_state: bool) -> tuple[dict, dict, dict]:
+def read_meta(path: str | Path) -> tuple[Path, dict]:
+    """(checkpoint folder, its verified metadata) without reading a tensor."""
     d = find_checkpoint(path)
     try:
         meta = parse_meta((d / META).read_bytes())
@@ -316,6 +317,11 @@ def _read_checkpoint(path: str | Path, with_state: bool) -> tuple[dict, dict, di
         raise CheckpointError(
             f"{d / META}: corrupted checkpoint: metadata sha256 differs (the file was modified)"
         )
+    return d, meta
+
+
+def _read_checkpoint(path: str | Path, with_state: bool) -> tuple[dict, dict, dict]:
+    d, meta = read_meta(path)
     out = []
     for name in (WEIGHTS, STATE) if with_state else (WEIGHTS,):
         expect = meta.get("files", {}).get(name)

@@ -35,12 +35,13 @@ from .checkpoint import (
     follow_latest,
     optimizer_from_tensors,
     read_checkpoint,
+    read_meta,
 )
 from .checkpoint import save_checkpoint as _save
 from .config import Config
 from .monitor import Monitor
 from .optim import build_optimizer, lr_at, set_lr
-from .resume import check_resumable
+from .resume import check_resumable, check_same_config
 from .runfolder import LOCK as LOCK_FILE
 from .runfolder import (
     RunLock,
@@ -124,14 +125,16 @@ class Trainer:
             clean_temps(self.out)  # left by a save killed half-way
             if finish_overwrite(self.out):  # an --overwrite killed half-way: old run gone now
                 self.started = False
-            if not resume:
-                try:
+            try:
+                if not resume:
                     check_fresh(self.out, overwrite)
-                except ValueError:
-                    self.lock.release()
-                    raise
-                if overwrite:  # nothing of the old run stays: not its weights, logs or config
-                    remove_old_run(self.out)
+                elif self._saved():  # a changed config is refused before any data is read
+                    check_same_config(read_meta(self.ckdir)[1], cfg)
+            except ValueError:
+                self.lock.release()
+                raise
+            if overwrite and not resume:  # nothing of the old run stays: weights, logs, config
+                remove_old_run(self.out)
         d = cfg.data
         if self.info.is_main:
             log.info(f"train: {cfg.model.name}, run folder {self.out}; reading {d.dataset}")
@@ -198,14 +201,14 @@ class Trainer:
         self.stop_signal: int | None = None
 
     # ---- checkpoints -------------------------------------------------------------------------
+    def _saved(self) -> bool:
+        return (self.ckdir / LATEST).exists() or any(d.is_dir() for d in self.ckdir.glob("step-*"))
+
     def _resume(self) -> None:
         """Continue from the newest checkpoint; a run stopped before its first checkpoint was
         complete (killed during it: only a temp folder, cleaned at start) starts again from step
         0, which is the same run (everything is seeded)."""
-        saved = (self.ckdir / LATEST).exists() or any(
-            d.is_dir() for d in self.ckdir.glob("step-*")
-        )
-        if not saved:
+        if not self._saved():
             if not self.started:
                 raise FileNotFoundError(f"--resume: no checkpoint in {self.ckdir}")
             self.resume_note = "no checkpoint was complete, starting again from step 0"

@@ -35,6 +35,20 @@ def flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
+def check_same_config(meta: dict, cfg: Config) -> None:
+    """Raise unless ``cfg`` is checkpoint ``meta``'s config up to the keys that may change
+    (checked from the metadata alone, before any data or weights are read)."""
+    old, new = flat(meta.get("config") or {}), flat(cfg.to_dict())
+    changed = sorted(
+        k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in RESUME_FREE
+    )
+    if changed:
+        raise ValueError(
+            f"--resume: config differs from the checkpoint's in {', '.join(changed)} "
+            "(resuming would not continue the same run; use a new out_dir)"
+        )
+
+
 def check_resumable(
     meta: dict, state_tensors: dict, cfg: Config, model_kwargs: dict, sums: set[str]
 ) -> torch.Tensor:
@@ -47,15 +61,7 @@ def check_resumable(
             f"{where}: foreign checkpoint for this run: it holds {meta['model']} "
             f"{meta.get('model_kwargs')}, the config asks for {cfg.model.name} {model_kwargs}"
         )
-    old, new = flat(meta.get("config") or {}), flat(cfg.to_dict())
-    changed = sorted(
-        k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in RESUME_FREE
-    )
-    if changed:
-        raise ValueError(
-            f"--resume: config differs from the checkpoint's in {', '.join(changed)} "
-            "(resuming would not continue the same run; use a new out_dir)"
-        )
+    check_same_config(meta, cfg)
     rng, want, state = state_tensors.get("rng.torch"), torch.get_rng_state(), meta["state"]
     if rng is None or rng.dtype != want.dtype or rng.shape != want.shape:
         got = "none" if rng is None else f"{rng.dtype} {tuple(rng.shape)}"
