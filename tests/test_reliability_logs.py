@@ -14,6 +14,7 @@ from attnconv.train.monitor import COLUMNS, Monitor
 from tiny_runs import tiny_config
 
 
+@pytest.mark.slow
 def test_resume_drops_torn_metrics_rows(tmp_path, cifar_zip, capsys):
     run = tmp_path / "run"
     cfg = tiny_config(tmp_path, cifar_zip, epochs=2, out_dir=str(run))

@@ -225,6 +225,7 @@ def test_non_finite_loss_stops_and_keeps_last_good(cifar_zip, tmp_path):
     assert all(torch.isfinite(v).all() for v in model.state_dict().values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad, at_step", [(float("inf"), 1), (float("nan"), 3)])
 def test_last_good_checkpoint_never_holds_non_finite_weights(cifar_zip, tmp_path, monkeypatch,
                                                              capsys, bad, at_step):  # fmt: skip
