@@ -12,7 +12,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from attnconv.models import create_model
+from attnconv import create_model
 
 D, DEPTH, HEADS, P = 32, 2, 4, 8  # small geometry: fast tests
 SMALL = dict(embed_dim=D, depth=DEPTH, num_heads=HEADS, patch_size=P)

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 import attnconv
-from attnconv.models import create_model, list_models
+from attnconv.loading import create_model
+from attnconv.models import list_models
 from attnconv.models._common import num_params
 from attnconv.models.vit import resample_pos_embed, sinusoidal_2d
 from cifar_images import cifar_batch

@@ -125,7 +125,7 @@ def _rewrite_state(step: Path, edit) -> None:
         import hashlib
 
         m["files"][ck.STATE] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-        m["tensors"][ck.STATE] = ck._tensor_index(tensors)
+        m["tensors"][ck.STATE] = ck.tensor_index(tensors)
 
     _edit_meta(step, fix)
 

@@ -148,7 +148,7 @@ def test_reader_survives_a_pruned_step_folder(tmp_path, cifar_zip, monkeypatch):
     [Errno 2]."""
     import shutil
 
-    from attnconv.train import checkpoint as ck
+    from attnconv.loading import checkpoint as ck
 
     run = tmp_path / "run"
     cfg = tiny_config(tmp_path, cifar_zip, epochs=2, out_dir=str(run))

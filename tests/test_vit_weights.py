@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from attnconv.models import create_model
+from attnconv import create_model
+from attnconv.loading import WeightsError
+from attnconv.loading.timm_format import to_timm
 from attnconv.models._common import num_params
-from attnconv.models.weights import WeightsError
-from attnconv.models.weights.timm_format import to_timm
 from pretrained_vits import (
     DEPTH,
     HEADS,
@@ -281,7 +281,7 @@ def test_bf16_autocast_stays_close_to_the_float64_reference(tmp_path):
 def test_attnconv_checkpoints_load_through_the_same_argument(tmp_path):
     """``checkpoint=`` also takes an attnconv checkpoint folder (its own loader, name checked),
     e.g. a model saved after loading pretrained weights, rebuilt from its stored settings."""
-    from attnconv.models.weights import model_kwargs
+    from attnconv.loading import model_kwargs
     from attnconv.train.checkpoint import CheckpointError, save_checkpoint
 
     save_file(timm_state(), str(tmp_path / "w.safetensors"))

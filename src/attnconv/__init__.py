@@ -18,7 +18,7 @@ _EXPORTS = {
     "LocalSelfAttention2d": "attnconv.layers.local",
     "AttentionStem2d": "attnconv.layers.stem",
     "AttentionMap": "attnconv.layers.attention_map",
-    "create_model": "attnconv.models",
+    "create_model": "attnconv.loading",
     "list_models": "attnconv.models",
     "scaled_dot_product_attention": "attnconv.layers.functional",
     # the typed positional encodings (encoding.py gathers positional.py and relative.py)

@@ -14,7 +14,7 @@ from attnconv.data import CIFAR10_MEAN, CIFAR10_STD, load_dataset
 
 def load_checkpoint_model(path: str | Path) -> tuple[nn.Module, dict]:
     """(model in eval mode, checkpoint metadata) via the safetensors checkpoint loader."""
-    from attnconv.train.checkpoint import load_model
+    from attnconv.loading import load_model
 
     model, info = load_model(path)
     return model.eval(), info
@@ -137,7 +137,7 @@ def load_pretrained_for_analysis(
     """``load_for_analysis`` for ``create_model(model_name, checkpoint=...)`` weights (timm,
     Hugging Face or attnconv): test images (default: the embedded sample) resized to the
     model's input size, the weights' normalization."""
-    from attnconv.models import create_model
+    from attnconv.loading import create_model
     from attnconv.train.device import resolve_device
 
     model = create_model(model_name, checkpoint=checkpoint).eval().to(resolve_device(device))

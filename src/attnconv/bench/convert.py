@@ -152,7 +152,7 @@ def bench_predictions(checkpoint: str, data: str, batch: int) -> dict:
     from attnconv.convert import convert_model
     from attnconv.convert.report import compare_predictions
     from attnconv.data import CIFAR10_MEAN, CIFAR10_STD, Loader, load_dataset
-    from attnconv.train.checkpoint import load_model
+    from attnconv.loading import load_model
 
     model, info = load_model(checkpoint)
     converted = convert_model(model).eval()

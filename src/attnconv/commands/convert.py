@@ -43,11 +43,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _load(source: str, checkpoint: str | None = None):
     import torch
 
-    from attnconv.models import create_model, list_models
+    from attnconv.loading import create_model, load_model, model_kwargs
+    from attnconv.models import list_models
 
     if checkpoint:  # pretrained weights for a registry name
         from attnconv.analysis.inputs import pretrained_normalization
-        from attnconv.models.weights import model_kwargs
 
         model = create_model(source, checkpoint=checkpoint)
         mean, std = pretrained_normalization(checkpoint)
@@ -55,8 +55,6 @@ def _load(source: str, checkpoint: str | None = None):
                 "data": {"mean": mean, "std": std}}  # fmt: skip
         return model, info, f"{source} ({checkpoint})"
     if Path(source).exists():
-        from attnconv.train.checkpoint import load_model
-
         model, info = load_model(source)
         return model, info, f"{info['model']} ({info.get('path', source)})"
     if source in list_models():

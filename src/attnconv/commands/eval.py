@@ -27,10 +27,10 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from attnconv.data import CIFAR10_MEAN, CIFAR10_STD, Loader, load_dataset
-    from attnconv.train.checkpoint import load_model
+    from attnconv.loading import load_model
     from attnconv.train.device import resolve_device
     from attnconv.train.distributed import DistInfo
-    from attnconv.train.loop import evaluate
+    from attnconv.train.evaluation import evaluate
 
     device = resolve_device(args.device)
     log.info(f"eval: loading {args.checkpoint}")

@@ -22,21 +22,28 @@ def list_models() -> list[str]:
     return sorted(_MODELS)
 
 
-def create_model(name: str, *, checkpoint=None, **kwargs) -> nn.Module:
-    """The model ``name`` built with ``kwargs``; with ``checkpoint`` (an attnconv checkpoint, a
-    timm state dict or a Hugging Face ViT/DeiT folder) loaded with its weights, in eval mode."""
+def check_model_args(name: str, kwargs: dict) -> None:
+    """ValueError for an unknown model name (with close matches) or a size that is not a
+    positive int: a clear error here, not a crash in a constructor."""
     if name not in _MODELS:
         close = difflib.get_close_matches(name, list(_MODELS), n=3)
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
         raise ValueError(f"unknown model {name!r}{hint}; known models: {', '.join(list_models())}")
-    for key, val in kwargs.items():  # sizes: a clear error here, not a crash in a constructor
+    for key, val in kwargs.items():
         if key in _SIZES and val is not None:
             if not isinstance(val, int) or isinstance(val, bool) or val < 1:
                 raise ValueError(f"{name}: {key} must be a positive int, got {val!r}")
-    if checkpoint is not None:
-        from .weights import load_pretrained  # the loaders build models through this registry
 
-        return load_pretrained(name, checkpoint, **kwargs)
+
+def create_model(name: str, **kwargs) -> nn.Module:
+    """The model ``name`` built with ``kwargs``, freshly initialised. Weights (``checkpoint=``)
+    are loaded by ``attnconv.create_model`` (``attnconv.loading``)."""
+    if "checkpoint" in kwargs:
+        raise TypeError(
+            "attnconv.models.create_model builds untrained models; load weights with "
+            "attnconv.create_model(name, checkpoint=PATH)"
+        )
+    check_model_args(name, kwargs)
     return _MODELS[name](**kwargs)
 
 

@@ -14,7 +14,7 @@ attention", ICML 2021, sec. 5): ``dist_token`` adds a distillation token after t
 and with ``dist_head`` its own classifier; at inference the two heads' logits are averaged.
 ``global_pool="avg"`` classifies the mean of the patch tokens (timm's variant, with the final
 LayerNorm after the pooling as ``fc_norm``). Pretrained timm / Hugging Face weights:
-``create_model(name, checkpoint=PATH)`` (``attnconv.models.weights``).
+``attnconv.create_model(name, checkpoint=PATH)`` (``attnconv.loading``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Training: YAML configs, the resumable loop (one process or torchrun), safetensors checkpoints.
+"""Training: YAML configs, the resumable loop (one process or torchrun), safetensors checkpoints
+(written here, read by ``attnconv.loading``).
 
     from attnconv.train import load_config, train, load_model
     cfg = load_config("configs/cpu/sa_quadratic.yaml", ["train.epochs=1"])
@@ -6,9 +7,12 @@
     model, info = load_model(cfg.out_dir)
 """
 
-from .checkpoint import CheckpointError, load_model, save_checkpoint
+from attnconv.loading import CheckpointError, load_model
+
+from .checkpoint import save_checkpoint
 from .config import Config, config_from_dict, load_config
-from .loop import Interrupted, NonFiniteLoss, Trainer, evaluate, train
+from .evaluation import evaluate
+from .loop import Interrupted, NonFiniteLoss, Trainer, train
 
 __all__ = [
     "CheckpointError",

@@ -22,37 +22,31 @@ import torch.nn.functional as F
 import yaml
 
 from attnconv.data import Loader, load_dataset
-from attnconv.memory import memory_bytes
-from attnconv.models.budget import probe_bytes
-from attnconv.progress import Progress
-
-from . import distributed as D
-from .checkpoint import (
+from attnconv.loading.checkpoint import (
     LATEST,
     CheckpointError,
-    atomic_write,
     check_fits,
     follow_latest,
-    optimizer_from_tensors,
     read_checkpoint,
     read_meta,
 )
+from attnconv.memory import memory_bytes
+from attnconv.models import create_model
+from attnconv.models.budget import probe_bytes
+
+from . import distributed as D
+from .checkpoint import atomic_write, optimizer_from_tensors
 from .checkpoint import save_checkpoint as _save
 from .config import Config
+from .evaluation import evaluate
 from .monitor import Monitor
 from .optim import build_optimizer, lr_at, set_lr
 from .resume import check_resumable, check_same_config
 from .runfolder import LOCK as LOCK_FILE
-from .runfolder import (
-    RunLock,
-    check_fresh,
-    check_no_links,
-    clean_temps,
-    finish_overwrite,
-    remove_old_run,
-)
+from .runfolder import RunLock, claim
 
 log = logging.getLogger(__name__)
+SUMS = ("ep_loss", "ep_correct", "ep_n", "win_loss", "win_correct", "win_n")
 
 
 class NonFiniteLoss(RuntimeError):
@@ -67,35 +61,10 @@ class Interrupted(Exception):
         self.signum = signum
 
 
-def evaluate(model: nn.Module, loader: Loader, info: D.DistInfo, bf16: bool = False,
-             stop=None):  # fmt: skip
-    """(loss, accuracy) over the loader's split, summed over the ranks; None when ``stop()``
-    (checked before every batch, agreed by all ranks) asks to stop half-way (a signal)."""
-    was = model.training
-    model.eval()
-    loss_sum = correct = n = 0.0
-    bar = Progress(len(loader), "eval", unit="batch", logger=log, leave=False,
-                   enabled=info.is_main)  # fmt: skip
-    with torch.no_grad(), bar:
-        for x, y in loader.batches(0):
-            if stop is not None and D.any_rank(stop(), info):
-                model.train(was)
-                return None
-            if len(y) == 0:  # more ranks than images in the last batch
-                continue
-            x, y = x.to(info.device), y.to(info.device)
-            with torch.autocast(info.device.type, dtype=torch.bfloat16, enabled=bf16):
-                logits = model(x)
-            loss_sum += F.cross_entropy(logits.float(), y, reduction="sum").item()
-            correct += (logits.argmax(-1) == y).sum().item()
-            n += len(y)
-            bar.update(1, acc=f"{100 * correct / n:.1f}%")
-    model.train(was)
-    loss_sum, correct, n = D.all_reduce_sum([loss_sum, correct, n], info)
-    return loss_sum / max(n, 1), correct / max(n, 1)
-
-
 class Trainer:
+    """Everything ``cfg`` describes, built in named steps (run folder, data, model, optimizer,
+    resume, logs), and :meth:`fit`, which trains epoch by epoch, step by step."""
+
     def __init__(self, cfg: Config, *, resume: bool = False, stop_at_step: int | None = None,
                  overwrite: bool = False, device: str | None = None):  # fmt: skip
         self.cfg, self.stop_at_step = cfg, stop_at_step
@@ -112,93 +81,77 @@ class Trainer:
             torch.use_deterministic_algorithms(True, warn_only=True)
         self.out = Path(cfg.out_dir or "runs/default")
         self.ckdir = self.out / "checkpoints"
-        self.lock = None
         # a training was started here before (it may have been killed before its first checkpoint)
-        self.started = (self.out / LOCK_FILE).is_file()
+        self.started, self.lock = (self.out / LOCK_FILE).is_file(), None
         if self.info.is_main:  # one training per run folder; an old run is never replaced
             self.lock = RunLock(self.out)
-            try:
-                check_no_links(self.out)
-            except ValueError:
-                self.lock.release()
-                raise
-            clean_temps(self.out)  # left by a save killed half-way
-            if finish_overwrite(self.out):  # an --overwrite killed half-way: old run gone now
-                self.started = False
-            try:
-                if not resume:
-                    check_fresh(self.out, overwrite)
-                elif self._saved():  # a changed config is refused before any data is read
+            if claim(self.out, self.lock, resume=resume, overwrite=overwrite):
+                self.started = False  # an --overwrite killed half-way: the old run is gone now
+            if resume and self._saved():  # a changed config is refused before any data is read
+                try:
                     check_same_config(read_meta(self.ckdir)[1], cfg)
-            except ValueError:
-                self.lock.release()
-                raise
-            if overwrite and not resume:  # nothing of the old run stays: weights, logs, config
-                remove_old_run(self.out)
-        d = cfg.data
-        if self.info.is_main:
-            log.info(f"train: {cfg.model.name}, run folder {self.out}; reading {d.dataset}")
-        common = dict(root=d.root, download=d.download and self.info.is_main, cache_dir=d.cache_dir)
-        if self.info.enabled and d.download:  # rank 0 downloads, the others wait
-            if self.info.is_main:
+                except ValueError:
+                    self.lock.release()
+                    raise
+        self._build_data()
+        self._build_model()
+        self._build_optimizer()
+        if resume:
+            self._resume()
+        self._start_logs(resume)
+        self.net = D.wrap(self.model, self.info)
+        if t.compile:
+            self.net = torch.compile(self.net)
+        self.stop_signal: int | None = None
+
+    # ---- building ------------------------------------------------------------------------------
+    def _build_data(self) -> None:
+        """The training and evaluation splits and this rank's loaders over them."""
+        d, t, info = self.cfg.data, self.cfg.train, self.info
+        if info.is_main:
+            log.info(f"train: {self.cfg.model.name}, run folder {self.out}; reading {d.dataset}")
+        common = dict(root=d.root, download=d.download and info.is_main, cache_dir=d.cache_dir)
+        if info.enabled and d.download:  # rank 0 downloads, the others wait
+            if info.is_main:
                 load_dataset(d.dataset, d.train_split, **common)
-            D.barrier(self.info)
+            D.barrier(info)
         train_ds = load_dataset(d.dataset, d.train_split, max_per_class=d.max_per_class, **common)
         eval_ds = load_dataset(
             d.dataset, d.eval_split, max_per_class=d.eval_max_per_class, **common
         )
         self.classes = train_ds.classes
-        norm = dict(mean=d.mean, std=d.std, rank=self.info.rank, world_size=self.info.world_size)
-        self.loader = Loader(
-            train_ds,
-            t.batch_size,
-            shuffle=True,
-            seed=t.seed,
-            augment=d.augment,
-            pad=d.crop_padding,
-            flip=d.flip,
-            max_steps=t.steps_per_epoch,
-            **norm,
-        )
+        norm = dict(mean=d.mean, std=d.std, rank=info.rank, world_size=info.world_size)
+        self.loader = Loader(train_ds, t.batch_size, shuffle=True, seed=t.seed, augment=d.augment,
+                             pad=d.crop_padding, flip=d.flip, max_steps=t.steps_per_epoch,
+                             **norm)  # fmt: skip
         self.eval_loader = Loader(eval_ds, t.eval_batch_size, shuffle=False, **norm)
         self.total = t.epochs * len(self.loader)
-        torch.manual_seed(t.seed)
-        self.model_kwargs = {"num_classes": train_ds.num_classes, **cfg.model.kwargs}
-        from attnconv.models import create_model
 
-        self.model = create_model(cfg.model.name, **self.model_kwargs).to(self.info.device)
-        self.opt = build_optimizer(self.model, cfg.optim)
+    def _build_model(self) -> None:
+        """The model, initialised from ``train.seed``, for the data's number of classes."""
+        torch.manual_seed(self.cfg.train.seed)
+        self.model_kwargs = {"num_classes": self.loader.ds.num_classes, **self.cfg.model.kwargs}
+        self.model = create_model(self.cfg.model.name, **self.model_kwargs).to(self.info.device)
+
+    def _build_optimizer(self) -> None:
+        """The optimizer and the training state each checkpoint saves with it."""
+        self.opt = build_optimizer(self.model, self.cfg.optim)
         self.step = 0
-        self.sums = {
-            "ep_loss": 0.0,
-            "ep_correct": 0.0,
-            "ep_n": 0.0,
-            "win_loss": 0.0,
-            "win_correct": 0.0,
-            "win_n": 0.0,
-        }
-        if resume:
-            self._resume()
-            if self.step >= self.total:  # said, not a silent exit
-                self.resume_note = "the run had already finished: nothing left to train"
-        self.mon = Monitor(
-            self.out,
-            enabled=self.info.is_main,
-            resume_step=self.step if resume else None,
-            progress=t.progress,
-            tensorboard=t.tensorboard,
-            total_steps=self.total,
-        )
+        self.sums = dict.fromkeys(SUMS, 0.0)  # epoch and log-window metric sums
+
+    def _start_logs(self, resume: bool) -> None:
+        """metrics.csv, centers.jsonl, TensorBoard, the run's config.yaml and the summary."""
+        t, train_ds = self.cfg.train, self.loader.ds
+        self.mon = Monitor(self.out, enabled=self.info.is_main,
+                           resume_step=self.step if resume else None, progress=t.progress,
+                           tensorboard=t.tensorboard, total_steps=self.total)  # fmt: skip
         if self.info.is_main:
-            text = yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+            text = yaml.safe_dump(self.cfg.to_dict(), sort_keys=False)
             atomic_write(self.out / "config.yaml", text.encode())  # replaces, never follows
-        self.mon.summary(cfg, self.model, self.info,
-                         (len(train_ds), len(eval_ds), train_ds.num_classes), len(self.loader),
-                         self.step if resume else None, self.resume_note)  # fmt: skip
-        self.net = D.wrap(self.model, self.info)
-        if t.compile:
-            self.net = torch.compile(self.net)
-        self.stop_signal: int | None = None
+        self.mon.summary(self.cfg, self.model, self.info,
+                         (len(train_ds), len(self.eval_loader.ds), train_ds.num_classes),
+                         len(self.loader), self.step if resume else None,
+                         self.resume_note)  # fmt: skip
 
     # ---- checkpoints -------------------------------------------------------------------------
     def _saved(self) -> bool:
@@ -230,6 +183,8 @@ class Trainer:
         torch.set_rng_state(rng)
         self.step = meta["state"]["step"]
         self.sums.update(meta["state"]["sums"])
+        if self.step >= self.total:  # said, not a silent exit
+            self.resume_note = "the run had already finished: nothing left to train"
 
     def save(self) -> Path | None:
         """Rank 0 writes checkpoints/step-N, points ``latest`` at it, prunes old ones. Weights
@@ -244,29 +199,13 @@ class Trainer:
                 f"{self.step}; training stopped without saving them; {self._last_good()}"
             )
         if self.info.is_main:
-            _save(
-                path,
-                self.model,
-                self.cfg.model.name,
-                self.model_kwargs,
-                optimizer=self.opt,
-                state={
-                    "step": self.step,
-                    "epoch": self.step // len(self.loader),
-                    "sums": self.sums,
-                    "total_steps": self.total,
-                },
-                state_tensors={"rng.torch": torch.get_rng_state()},
-                config=self.cfg.to_dict(),
-                extra={
-                    "data": {
-                        "classes": self.classes,
-                        "mean": self.cfg.data.mean,
-                        "std": self.cfg.data.std,
-                        "image_size": list(self.loader.ds.image_size),
-                    }
-                },
-            )
+            state = {"step": self.step, "epoch": self.step // len(self.loader),
+                     "sums": self.sums, "total_steps": self.total}  # fmt: skip
+            data = {"classes": self.classes, "mean": self.cfg.data.mean, "std": self.cfg.data.std,
+                    "image_size": list(self.loader.ds.image_size)}  # fmt: skip
+            _save(path, self.model, self.cfg.model.name, self.model_kwargs, optimizer=self.opt,
+                  state=state, state_tensors={"rng.torch": torch.get_rng_state()},
+                  config=self.cfg.to_dict(), extra={"data": data})  # fmt: skip
             atomic_write(self.ckdir / LATEST, path.name.encode())
             steps = sorted(p for p in self.ckdir.glob("step-*") if p.is_dir())
             for old in steps[: -self.cfg.train.keep_checkpoints]:
@@ -293,17 +232,18 @@ class Trainer:
             for s, h in old.items():
                 signal.signal(s, h)
 
-    def _log_window(self, epoch: int, lr: float, t0: float) -> float:
+    def _log_window(self, epoch: int) -> None:
+        """One metrics row (and the bar) for the steps since the last one, summed over ranks."""
         s = self.sums
         loss, correct, n = D.all_reduce_sum(
             [s["win_loss"], s["win_correct"], s["win_n"]], self.info
         )
-        ips = n / max(time.time() - t0, 1e-9)
+        ips = n / max(time.time() - self.t0, 1e-9)
         if n:
-            self.mon.row("train", epoch + 1, self.step, lr, loss / n, correct / n, ips)
+            self.mon.row("train", epoch + 1, self.step, self.lr, loss / n, correct / n, ips)
             self.mon.bar(epoch + 1, self.step, loss / n, correct / n, ips)
         s["win_loss"] = s["win_correct"] = s["win_n"] = 0.0
-        return time.time()
+        self.t0 = time.time()
 
     def fit(self) -> dict:
         """Train to the end (or to ``stop_at_step``); returns the last eval metrics. The run
@@ -315,92 +255,95 @@ class Trainer:
                 self.lock.release()
 
     def _fit(self) -> dict:
-        cfg, t, L = self.cfg, self.cfg.train, len(self.loader)
-        last = {}
         if self.step == 0:
             self.mon.centers(self.model, 0, 0)
         self.net.train()
-        out_of_time, lr = False, cfg.optim.lr
+        self.last, self.lr, self.out_of_time = {}, self.cfg.optim.lr, False
         with self._signals():
-            t0 = t_start = time.time()
-            while self.step < self.total and not out_of_time:
-                epoch, start = divmod(self.step, L)
-                if start == 0:
-                    for k in ("ep_loss", "ep_correct", "ep_n"):
-                        self.sums[k] = 0.0
-                for x, y in self.loader.batches(epoch, start):
-                    if D.any_rank(self.stop_signal is not None, self.info) or (
-                        self.stop_at_step is not None and self.step >= self.stop_at_step
-                    ):
-                        self._interrupt()
-                    if t.time_limit is not None and D.any_rank(
-                        time.time() - t_start > t.time_limit, self.info
-                    ):
-                        out_of_time = True
-                        t0 = self._log_window(epoch, lr, t0)
-                        self.mon.message(
-                            f"time limit of {t.time_limit:g} s reached at step "
-                            f"{self.step}/{self.total}"
-                        )
-                        break
-                    lr = lr_at(self.step, cfg.optim.lr, cfg.schedule, self.total, L)
-                    self._check_finite(torch.tensor(lr).float(), epoch, start, "learning rate")
-                    set_lr(self.opt, lr)
-                    x, y = x.to(self.info.device), y.to(self.info.device)
-                    with torch.autocast(
-                        self.info.device.type, dtype=torch.bfloat16, enabled=t.bf16
-                    ):
-                        logits = self.net(x)
-                    loss = F.cross_entropy(logits.float(), y, label_smoothing=t.label_smoothing)
-                    self._check_finite(loss, epoch, start, "loss")
-                    self.opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    if t.grad_clip:
-                        norm = nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip)
-                        self._check_finite(norm, epoch, start, "gradient norm")
-                    self.opt.step()
-                    self.step += 1
-                    start += 1
-                    self.mon.advance(self.step)
-                    n = float(len(y))
-                    li, ci = loss.item() * n, (logits.argmax(-1) == y).sum().item()
-                    for p, v in (("loss", li), ("correct", ci), ("n", n)):
-                        self.sums["ep_" + p] += v
-                        self.sums["win_" + p] += v
-                    end_of_epoch = start == L
-                    if self.step % t.log_every == 0 or end_of_epoch:
-                        t0 = self._log_window(epoch, lr, t0)
-                    if (
-                        t.checkpoint_every
-                        and self.step % t.checkpoint_every == 0
-                        and not end_of_epoch
-                    ):
-                        self.save()
-                # end of epoch: eval, centres, checkpoint (in this order: a checkpoint at an
-                # epoch boundary always has its epoch's logs)
-                if (epoch + 1) % t.eval_every == 0 or self.step == self.total or out_of_time:
-                    res = evaluate(self.model, self.eval_loader, self.info, t.bf16,
-                                   stop=lambda: self.stop_signal is not None)  # fmt: skip
-                    if res is None:  # a signal during evaluation: stop now, not at its end
-                        self.mon.message(f"evaluation at step {self.step} stopped by a signal "
-                                         "(not logged)")  # fmt: skip
-                        self._interrupt()
-                    el, ea = res
-                    self.mon.row("eval", epoch + 1, self.step, lr, el, ea, 0.0)
-                    last = {
-                        "eval_loss": el,
-                        "eval_acc": ea,
-                        "step": self.step,
-                        "epoch": epoch + 1,
-                        "seconds": time.time() - t_start,
-                    }
-                self.mon.centers(self.model, epoch + 1, self.step)
-                self.save()
-                t0 = time.time()
+            self.t0 = self.t_start = time.time()
+            while self.step < self.total and not self.out_of_time:
+                self._epoch()
             if D.any_rank(self.stop_signal is not None, self.info):  # during the last epoch's
                 self._interrupt()  # end: said and exited as stopped, never swallowed
         self.mon.close()
-        return last
+        return self.last
+
+    def _epoch(self) -> None:
+        """The rest of the current epoch (from where a resumed run stopped), then its eval,
+        centres and checkpoint (in this order: a checkpoint at an epoch boundary always has its
+        epoch's logs)."""
+        t, steps = self.cfg.train, len(self.loader)
+        epoch, start = divmod(self.step, steps)
+        if start == 0:
+            for k in ("ep_loss", "ep_correct", "ep_n"):
+                self.sums[k] = 0.0
+        for batch, (x, y) in enumerate(self.loader.batches(epoch, start), start):
+            if D.any_rank(self.stop_signal is not None, self.info) or (
+                self.stop_at_step is not None and self.step >= self.stop_at_step
+            ):
+                self._interrupt()
+            if self._time_is_up(epoch):
+                break
+            self._step(x, y, epoch, batch)
+            end_of_epoch = batch + 1 == steps
+            if self.step % t.log_every == 0 or end_of_epoch:
+                self._log_window(epoch)
+            if t.checkpoint_every and self.step % t.checkpoint_every == 0 and not end_of_epoch:
+                self.save()
+        if (epoch + 1) % t.eval_every == 0 or self.step == self.total or self.out_of_time:
+            self._evaluate(epoch)
+        self.mon.centers(self.model, epoch + 1, self.step)
+        self.save()
+        self.t0 = time.time()
+
+    def _time_is_up(self, epoch: int) -> bool:
+        """``train.time_limit`` reached (agreed by all ranks): the window logged, said once."""
+        limit = self.cfg.train.time_limit
+        if limit is None or not D.any_rank(time.time() - self.t_start > limit, self.info):
+            return False
+        self.out_of_time = True
+        self._log_window(epoch)
+        self.mon.message(f"time limit of {limit:g} s reached at step {self.step}/{self.total}")
+        return True
+
+    def _step(self, x: torch.Tensor, y: torch.Tensor, epoch: int, batch: int) -> None:
+        """One optimizer step on the batch (x, y): learning rate, forward, finite checks,
+        backward, clipping, update, metric sums."""
+        cfg, t = self.cfg, self.cfg.train
+        self.lr = lr_at(self.step, cfg.optim.lr, cfg.schedule, self.total, len(self.loader))
+        self._check_finite(torch.tensor(self.lr).float(), epoch, batch, "learning rate")
+        set_lr(self.opt, self.lr)
+        x, y = x.to(self.info.device), y.to(self.info.device)
+        with torch.autocast(self.info.device.type, dtype=torch.bfloat16, enabled=t.bf16):
+            logits = self.net(x)
+        loss = F.cross_entropy(logits.float(), y, label_smoothing=t.label_smoothing)
+        self._check_finite(loss, epoch, batch, "loss")
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if t.grad_clip:
+            norm = nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip)
+            self._check_finite(norm, epoch, batch, "gradient norm")
+        self.opt.step()
+        self.step += 1
+        self.mon.advance(self.step)
+        n = float(len(y))
+        li, ci = loss.item() * n, (logits.argmax(-1) == y).sum().item()
+        for k, v in (("loss", li), ("correct", ci), ("n", n)):
+            self.sums["ep_" + k] += v
+            self.sums["win_" + k] += v
+
+    def _evaluate(self, epoch: int) -> None:
+        """Evaluate, log the row, keep the metrics ``fit`` returns; a signal during evaluation
+        stops now, not at its end."""
+        res = evaluate(self.model, self.eval_loader, self.info, self.cfg.train.bf16,
+                       stop=lambda: self.stop_signal is not None)  # fmt: skip
+        if res is None:
+            self.mon.message(f"evaluation at step {self.step} stopped by a signal (not logged)")
+            self._interrupt()
+        loss, acc = res
+        self.mon.row("eval", epoch + 1, self.step, self.lr, loss, acc, 0.0)
+        self.last = {"eval_loss": loss, "eval_acc": acc, "step": self.step, "epoch": epoch + 1,
+                     "seconds": time.time() - self.t_start}  # fmt: skip
 
     def _check_finite(self, value: torch.Tensor, epoch: int, batch: int, what: str) -> None:
         bad = not bool(torch.isfinite(value).all())

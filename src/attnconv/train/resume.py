@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from .checkpoint import CheckpointError
+from attnconv.loading.checkpoint import CheckpointError
+
 from .config import Config
 
 # config keys that may change on --resume without breaking exactness

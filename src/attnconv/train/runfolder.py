@@ -158,3 +158,22 @@ def check_fresh(out: Path, overwrite: bool) -> None:
             f"run folder {out} already holds a run ({last}); continue it with --resume, train "
             "into another folder (--out), or replace it with --overwrite"
         )
+
+
+def claim(out: Path, lock: RunLock, *, resume: bool, overwrite: bool) -> bool:
+    """Ready the run folder whose ``lock`` rank 0 holds (released if this fails): links
+    refused, temporary files of a killed save removed, a killed ``--overwrite`` finished, and
+    without ``resume`` an existing run refused unless ``overwrite``, which removes it. True when
+    it finished a killed ``--overwrite`` (the old run is gone)."""
+    try:
+        check_no_links(out)
+        clean_temps(out)  # left by a save killed half-way
+        finished = finish_overwrite(out)
+        if not resume:
+            check_fresh(out, overwrite)
+            if overwrite:  # nothing of the old run stays: not its weights, logs or config
+                remove_old_run(out)
+        return finished
+    except BaseException:
+        lock.release()
+        raise

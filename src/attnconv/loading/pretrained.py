@@ -1,8 +1,8 @@
-"""Bring your own weights: ``create_model(name, checkpoint=PATH, **overrides)``.
+"""Bring your own weights: ``attnconv.create_model(name, checkpoint=PATH, **overrides)``.
 
 PATH is one of, told apart by what the files hold (never by their extension):
 
-- an attnconv run folder / checkpoint folder (``attnconv.train.checkpoint``);
+- an attnconv run folder / checkpoint folder (``attnconv.loading.checkpoint``);
 - a timm-format ViT / DeiT state dict, one file (safetensors, or a torch zip read with
   ``torch.load(weights_only=True)``; a file that needs full unpickling is refused): ``timm_format``;
 - a Hugging Face ``transformers`` ViT / DeiT folder (``config.json`` + ``model.safetensors`` or
@@ -19,102 +19,23 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
-from ..registry import create_model
-from ..vit import VisionTransformer
+from attnconv.models import create_model
+from attnconv.models.vit import VisionTransformer
 
-__all__ = [
-    "WeightsError", "Source", "read_source", "read_tensors", "load_pretrained", "model_kwargs",
-]
+from . import hf_format, timm_format
+from .checkpoint import load_model
+from .source import Source, WeightsError, read_tensors
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # in a Hugging Face / timm hub folder
 
 
-class WeightsError(ValueError):
-    """Foreign weights that cannot be loaded; the message names the file and the problem."""
-
-
-@dataclass
-class Source:
-    """A checkpoint in our ``VisionTransformer`` names, with the settings it fixes."""
-
-    format: str  # "timm" | "hf"
-    path: Path
-    state: dict[str, torch.Tensor]  # our names; no head if the checkpoint has none
-    settings: dict = field(default_factory=dict)  # ViTConfig fields the checkpoint fixes
-    num_heads: int | None = None  # known from a config (timm's state dict cannot tell)
-    notes: list[str] = field(default_factory=list)  # what was dropped, for the message
-
-    @property
-    def num_classes(self) -> int | None:
-        w = self.state.get("head.weight")
-        return None if w is None else int(w.shape[0])
-
-
-def add_zero_qkv_biases(state: dict[str, torch.Tensor]) -> None:
-    """qkv_bias=False weights: our attention has one bias switch for q/k/v and the output
-    projection, so the missing q/k/v biases are added as zeros (exactly the same function)."""
-    for k in [k for k in state if k.endswith("attn.q_proj.weight")]:
-        for proj in ("q_proj", "k_proj", "v_proj"):
-            w = state[k.replace("q_proj", proj)]
-            state[k.replace("q_proj", proj).replace("weight", "bias")] = w.new_zeros(w.shape[0])
-
-
-def _kind(path: Path) -> str:
-    """'safetensors', 'torch-zip' or 'pickle' (torch's legacy format, or any pickle) from the
-    first bytes; else WeightsError."""
-    with open(path, "rb") as f:
-        head = f.read(9)
-    if len(head) == 9 and head[8:9] == b"{":
-        return "safetensors"  # u64 header length, then the JSON header
-    if head[:4] == b"PK\x03\x04":
-        return "torch-zip"
-    if len(head) > 1 and head[0] == 0x80 and 2 <= head[1] <= 5:
-        return "pickle"
-    raise WeightsError(f"{path}: not a weights file (neither safetensors nor a torch.save zip)")
-
-
-def read_tensors(path: str | Path) -> dict[str, torch.Tensor]:
-    """The tensors of one weights file: safetensors, or ``torch.load(weights_only=True)``.
-
-    A torch checkpoint that nests its state dict under ``model`` / ``state_dict`` (DeiT's
-    releases) is unwrapped. Truncated and corrupt files, and pickles holding anything but
-    tensors (only full unpickling, which can run code, would read them): WeightsError.
-    """
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    kind = _kind(path)  # a "pickle" is torch's legacy format: also read weights-only
-    try:
-        if kind == "safetensors":
-            return load_file(str(path))
-        with open(path, "rb") as f:  # a file object: torch never guesses from the name
-            obj = torch.load(f, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - every reader error becomes one line
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if kind != "safetensors" and "weights_only" in str(e).lower():
-            raise WeightsError(
-                f"{path}: refused, it holds Python objects that only full unpickling "
-                "(unsafe) could load; save just the state dict"
-            ) from None
-        raise WeightsError(f"{path}: truncated or corrupt {kind} file ({msg[:160]})") from None
-    for key in ("model", "state_dict", "module"):
-        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
-            obj = obj[key]
-    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise WeightsError(f"{path}: not a state dict (a dict of tensors)")
-    return dict(obj)
-
-
 def read_source(path: str | Path) -> Source | None:
     """The timm or Hugging Face checkpoint at ``path``; None for an attnconv checkpoint."""
-    from . import hf_format, timm_format
-
     p = Path(path)
     if not p.exists():
         raise WeightsError(f"{p}: no such file or folder")
@@ -191,8 +112,6 @@ def load_pretrained(name: str, checkpoint: str | Path, **overrides) -> nn.Module
     """
     src = read_source(checkpoint)
     if src is None:
-        from attnconv.train.checkpoint import load_model
-
         return load_model(checkpoint, model_name=name, **overrides)[0]
     with torch.device("meta"):  # what `name` builds, before giving it the ViT settings
         probe = create_model(name, **overrides)

@@ -48,6 +48,34 @@ def _numbers(v: Any, key: str, n: int | None = None, *, ints: bool = False) -> N
         raise _fail(key, f"a list of {size}{'integers' if ints else 'finite numbers'}", v)
 
 
+MAX_DEPTH = 8  # nesting of model kwargs (lists / mappings)
+
+
+def plain_value(key: str, v: Any, depth: int = 0) -> None:
+    """Model kwargs (a config's ``model.kwargs``, a checkpoint's ``model_kwargs``): plain YAML /
+    JSON values (numbers finite), nested at most MAX_DEPTH deep; else one error naming ``key``."""
+    if depth > MAX_DEPTH:
+        raise ValueError(f"{key!r} is nested more than {MAX_DEPTH} levels deep")
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ValueError(f"{key!r} must be a finite number, got {v}")
+    if isinstance(v, int) and not isinstance(v, bool) and not -(2**63) <= v < 2**63:
+        raise ValueError(f"{key!r}: integer out of range, got {str(v)[:40]}...")
+    if isinstance(v, dict):
+        if len(v) > 4096:
+            raise ValueError(f"{key!r}: a mapping of {len(v)} keys (at most 4096)")
+        for k, x in v.items():
+            if not isinstance(k, str):
+                raise TypeError(f"{key!r}: key {k!r} is not a string")
+            plain_value(f"{key}.{k}", x, depth + 1)
+    elif isinstance(v, list):
+        if len(v) > 4096:
+            raise ValueError(f"{key!r}: a list of {len(v)} values (at most 4096)")
+        for i, x in enumerate(v):
+            plain_value(f"{key}[{i}]", x, depth + 1)
+    elif v is not None and not isinstance(v, (bool, int, float, str)):
+        raise TypeError(f"{key!r}: {type(v).__name__} is not a plain value")
+
+
 def parse_meta(text: bytes) -> Any:
     """JSON of a checkpoint.json (size- and nesting-bounded); ValueError if unreadable."""
     if len(text) > MAX_META_BYTES:
@@ -62,13 +90,11 @@ def check_meta(meta: dict) -> None:
     """Raise MetaError unless ``meta`` (already format/version-checked) has a sound structure."""
     if not isinstance(meta.get("model"), str):
         raise _fail("model", "a model name", meta.get("model"))
-    from .config import _plain_value
-
     kwargs = _mapping(meta.get("model_kwargs"), "model_kwargs", optional=True)
     try:
-        _plain_value("model_kwargs", kwargs)
+        plain_value("model_kwargs", kwargs)
     except (TypeError, ValueError) as e:
-        raise MetaError(str(e).removeprefix("config key ")) from None
+        raise MetaError(str(e)) from None
     files = _mapping(meta.get("files"), "files")
     for name, f in files.items():
         f = _mapping(f, f"files.{name}")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from . import Source, WeightsError, add_zero_qkv_biases
+from .source import Source, WeightsError, add_zero_qkv_biases
 
 __all__ = ["matches", "read"]
 

@@ -1,0 +1,34 @@
+"""Loading weights into the models: attnconv checkpoints (``checkpoint``) and timm / Hugging
+Face ViT / DeiT weights (``pretrained``). ``attnconv.models`` builds modules; this package fills
+them. ``attnconv.create_model`` is :func:`create_model` here.
+
+    model = attnconv.create_model("deit_tiny_patch16_224", checkpoint="deit_tiny/")
+    model, info = load_model("runs/sa_quadratic")  # an attnconv run or checkpoint folder
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch.nn as nn
+
+from attnconv.models import check_model_args
+from attnconv.models import create_model as build_model
+
+from .checkpoint import CheckpointError, load_model
+from .pretrained import load_pretrained, model_kwargs
+from .source import WeightsError
+
+__all__ = [
+    "CheckpointError", "WeightsError", "create_model", "load_model", "load_pretrained",
+    "model_kwargs",
+]  # fmt: skip
+
+
+def create_model(name: str, *, checkpoint: str | Path | None = None, **kwargs) -> nn.Module:
+    """The model ``name`` built with ``kwargs``; with ``checkpoint`` (an attnconv checkpoint, a
+    timm state dict or a Hugging Face ViT/DeiT folder) loaded with its weights, in eval mode."""
+    if checkpoint is None:
+        return build_model(name, **kwargs)
+    check_model_args(name, kwargs)  # a bad name or size is said before any file is read
+    return load_pretrained(name, checkpoint, **kwargs)

@@ -1,0 +1,303 @@
+"""attnconv checkpoints: the format, and loading them defensively.
+
+A checkpoint is a folder::
+
+    model.safetensors   the model's state_dict (plain tensors, no pickle)
+    state.safetensors   optional training state tensors (optimizer, RNG)
+    checkpoint.json     format + version, model name + kwargs, config, step, names / shapes /
+                        dtypes of every tensor and the sha256 + size of each .safetensors file
+
+``attnconv.train.checkpoint`` writes them. Loading checks everything before building the model
+and fails with a one-line :class:`CheckpointError` saying which problem (missing, pickle,
+truncated, corrupted, foreign) and why. Nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load
+
+from attnconv import __version__
+from attnconv.convert import convert_model
+from attnconv.layers.positional import upgrade_state_dict
+from attnconv.memory import memory_bytes
+from attnconv.models import create_model, list_models
+from attnconv.models.budget import construction_budget
+
+from .checkpoint_meta import MetaError, check_meta, parse_meta
+
+FORMAT = "attnconv-checkpoint"
+VERSION = 1
+META = "checkpoint.json"
+WEIGHTS = "model.safetensors"
+STATE = "state.safetensors"
+LATEST = "latest"  # pointer file in a folder of step checkpoints
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded; the message says which problem and why."""
+
+
+def tensor_index(tensors: dict[str, torch.Tensor]) -> dict[str, list]:
+    return {k: [str(v.dtype).removeprefix("torch."), list(v.shape)] for k, v in tensors.items()}
+
+
+META_HASH = "meta_sha256"
+
+
+def meta_digest(meta: dict) -> str:
+    """sha256 of the metadata's canonical JSON, without its own digest (and the reader's
+    ``path``): covers the normalization, config and state that the file hashes do not."""
+    body = {k: v for k, v in meta.items() if k not in (META_HASH, "path")}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _is_pickle(p: Path) -> bool:
+    """A pickle (protocol >= 2) or torch.save zip, and not a safetensors file."""
+    with open(p, "rb") as f:
+        head = f.read(9)
+    size = p.stat().st_size
+    if len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < size:
+        return False  # safetensors: u64 header length, then the JSON header
+    pickled = len(head) > 1 and head[0] == 0x80 and 2 <= head[1] <= 5  # PROTO opcode
+    return pickled or head[:4] == b"PK\x03\x04"  # torch.save zip
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """The checkpoint folder that ``path`` names: a run folder, a folder of step checkpoints
+    (``latest`` pointer), a checkpoint folder, or its checkpoint.json / model.safetensors."""
+    p = Path(path)
+    if not p.exists():
+        old = p.with_name(f".{p.name}.old")
+        if old.is_dir():  # killed between the two renames of save_checkpoint's replacement
+            raise CheckpointError(
+                f"{p}: missing checkpoint; an interrupted save left the previous one at {old} "
+                f"(rename it back to use it)"
+            )
+        raise CheckpointError(f"{p}: missing checkpoint (no such file or folder)")
+    if p.is_file():
+        if p.name in (META, WEIGHTS, STATE):
+            return find_checkpoint(p.parent)
+        if _is_pickle(p):
+            raise CheckpointError(
+                f"{p}: pickle checkpoint (torch.save format); attnconv never unpickles files "
+                f"(unsafe) - re-save the weights as an attnconv safetensors checkpoint"
+            )
+        raise CheckpointError(f"{p}: foreign checkpoint (expected a folder with {META}, {WEIGHTS})")
+    for sub in (p / "checkpoints", p):
+        if (sub / LATEST).exists() and not (sub / META).exists():
+            return find_checkpoint(follow_latest(sub))
+        if sub.name == "checkpoints" and sub.is_dir() and not (sub / META).exists():
+            steps = sorted(
+                d for d in sub.glob("step-*")
+                if d.is_dir() and not d.is_symlink() and (d / META).is_file()
+            )  # fmt: skip
+            if steps:  # killed after a step folder was written, before `latest` named it
+                return steps[-1]
+    if not (p / META).is_file():
+        pickles = [f.name for f in p.iterdir() if f.suffix in (".pt", ".pth", ".pkl", ".bin")]
+        why = f"holds {', '.join(pickles)} (pickle, never loaded)" if pickles else f"has no {META}"
+        raise CheckpointError(f"{p}: missing checkpoint: the folder {why}")
+    return p
+
+
+def follow_latest(folder: Path) -> Path:
+    """The step folder that ``folder/latest`` names. The pointer must be a regular file holding
+    a plain step name inside ``folder`` (never a symlink, an absolute path or ``..``)."""
+    pointer = folder / LATEST
+    if pointer.is_symlink() or not pointer.is_file():
+        raise CheckpointError(f"{pointer}: not a regular file (a symlink is never followed)")
+    name = pointer.read_bytes()[:256].decode(errors="replace").strip()
+    target = folder / name
+    if not re.fullmatch(r"step-\d{1,12}", name) or target.is_symlink():
+        raise CheckpointError(
+            f"{pointer}: names {name[:40]!r}, not a step folder inside {folder}"
+        )
+    return target
+
+
+def read_checkpoint(path: str | Path, *, with_state: bool = False) -> tuple[dict, dict, dict]:
+    """Verified (meta, weights, state_tensors) of a checkpoint; raises CheckpointError. A step
+    folder removed while it is read (a training pruning its old checkpoints beside a reader
+    that followed ``latest`` just before) is read again from where ``latest`` points now."""
+    for attempt in range(3):
+        try:
+            return _read_checkpoint(path, with_state)
+        except FileNotFoundError as e:
+            if attempt == 2:
+                raise CheckpointError(
+                    f"{path}: the checkpoint was removed while it was read, three times (a "
+                    f"training pruning its checkpoints?): {e.filename}"
+                ) from None
+    raise AssertionError("unreachable")
+
+
+def read_meta(path: str | Path) -> tuple[Path, dict]:
+    """(checkpoint folder, its verified metadata) without reading a tensor."""
+    d = find_checkpoint(path)
+    try:
+        meta = parse_meta((d / META).read_bytes())
+    except (UnicodeDecodeError, ValueError) as e:  # JSONDecodeError, MetaError
+        raise CheckpointError(
+            f"{d / META}: corrupted checkpoint: metadata is not JSON ({e})"
+        ) from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CheckpointError(f"{d}: foreign checkpoint: {META} is not attnconv metadata")
+    if not isinstance(meta.get("version"), int) or meta["version"] > VERSION:
+        raise CheckpointError(
+            f"{d}: foreign checkpoint: format version {meta.get('version')!r}, this attnconv "
+            f"({__version__}) reads versions <= {VERSION}"
+        )
+    try:
+        check_meta(meta)
+    except MetaError as e:
+        raise CheckpointError(f"{d / META}: corrupted checkpoint: {e}") from None
+    if META_HASH in meta and meta[META_HASH] != meta_digest(meta):  # older files have none
+        raise CheckpointError(
+            f"{d / META}: corrupted checkpoint: metadata sha256 differs (the file was modified)"
+        )
+    return d, meta
+
+
+def _read_checkpoint(path: str | Path, with_state: bool) -> tuple[dict, dict, dict]:
+    d, meta = read_meta(path)
+    out = []
+    for name in (WEIGHTS, STATE) if with_state else (WEIGHTS,):
+        expect = meta.get("files", {}).get(name)
+        f = d / name
+        if expect is None:
+            out.append({})
+            continue
+        if not f.is_file():
+            raise CheckpointError(f"{f}: missing checkpoint file (listed in {META})")
+        if _is_pickle(f):  # its first bytes only
+            raise CheckpointError(f"{f}: pickle checkpoint file; attnconv never unpickles (unsafe)")
+        size = f.stat().st_size  # before reading: never read a file whole to learn its size
+        if size < expect["bytes"]:
+            raise CheckpointError(f"{f}: truncated checkpoint: {size} of {expect['bytes']} bytes")
+        if size != expect["bytes"]:
+            raise CheckpointError(
+                f"{f}: corrupted checkpoint: sha256/size differ from {META} (file was modified)"
+            )
+        if size > memory_bytes() // 2:
+            raise CheckpointError(f"{f}: {size / 2**30:.1f} GiB, more than half this machine's "
+                                  "memory")  # fmt: skip
+        data = f.read_bytes()  # its size was checked above; a change since is caught here
+        if len(data) != expect["bytes"] or hashlib.sha256(data).hexdigest() != expect["sha256"]:
+            raise CheckpointError(
+                f"{f}: corrupted checkpoint: sha256/size differ from {META} (file was modified)"
+            )
+        try:
+            tensors = st_load(data)
+        except (SafetensorError, ValueError, RuntimeError) as e:
+            raise CheckpointError(
+                f"{f}: corrupted checkpoint: unreadable safetensors ({e})"
+            ) from None
+        index = tensor_index(tensors)
+        if index != meta["tensors"].get(name):
+            raise CheckpointError(
+                f"{f}: corrupted checkpoint: tensors differ from the index in {META}"
+            )
+        out.append(tensors)
+    if not with_state:
+        out.append({})
+    meta["path"] = str(d)
+    return meta, out[0], out[1]
+
+
+def check_fits(model: nn.Module, weights: dict[str, torch.Tensor], where: str, name: str) -> None:
+    """Names, shapes and dtypes of ``weights`` must match ``model`` exactly."""
+    own = {k: v for k, v in model.state_dict().items()}
+    missing = sorted(set(own) - set(weights))
+    unexpected = sorted(set(weights) - set(own))
+    wrong = [
+        f"{k} {tuple(weights[k].shape)}/{weights[k].dtype} vs {tuple(v.shape)}/{v.dtype}"
+        for k, v in own.items()
+        if k in weights and (weights[k].shape != v.shape or weights[k].dtype != v.dtype)
+    ]
+    if missing or unexpected or wrong:
+        parts = []
+        if missing:
+            parts.append(f"missing {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+        if unexpected:
+            more = " ..." if len(unexpected) > 3 else ""
+            parts.append(f"unexpected {', '.join(unexpected[:3])}{more}")
+        if wrong:
+            parts.append(f"shape/dtype {'; '.join(wrong[:2])}{' ...' if len(wrong) > 2 else ''}")
+        raise CheckpointError(
+            f"{where}: foreign checkpoint: weights don't fit model {name!r} ({'; '.join(parts)})"
+        )
+
+
+def _build(meta: dict, overrides: dict, on_meta: bool, max_bytes: int | None = None) -> nn.Module:
+    """The model ``meta`` describes (converted if it was); ``on_meta``: shapes only, on the meta
+    device, and never converted (the conversion reads weight values), its parameters and
+    modules counted as they are registered and refused past ``max_bytes`` (models/budget.py)."""
+    name, where = meta["model"], meta["path"]
+    budget = (construction_budget(max_bytes, f"its config ({name!r})")
+              if on_meta and max_bytes is not None else contextlib.nullcontext())  # fmt: skip
+    try:
+        with torch.device("meta") if on_meta else contextlib.nullcontext(), budget:
+            model = create_model(name, **{**(meta.get("model_kwargs") or {}), **overrides})
+        conv = meta.get("converted")  # written by `attnconv convert --out`
+        if isinstance(conv, dict) and not on_meta:
+            model = convert_model(
+                model, alpha=conv.get("alpha"), head_dim=conv.get("head_dim"),
+                on_unsupported=conv.get("on_unsupported", "error"), inplace=True,
+            )  # fmt: skip
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{where}: foreign checkpoint: cannot build {name!r} ({e})") from None
+    return model
+
+
+def _check_size(meta: dict, overrides: dict, weights: dict[str, torch.Tensor]) -> None:
+    """Before allocating: the model ``meta`` declares, built on the meta device, must fit the
+    weight file (exactly; a converted model's base within 8x its size), so a crafted config
+    (a huge width) is refused without allocating it."""
+    have = sum(t.numel() * t.element_size() for t in weights.values())
+    probe = _build(meta, overrides, True, max_bytes=memory_bytes() // 2)
+    if not isinstance(meta.get("converted"), dict):
+        return check_fits(probe, weights, meta["path"], meta["model"])
+    need = sum(t.numel() * t.element_size() for t in probe.state_dict().values())
+    if need > 8 * have + (1 << 20):
+        raise CheckpointError(
+            f"{meta['path']}: foreign checkpoint: its config declares a {need / 2**20:.1f} MiB "
+            f"model, the weight file holds {have / 2**20:.1f} MiB"
+        )
+
+
+def load_model(
+    path: str | Path, *, model_name: str | None = None, **overrides
+) -> tuple[nn.Module, dict]:
+    """Rebuild the model a checkpoint was saved from and load its weights; returns (model, info).
+
+    ``model_name``, if given, must match the stored one. ``overrides`` are extra
+    ``create_model`` arguments that don't change the weights (e.g. ``impl``).
+    """
+    meta, weights, _ = read_checkpoint(path)
+    where = meta["path"]
+    name = meta.get("model")
+    if model_name is not None and name != model_name:
+        raise CheckpointError(f"{where}: foreign checkpoint: it holds {name!r}, not {model_name!r}")
+    if name not in list_models():
+        raise CheckpointError(
+            f"{where}: foreign checkpoint: model {name!r} is not in this attnconv"
+        )
+    try:
+        weights = upgrade_state_dict(weights)  # quadratic alpha -> spread (older checkpoints)
+    except ValueError as e:
+        raise CheckpointError(f"{where}: {e}") from None
+    _check_size(meta, overrides, weights)  # on the meta device, before allocating the model
+    model = _build(meta, overrides, False)
+    check_fits(model, weights, where, name)
+    model.load_state_dict(weights, strict=True)
+    model.eval()
+    return model, meta
