@@ -30,7 +30,7 @@ _EXPORTS = {
     "RelativeEncoding": "attnconv.layers.encoding",
     "LearnedRelativeEncoding": "attnconv.layers.encoding",
     # checkpoint loading: its home is this one line
-    "load_model": "attnconv.train.checkpoint",
+    "load_model": "attnconv.loading",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
