@@ -8,12 +8,12 @@ geometry, optimizer and schedule) on real CIFAR-10 for the same small budget (``
 steps of ``--batch`` images, the same seeds, the same data order) in float32 and under bf16
 autocast, into runs/bf16_training/<model>_<fp32|bf16>_s<seed>/ (a finished run is skipped);
 each is evaluated on the first ``--eval-per-class`` test images of every class. `report`
-writes benchmarks/results/bf16_training.md and the README's bf16-training block: per model, the
-test accuracy of every seed in both precisions, the seed-to-seed spreads (the noise), the
-bf16 - fp32 difference of the means, and the training throughput of each run (its metrics.csv;
-runs side by side on a shared machine, so the interleaved ``attnconv bench --suite models`` is
-the speed-up to quote). bf16 counts as verified for a model when |mean bf16 - mean fp32| <=
-max(fp32 spread, bf16 spread, 1 point).
+writes benchmarks/results/bf16_training.md and the bf16-training block of docs/benchmarks.md:
+per model, the test accuracy of every seed in both precisions, the seed-to-seed spreads (the
+noise), the bf16 - fp32 difference of the means, and the training throughput of each run (its
+metrics.csv; runs side by side on a shared machine, so the interleaved ``attnconv bench --suite
+models`` is the speed-up to quote). bf16 counts as verified for a model when |mean bf16 - mean
+fp32| <= max(fp32 spread, bf16 spread, 1 point).
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from attnconv.bench.models import replace_readme_block
+from attnconv.bench.models import replace_block
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs" / "experiments"
 RUNS = ROOT / "runs" / "bf16_training"
 RESULTS = ROOT / "benchmarks" / "results" / "bf16_training.md"
-README = ROOT / "README.md"
+DOCS = ROOT / "docs" / "benchmarks.md"  # the page that shows the block
 BEGIN, END = "<!-- bf16-training:begin -->", "<!-- bf16-training:end -->"
 CLI = [sys.executable, "-m", "attnconv.cli"]
 # (row name, experiment config, extra overrides)
@@ -151,7 +151,7 @@ def report(args: argparse.Namespace) -> str:
     text = note + "\n\n" + "\n".join(lines) + "\n"
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(text)
-    replace_readme_block(text, README, BEGIN, END)
+    replace_block(text, DOCS, BEGIN, END)
     print(text)
     return text
 

@@ -1,4 +1,4 @@
-"""Reproduce the papers' experiments at CPU scale and regenerate the README's tables and figures.
+"""Reproduce the papers' experiments at CPU scale and regenerate their tables and figures.
 
     python benchmarks/experiments.py run [NAME ...]   # train every configs/experiments/*.yaml
     python benchmarks/experiments.py status [NAME ...]  # what is done, what is left
@@ -13,7 +13,8 @@ core), then the follow-ups: `attnconv analyze` for the
 attention models, `attnconv convert` of the trained ResNet18 on the 10,000 test images, and the
 Lemma 2 sweep. `report` reads only those folders: it writes benchmarks/results/experiments.md,
 copies the figures to docs/figures/, and replaces the block between the experiments markers of
-README.md. Nothing in the tables is typed by hand.
+docs/experiments.md (its links are relative to that page). Nothing in the tables is typed by
+hand.
 """
 
 from __future__ import annotations
@@ -32,12 +33,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs" / "experiments"
 RUNS = Path(os.environ.get("ATTNCONV_RUNS") or ROOT.parent / "attnconv-runs")  # see --runs
+DOCS = ROOT / "docs" / "experiments.md"  # the page that shows the report
 FIGS = ROOT / "docs" / "figures"
 RESULTS = ROOT / "benchmarks" / "results" / "experiments.md"
 BEGIN, END = "<!-- experiments:begin -->", "<!-- experiments:end -->"
 CLI = [sys.executable, "-m", "attnconv.cli"]
-# figures shown inline in the README (the rest are linked)
-README_FIGURES = ("attention_average", "mass_contours", "center_trajectories_gif")
+# figures shown inline on the page (the rest are linked)
+INLINE_FIGURES = ("attention_average", "mass_contours", "center_trajectories_gif")
 
 
 def default_data() -> Path:
@@ -403,12 +405,12 @@ def analysis(lines: list[str]) -> None:
         figs = r.get("figures", {})
         for fname in figs.values():  # every figure lands in docs/figures/<model>/
             shutil.copy(rep.parent / fname, dst / fname)
-        links = [f"[{k.replace('_', ' ')}](docs/figures/{name}/{f})" for k, f in figs.items()]
+        links = [f"[{k.replace('_', ' ')}](figures/{name}/{f})" for k, f in figs.items()]
         lines.append("All figures: " + ", ".join(links) + ".")
         lines.append("")
-        for key in README_FIGURES:  # the ones shown inline
+        for key in INLINE_FIGURES:  # the ones shown inline
             if key in figs:
-                lines += [f"![{key}](docs/figures/{name}/{figs[key]})", ""]
+                lines += [f"![{key}](figures/{name}/{figs[key]})", ""]
 
 
 def conversion(lines: list[str]) -> None:
@@ -428,10 +430,12 @@ def conversion(lines: list[str]) -> None:
                   f"differ on {t.get('predictions_differ', 'n/a')} images, max |logit diff| "
                   f"{t.get('max_abs_logit_diff', float('nan')):.1e}.", ""]  # fmt: skip
     png = ROOT / "benchmarks" / "results" / "convert_lemma2.png"
-    if png.exists():
+    if png.exists():  # shown from docs/figures/, beside the page
+        FIGS.mkdir(parents=True, exist_ok=True)
+        shutil.copy(png, FIGS / png.name)
         lines += ["Lemma 2, error of the soft conversion against alpha (from `attnconv bench "
                   "--suite convert --update-results`):", "",
-                  "![lemma2](benchmarks/results/convert_lemma2.png)", ""]  # fmt: skip
+                  f"![lemma2](figures/{png.name})", ""]  # fmt: skip
 
 
 def grid_formation(lines: list[str]) -> None:
@@ -467,7 +471,7 @@ def grid_formation(lines: list[str]) -> None:
         )
     FIGS.mkdir(parents=True, exist_ok=True)
     fig = evolution_figure(evo, FIGS / "grid_evolution.png")
-    lines += ["", f"![grid evolution](docs/figures/{fig.name})", ""]
+    lines += ["", f"![grid evolution](figures/{fig.name})", ""]
     grid_sensitivity(lines)
 
 
@@ -514,11 +518,10 @@ def report(args: argparse.Namespace) -> None:
     text = "\n".join(lines) + "\n"
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(text)
-    readme = ROOT / "README.md"
-    s = readme.read_text()
+    s = DOCS.read_text()
     if BEGIN in s and END in s:
         s = s[: s.index(BEGIN) + len(BEGIN)] + "\n" + text + s[s.index(END) :]
-        readme.write_text(s)
+        DOCS.write_text(s)
     print(text)
 
 

@@ -30,6 +30,13 @@ settings.register_profile("ci", max_examples=25, deadline=None)
 settings.load_profile("ci")
 
 
+def pytest_configure(config):
+    """The default run leaves out the slow tests (pyproject's addopts: -m "not slow"), but a test
+    named on the command line (FILE::NAME) runs whether it is slow or not."""
+    if config.option.markexpr == "not slow" and any("::" in a for a in config.args):
+        config.option.markexpr = ""
+
+
 @pytest.fixture
 def cifar_zip() -> Path:
     if not CIFAR_ZIP.exists():

@@ -368,6 +368,7 @@ def test_soft_converted_convolution_approaches_one_with_alpha():
 # ---------------------------------------------------------------------------- typed report
 
 
+@pytest.mark.slow
 def test_measure_is_typed_data_on_each_layers_own_grid(tmp_path):
     """The analysis is data first: a SASA network's strided layers are measured on their own
     (coarser) grids, read from the AttentionMaps, and the rendered report.json says the same."""

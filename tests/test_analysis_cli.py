@@ -39,6 +39,7 @@ def vit_checkpoint(tmp_path):
     ), model
 
 
+@pytest.mark.slow
 def test_analyze_vit_checkpoint(vit_checkpoint, cifar_zip, tmp_path, capsys):
     ck, model = vit_checkpoint
     out = tmp_path / "figs"
@@ -81,6 +82,7 @@ def test_explore_vit_checkpoint(vit_checkpoint, cifar_zip, tmp_path, capsys):
     assert [L["grid"] for L in data["layers"]] == [[8, 8], [8, 8]]
 
 
+@pytest.mark.slow
 def test_sa_quadratic_run_centres_contours_and_trajectories(cifar_zip, tmp_path, capsys):
     """A tiny quadratic-encoding model trained a few SGD steps per epoch on real images, its
     centres logged per epoch in the run folder, analyzed from its step checkpoint."""
@@ -138,6 +140,7 @@ def test_cli_errors_are_one_line(tmp_path, cifar_zip, capsys):
     assert ".html" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_analyze_and_explore_a_converted_cnn(tmp_path, cifar_zip, capsys):
     """A CNN converted by `attnconv convert --out` is analyzed like an attention model: its heads
     are hard, one-hot on the kernel's grid (conv-likeness 1, every 3x3 offset held)."""

@@ -184,6 +184,7 @@ def test_missing(tmp_path):
         load_model(tmp_path / "empty")
 
 
+@pytest.mark.slow
 def test_cli_eval_bad_checkpoint_one_line(saved, tmp_path):
     import subprocess
     import sys

@@ -4,7 +4,8 @@ Bad input never shows a traceback: argparse-level mistakes (unknown command or o
 mistyped argument) print the usage and one ``error:`` line; mistakes found while running (missing
 or foreign files, unknown model names or config keys, out-of-range values) print exactly one line
 ``attnconv COMMAND: error: ...`` on stderr. Both exit with code 2 and write nothing on stdout
-that looks like a crash. The subprocesses run two at a time in one module fixture.
+that looks like a crash. The subprocesses run two at a time in one module fixture; their cases
+are marked slow (the default run checks the others, in-process).
 """
 
 from __future__ import annotations
@@ -151,11 +152,15 @@ def _in_process(argv: list[str], capsys) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_bad_arguments_exit_2_with_one_clear_line(case, files, results, capsys):
+PARAMS = [pytest.param(c, id=c[0], marks=[pytest.mark.slow] if c[0] in SUBPROCESS else [])
+          for c in CASES]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", PARAMS)
+def test_bad_arguments_exit_2_with_one_clear_line(case, files, request, capsys):
     name, argv, pattern, usage = case
     if name in SUBPROCESS:
-        code, out, err = results[name]
+        code, out, err = request.getfixturevalue("results")[name]
     else:
         code, out, err = _in_process([a.format(**files) for a in argv], capsys)
     assert "Traceback" not in err + out, err

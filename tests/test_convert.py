@@ -59,6 +59,7 @@ def test_soft_conversion_at_large_alpha_equals_conv(case, impl):
         assert_close_rel(m(x), conv(x), 1e-5)
 
 
+@pytest.mark.slow
 @given(
     conv_and_input(dtype=torch.float64),
     st.integers(0, 2**31 - 1),

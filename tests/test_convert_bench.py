@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from attnconv.bench.common import RESULTS_DIR
 from attnconv.cli import main
 
 
+@pytest.mark.slow
 def test_bench_convert_quick(tmp_path, capsys, monkeypatch):
     """Without --out-dir the results go under the current directory, never into the committed
     benchmarks/results/ (unchanged, byte for byte)."""

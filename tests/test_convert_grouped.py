@@ -92,6 +92,7 @@ def test_fast_kernels_equal_the_plain_loop_and_the_conv(case, clamp):
             torch.testing.assert_close(a(xc), conv(x))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["depthwise", "grouped"])
 @pytest.mark.parametrize("stride", [1, 2])
 def test_kernels_pass_gradcheck(kind, stride):
@@ -152,6 +153,7 @@ def _rel(a, b):
     return ((a - b).abs().max() / b.abs().max()).item()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quick", [True, False])
 def test_zoo_like_networks_convert_exactly_at_their_size(quick):
     """Exact in float64; in float32 as close to the float64 original as the original is (these

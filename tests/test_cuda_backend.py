@@ -20,6 +20,7 @@ from attnconv.layers.positional import QuadraticEncoding
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
+@pytest.mark.slow
 @given(heads=st.integers(1, 3), h=st.integers(1, 6), w=st.integers(1, 6), dk=st.integers(1, 20),
        grad=st.booleans(), seed=st.integers(0, 2**16))  # fmt: skip
 def test_quadratic_score_mods_equal_dense_attention(heads, h, w, dk, grad, seed):
@@ -51,6 +52,7 @@ def test_cuda_report_renders_the_groups_it_ran():
     assert "| SASA local k7 train fp32 B2 C16 8x8 | 1.000 | - | 2.00 |" in md
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without a GPU")
 def test_cuda_bench_without_a_gpu_is_one_clear_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "attnconv.cli", "bench", "--suite", "cuda",

@@ -14,6 +14,7 @@ from attnconv.train.config import config_from_dict
 from attnconv.train.optim import lr_at
 
 
+@pytest.mark.slow
 def test_demo_writes_checkpoint_metrics_centres_and_figures(tmp_path):
     out = tmp_path / "demo"
     env = {**os.environ, "ATTNCONV_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
@@ -77,6 +78,7 @@ def test_demo_writes_checkpoint_metrics_centres_and_figures(tmp_path):
     assert abs(res["loss"] - float(last[4])) < 1e-5
 
 
+@pytest.mark.slow
 def test_demo_refuses_an_occupied_folder_and_overwrite_replaces_it(tmp_path):
     out = tmp_path / "demo"
     env = {**os.environ, "ATTNCONV_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}

@@ -89,6 +89,7 @@ def setup(tmp_path_factory):
     return cfg, tmp, _weights(tmp / "single")
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes_match_one(setup):
     cfg, tmp, single = setup
     r = _torchrun(cfg, tmp / "ddp", cache=tmp / "cache")
@@ -101,6 +102,7 @@ def test_torchrun_two_processes_match_one(setup):
     assert len(rows) == len((tmp / "single" / "metrics.csv").read_text().splitlines())
 
 
+@pytest.mark.slow
 def test_torchrun_stop_mid_epoch_and_resume_match_one(setup):
     cfg, tmp, single = setup
     out = tmp / "ddp_resumed"

@@ -19,13 +19,14 @@ from attnconv.analysis.explorer import (
 )
 from attnconv.data import CIFAR10_MEAN, CIFAR10_STD, load_dataset
 
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"  # Debian's package
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 SCALE = 9  # the page draws a 32x32 image at 9 screen pixels per image pixel (288 // 32)
 
 pytestmark = pytest.mark.skipif(
-    shutil.which("chromium") is None and not Path(CHROMIUM).exists(),
-    reason="Debian's chromium is not installed (.ci/run installs it)",
+    not Path(CHROMIUM).exists(),
+    reason="no headless browser: install Debian's chromium with `apt-get install -y chromium` "
+    "(.ci/run does)",
 )
 
 
@@ -74,7 +75,9 @@ def test_images(cifar_zip):
 
 @pytest.fixture(scope="module")
 def browser():
-    sync_api = pytest.importorskip("playwright.sync_api")
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="Playwright's Python package: pip install -e '.[dev]'"
+    )
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         yield b
@@ -119,6 +122,7 @@ def decode_maps(data, image, li):
     return decode_rows(L["maps"][data["single"][image][li]], L["heads"], L["grid"])
 
 
+@pytest.mark.slow
 def test_click_redraws_every_head_for_the_query(browser, test_images, tmp_path):
     images, labels = test_images
     data = constructed(images, labels=labels, title="constructed heads")
@@ -167,6 +171,7 @@ def test_click_redraws_every_head_for_the_query(browser, test_images, tmp_path):
     page.close()
 
 
+@pytest.mark.slow
 def test_query_subgrid_snaps_clicks(browser, test_images, tmp_path):
     images, labels = test_images
     data = constructed(images, labels=labels, max_queries=16)
@@ -181,6 +186,7 @@ def test_query_subgrid_snaps_clicks(browser, test_images, tmp_path):
     page.close()
 
 
+@pytest.mark.slow
 def test_hard_heads_are_ringed_and_the_page_fits_its_width(browser, test_images, tmp_path):
     """Nine one-hot heads on a 32x32 grid (a converted 3x3 convolution, 20 layers of them): each
     map rings the one key it attends to, which keeps its colour, and at 1000 px the page does
@@ -211,6 +217,7 @@ def test_hard_heads_are_ringed_and_the_page_fits_its_width(browser, test_images,
     page.close()
 
 
+@pytest.mark.slow
 def test_inlined_data_is_escaped(browser, test_images, tmp_path):
     images, _ = test_images
     evil = "</script><script>document.body.dataset.pwned='1'</script><!--"
@@ -235,6 +242,7 @@ def test_bad_inputs_raise_clear_errors(test_images, tmp_path):
         write_explorer(constructed(images), tmp_path / "page.txt")
 
 
+@pytest.mark.slow
 def test_page_from_a_real_checkpoint(browser, cifar_zip, tmp_path):
     """`attnconv explore` on a tiny ViT checkpoint: clicking pixels shows the model's attention."""
     import attnconv

@@ -11,6 +11,7 @@ import json
 import math
 from importlib import resources
 
+import pytest
 import torch
 
 from attnconv.analysis.converted import ConvertedAttentionView
@@ -27,6 +28,7 @@ def page_data(html: str) -> dict:
     return json.loads(html.split('id="explorer-data">')[1].split("</script>")[0])
 
 
+@pytest.mark.slow
 def test_converted_resnet18_page_is_small_and_from_two_images(cifar_zip, tmp_path):
     torch.manual_seed(0)
     cnn = create_model("resnet18_cifar", widths=(4, 8, 8, 8)).eval()

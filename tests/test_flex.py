@@ -32,6 +32,7 @@ def _pair(positional: str, heads: int, dtype, device, seed: int):
     return fast, ref
 
 
+@pytest.mark.slow
 @given(positional=st.sampled_from(["quadratic", "relative_learned"]), b=st.integers(1, 2),
        heads=st.integers(1, 3), h=st.integers(1, 6), w=st.integers(1, 6),
        seed=st.integers(0, 2**16))  # fmt: skip
@@ -122,6 +123,7 @@ LOCAL_VARIANTS = [("relative", "qk+qr"), ("relative", "qr"), ("relative", "qk"),
                   ("absolute", "qk+qr"), ("absolute", "qr"), ("none", "qk")]  # fmt: skip
 
 
+@pytest.mark.slow
 @given(variant=st.sampled_from(LOCAL_VARIANTS), ks=st.integers(1, 5), b=st.integers(1, 2),
        h=st.integers(1, 6), w=st.integers(1, 6), seed=st.integers(0, 2**16))  # fmt: skip
 def test_flex_local_equals_reference_cpu(variant, ks, b, h, w, seed):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from attnconv.bench.common import MALLOC_POLICIES, run_case
 from attnconv.cli import main
 
@@ -20,11 +22,13 @@ def test_bench_layers_quick_writes_json_and_table(tmp_path):
     assert "| case |" in (tmp_path / "layers.md").read_text()
 
 
+@pytest.mark.slow
 def test_run_case_subprocess_measures_memory():
     res = run_case("attnconv.bench.common:_matmul_step", {"n": 256}, repeats=1, flops=False)
     assert res["median_s"] > 0 and res["peak_mb"] >= 0
 
 
+@pytest.mark.slow
 def test_malloc_policy_reaches_the_case_process(monkeypatch):
     for key in MALLOC_POLICIES["retain"]:  # the glibc case must not inherit them from here
         monkeypatch.delenv(key, raising=False)

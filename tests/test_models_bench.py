@@ -1,5 +1,5 @@
 """`attnconv bench --suite models`: runs end to end at --quick sizes and writes its files (no
-timing asserted); its CPU scale is the experiment's; the README block is replaced in place."""
+timing asserted); its CPU scale is the experiment's; the docs block is replaced in place."""
 
 from __future__ import annotations
 
@@ -53,15 +53,15 @@ def test_cpu_scale_is_the_experiments_geometry():
     assert res == bench_models.CPU_RESNET
 
 
-def test_readme_block_is_replaced_in_place(tmp_path):
-    path = tmp_path / "README.md"
+def test_docs_block_is_replaced_in_place(tmp_path):
+    path = tmp_path / "benchmarks.md"
     b, e = bench_models.BEGIN, bench_models.END
     path.write_text(f"intro\n{b}\nold table\n{e}\nrest\n")
-    bench_models.replace_readme_block("new table", path)
+    bench_models.replace_block("new table", path)
     assert path.read_text() == f"intro\n{b}\nnew table\n{e}\nrest\n"
     path.write_text("no markers\n")
-    with pytest.raises(ValueError, match="README.md has no .* block"):
-        bench_models.replace_readme_block("x", path)
+    with pytest.raises(ValueError, match="benchmarks.md has no .* block"):
+        bench_models.replace_block("x", path)
     assert path.read_text() == "no markers\n"  # nothing lost
 
 

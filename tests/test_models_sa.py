@@ -122,6 +122,7 @@ def test_bad_input():
         create_model("sa_quadratic", downsample=3, **SMALL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SA_MODELS)
 def test_memorizes_real_cifar_images(cifar_zip, name):
     """End to end, the gradients are right: 16 real images (4x4 space-to-depth, CPU scale)

@@ -61,7 +61,7 @@ def test_sa_quadratic_model_under_bf16_autocast_stays_finite():
 
 
 @pytest.mark.parametrize("positional", ["quadratic", "quadratic_generalized", "relative_learned"])
-@pytest.mark.parametrize("hw", [16, 48])
+@pytest.mark.parametrize("hw", [16, pytest.param(48, marks=pytest.mark.slow)])
 def test_content_attention_under_bf16_autocast_is_as_exact_as_the_plain_path(positional, hw):
     """Against a float64 reference: the fast (folded) content path under bf16 autocast is within
     1.5x of the plain dense path's error under the same autocast (bf16's own rounding). The

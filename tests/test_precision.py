@@ -48,7 +48,7 @@ def _forward_backward(layer, x, g, autocast=False):
     return y, grads
 
 
-SIZES = [(32, 4), (64, 1)]
+SIZES = [(32, 4), pytest.param(64, 1, marks=pytest.mark.slow)]  # 64^2: 3-5 s a case
 ALPHAS = [0.5, 10.0, 1e4]
 
 
@@ -88,7 +88,8 @@ def _abs(a: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 GRAD_CASES = [(32, 4, alpha, autocast) for alpha in ALPHAS for autocast in (False, True)]
-GRAD_CASES += [(64, 1, 1e4, False)]  # 64^2 costs 5 s a case: the former spurious gradient
+# 64^2 costs 5 s a case: the former spurious gradient
+GRAD_CASES += [pytest.param(64, 1, 1e4, False, marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize("hw,heads,alpha,autocast", GRAD_CASES)
@@ -174,6 +175,7 @@ def _rows_grads(layer, x, rows, g, fold: bool, autocast: bool = False) -> list[t
     return [y, *torch.autograd.grad(loss, [x, layer.query_proj.weight, *tabs])]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("positional", ["quadratic", "relative_learned"])
 @pytest.mark.parametrize("autocast", [False, True])
 def test_content_attention_at_224_against_float64_rows(positional, autocast):

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 
@@ -63,6 +64,7 @@ def _torchrun(cfg: Path, out: Path, cache: Path, *extra: str) -> subprocess.Pope
                             text=True)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_torchrun_kill_9_mid_epoch_then_resume_matches_one_process(tmp_path):
     from conftest import CIFAR_ZIP
 

@@ -130,6 +130,7 @@ def _rewrite_state(step: Path, edit) -> None:
     _edit_meta(step, fix)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "edit, message",
     [

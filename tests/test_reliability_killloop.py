@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 from safetensors.torch import load_file
 
@@ -65,6 +66,7 @@ def _weights(run: Path) -> dict:
     return load_file(follow_latest(run / "checkpoints") / "model.safetensors")
 
 
+@pytest.mark.slow
 def test_random_kill_9_loop_resumes_bit_identical(tmp_path, cifar_zip):
     cfg = _config(tmp_path, cifar_zip)
     t0 = time.perf_counter()

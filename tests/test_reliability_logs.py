@@ -14,6 +14,7 @@ from attnconv.train.monitor import COLUMNS, Monitor
 from tiny_runs import tiny_config
 
 
+@pytest.mark.slow
 def test_resume_drops_torn_metrics_rows(tmp_path, cifar_zip, capsys):
     run = tmp_path / "run"
     cfg = tiny_config(tmp_path, cifar_zip, epochs=2, out_dir=str(run))
@@ -53,6 +54,7 @@ def test_resume_drops_torn_centre_lines(tmp_path, caplog):
     assert "centers.jsonl:2: dropped a torn" in caplog.text
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_checkpoint_with_non_finite_weights(tmp_path, cifar_zip, capsys):
     """A crafted checkpoint (hashes recomputed) holding NaN weights is never resumed from, so
     it is never named "last good" when the first step then fails."""
@@ -92,6 +94,7 @@ def _trainer(tmp_path, cifar_zip, epochs: int):
     return Trainer(cfg)
 
 
+@pytest.mark.slow
 def test_signal_during_evaluation_stops_it(tmp_path, cifar_zip):
     """SIGTERM / SIGINT while evaluating stops at the next batch (not after the whole split):
     a resumable checkpoint, a 'stopped by' line, no eval row for the cut evaluation."""
@@ -118,6 +121,7 @@ def test_signal_during_evaluation_stops_it(tmp_path, cifar_zip):
     assert (tr.ckdir / "step-00000002").is_dir()  # resumable at the epoch's end
 
 
+@pytest.mark.slow
 def test_signal_in_the_last_epoch_is_not_swallowed(tmp_path, cifar_zip):
     import signal
 
@@ -137,6 +141,7 @@ def test_signal_in_the_last_epoch_is_not_swallowed(tmp_path, cifar_zip):
         tr.fit()
 
 
+@pytest.mark.slow
 def test_reader_survives_a_pruned_step_folder(tmp_path, cifar_zip, monkeypatch):
     """load_model beside a training that prunes (keep_checkpoints 1): the step folder it
     resolved disappears before it is read; it reads the one `latest` names now, never a bare
@@ -165,6 +170,7 @@ def test_reader_survives_a_pruned_step_folder(tmp_path, cifar_zip, monkeypatch):
     assert meta["path"].endswith("step-00000003")
 
 
+@pytest.mark.slow
 def test_resuming_a_finished_run_says_so(tmp_path, cifar_zip, capsys):
     run = tmp_path / "run"
     cfg = tiny_config(tmp_path, cifar_zip, epochs=1, out_dir=str(run))

@@ -43,6 +43,7 @@ def _nothing_of_a(run: Path) -> None:
         assert yaml.safe_load(cfg.read_text())["model"]["kwargs"]["width"] == 8
 
 
+@pytest.mark.slow
 def test_overwrite_killed_before_its_first_checkpoint(tmp_path, cifar_zip, capsys):
     run = tmp_path / "run"
     a, b = _two_configs(tmp_path, cifar_zip, run)
@@ -57,6 +58,7 @@ def test_overwrite_killed_before_its_first_checkpoint(tmp_path, cifar_zip, capsy
     assert _steps(run)[-1] == "step-00000002"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("moved", [0, 1, 2])
 def test_overwrite_killed_between_its_renames(tmp_path, cifar_zip, monkeypatch, moved):
     """A kill after ``moved`` of the old run's files were taken away: the next training in the

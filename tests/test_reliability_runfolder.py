@@ -42,6 +42,7 @@ def test_a_symlink_in_the_run_folder_is_never_written_through(tmp_path, cifar_zi
         assert target.read_text() == "precious\n"
 
 
+@pytest.mark.slow
 def test_metrics_symlink_on_resume_is_refused(tmp_path, cifar_zip, capsys):
     run, secret = tmp_path / "run", tmp_path / "secret.csv"
     cfg = tiny_config(tmp_path, cifar_zip, epochs=2)
@@ -71,6 +72,7 @@ def test_a_link_made_mid_run_is_refused_by_every_open(tmp_path):
     assert target.read_text() == "keep"
 
 
+@pytest.mark.slow
 def test_killed_during_the_first_checkpoint_resumes_from_step_0(tmp_path, cifar_zip, capsys):
     """A kill -9 while the first checkpoint is written leaves the run folder (lock, config,
     metrics) and only the save's temp folder: --resume starts again from step 0 and ends
@@ -93,6 +95,7 @@ def test_killed_during_the_first_checkpoint_resumes_from_step_0(tmp_path, cifar_
     assert not list(ck.glob(".*")) and (ck / LATEST).is_file()
 
 
+@pytest.mark.slow
 def test_resume_in_a_folder_never_trained_in_is_still_an_error(tmp_path, cifar_zip, capsys):
     cfg = tiny_config(tmp_path, cifar_zip, epochs=2)
     assert main(["train", cfg, "--out", str(tmp_path / "new"), "--resume"]) == 2

@@ -37,6 +37,7 @@ def test_probe_measures_a_real_model():
     assert probe_bytes("sa_learned", kw, 1 << 30, "x") == want
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("override", ["model.kwargs.hidden_size=1000000000",
                                       "model.kwargs.num_layers=10000000"])  # fmt: skip
 def test_training_config_refused_in_seconds_and_little_memory(tmp_path, override):
@@ -59,6 +60,7 @@ def test_training_config_refused_in_seconds_and_little_memory(tmp_path, override
     assert wall < 10 and peak_mb < 500, (wall, peak_mb)  # 5 s on a quiet machine
 
 
+@pytest.mark.slow
 def test_checkpoint_declaring_100000_layers_is_refused_fast(tmp_path):
     kw = {"hidden_size": 8, "num_layers": 1, "num_heads": 2, "ff_size": 8}
     path = ck.save_checkpoint(tmp_path / "ck", create_model("sa_quadratic", **kw),

@@ -100,6 +100,7 @@ def test_baseline_has_no_attention():
     assert m.local_attention_maps(torch.randn(1, 3, 32, 32)) == []
 
 
+@pytest.mark.slow
 def test_trains_on_real_cifar(cifar_zip, tmp_path):
     """A small SASA ResNet fits 20 real CIFAR-10 test images (16x16 centre crops, to stay fast):
     the loss drops by more than half."""

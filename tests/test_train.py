@@ -115,6 +115,7 @@ def baseline(tmp_path_factory):
     return cfg_file, weights(tmp / "run"), tmp / "run"
 
 
+@pytest.mark.slow
 def test_loss_falls_on_real_cifar(baseline):
     import csv
 
@@ -127,6 +128,7 @@ def test_loss_falls_on_real_cifar(baseline):
     assert {r["kind"] for r in rows} == {"train", "eval"} and float(train[-1]["images_per_s"]) > 0
 
 
+@pytest.mark.slow
 def test_resume_mid_epoch_is_exact(baseline, cifar_zip, tmp_path):
     _, final, _ = baseline
     d = small(cifar_zip, tmp_path / "run")
@@ -141,6 +143,7 @@ def test_resume_mid_epoch_is_exact(baseline, cifar_zip, tmp_path):
     assert [ln.split(",")[:6] for ln in lines] == [ln.split(",")[:6] for ln in base]
 
 
+@pytest.mark.slow
 def test_resume_refuses_changed_config(baseline, cifar_zip, tmp_path, monkeypatch):
     d = small(cifar_zip, tmp_path / "run")
     with pytest.raises(Interrupted):
@@ -155,6 +158,7 @@ def test_resume_refuses_changed_config(baseline, cifar_zip, tmp_path, monkeypatc
         Trainer(config_from_dict(d), resume=True)
 
 
+@pytest.mark.slow
 def test_kill_9_then_resume_is_exact(baseline, tmp_path):
     cfg_file, final, _ = baseline
     run = tmp_path / "run"
@@ -169,6 +173,7 @@ def test_kill_9_then_resume_is_exact(baseline, tmp_path):
     assert_identical(weights(run), final)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_saves_resumable_checkpoint_and_exits(baseline, tmp_path, sig):
     cfg_file, final, _ = baseline
@@ -201,6 +206,7 @@ def _diverged_line(cfg: Path, d: dict) -> list[str]:
     return line
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_and_keeps_last_good(cifar_zip, tmp_path):
     cfg = tmp_path / "nan.yaml"
     d = small(
@@ -219,6 +225,7 @@ def test_non_finite_loss_stops_and_keeps_last_good(cifar_zip, tmp_path):
     assert all(torch.isfinite(v).all() for v in model.state_dict().values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad, at_step", [(float("inf"), 1), (float("nan"), 3)])
 def test_last_good_checkpoint_never_holds_non_finite_weights(cifar_zip, tmp_path, monkeypatch,
                                                              capsys, bad, at_step):  # fmt: skip
@@ -410,6 +417,7 @@ def test_tensorboard_missing_is_a_clear_error(cifar_zip, tmp_path):
     assert list((tmp_path / "run" / "tb").glob("events.*"))
 
 
+@pytest.mark.slow
 def test_cpu_scale_quadratic_model_loss_falls_on_real_cifar(cifar_zip, tmp_path):
     from attnconv.train.loop import evaluate
 
@@ -441,6 +449,7 @@ def test_cpu_scale_quadratic_model_loss_falls_on_real_cifar(cifar_zip, tmp_path)
     assert after < before - 0.2, (before, after)  # measured here: 2.30 -> 1.95
 
 
+@pytest.mark.slow
 def test_compile_trains_and_saves_plain_weights(cifar_zip, tmp_path):
     """train.compile: the torch.compile'd model trains, and its checkpoint holds the plain
     model's names (no ``_orig_mod.`` prefix) so it loads without compiling."""

@@ -36,6 +36,7 @@ def small(**kw):
     return create_model("transformer_small", **{**cfg, **kw})
 
 
+@pytest.mark.slow
 def test_reverse_task_greedy_decoding_over_99_percent():
     """Learns to reverse random token strings (variable length, padded) to > 99% token
     accuracy with greedy decoding on fresh strings; ~10-20 s on this 2-core machine."""

@@ -24,6 +24,7 @@ def micro_name(monkeypatch):
     return "vit_micro_test"
 
 
+@pytest.mark.slow
 def test_analyze_and_explore_take_pretrained_weights(tmp_path, micro_name):
     import json
 

@@ -2,7 +2,7 @@
 al. 2020, Table 1 (sa_quadratic, sa_learned, sa_learned_content) as users train them.
 
 `attnconv bench --suite models [--quick] [--threads N] [--repeats N] [--out-dir DIR]
-[-- --scale paper|cpu|both --models M [M ...] --batch-paper B --batch-cpu B --readme --report]`
+[-- --scale paper|cpu|both --models M [M ...] --batch-paper B --batch-cpu B --docs --report]`
 
 Per model, at two scales: ``paper`` (the models' defaults: hidden 400, feed-forward 512, 16x16
 tokens, 6 layers, 9 heads) and ``cpu`` (configs/experiments/_sa_small.yaml: hidden 64,
@@ -26,8 +26,8 @@ compares steps taken under the same machine load; img/s from the median step. ``
 GFLOP/s / a 1024^3 matmul's GFLOP/s in the same precision, timed in the same rounds (the step's
 physical limit). Peak memory: the RSS a first training step adds to the built model, each case
 in its own fresh subprocess. Writes <out-dir>/models_throughput.{json,md} (default
-benchmarks/results/); ``--readme`` also replaces the README block between the
-models-throughput markers.
+benchmarks/results/); ``--docs`` also replaces the block between the models-throughput markers of
+the documentation's benchmarks page (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from attnconv.bench.common import (
 )
 
 NAME = "models_throughput"
-README = RESULTS_DIR.parents[1] / "README.md"
+DOCS = RESULTS_DIR.parents[1] / "docs" / "benchmarks.md"  # the page that shows the block
 BEGIN, END = "<!-- models-throughput:begin -->", "<!-- models-throughput:end -->"
 SA_MODELS = ("sa_quadratic", "sa_learned", "sa_learned_content")
 MODELS = (*SA_MODELS, "resnet18_cifar")  # ResNet18: attnconv rows only (no reference)
@@ -249,7 +249,7 @@ COLUMNS = [
 
 
 def render(payload: dict) -> str:
-    """The Markdown report (also the README block)."""
+    """The Markdown report (also the block of docs/benchmarks.md)."""
     peak = "; ".join(
         f"{s}: fp32 {p['fp32']:.0f}, bf16 {p['bf16']:.0f} GFLOP/s"
         for s, p in payload["peak_gflops"].items()
@@ -273,13 +273,12 @@ def render(payload: dict) -> str:
     return "\n".join(lines)
 
 
-def replace_readme_block(text: str, path: Path = README, begin: str = BEGIN,
-                         end: str = END) -> None:  # fmt: skip
+def replace_block(text: str, path: Path = DOCS, begin: str = BEGIN, end: str = END) -> None:
     """Replace what lies between the ``begin`` and ``end`` markers of ``path`` with ``text``."""
-    readme = path.read_text()
-    if begin not in readme or end not in readme:
+    page = path.read_text()
+    if begin not in page or end not in page:
         raise ValueError(f"{path.name} has no {begin} ... {end} block to replace")
-    head, rest = readme.split(begin, 1)
+    head, rest = page.split(begin, 1)
     path.write_text(head + begin + "\n" + text + "\n" + end + rest.split(end, 1)[1])
 
 
@@ -289,12 +288,12 @@ def results_dir(args) -> Path:
     return output_dir(args)
 
 
-def save(payload: dict, out_dir: Path, readme: bool) -> Path:
+def save(payload: dict, out_dir: Path, docs: bool) -> Path:
     """Write the results (the one place this suite writes files)."""
     text = render(payload)
     path = write_results(NAME, payload, text, out_dir)
-    if readme:
-        replace_readme_block(text)
+    if docs:
+        replace_block(text)
     return path
 
 
@@ -309,12 +308,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="skip the peak-memory subprocesses (faster)")  # fmt: skip
     p.add_argument("--batch-cpu", type=int, default=64, help="batch at the CPU scale (64)")
     p.add_argument("--models", nargs="+", choices=MODELS, help="several models (default: all)")
-    p.add_argument("--readme", action="store_true", help="replace the README's results block")
+    p.add_argument("--docs", action="store_true",
+                   help="replace the results block of docs/benchmarks.md")
     p.add_argument("--report", action="store_true",
                    help="only re-render the saved <out-dir>/models_throughput.json (no timing)")
     args = p.parse_args(argv)
-    if args.readme and not args.update_results:
-        raise ValueError("--readme rewrites the source checkout's README: add --update-results")
+    if args.docs and not args.update_results:
+        raise ValueError(
+            "--docs rewrites the source checkout's docs/benchmarks.md: add --update-results"
+        )
     if args.report:
         src = results_dir(args) / f"{NAME}.json"
         if not src.exists():
@@ -325,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
             derive(srows, pk)
             checks += targets(srows, scale)
         payload["targets"] = checks
-        path = save(payload, results_dir(args), args.readme)
+        path = save(payload, results_dir(args), args.docs)
         print(f"re-rendered {path.with_suffix('.md')}")
         return 0
     repeats = args.repeats or (1 if args.quick else 5)
@@ -358,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = dict(command=cmd, threads=args.threads, repeats=repeats, torch=torch.__version__,
                    machine=platform.processor() or platform.machine(), malloc=args.malloc,
                    peak_gflops=peaks, targets=checks, rows=rows)  # fmt: skip
-    path = save(payload, results_dir(args), args.readme)
+    path = save(payload, results_dir(args), args.docs)
     print(markdown_table(checks, TARGET_COLUMNS))
     print(f"wrote {path} and {path.with_suffix('.md')}")
     return 0

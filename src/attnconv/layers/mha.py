@@ -26,7 +26,8 @@ class MultiHeadAttention(NotScriptable, nn.Module):
     Args:
         embed_dim: model width d_model (query width and output width).
         num_heads: number of heads h; each has d_k = d_v = embed_dim / h.
-        kdim, vdim: widths of the key / value inputs (default embed_dim), for cross-attention.
+        kdim: width of the key input (default embed_dim), for cross-attention.
+        vdim: width of the value input (default kdim).
         dropout: dropout on the attention probabilities (training only).
         bias: biases of the four projections.
         impl: "auto" (fused kernel) or "reference" (plain softmax(q k^T / sqrt(d_k)) v).
