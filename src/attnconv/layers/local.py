@@ -29,7 +29,7 @@ from .local_kernel import (  # noqa: F401  (re-exported: the kernel's public nam
 from .scripting import NotScriptable
 from .sinusoidal import sinusoid_2d
 
-POSITIONALS = ("relative", "absolute", "none")
+SASA_POSITIONALS = ("relative", "absolute", "none")  # sec. 4.3; not the Dai eq. 8 names
 LOGITS = ("qk+qr", "qk", "qr")
 
 
@@ -61,8 +61,8 @@ class LocalSelfAttention2d(NotScriptable, nn.Module):
                           ("num_heads", num_heads), ("kernel_size", kernel_size),
                           ("stride", stride)):  # fmt: skip
             positive_int(name, val)
-        if positional not in POSITIONALS:
-            raise ValueError(f"positional must be one of {POSITIONALS}, got {positional!r}")
+        if positional not in SASA_POSITIONALS:
+            raise ValueError(f"positional must be one of {SASA_POSITIONALS}, got {positional!r}")
         logits = logits or ("qk" if positional == "none" else "qk+qr")
         if logits not in LOGITS:
             raise ValueError(f"logits must be one of {LOGITS}, got {logits!r}")
@@ -85,6 +85,7 @@ class LocalSelfAttention2d(NotScriptable, nn.Module):
         self.kernel_size, self.stride = kernel_size, stride
         self.positional, self.logits, self.padding, self.impl = positional, logits, padding, impl
         self.scale = dh**-0.5
+        self.absolute_keys = positional == "absolute"  # q^T (k_ab + p_ab), decided once
         self.flex_backend: bool | None = None  # None: FlexAttention on CUDA (see _use_flex)
         self.query = nn.Conv2d(in_channels, out_channels, 1, bias=False)  # W_Q
         self.key = nn.Conv2d(in_channels, out_channels, 1, bias=False) if "qk" in logits else None
@@ -117,7 +118,7 @@ class LocalSelfAttention2d(NotScriptable, nn.Module):
         v = self._heads(self.value(x))
         k = self._heads(self.key(x)) if self.key is not None else None
         rel_row, rel_col = self.rel_row, self.rel_col
-        if self.positional == "absolute":
+        if self.absolute_keys:
             pe = sinusoid_2d(h, w, self.head_dim, device=x.device).to(x.dtype).t()  # (dh, H*W)
             pe = pe.view(self.head_dim, h, w)
             k = pe.expand(bsz, self.num_heads, -1, h, w) if k is None else k + pe
