@@ -29,7 +29,7 @@ from hypothesis.control import currently_in_test_context
 from attnconv.convert import conv_to_attention
 from attnconv.layers.functional import scaled_dot_product_attention
 from attnconv.layers.local import LOGITS, PADDINGS, LocalSelfAttention2d
-from attnconv.layers.local import POSITIONALS as LOCAL_POSITIONALS
+from attnconv.layers.local import SASA_POSITIONALS as LOCAL_POSITIONALS
 from attnconv.layers.mha import MultiHeadAttention
 from attnconv.layers.mhsa2d import POSITIONALS, MultiHeadSelfAttention2d
 from attnconv.layers.stem import AttentionStem2d
