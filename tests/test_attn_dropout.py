@@ -15,8 +15,10 @@ from same_step import assert_same_training_step
 POSITIONALS = ["quadratic", "relative_learned", "quadratic_generalized"]
 
 
-def _pair(positional: str, c: int, nh: int, value: str, p: float):
-    kw = dict(positional=positional, content=False, dropout=p, dropout_mask="batch", value=value)
+def _pair(positional: str, c: int, nh: int, value: str, p: float, content: bool = False,
+          mask: str = "batch"):  # fmt: skip
+    """The layer's default path and its plain reference, float64, training, the same weights."""
+    kw = dict(positional=positional, content=content, dropout=p, dropout_mask=mask, value=value)
     fast = MultiHeadSelfAttention2d(c, c, nh, **kw).double().train()
     ref = MultiHeadSelfAttention2d(c, c, nh, impl="reference", **kw).double().train()
     ref.load_state_dict(fast.state_dict())
@@ -78,10 +80,7 @@ def test_content_dropout_kernel_equals_reference(positional, b, h, w, nh, value,
     """Content attention in training on CPU (a mask per image): the dense dk-wide kernel removes
     the links the plain equations remove (functional.dropped_links), values and gradients."""
     c = 2 * nh
-    kw = dict(positional=positional, content=True, dropout=p, dropout_mask="sample", value=value)
-    fast = MultiHeadSelfAttention2d(c, c, nh, **kw).double().train()
-    ref = MultiHeadSelfAttention2d(c, c, nh, impl="reference", **kw).double().train()
-    ref.load_state_dict(fast.state_dict())
+    fast, ref = _pair(positional, c, nh, value, p, content=True, mask="sample")
     x = torch.randn(b, c, h, w, dtype=torch.float64)
     assert fast.kernel(x, p) == "dense_dropout"
     assert_same_training_step([(fast, fast), (ref, ref)], x, seed)
@@ -97,10 +96,7 @@ def test_generalized_content_dropout_equals_reference(b, h, w, nh, value, p, see
     """Generalized quadratic + content in training on CPU: the blocked Gaussian kernel removes
     the links the plain equations remove (functional.dropped_links), values and gradients."""
     c = 2 * nh
-    kw = dict(positional="quadratic_generalized", content=True, dropout=p, value=value)
-    fast = MultiHeadSelfAttention2d(c, c, nh, **kw).double().train()
-    ref = MultiHeadSelfAttention2d(c, c, nh, impl="reference", **kw).double().train()
-    ref.load_state_dict(fast.state_dict())
+    fast, ref = _pair("quadratic_generalized", c, nh, value, p, content=True, mask="sample")
     x = torch.randn(b, c, h, w, dtype=torch.float64)
     assert fast.kernel(x, p) == "blocked_gaussian"
     assert_same_training_step([(fast, fast), (ref, ref)], x, seed)

@@ -20,11 +20,9 @@ def _layer(impl: str, dtype=torch.float32, content=False) -> MultiHeadSelfAttent
                                     impl=impl).to(dtype)  # fmt: skip
 
 
-@pytest.mark.parametrize("hw", [(1, 300), (1, 1000), (2, 500), (32, 32)])
-@pytest.mark.parametrize("spread", [1.0, 3.0])
-@pytest.mark.parametrize("content", [False, True])
-def test_fast_path_error_within_2x_of_dense(hw, spread, content):
-    torch.manual_seed(0)
+def _fast_dense_exact(content: bool, spread: float):
+    """The default path (spreads x ``spread``, centres x 3: logits far from 0), the dense plain
+    path and its float64 copy, all holding the same weights."""
     fast = _layer("auto", content=content)
     with torch.no_grad():
         fast.positional_encoding.spread.mul_(spread)
@@ -33,6 +31,15 @@ def test_fast_path_error_within_2x_of_dense(hw, spread, content):
     exact = _layer("reference", torch.float64, content=content)
     dense.load_state_dict(fast.state_dict())
     exact.load_state_dict(fast.state_dict())
+    return fast, dense, exact
+
+
+@pytest.mark.parametrize("hw", [(1, 300), (1, 1000), (2, 500), (32, 32)])
+@pytest.mark.parametrize("spread", [1.0, 3.0])
+@pytest.mark.parametrize("content", [False, True])
+def test_fast_path_error_within_2x_of_dense(hw, spread, content):
+    torch.manual_seed(0)
+    fast, dense, exact = _fast_dense_exact(content, spread)
     x = torch.randn(1, 6, *hw)
     ref = exact(x.double())
     ref.square().sum().backward()
@@ -91,14 +98,7 @@ def test_bf16_autocast_error_within_2x_of_dense(hw, content):
     """Under bfloat16 autocast (how train.bf16 trains), against float64: the fast path's output
     error within 2x of the dense path's under the same autocast."""
     torch.manual_seed(0)
-    fast = _layer("auto", content=content)
-    with torch.no_grad():
-        fast.positional_encoding.spread.mul_(3.0)
-        fast.positional_encoding.centers.mul_(3)
-    dense = _layer("reference", content=content)
-    exact = _layer("reference", torch.float64, content=content)
-    dense.load_state_dict(fast.state_dict())
-    exact.load_state_dict(fast.state_dict())
+    fast, dense, exact = _fast_dense_exact(content, 3.0)
     x = torch.randn(1, 6, *hw)
     with torch.no_grad():
         ref = exact(x.double())
