@@ -248,8 +248,7 @@ def table1(lines: list[str]) -> None:
               "|---|---|---|---|---|---|---|"]  # fmt: skip
     accs, spread = {}, {}
     for name, (acc, par) in paper.items():
-        cells, test_acc = run_cells(RUNS / f"table1_{name}")
-        seeds = [a for a in (run_cells(RUNS / r)[1] for r in seed_runs(name)) if a is not None]
+        cells, seeds = seed_cells(name)
         m, sd = mean_std(seeds)
         over = f"{100 * m:.1f} +- {100 * sd:.1f}% ({len(seeds)})" if seeds else "not run"
         lines.append(f"| {name} | {cells} | {over} | {acc}% ({par}) |")
@@ -275,6 +274,13 @@ def seed_runs(name: str, prefix: str = "table1_") -> list[str]:
     """<prefix><name> (seed 0) and its <prefix><name>_seed<N> repeats that have a config."""
     base = f"{prefix}{name}"
     return [base] + sorted(p.stem for p in CONFIGS.glob(f"{base}_seed*.yaml"))
+
+
+def seed_cells(name: str, prefix: str = "table1_") -> tuple[str, list[float]]:
+    """The seed-0 run's table cells and the test accuracies of every finished seed, each run
+    folder read once (run_cells loads the model to count its parameters)."""
+    runs = [run_cells(RUNS / r) for r in seed_runs(name, prefix)]
+    return runs[0][0], [a for _, a in runs if a is not None]
 
 
 def mean_std(xs: list[float]) -> tuple[float, float]:
@@ -373,12 +379,11 @@ def sasa(lines: list[str]) -> None:
               "|---|---|---|---|---|---|"]  # fmt: skip
     sds = []
     for label, v in SASA_CLAIMS:
-        runs = seed_runs(v, prefix="sasa_")
-        accs = [a for a in (run_cells(RUNS / r)[1] for r in runs) if a is not None]
+        cells, accs = seed_cells(v, prefix="sasa_")
         m, sd = mean_std(accs)
         over = f"{100 * m:.1f} +- {100 * sd:.1f}% ({len(accs)})" if accs else "not run"
         sds += [sd] if len(accs) > 1 else []
-        lines.append(f"| {label} | {run_cells(RUNS / runs[0])[0]} | {over} |")
+        lines.append(f"| {label} | {cells} | {over} |")
     for label, v in SASA_SINGLE:
         if (RUNS / f"sasa_{v}").exists():
             lines.append(f"| {label} | {run_cells(RUNS / f'sasa_{v}')[0]} | 1 seed |")
