@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attnconv.layers.kernels import fused
 from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
 from same_step import assert_same_training_step
 
@@ -77,13 +78,17 @@ def test_batch_mask_gradcheck_float64(positional):
     seed=st.integers(0, 2**16),
 )  # fmt: skip
 def test_content_dropout_kernel_equals_reference(positional, b, h, w, nh, value, p, seed):
-    """Content attention in training on CPU (a mask per image): the dense dk-wide kernel removes
-    the links the plain equations remove (functional.dropped_links), values and gradients."""
+    """Content attention in training on CPU (a mask per image): the fused C++ kernel (the plan's
+    choice) and the dense dk-wide kernel (its fallback, forced by backend="blocked") remove the
+    links the plain equations remove (functional.dropped_links), values and gradients."""
     c = 2 * nh
     fast, ref = _pair(positional, c, nh, value, p, content=True, mask="sample")
     x = torch.randn(b, c, h, w, dtype=torch.float64)
-    assert fast.kernel(x, p) == "dense_dropout"
-    assert_same_training_step([(fast, fast), (ref, ref)], x, seed)
+    kernels = [("dense_dropout", "blocked")] + ([("fused", None)] if fused.available() else [])
+    for name, backend in kernels:
+        fast.backend = backend
+        assert fast.kernel(x, p) == name
+        assert_same_training_step([(fast, fast), (ref, ref)], x, seed)
 
 
 @settings(max_examples=8, deadline=None)

@@ -95,13 +95,52 @@ def _combine_masks(
     return neg if bias is None else bias + neg
 
 
-def dropped_links(nh: int, t: int, batch: int | None, p: float, device) -> torch.Tensor:
+_M32 = 0xFFFFFFFF
+
+
+def _h32(x: torch.Tensor, tmp: torch.Tensor | None = None) -> torch.Tensor:
+    """A 32-bit integer mixer, in place on an int64 tensor holding uint32 values (each product
+    < 2^63: int64 arithmetic is exact); kernels/fused_axis.cpp's ``h32`` in uint32 arithmetic."""
+    tmp = torch.empty_like(x) if tmp is None else tmp
+    for shift, mul in ((16, 0x21F0AAAD), (15, 0x735A2D97), (15, None)):
+        x.bitwise_xor_(torch.bitwise_right_shift(x, shift, out=tmp))
+        if mul is not None:
+            x.mul_(mul).bitwise_and_(_M32)
+    return x
+
+
+def dropout_seed() -> int:
+    """One draw of the default generator: the seed of a step's attention-dropout links."""
+    return int(torch.randint(0, 1 << 32, (), dtype=torch.int64))
+
+
+def drop_threshold(p: float) -> int:
+    """A link is dropped when its 32-bit hash is below this: probability p (to 2^-32)."""
+    return min(int(p * 4294967296.0), _M32)
+
+
+def dropped_links(nh: int, t: int, batch: int | None, p: float, device,
+                  seed: int | None = None) -> torch.Tensor:  # fmt: skip
     """The links attention dropout removes, each with probability p independently (as
     ``nn.Dropout`` draws them): bool (Nh, T, T) shared by the batch (``batch=None``, the
     reference code's Gaussian layer) or (B, Nh, T, T) a mask per image. Every path that can
-    share its mask with another draws it here, so that they agree under one seed."""
-    shape = (nh, t, t) if batch is None else (batch, nh, t, t)
-    return torch.rand(shape, device=device) < p
+    share its mask with another draws it here, so that they agree under one seed. Link (row,
+    key j) of row = (b Nh + h) T + i is dropped when h32(key(row) ^ j) < p 2^32 with
+    key(row) = h32(h32(row mod 2^32 ^ seed) ^ row >> 32), a counter hash of one ``seed`` drawn
+    from the default generator: the fused kernel (kernels/fused.py) redraws it without storing."""
+    seed = dropout_seed() if seed is None else seed
+    n = (batch or 1) * nh * t
+    rows = torch.arange(n, device=device, dtype=torch.int64)[:, None]
+    key = _h32(_h32((rows & _M32) ^ seed) ^ (rows >> 32))  # (rows, 1)
+    cols = torch.arange(t, device=device, dtype=torch.int64)
+    out = torch.empty(n, t, dtype=torch.bool, device=device)
+    step = max(1, (1 << 15) // t)  # rows a chunk: its int64 hashes stay in cache
+    u, tmp = (torch.empty(min(step, n), t, dtype=torch.int64, device=device) for _ in "ut")
+    for i in range(0, n, step):
+        m = min(step, n - i)
+        torch.bitwise_xor(key[i : i + m], cols, out=u[:m])
+        torch.lt(_h32(u[:m], tmp[:m]), drop_threshold(p), out=out[i : i + m])
+    return out.view((nh, t, t) if batch is None else (batch, nh, t, t))
 
 
 def shared_dropout(probs: torch.Tensor, p: float, per_image: bool = False) -> torch.Tensor:

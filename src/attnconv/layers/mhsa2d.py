@@ -66,8 +66,8 @@ class MultiHeadSelfAttention2d(NotScriptable, nn.Module):
     dropout (on attention probabilities); dropout_mask ("sample": a mask per image; "batch": one
     (Nh, T, T) mask shared by the batch, the reference code's Gaussian layer, position-only
     attention only); impl ("auto" | "reference"); max_size (side of learned
-    tables); bias (of the projections); backend (None: the plan's choice; "flex", "blocked" or
-    "fold" forces that family of kernels where it applies, kernels/plan.py).
+    tables); bias (of the projections); backend (None: the plan's choice; "flex", "blocked",
+    "fused" or "fold" forces that family of kernels where it applies, kernels/plan.py).
     ``encoding_options`` go to the named encoding (encoding.build_encoding): hard,
     init_centers_std, init_alpha (quadratic); relative_terms, learned_r (relative, Dai eq. 8);
     rel_dim (r_delta width, relative encodings); head_keys (relative_learned: per-head keys read

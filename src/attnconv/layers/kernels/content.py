@@ -17,6 +17,7 @@ from ..flex import axis_score_mod, flex_mod_attention, gaussian_score_mod
 from ..functional import dropped_links, scaled_dot_product_attention
 from ..precision import hi, kernel_dtype, no_autocast, softmax_f32, upcast
 from ..terms import AxisTerm, GaussianTerm
+from .fused import axis_attention_fused
 
 
 def score_mod(term: AxisTerm, q: torch.Tensor, *, in_kernel: bool = False):
@@ -98,6 +99,16 @@ def dense_dropout(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True):
             y = torch.matmul(probs, v.to(dt))
         y = y.view(b, nh, t, -1) * (1.0 / (1.0 - p_drop))
     return y.to(grid.dtype).transpose(1, 2)
+
+
+def fused(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True):
+    """softmax(scale q k^T + R[q1, k1] + C[q2, k2]) with the links of ``functional.dropped_links``
+    removed, times v: the C++ kernel of fused.py (one task per image and head, query blocks in
+    L2, the mask redrawn in backward), in kernel_dtype."""
+    with no_autocast(q.device.type):
+        q_axis = term.q_axis(q.to(kernel_dtype(q.dtype)))  # (B|1, Nh, T, h + w)
+        y = axis_attention_fused(q, k, v, q_axis, grid.h, grid.w, scale, p_drop, per_image)
+    return y.to(grid.dtype)
 
 
 def blocked_gaussian(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True):

@@ -8,6 +8,7 @@ and the ``backend`` override of MultiHeadSelfAttention2d. First matching row win
 | shift            | Shift, position only   | no dropout                                       |
 | separable        | Axis, position only    | no dropout                                       |
 | shared           | any, position only     | (computed once for the batch)                    |
+| fused            | Axis                   | CPU, dropout, extension built (fused.py)         |
 | dense_dropout    | Axis                   | CPU, dropout, backend != "fold"                  |
 | flex_gaussian    | Axis with a Gaussian   | Flex, no dropout, no grad to the encoding        |
 | flex             | Axis                   | Flex (CUDA, or backend="flex"), no dropout       |
@@ -25,8 +26,9 @@ from typing import NamedTuple
 import torch
 
 from ..terms import AxisTerm, GaussianTerm, ShiftTerm, Term
+from . import fused
 
-BACKENDS = ("flex", "blocked", "fold")
+BACKENDS = ("flex", "blocked", "fused", "fold")
 FLEX = importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
 SHARED_BIAS_MAX_T = 64 * 64  # (Nh, T, T) float32 bias in inference: 64 MiB per head at 64^2
 BLOCKED_MIN_T = 16 * 16  # smaller images: the blocked kernel's Python loop costs its gain
@@ -73,6 +75,8 @@ TABLE = (
     ("shift", lambda c: c.position_only and isinstance(c.term, ShiftTerm) and c.p_drop == 0),
     ("separable", lambda c: c.position_only and _axis(c) and c.p_drop == 0),
     ("shared", lambda c: c.position_only),
+    ("fused", lambda c: _axis(c) and c.device == "cpu" and c.p_drop > 0
+                        and c.backend in (None, "fused") and fused.available()),  # fmt: skip
     ("dense_dropout", lambda c: _axis(c) and c.device == "cpu" and c.p_drop > 0
                                 and c.backend != "fold"),  # fmt: skip
     ("flex_gaussian", lambda c: _axis(c) and c.flex and c.p_drop == 0

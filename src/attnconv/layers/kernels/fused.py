@@ -1,0 +1,107 @@
+"""The fused CPU kernel of content attention with row/column positional logits and attention
+dropout (fused_axis.cpp), built on first use with torch's C++ extension loader:
+
+    y = (softmax_k(scale q.k + R[q, k1] + C[q, k2]) o M / (1 - p)) v   (Cordonnier et al. eq. 9)
+
+One task per (image, head) over the cores, query blocks held in L2, the dropout mask M redrawn
+from ``functional.dropped_links``' counter hash in forward and backward: no (B, Nh, T, T) tensor
+is stored or streamed through memory (the dense path keeps logits, probabilities, the mask and
+their gradients). ``available()`` says whether the extension built (a C++ compiler and ninja);
+the plan (plan.py) runs ``dense_dropout`` otherwise. The plain equations beside it:
+``axis_attention_reference`` with ``dropped_links``' mask.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from functools import cache
+from pathlib import Path
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from ..first_order import first_order_only
+from ..functional import drop_threshold, dropout_seed, dropped_links
+from ..precision import kernel_dtype
+
+SOURCE = Path(__file__).with_name("fused_axis.cpp")
+NAME = "attnconv_fused_axis"
+DISABLE = "ATTNCONV_NO_FUSED"  # set to 1: never build or run the fused kernel
+
+
+@cache
+def extension():
+    """The compiled module (forward, backward), or None when it cannot be built: built once per
+    machine into torch's extension cache (about a minute), then loaded in a second."""
+    if os.environ.get(DISABLE) == "1":
+        return None
+    try:
+        from torch.utils import cpp_extension
+
+        built = Path(cpp_extension._get_build_directory(NAME, False)) / f"{NAME}.so"
+        if not built.exists():
+            print("attnconv: building the fused CPU attention kernel (once per machine, about a "
+                  "minute)", file=sys.stderr)  # fmt: skip
+        return cpp_extension.load(name=NAME, sources=[str(SOURCE)],
+                    extra_cflags=["-O3", "-march=native"], verbose=False)  # fmt: skip
+    except Exception as e:  # no compiler, no ninja, headers missing: the plain kernels run
+        warnings.warn(f"attnconv: the fused CPU attention kernel did not build ({e}); "
+                      "using the dense kernel", stacklevel=2)  # fmt: skip
+        return None
+
+
+def available() -> bool:
+    return extension() is not None
+
+
+class _FusedAxis(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, q_axis, h: int, w: int, scale: float, p: float, seed: int,
+                per_image: bool):  # fmt: skip
+        args = (h, w, scale, p, seed, drop_threshold(p), per_image)
+        y, mx, inv = extension().forward(q, k, v, q_axis, *args)
+        ctx.save_for_backward(q, k, v, q_axis, y, mx, inv)
+        ctx.args = args
+        return y  # (B, T, Nh, Dv)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        q, k, v, q_axis, y, mx, inv = ctx.saved_tensors
+        dy = dy.to(q.dtype).contiguous()
+        dq, dk, dv, dqa = extension().backward(dy, q, k, v, q_axis, y, mx, inv, *ctx.args)
+        return dq, dk, dv, dqa, None, None, None, None, None, None
+
+
+def axis_attention_fused(q, k, v, q_axis, h: int, w: int, scale: float, p: float = 0.0,
+                         per_image: bool = True, seed: int | None = None):  # fmt: skip
+    """q, k (B, Nh, T, dk), v (B, Nh, T, dv) (heads may share values: stride 0), q_axis
+    (B|1, Nh, T, H + W) -> (B, T, Nh, dv) in kernel_dtype (float32; float64 stays); attention
+    dropout p with the links of ``dropped_links(Nh, T, B if per_image else None, p, seed=seed)``
+    (seed: drawn from the default generator when None). First derivative only."""
+    b, nh, t = q.shape[:3]
+    if q_axis.shape[-2:] != (h * w, h + w) or t != h * w:
+        raise ValueError(f"q_axis {tuple(q_axis.shape)} must be (B, Nh, T={h * w}, H+W={h + w})")
+    seed = (dropout_seed() if p > 0 else 0) if seed is None else seed
+    dt = kernel_dtype(q.dtype)
+    q, k, v = (x.to(dt) for x in (q, k, v))
+    q_axis = q_axis.to(dt).expand(b, nh, t, h + w).contiguous()
+    q, k, v, q_axis = first_order_only("the fused axis attention (impl='auto')", q, k, v, q_axis)
+    with torch.autocast(q.device.type, enabled=False):
+        return _FusedAxis.apply(q, k, v, q_axis, h, w, scale, p, seed, per_image)
+
+
+def axis_attention_reference(q, k, v, q_axis, h: int, w: int, scale: float, p: float = 0.0,
+                             per_image: bool = True, seed: int | None = None):  # fmt: skip
+    """The plain equations of ``axis_attention_fused``: the dense (B, Nh, T, T) logits, softmax,
+    the links of ``dropped_links`` removed and the rest scaled by 1 / (1 - p), @ v."""
+    b, nh, t = q.shape[:3]
+    bias = (q_axis[..., :h, None] + q_axis[..., None, h:]).flatten(-2)  # (B|1, Nh, T, T)
+    probs = torch.softmax(scale * q @ k.transpose(-2, -1) + bias, -1)
+    if p > 0:
+        seed = dropout_seed() if seed is None else seed
+        dropped = dropped_links(nh, t, b if per_image else None, p, q.device, seed=seed)
+        probs = probs.masked_fill(dropped, 0.0) / (1.0 - p)
+    return (probs @ v).transpose(1, 2)

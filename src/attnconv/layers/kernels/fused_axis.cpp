@@ -1,0 +1,231 @@
+// Content attention with row/column positional logits and attention dropout, fused per head
+// (CPU): the C++ twin of blocked.py's query-blocked kernel, with the dropout mask drawn in the
+// kernel from functional.dropped_links' counter hash instead of read from a (B, Nh, T, T) tensor.
+//
+//   y = (softmax_k(scale q.k + R[q, k1] + C[q, k2]) * M / (1 - p)) v     (Cordonnier et al.
+//                                                                          eq. 1-2, 9; sec. 4.3)
+//
+// One task per (image, head), split over the cores with at::parallel_for; a task walks query
+// blocks whose (Bq, T) logits stay in the core's L2, so the elementwise passes (bias, max, exp,
+// mask) run from cache, the products are BLAS calls on strided views (no layout copies).
+// Backward recomputes the probabilities from the saved row max and 1 / sum (flash-attention
+// style) and redraws the same mask: nothing (T, T) is kept between forward and backward.
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kBlockElems = 1 << 16;  // logits per block: 256 KiB of float32
+constexpr double kFloor = -60.0;          // blocked.py's _FLOOR: no subnormal probabilities
+
+// The dropout hash, functional.dropped_links' _h32 (a 32-bit integer mixer).
+inline uint32_t h32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x21f0aaadu;
+  x ^= x >> 15;
+  x *= 0x735a2d97u;
+  x ^= x >> 15;
+  return x;
+}
+
+inline uint32_t row_key(uint64_t row, uint32_t seed) {
+  return h32(h32(static_cast<uint32_t>(row) ^ seed) ^ static_cast<uint32_t>(row >> 32));
+}
+
+struct Geometry {
+  int64_t b, nh, t, h, w, dk, dv;
+  double scale, p;
+  uint32_t seed, threshold;
+  bool per_image;
+  int64_t block() const { return std::max<int64_t>(1, std::min(t, kBlockElems / t)); }
+  uint64_t row(int64_t bi, int64_t hi, int64_t i) const {
+    return static_cast<uint64_t>(((per_image ? bi * nh : 0) + hi) * t + i);
+  }
+};
+
+// s (n, T) = scale s + R[i, k1] + C[i, k2], then minus the row max, clamped (float32), exp;
+// with stats: writes each row's max and 1 / sum (forward), without: subtracts the saved max and
+// multiplies by the saved 1 / sum (backward's recompute).
+template <typename scalar_t>
+void probabilities(scalar_t* s, const scalar_t* qa, at::Tensor block, int64_t n,
+                   const Geometry& g, scalar_t* mx, scalar_t* inv, bool stats) {
+  const int64_t t = g.t, h = g.h, w = g.w;
+  const scalar_t scale = static_cast<scalar_t>(g.scale);
+  const bool clamp = std::is_same<scalar_t, float>::value;
+  for (int64_t i = 0; i < n; ++i) {
+    scalar_t* si = s + i * t;
+    const scalar_t* ri = qa + i * (h + w);
+    scalar_t m = -std::numeric_limits<scalar_t>::infinity();
+    for (int64_t r = 0; r < h; ++r) {
+      scalar_t* sr = si + r * w;
+      const scalar_t base = ri[r];
+      for (int64_t c = 0; c < w; ++c) {
+        const scalar_t v = sr[c] * scale + (base + ri[h + c]);  // the plain bias, then added
+        sr[c] = v;
+        m = std::max(m, v);
+      }
+    }
+    if (stats) mx[i] = m; else m = mx[i];
+    for (int64_t j = 0; j < t; ++j) {
+      scalar_t v = si[j] - m;
+      if (clamp) v = std::max(v, static_cast<scalar_t>(kFloor));
+      si[j] = v;
+    }
+  }
+  block.exp_();
+  for (int64_t i = 0; i < n; ++i) {
+    scalar_t* si = s + i * t;
+    if (stats) {
+      double sum = 0;  // in double: float32 rows of 1e3+ terms would round the normalizer
+      for (int64_t j = 0; j < t; ++j) sum += si[j];
+      inv[i] = static_cast<scalar_t>(1.0 / sum);
+    }
+    const scalar_t f = inv[i];
+    for (int64_t j = 0; j < t; ++j) si[j] *= f;
+  }
+}
+
+// p (n, T) *= M / (1 - p) in place for rows i0.. of task (bi, hi); also d (when given) the same.
+template <typename scalar_t>
+void drop(scalar_t* p, scalar_t* d, int64_t n, int64_t i0, int64_t bi, int64_t hi,
+          const Geometry& g) {
+  const scalar_t keep = static_cast<scalar_t>(1.0 / (1.0 - g.p));
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t key = row_key(g.row(bi, hi, i0 + i), g.seed);
+    scalar_t* pi = p + i * g.t;
+    scalar_t* di = d ? d + i * g.t : nullptr;
+    for (int64_t j = 0; j < g.t; ++j) {
+      const scalar_t f = h32(key ^ static_cast<uint32_t>(j)) >= g.threshold ? keep : scalar_t(0);
+      pi[j] *= f;
+      if (di) di[j] *= f;
+    }
+  }
+}
+
+Geometry geometry(const at::Tensor& q, const at::Tensor& v, int64_t h, int64_t w, double scale,
+                  double p, int64_t seed, int64_t threshold, bool per_image) {
+  return Geometry{q.size(0), q.size(1), q.size(2), h, w, q.size(3), v.size(3), scale, p,
+                  static_cast<uint32_t>(seed), static_cast<uint32_t>(threshold), per_image};
+}
+
+}  // namespace
+
+// q, k (B, Nh, T, dk), v (B, Nh, T, dv) (any strides), qa (B, Nh, T, H + W) contiguous ->
+// y (B, T, Nh, dv), row max and 1 / sum (B, Nh, T).
+std::vector<at::Tensor> forward(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor qa,
+                                int64_t h, int64_t w, double scale, double p, int64_t seed,
+                                int64_t threshold, bool per_image) {
+  TORCH_CHECK(qa.is_contiguous(), "qa must be contiguous");
+  const Geometry g = geometry(q, v, h, w, scale, p, seed, threshold, per_image);
+  TORCH_CHECK(g.t == h * w && qa.size(3) == h + w, "q, qa and the grid disagree");
+  auto y = at::empty({g.b, g.t, g.nh, g.dv}, q.options());
+  auto mx = at::empty({g.b, g.nh, g.t}, q.options());
+  auto inv = at::empty({g.b, g.nh, g.t}, q.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "fused_axis_forward", [&] {
+    at::parallel_for(0, g.b * g.nh, 1, [&](int64_t lo, int64_t hi_end) {
+      const int64_t bq = g.block();
+      auto buf = at::empty({bq, g.t}, q.options());
+      for (int64_t task = lo; task < hi_end; ++task) {
+        const int64_t bi = task / g.nh, hi = task % g.nh;
+        auto qh = q[bi][hi], kt = k[bi][hi].t(), vh = v[bi][hi], yh = y[bi].select(1, hi);
+        const scalar_t* qah = qa[bi][hi].data_ptr<scalar_t>();
+        scalar_t* mxh = mx[bi][hi].data_ptr<scalar_t>();
+        scalar_t* invh = inv[bi][hi].data_ptr<scalar_t>();
+        for (int64_t i0 = 0; i0 < g.t; i0 += bq) {
+          const int64_t n = std::min(bq, g.t - i0);
+          auto s = buf.narrow(0, 0, n);
+          at::mm_out(s, qh.narrow(0, i0, n), kt);
+          scalar_t* sp = s.data_ptr<scalar_t>();
+          probabilities<scalar_t>(sp, qah + i0 * (h + w), s, n, g, mxh + i0, invh + i0, true);
+          if (g.p > 0) drop<scalar_t>(sp, static_cast<scalar_t*>(nullptr), n, i0, bi, hi, g);
+          auto yb = yh.narrow(0, i0, n);
+          at::mm_out(yb, s, vh);
+        }
+      }
+    });
+  });
+  return {y, mx, inv};
+}
+
+// Gradients of ``forward`` from dy (B, T, Nh, dv), its output y and row statistics:
+// dq, dk (B, Nh, T, dk), dv (B, Nh, T, dv) per head, dqa (B, Nh, T, H + W).
+std::vector<at::Tensor> backward(at::Tensor dy, at::Tensor q, at::Tensor k, at::Tensor v,
+                                 at::Tensor qa, at::Tensor y, at::Tensor mx, at::Tensor inv,
+                                 int64_t h, int64_t w, double scale, double p, int64_t seed,
+                                 int64_t threshold, bool per_image) {
+  const Geometry g = geometry(q, v, h, w, scale, p, seed, threshold, per_image);
+  auto dq = at::empty({g.b, g.t, g.nh, g.dk}, q.options()).transpose(1, 2);
+  auto dk = at::empty({g.b, g.t, g.nh, g.dk}, q.options()).transpose(1, 2);
+  auto dv = at::empty({g.b, g.t, g.nh, g.dv}, q.options()).transpose(1, 2);
+  auto dqa = at::zeros({g.b, g.nh, g.t, h + w}, q.options());
+  auto delta = (dy * y).sum(-1).transpose(1, 2).contiguous();  // (B, Nh, T): rowsum(dO o O)
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "fused_axis_backward", [&] {
+    at::parallel_for(0, g.b * g.nh, 1, [&](int64_t lo, int64_t hi_end) {
+      const int64_t bq = g.block();
+      auto bufs = at::empty({3, bq, g.t}, q.options());
+      for (int64_t task = lo; task < hi_end; ++task) {
+        const int64_t bi = task / g.nh, hi = task % g.nh;
+        auto qh = q[bi][hi], kh = k[bi][hi], vh = v[bi][hi], dyh = dy[bi].select(1, hi);
+        auto dqh = dq[bi][hi], dkh = dk[bi][hi], dvh = dv[bi][hi];
+        dkh.zero_();
+        dvh.zero_();
+        const scalar_t* qah = qa[bi][hi].data_ptr<scalar_t>();
+        scalar_t* dqah = dqa[bi][hi].data_ptr<scalar_t>();
+        scalar_t* mxh = mx[bi][hi].data_ptr<scalar_t>();
+        scalar_t* invh = inv[bi][hi].data_ptr<scalar_t>();
+        const scalar_t* dh = delta[bi][hi].data_ptr<scalar_t>();
+        for (int64_t i0 = 0; i0 < g.t; i0 += bq) {
+          const int64_t n = std::min(bq, g.t - i0);
+          auto s = bufs[0].narrow(0, 0, n), dp = bufs[1].narrow(0, 0, n);
+          auto pd = bufs[2].narrow(0, 0, n);
+          auto qb = qh.narrow(0, i0, n), dyb = dyh.narrow(0, i0, n);
+          at::mm_out(s, qb, kh.t());
+          scalar_t* sp = s.data_ptr<scalar_t>();
+          probabilities<scalar_t>(sp, qah + i0 * (h + w), s, n, g, mxh + i0, invh + i0, false);
+          at::mm_out(dp, dyb, vh.t());  // dL/d(P M / (1 - p))
+          at::Tensor kept = s;
+          if (g.p > 0) {
+            pd.copy_(s);
+            drop<scalar_t>(pd.data_ptr<scalar_t>(), dp.data_ptr<scalar_t>(), n, i0, bi, hi, g);
+            kept = pd;
+          }
+          dvh.addmm_(kept.t(), dyb);
+          scalar_t* dpp = dp.data_ptr<scalar_t>();
+          for (int64_t i = 0; i < n; ++i) {  // dS = P o (dP - delta); R and C gradients
+            scalar_t* si = sp + i * g.t;
+            const scalar_t* di = dpp + i * g.t;
+            scalar_t* ga = dqah + (i0 + i) * (h + w);
+            const scalar_t d0 = dh[i0 + i];
+            for (int64_t r = 0; r < h; ++r) {
+              double acc = 0;
+              for (int64_t c = 0; c < w; ++c) {
+                const scalar_t v = si[r * w + c] * (di[r * w + c] - d0);
+                si[r * w + c] = v;
+                acc += v;
+                ga[h + c] += v;
+              }
+              ga[r] = static_cast<scalar_t>(acc);
+            }
+          }
+          auto dqb = dqh.narrow(0, i0, n);
+          at::mm_out(dqb, s, kh);
+          dqb.mul_(scale);
+          dkh.addmm_(s.t(), qb, 1.0, scale);
+        }
+      }
+    });
+  });
+  return {dq, dk, dv, dqa};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("forward", &forward, "fused axis attention forward");
+  m.def("backward", &backward, "fused axis attention backward");
+}
