@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import torch
 
+from ..layers.relative import LearnedRelativeEncoding
 from .sa_cifar import SelfAttentionCifar
 
 _LAYER = {  # reference suffix -> attnconv suffix, inside encoder.layer.{i}. / layers.{i}.
@@ -170,7 +171,7 @@ def to_reference(model: SelfAttentionCifar) -> dict[str, torch.Tensor]:
         out[r] = t.clone()
     dev = model.head.weight.device
     out["attention_mask"] = torch.tensor(1.0, dtype=model.head.weight.dtype, device=dev)
-    if model.cfg.positional == "relative_learned":
+    if isinstance(model.layers[0].attn.positional_encoding, LearnedRelativeEncoding):
         m = torch.arange(model.max_size, device=dev)
         idx = m.view(1, -1) - m.view(-1, 1) + model.max_size - 1
         for i in range(len(model.layers)):
