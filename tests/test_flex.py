@@ -151,7 +151,7 @@ def test_flex_local_on_device(device):
     lay = LocalSelfAttention2d(4, 8, 2, kernel_size=3).to(device)
     if device.type == "cpu":
         lay.flex_backend = True
-    assert lay._use_flex(device, False)
+    assert lay.kernel(device) == "flex"
     x = torch.randn(2, 4, 6, 5, device=device, requires_grad=True)
     with torch.set_grad_enabled(device.type == "cuda"):
         y = lay(x)
