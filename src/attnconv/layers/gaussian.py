@@ -12,7 +12,7 @@ from .checks import finite_float
 from .encoding_base import PositionalEncoding, pixel_coords
 from .precision import hi
 from .terms import AxisTerm, GaussianTerm, ShiftTerm, spread_alpha, spread_precision
-from .upgrade import _alpha_to_spread, _factor_to_spread
+from .upgrade import ALPHA_TO_SPREAD, FACTOR_TO_SPREAD, upgrade_on_load
 
 
 def gaussian_offset_logits(qc, kc, ctr, prec) -> tuple[torch.Tensor, torch.Tensor]:
@@ -24,7 +24,6 @@ def gaussian_offset_logits(qc, kc, ctr, prec) -> tuple[torch.Tensor, torch.Tenso
     s00, s01, s11 = (prec[:, i, j, None, None] for i, j in ((0, 0), (0, 1), (1, 1)))
     e0, e1 = e[..., 0], e[..., 1]
     return -0.5 * (e0 * e0 * s00 + 2 * e0 * e1 * s01 + e1 * e1 * s11), e
-
 
 
 def shifted_axis(alpha: torch.Tensor, center: torch.Tensor, n: int) -> torch.Tensor:
@@ -42,7 +41,6 @@ def shifted_axis(alpha: torch.Tensor, center: torch.Tensor, n: int) -> torch.Ten
     ds = torch.minimum(torch.maximum(near, lo.to(d.dtype)), top.to(d.dtype))  # (Nh, n, 1)
     c = center[:, None, None]
     return -alpha[:, None, None] * (d - ds) * (d + ds - 2 * c)
-
 
 
 class GaussianEncoding(PositionalEncoding):
@@ -108,7 +106,7 @@ class QuadraticEncoding(GaussianEncoding):
         self.centers = nn.Parameter(torch.randn(num_heads, 2) * init_centers_std)
         s0 = (2.0 * init_alpha) ** 0.5
         self.spread = nn.Parameter(s0 * (1 + init_spread_std * torch.randn(num_heads)))
-        self.register_load_state_dict_pre_hook(_alpha_to_spread)
+        upgrade_on_load(self, ALPHA_TO_SPREAD)  # checkpoints of the direct alpha
 
     @property
     def alpha(self) -> torch.Tensor:
@@ -198,7 +196,7 @@ class GeneralizedQuadraticEncoding(GaussianEncoding):
         self.spread = nn.Parameter(
             torch.eye(2).repeat(num_heads, 1, 1) + 0.01 * torch.randn(num_heads, 2, 2)
         )
-        self.register_load_state_dict_pre_hook(_factor_to_spread)
+        upgrade_on_load(self, FACTOR_TO_SPREAD)  # checkpoints of the factor L
 
     @property
     def precision(self) -> torch.Tensor:
