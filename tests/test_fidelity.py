@@ -242,7 +242,8 @@ def test_reference_space_to_depth_order_and_gaussian_parametrization():
 
 
 def test_load_reference_checkpoint_file(tmp_path):
-    from attnconv.models.reference_port import load_reference_checkpoint, to_reference
+    from attnconv.loading import load_reference_checkpoint
+    from attnconv.models.reference_port import to_reference
 
     torch.manual_seed(0)
     src = attnconv.create_model("sa_quadratic", **SMALL_PORT)

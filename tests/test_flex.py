@@ -151,7 +151,7 @@ def test_flex_local_on_device(device):
     lay = LocalSelfAttention2d(4, 8, 2, kernel_size=3).to(device)
     if device.type == "cpu":
         lay.flex_backend = True
-    assert lay._use_flex(device, False)
+    assert lay.kernel(device) == "flex"
     x = torch.randn(2, 4, 6, 5, device=device, requires_grad=True)
     with torch.set_grad_enabled(device.type == "cuda"):
         y = lay(x)
@@ -163,3 +163,23 @@ def test_flex_local_on_device(device):
         gr = torch.autograd.grad(yr.square().sum(), [x, *lay.parameters()])
         for a, r in zip(ga, gr):
             torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gaussian_score_mod_is_the_dense_logits_to_the_bit(dtype):
+    """Eq. 9's isotropic logit is written once (terms.isotropic_energy): the Flex score_mod on
+    the whole index grid gives the quadratic encoding's dense logits bit for bit."""
+    from attnconv.layers.flex import gaussian_score_mod
+    from attnconv.layers.positional import QuadraticEncoding
+
+    torch.manual_seed(0)
+    enc = QuadraticEncoding(3).to(dtype)
+    with torch.no_grad():
+        enc.centers.uniform_(-4, 4)
+        enc.set_alpha(torch.tensor([0.5, 10.0, 1e4]))
+    h, w = 5, 7
+    t = h * w
+    mod = gaussian_score_mod(enc.alpha.detach(), enc.centers.detach(), w)
+    grid = mod(torch.zeros(3, t, t, dtype=dtype), 0, torch.arange(3)[:, None, None],
+               torch.arange(t)[None, :, None], torch.arange(t)[None, None, :])  # fmt: skip
+    assert torch.equal(grid, enc.dense_logits(h, w).detach())

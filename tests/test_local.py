@@ -234,3 +234,40 @@ def test_bad_input_shape():
     assert m(torch.randn(1, 4, 3, 5)).shape == (1, 8, 2, 3)  # ceil(H / s), like a strided conv
     with pytest.raises(ValueError, match="smaller than the stride"):
         m(torch.randn(1, 4, 1, 5))
+
+
+def test_positional_vocabulary_is_typed_once():
+    """SASA's names map to one SasaPositional each at construction; the layer's forward reads
+    its fields (tables, absolute keys), never the name."""
+    from attnconv.layers.local import SASA_POSITIONALS, SasaPositional
+
+    assert SASA_POSITIONALS == ("relative", "absolute", "none")
+    rel, ab, none = (LocalSelfAttention2d(4, 8, 2, 3, positional=p).encoding
+                     for p in SASA_POSITIONALS)  # fmt: skip
+    assert rel == SasaPositional.from_name("relative") and rel.tables and not rel.absolute_keys
+    assert ab.absolute_keys and not ab.tables and not none.encodes
+    with pytest.raises(ValueError, match="an even head dim, got 3"):
+        LocalSelfAttention2d(4, 6, 2, 3, positional="relative")
+    with pytest.raises(ValueError, match="head dim divisible by 4, got 2"):
+        LocalSelfAttention2d(4, 4, 2, 3, positional="absolute")
+
+
+def test_kernel_table_and_backend_override():
+    """One table picks the local kernel: reference for impl="reference", Flex on CUDA with
+    masked borders and no returned maps, else the window function; ``backend`` (or its switch
+    ``flex_backend``) overrides the device's default."""
+    m = LocalSelfAttention2d(4, 8, 2, 3)
+    assert m.backend is None and m.flex_backend is None
+    assert m.kernel("cpu") == "window" and m.kernel("cuda") == "flex"
+    assert m.kernel("cuda", return_attention=True) == "window"
+    m.flex_backend = True
+    assert m.backend == "flex" and m.kernel("cpu") == "flex"
+    m.padding = "zeros"
+    assert m.kernel("cpu") == "window"
+    m.padding, m.flex_backend = "mask", False
+    assert m.backend == "window" and m.kernel("cuda") == "window"
+    m.impl = "reference"
+    assert m.kernel("cuda") == "reference"
+    assert LocalSelfAttention2d(4, 8, 2, 3, backend="flex").flex_backend is True
+    with pytest.raises(ValueError, match="backend must be None or one of"):
+        LocalSelfAttention2d(4, 8, 2, 3, backend="fold")

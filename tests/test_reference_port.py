@@ -141,3 +141,33 @@ def test_content_checkpoints_load_only_into_their_own_model():
     later = to_reference(attnconv.create_model("sa_learned_content", **SMALL))
     with pytest.raises(ValueError, match=r"\(31, 6\).*it holds a sa_learned_content model"):
         from_reference(later, attnconv.create_model("sa_learned_content_runs", **SMALL))
+
+
+class _NotTensors:  # a pickled object: only full unpickling (which can run code) would read it
+    pass
+
+
+def test_reference_checkpoint_file_errors_are_one_line(tmp_path):
+    """``attnconv.loading.load_reference_checkpoint`` never unpickles code and says what is wrong
+    with a file in one line naming it: an object in the pickle, a truncated file, another
+    model's checkpoint."""
+    from attnconv.loading import WeightsError, load_reference_checkpoint
+
+    model = attnconv.create_model("sa_quadratic", **SMALL)
+    state = to_reference(model)
+    other = to_reference(attnconv.create_model("sa_learned", **SMALL))
+    cases = {
+        "pickle": ({"model_state_dict": state, "args": _NotTensors()}, "refused"),
+        "other": ({"model_state_dict": other}, "no attnconv counterpart.*sa_learned model"),
+    }
+    for name, (obj, match) in cases.items():
+        torch.save(obj, tmp_path / name)
+        with pytest.raises(WeightsError, match=match) as e:
+            load_reference_checkpoint(model, tmp_path / name)
+        assert str(tmp_path / name) in str(e.value) and "\n" not in str(e.value)
+    torch.save({"model_state_dict": state}, tmp_path / "whole")
+    (tmp_path / "cut").write_bytes((tmp_path / "whole").read_bytes()[:300])
+    with pytest.raises(WeightsError, match="truncated or corrupt") as e:
+        load_reference_checkpoint(model, tmp_path / "cut")
+    assert "\n" not in str(e.value)
+    assert load_reference_checkpoint(model, tmp_path / "whole") is model

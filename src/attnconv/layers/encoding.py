@@ -43,7 +43,9 @@ def build_encoding(
 ) -> PositionalEncoding:
     """The encoding named ``positional`` with its options checked (each option belongs to one
     encoding; giving it to another is an error), or ``positional`` itself when it is already a
-    ``PositionalEncoding`` (the typed form)."""
+    ``PositionalEncoding`` (the typed form). The initial values ``init_centers_std`` and
+    ``init_alpha`` are the exception: the quadratic encodings read them, the others leave them,
+    so a model passes its configuration whole."""
     if isinstance(positional, PositionalEncoding):
         if getattr(positional, "num_heads", num_heads) != num_heads:
             raise ValueError(

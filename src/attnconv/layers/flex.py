@@ -20,6 +20,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from .terms import isotropic_energy
+
 MIN_HEAD_DIM = 16  # compiled FlexAttention: "embedding dimension ... must be at least 16"
 
 
@@ -58,7 +60,7 @@ def gaussian_score_mod(alpha: torch.Tensor, centers: torch.Tensor, w: int):
     def score_mod(score, b, head, q_idx, k_idx):
         d1 = (k_idx // w - q_idx // w).to(dtype) - c_row[head]
         d2 = (k_idx % w - q_idx % w).to(dtype) - c_col[head]
-        return score - alpha[head] * (d1 * d1 + d2 * d2)
+        return score - isotropic_energy(alpha[head], d1, d2)
 
     return score_mod
 

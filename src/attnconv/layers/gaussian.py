@@ -11,20 +11,28 @@ import torch.nn as nn
 from .checks import finite_float
 from .encoding_base import PositionalEncoding, pixel_coords
 from .precision import hi
-from .terms import AxisTerm, GaussianTerm, ShiftTerm, spread_alpha, spread_precision
-from .upgrade import _alpha_to_spread, _factor_to_spread
+from .terms import (
+    AxisTerm,
+    GaussianTerm,
+    ShiftTerm,
+    isotropic_energy,
+    spread_alpha,
+    spread_precision,
+)
+from .upgrade import ALPHA_TO_SPREAD, FACTOR_TO_SPREAD, upgrade_on_load
 
 
 def gaussian_offset_logits(qc, kc, ctr, prec) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. 9 with a full precision S, from the offsets d = key - query directly (no cancelling
     alpha H^2 terms): -1/2 (d - Delta)^T S (d - Delta) (Nh, Tq, Tk), and e = d - Delta
     (Nh, Tq, Tk, 2). qc (Tq, 2), kc (Tk, 2) pixel coordinates, ctr (Nh, 2), prec (Nh, 2, 2)
-    symmetric. The generalized encoding's dense logits and the blocked kernel's both."""
+    symmetric. The generalized encoding's dense logits and the blocked kernel's both. (Eq. 9's
+    general form; with S = 2 alpha I it is not ``isotropic_energy`` to the bit: alpha is
+    distributed over the squares here, so the isotropic encoding keeps its own form.)"""
     e = (kc[None, None] - qc[None, :, None]) - ctr[:, None, None, :]  # (Nh, Tq, Tk, 2)
     s00, s01, s11 = (prec[:, i, j, None, None] for i, j in ((0, 0), (0, 1), (1, 1)))
     e0, e1 = e[..., 0], e[..., 1]
     return -0.5 * (e0 * e0 * s00 + 2 * e0 * e1 * s01 + e1 * e1 * s11), e
-
 
 
 def shifted_axis(alpha: torch.Tensor, center: torch.Tensor, n: int) -> torch.Tensor:
@@ -34,7 +42,8 @@ def shifted_axis(alpha: torch.Tensor, center: torch.Tensor, n: int) -> torch.Ten
     maximum the logits keep float32's relative precision (-alpha (d - c)^2 is ~alpha c^2 there,
     rounded to ~alpha c^2 eps), and the gradients of alpha and c vanish exactly on the nearest
     offset (the shift's own gradient multiplies the sum over keys of dL/dlogits, zero in exact
-    arithmetic: kept, its rounding is amplified by 2 alpha (d* - c)). alpha, c (Nh,)."""
+    arithmetic: kept, its rounding is amplified by 2 alpha (d* - c)). alpha, c (Nh,).
+    Eq. 9 per axis in this shifted form for precision, not ``isotropic_energy``'s plain one."""
     r = torch.arange(n, device=alpha.device)
     d = (r[None, :] - r[:, None]).to(alpha.dtype)  # (n, n) k - q
     lo, top = -r[:, None], n - 1 - r[:, None]  # (n, 1) valid offsets of each query
@@ -42,7 +51,6 @@ def shifted_axis(alpha: torch.Tensor, center: torch.Tensor, n: int) -> torch.Ten
     ds = torch.minimum(torch.maximum(near, lo.to(d.dtype)), top.to(d.dtype))  # (Nh, n, 1)
     c = center[:, None, None]
     return -alpha[:, None, None] * (d - ds) * (d + ds - 2 * c)
-
 
 
 class GaussianEncoding(PositionalEncoding):
@@ -108,7 +116,7 @@ class QuadraticEncoding(GaussianEncoding):
         self.centers = nn.Parameter(torch.randn(num_heads, 2) * init_centers_std)
         s0 = (2.0 * init_alpha) ** 0.5
         self.spread = nn.Parameter(s0 * (1 + init_spread_std * torch.randn(num_heads)))
-        self.register_load_state_dict_pre_hook(_alpha_to_spread)
+        upgrade_on_load(self, ALPHA_TO_SPREAD)  # checkpoints of the direct alpha
 
     @property
     def alpha(self) -> torch.Tensor:
@@ -156,13 +164,14 @@ class QuadraticEncoding(GaussianEncoding):
             zero = torch.zeros((), dtype=p.dtype, device=p.device)
             return torch.where(keep, zero, torch.full_like(zero, float("-inf")))
         diff = delta[None] - hi(self.centers)[:, None, None, :]  # (Nh, T, T, 2)
-        return -hi(self.alpha)[:, None, None] * diff.pow(2).sum(-1)
+        return -isotropic_energy(hi(self.alpha)[:, None, None], diff[..., 0], diff[..., 1])
 
     def position_fold(self, h: int, w: int, dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Rank-3 bilinear form of the logits: q_pos (Nh, T, 3) . k_pos (T, 3) equals
         -alpha ||k - q - Delta||^2 up to a per-query constant:
         2 alpha k.(q + Delta) - alpha ||k||^2 (centred coordinates), in ``dtype`` (default
-        float32 at least)."""
+        float32 at least). Eq. 9 as a bilinear form, for the kernels that fold it into q/k; its
+        large terms cancel, so the offset forms (``dense_logits``) stay for precision."""
         a = hi(self.alpha)[:, None, None]
         a = a if dtype is None else a.to(dtype)
         p = pixel_coords(h, w, a.device, a.dtype)  # (T, 2)
@@ -198,7 +207,7 @@ class GeneralizedQuadraticEncoding(GaussianEncoding):
         self.spread = nn.Parameter(
             torch.eye(2).repeat(num_heads, 1, 1) + 0.01 * torch.randn(num_heads, 2, 2)
         )
-        self.register_load_state_dict_pre_hook(_factor_to_spread)
+        upgrade_on_load(self, FACTOR_TO_SPREAD)  # checkpoints of the factor L
 
     @property
     def precision(self) -> torch.Tensor:
@@ -215,7 +224,8 @@ class GeneralizedQuadraticEncoding(GaussianEncoding):
 
     def position_fold(self, h: int, w: int, dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
         """q_pos (Nh, T, 5) . k_pos (T, 5) = k^T S (q + Delta) - 1/2 k^T S k (+ per-query const),
-        in ``dtype`` (default float32 at least)."""
+        in ``dtype`` (default float32 at least): generalized eq. 9 as a bilinear form (the fold;
+        ``gaussian_offset_logits`` is the offset form, kept for precision)."""
         ctr = hi(self.centers) if dtype is None else self.centers.to(dtype)
         p = pixel_coords(h, w, ctr.device, ctr.dtype)  # (T, 2)
         s = self.precision.to(ctr.dtype)  # (Nh, 2, 2)

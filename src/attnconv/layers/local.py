@@ -12,6 +12,9 @@ The kernel (fast path and plain reference) is local_kernel.py.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import NamedTuple
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -29,8 +32,84 @@ from .local_kernel import (  # noqa: F401  (re-exported: the kernel's public nam
 from .scripting import NotScriptable
 from .sinusoidal import sinusoid_2d
 
-SASA_POSITIONALS = ("relative", "absolute", "none")  # sec. 4.3; not the Dai eq. 8 names
-LOGITS = ("qk+qr", "qk", "qr")
+
+@dataclass(frozen=True)
+class SasaPositional:
+    """One of SASA's positional encodings (sec. 4.3; not Dai's eq. 8 names, encoding.py): what
+    it adds to the logits and what it needs of the head dim, decided once at construction."""
+
+    name: str
+    tables: bool  # learned r_{a-i} (rel_row), r_{b-j} (rel_col), d_h / 2 each: q^T r_{a-i,b-j}
+    absolute_keys: bool  # a fixed 2D sinusoid added to the keys: q^T (k_ab + p_ab)
+    head_multiple: int  # d_h must divide into it: the tables' halves, the sinusoid's quarters
+    head_rule: str = ""  # how the error says it
+
+    @property
+    def encodes(self) -> bool:
+        """Whether there is a positional term at all (the logits "qr", "qk+qr" need one)."""
+        return self.tables or self.absolute_keys
+
+    @staticmethod
+    def from_name(name: str) -> SasaPositional:
+        """The factory: SASA's vocabulary ``SASA_POSITIONALS`` -> its encoding."""
+        if name not in SASA_ENCODINGS:
+            raise ValueError(f"positional must be one of {SASA_POSITIONALS}, got {name!r}")
+        return SASA_ENCODINGS[name]
+
+    def check_head_dim(self, dh: int) -> None:
+        if dh % self.head_multiple:
+            raise ValueError(f"{self.name} encoding needs {self.head_rule}, got {dh}")
+
+
+SASA_ENCODINGS = {
+    "relative": SasaPositional("relative", True, False, 2, "an even head dim"),
+    "absolute": SasaPositional("absolute", False, True, 4, "head dim divisible by 4"),
+    "none": SasaPositional("none", False, False, 1),
+}
+SASA_POSITIONALS = tuple(SASA_ENCODINGS)  # ("relative", "absolute", "none")
+
+
+class SasaLogits(NamedTuple):
+    """``logits``: whether the layer has keys (W_K, q^T k_ab) and whether the name asks for a
+    positional term (q^T r)."""
+
+    keys: bool
+    needs_position: bool
+
+
+LOGITS_KINDS = {"qk+qr": SasaLogits(True, True), "qk": SasaLogits(True, False),
+                "qr": SasaLogits(False, True)}  # fmt: skip
+LOGITS = tuple(LOGITS_KINDS)  # ("qk+qr", "qk", "qr")
+
+# The local layer's kernel choice, in the style of kernels/plan.py: the first matching row wins.
+# "reference" and "window" are local_kernel.local_attention (impl "reference" / "auto": the
+# unfold reference, the fast window function), "flex" flex.flex_local_attention (masked borders,
+# no returned maps). ``backend`` overrides the device's default ("flex" on CUDA).
+LOCAL_BACKENDS = ("flex", "window")
+
+
+class LocalCase(NamedTuple):
+    impl: str = "auto"
+    backend: str | None = None
+    device: str = "cpu"
+    padding: str = "mask"
+    maps: bool = False  # return_attention
+
+    @property
+    def flex(self) -> bool:
+        return self.device == "cuda" if self.backend is None else self.backend == "flex"
+
+
+LOCAL_TABLE = (
+    ("reference", lambda c: c.impl == "reference"),
+    ("flex", lambda c: c.flex and c.padding == "mask" and not c.maps),
+    ("window", lambda c: True),
+)
+
+
+def choose_local(case: LocalCase) -> str:
+    """The local layer's kernel for ``case``: the first row of LOCAL_TABLE that matches."""
+    return next(name for name, when in LOCAL_TABLE if when(case))
 
 
 class LocalSelfAttention2d(NotScriptable, nn.Module):
@@ -42,6 +121,8 @@ class LocalSelfAttention2d(NotScriptable, nn.Module):
     sinusoid added to the keys: q^T (k_ab + p_ab)) or "none". ``logits``: "qk+qr" (eq. 3),
     "qk" (content only) or "qr" (position only, no W_K). Queries are scaled by 1/sqrt(d_h).
     ``stride`` s: s x s average pooling after the attention (output ceil(H/s) x ceil(W/s)).
+    ``backend``: None (the table's choice, ``kernel``), "flex" or "window" (``flex_backend``
+    True / False).
     """
 
     def __init__(
@@ -55,19 +136,19 @@ class LocalSelfAttention2d(NotScriptable, nn.Module):
         logits: str | None = None,
         padding: str = "mask",
         impl: str = "auto",
+        backend: str | None = None,
     ):
         super().__init__()
         for name, val in (("in_channels", in_channels), ("out_channels", out_channels),
                           ("num_heads", num_heads), ("kernel_size", kernel_size),
                           ("stride", stride)):  # fmt: skip
             positive_int(name, val)
-        if positional not in SASA_POSITIONALS:
-            raise ValueError(f"positional must be one of {SASA_POSITIONALS}, got {positional!r}")
-        logits = logits or ("qk" if positional == "none" else "qk+qr")
-        if logits not in LOGITS:
+        encoding = SasaPositional.from_name(positional)
+        logits = logits or ("qk+qr" if encoding.encodes else "qk")
+        if logits not in LOGITS_KINDS:
             raise ValueError(f"logits must be one of {LOGITS}, got {logits!r}")
-        if positional == "none" and logits != "qk":
-            raise ValueError(f"logits={logits!r} needs a positional encoding, got 'none'")
+        if LOGITS_KINDS[logits].needs_position and not encoding.encodes:
+            raise ValueError(f"logits={logits!r} needs a positional encoding, got {positional!r}")
         if padding not in PADDINGS:
             raise ValueError(f"padding must be one of {PADDINGS}, got {padding!r}")
         check_impl(impl)
@@ -76,26 +157,50 @@ class LocalSelfAttention2d(NotScriptable, nn.Module):
         if kernel_size < 1 or stride < 1:
             raise ValueError(f"kernel_size and stride must be >= 1, got {kernel_size}, {stride}")
         dh = out_channels // num_heads
-        if positional == "relative" and dh % 2:
-            raise ValueError(f"relative encoding needs an even head dim, got {dh}")
-        if positional == "absolute" and dh % 4:
-            raise ValueError(f"absolute encoding needs head dim divisible by 4, got {dh}")
+        encoding.check_head_dim(dh)
         self.in_channels, self.out_channels = in_channels, out_channels
         self.num_heads, self.head_dim = num_heads, dh
         self.kernel_size, self.stride = kernel_size, stride
         self.positional, self.logits, self.padding, self.impl = positional, logits, padding, impl
+        self.encoding = encoding  # SasaPositional: what the forward adds, decided once
         self.scale = dh**-0.5
-        self.absolute_keys = positional == "absolute"  # q^T (k_ab + p_ab), decided once
-        self.flex_backend: bool | None = None  # None: FlexAttention on CUDA (see _use_flex)
+        self.backend = backend  # None: LOCAL_TABLE's own choice (Flex on CUDA)
         self.query = nn.Conv2d(in_channels, out_channels, 1, bias=False)  # W_Q
-        self.key = nn.Conv2d(in_channels, out_channels, 1, bias=False) if "qk" in logits else None
+        keys = LOGITS_KINDS[logits].keys
+        self.key = nn.Conv2d(in_channels, out_channels, 1, bias=False) if keys else None
         self.value = nn.Conv2d(in_channels, out_channels, 1, bias=False)  # W_V
-        if positional == "relative":  # r_{a-i} and r_{b-j}, each d_h / 2, shared by the heads
+        if encoding.tables:  # r_{a-i} and r_{b-j}, each d_h / 2, shared by the heads
             self.rel_row = nn.Parameter(torch.randn(kernel_size, dh // 2))
             self.rel_col = nn.Parameter(torch.randn(kernel_size, dh // 2))
         else:
             self.register_parameter("rel_row", None)
             self.register_parameter("rel_col", None)
+
+    @property
+    def backend(self) -> str | None:
+        return self._backend
+
+    @backend.setter
+    def backend(self, value: str | None) -> None:
+        if value is not None and value not in LOCAL_BACKENDS:
+            raise ValueError(f"backend must be None or one of {LOCAL_BACKENDS}, got {value!r}")
+        self._backend = value
+
+    @property
+    def flex_backend(self) -> bool | None:
+        """The backend override as a switch: True = "flex", False = "window", None = the
+        table's choice."""
+        return {"flex": True, "window": False}.get(self.backend)
+
+    @flex_backend.setter
+    def flex_backend(self, on: bool | None) -> None:
+        self.backend = None if on is None else ("flex" if on else "window")
+
+    def kernel(self, device: torch.device | str, return_attention: bool = False) -> str:
+        """The kernel (LOCAL_TABLE) ``forward`` runs on ``device``."""
+        device = torch.device(device).type
+        return choose_local(LocalCase(self.impl, self.backend, device, self.padding,
+                                      return_attention))  # fmt: skip
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, nh, dh, H, W)
         b, _, h, w = x.shape
@@ -118,11 +223,11 @@ class LocalSelfAttention2d(NotScriptable, nn.Module):
         v = self._heads(self.value(x))
         k = self._heads(self.key(x)) if self.key is not None else None
         rel_row, rel_col = self.rel_row, self.rel_col
-        if self.absolute_keys:
+        if self.encoding.absolute_keys:
             pe = sinusoid_2d(h, w, self.head_dim, device=x.device).to(x.dtype).t()  # (dh, H*W)
             pe = pe.view(self.head_dim, h, w)
             k = pe.expand(bsz, self.num_heads, -1, h, w) if k is None else k + pe
-        if self._use_flex(x.device, return_attention):
+        if self.kernel(x.device, return_attention) == "flex":
             out = self._flex(q, k, v)
         else:
             out = local_attention(
@@ -135,12 +240,6 @@ class LocalSelfAttention2d(NotScriptable, nn.Module):
             # downsampling after attention (sec. 3.1); ceil: ceil(H/s) like a strided conv
             y = F.avg_pool2d(y, self.stride, ceil_mode=True)
         return (y, attn) if return_attention else y
-
-    def _use_flex(self, device: torch.device, return_attention: bool) -> bool:
-        """FlexAttention (flex.py) on CUDA, or when ``flex_backend`` forces it (CPU tests): masked
-        borders, the plain (non-reference) path, no returned maps."""
-        on = self.flex_backend if self.flex_backend is not None else device.type == "cuda"
-        return bool(on) and self.padding == "mask" and self.impl == "auto" and not return_attention
 
     def _flex(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor) -> torch.Tensor:
         qr_row = qr_col = None

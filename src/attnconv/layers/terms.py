@@ -127,6 +127,15 @@ def spread_alpha(spread: Tensor) -> Tensor:
     return 0.5 * hi(spread) ** 2
 
 
+def isotropic_energy(alpha: Tensor, e1: Tensor, e2: Tensor) -> Tensor:
+    """alpha ||e||^2 = alpha (e1^2 + e2^2), e = d - Delta per axis: the isotropic eq. 9 logit is
+    its negative. Written once, elementwise, for the quadratic encoding's dense logits
+    (gaussian.py) and the Flex kernel's in-kernel score_mod (flex.py): the same form, the same
+    bits. The other forms of eq. 9 (shifted per-axis logits, the rank-3/5 position folds, the
+    generalized expansion) stay apart on purpose: each is there for its precision or its kernel."""
+    return alpha * (e1 * e1 + e2 * e2)
+
+
 def spread_precision(spread: Tensor) -> Tensor:
     """Generalized eq. 9: Sigma^-1 (Nh, 2, 2) = A A^T, positive semi-definite."""
     a = hi(spread)

@@ -1,38 +1,72 @@
-"""Checkpoint upgrades of the quadratic encodings' parameters (gaussian.py registers the hooks;
-checkpoint loaders that check names before ``load_state_dict`` call ``upgrade_state_dict``)."""
+"""Old checkpoints keep loading: the parameters the layers renamed, as data.
+
+Each row of ``UPGRADES`` names a parameter of an older parametrization, its name now and how its
+value converts. A module that once had the old name declares its rows in its constructor
+(``upgrade_on_load(self, ALPHA_TO_SPREAD)``), so a plain ``model.load_state_dict(old_state)``
+upgrades; loaders that check names before ``load_state_dict`` (loading/checkpoint.py) call
+``upgrade_state_dict``. One generic hook, one table: a new rename is one row. The rows stay in
+``layers`` because the layers' own ``load_state_dict`` applies them (and layers never import
+``loading``).
+"""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import NamedTuple
+
 import torch
+import torch.nn as nn
 
 
-def _alpha_to_spread(module, state_dict, prefix, *args) -> None:
-    """Load checkpoints written before alpha was parametrized by s: spread = sqrt(2 alpha)."""
-    old, new = prefix + "alpha", prefix + "spread"
-    if old in state_dict and new not in state_dict:
-        alpha = state_dict.pop(old)
-        if bool((alpha < 0).any()):
-            raise ValueError(
-                f"{old}: a negative alpha {alpha.min().item():g} (from a checkpoint of the old "
-                "direct parametrization) has no spread s with alpha = s^2 / 2"
-            )
-        state_dict[new] = torch.sqrt(2 * alpha)
+class Rename(NamedTuple):
+    old: str  # the parameter's name in older checkpoints
+    new: str  # its name now
+    convert: Callable[[str, torch.Tensor], torch.Tensor]  # (old key, old value) -> new value
 
 
-def _factor_to_spread(module, state_dict, prefix, *args) -> None:
-    """Generalized encoding checkpoints of the former L (Sigma^-1 = L^T L): spread A = L^T."""
-    old, new = prefix + "precision_factor", prefix + "spread"
-    if old in state_dict and new not in state_dict:
-        state_dict[new] = state_dict.pop(old).transpose(-1, -2).contiguous()
+def _sqrt_two_alpha(key: str, alpha: torch.Tensor) -> torch.Tensor:
+    """The quadratic encoding before alpha was parametrized by s, alpha = s^2 / 2: s = sqrt(2 alpha)
+    (none for a negative alpha)."""
+    if bool((alpha < 0).any()):
+        raise ValueError(
+            f"{key}: a negative alpha {alpha.min().item():g} (from a checkpoint of the old "
+            "direct parametrization) has no spread s with alpha = s^2 / 2"
+        )
+    return torch.sqrt(2 * alpha)
 
+
+def _transpose(key: str, factor: torch.Tensor) -> torch.Tensor:
+    """Generalized encoding's former factor L (Sigma^-1 = L^T L): spread A = L^T (A A^T)."""
+    return factor.transpose(-1, -2).contiguous()
+
+
+ALPHA_TO_SPREAD = Rename("alpha", "spread", _sqrt_two_alpha)  # QuadraticEncoding
+FACTOR_TO_SPREAD = Rename("precision_factor", "spread", _transpose)  # GeneralizedQuadratic...
+# the submodule name the rows stand under in a model's state dict -> the rows
+UPGRADES = {"positional_encoding": (ALPHA_TO_SPREAD, FACTOR_TO_SPREAD)}
+
+
+def _apply(rows: tuple[Rename, ...], module, state_dict: dict, prefix: str, *args) -> None:
+    """The load_state_dict pre-hook: each old name under ``prefix`` (and no new one) converted."""
+    for row in rows:
+        old, new = prefix + row.old, prefix + row.new
+        if old in state_dict and new not in state_dict:
+            state_dict[new] = row.convert(old, state_dict.pop(old))
+
+
+def upgrade_on_load(module: nn.Module, *rows: Rename) -> None:
+    """``module.load_state_dict`` upgrades ``rows`` from then on (a picklable hook)."""
+    module.register_load_state_dict_pre_hook(functools.partial(_apply, rows))
 
 
 def upgrade_state_dict(state_dict: dict) -> dict:
-    """A copy of ``state_dict`` with every quadratic encoding's old ``alpha`` / ``precision_factor``
-    entry replaced by its ``spread`` (for loaders that check names before ``load_state_dict``)."""
+    """A copy of ``state_dict`` with every old name of ``UPGRADES`` replaced by its new one (for
+    loaders that check names before ``load_state_dict``)."""
     out = dict(state_dict)
-    for key in [k for k in state_dict if k.endswith("positional_encoding.alpha")]:
-        _alpha_to_spread(None, out, key[: -len("alpha")])
-    for key in [k for k in state_dict if k.endswith("positional_encoding.precision_factor")]:
-        _factor_to_spread(None, out, key[: -len("precision_factor")])
+    for where, rows in UPGRADES.items():
+        for row in rows:
+            suffix = f"{where}.{row.old}"
+            for key in [k for k in state_dict if k.endswith(suffix)]:
+                _apply((row,), None, out, key[: -len(row.old)])
     return out

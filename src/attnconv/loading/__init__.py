@@ -1,6 +1,7 @@
-"""Loading weights into the models: attnconv checkpoints (``checkpoint``) and timm / Hugging
-Face ViT / DeiT weights (``pretrained``). ``attnconv.models`` builds modules; this package fills
-them. ``attnconv.create_model`` is :func:`create_model` here.
+"""Loading weights into the models: attnconv checkpoints (``checkpoint``), timm / Hugging
+Face ViT / DeiT weights (``pretrained``) and the reference code's checkpoints (``reference``).
+``attnconv.models`` builds modules; this package fills them. ``attnconv.create_model`` is
+:func:`create_model` here.
 
     model = attnconv.create_model("deit_tiny_patch16_224", checkpoint="deit_tiny/")
     model, info = load_model("runs/sa_quadratic")  # an attnconv run or checkpoint folder
@@ -17,11 +18,12 @@ from attnconv.models import create_model as build_model
 
 from .checkpoint import CheckpointError, load_model
 from .pretrained import load_pretrained, model_kwargs
+from .reference import load_reference_checkpoint
 from .source import WeightsError
 
 __all__ = [
     "CheckpointError", "WeightsError", "create_model", "load_model", "load_pretrained",
-    "model_kwargs",
+    "load_reference_checkpoint", "model_kwargs",
 ]  # fmt: skip
 
 

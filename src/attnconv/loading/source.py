@@ -57,12 +57,16 @@ def _kind(path: Path) -> str:
     raise WeightsError(f"{path}: not a weights file (neither safetensors nor a torch.save zip)")
 
 
-def read_tensors(path: str | Path) -> dict[str, torch.Tensor]:
+NESTS = ("model", "state_dict", "module")  # where torch checkpoints nest their state dict
+
+
+def read_tensors(path: str | Path, nests: tuple[str, ...] = NESTS) -> dict[str, torch.Tensor]:
     """The tensors of one weights file: safetensors, or ``torch.load(weights_only=True)``.
 
-    A torch checkpoint that nests its state dict under ``model`` / ``state_dict`` (DeiT's
-    releases) is unwrapped. Truncated and corrupt files, and pickles holding anything but
-    tensors (only full unpickling, which can run code, would read them): WeightsError.
+    A torch checkpoint that nests its state dict under one of ``nests`` (DeiT's releases:
+    ``model`` / ``state_dict``; the reference's: ``model_state_dict``) is unwrapped. Truncated
+    and corrupt files, and pickles holding anything but tensors (only full unpickling, which
+    can run code, would read them): WeightsError.
     """
     from safetensors.torch import load_file
 
@@ -81,7 +85,7 @@ def read_tensors(path: str | Path) -> dict[str, torch.Tensor]:
                 "(unsafe) could load; save just the state dict"
             ) from None
         raise WeightsError(f"{path}: truncated or corrupt {kind} file ({msg[:160]})") from None
-    for key in ("model", "state_dict", "module"):
+    for key in nests:
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
             obj = obj[key]
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):

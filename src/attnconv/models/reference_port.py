@@ -29,12 +29,14 @@ Gaussian centres (row, col) alike, so centres need no change. Buffers (the Gauss
 are skipped on the way in; ``to_reference`` writes the buffers a reference checkpoint holds
 (train.py's ``store_checkpoint``: the state dict less ``self.R``), so its keys are a reference
 checkpoint's. Which learned content layer a reference checkpoint holds: ``reference_model``.
+Reading a checkpoint file: ``attnconv.loading.reference.load_reference_checkpoint``.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..layers.relative import LearnedRelativeEncoding
 from .sa_cifar import SelfAttentionCifar
 
 _LAYER = {  # reference suffix -> attnconv suffix, inside encoder.layer.{i}. / layers.{i}.
@@ -169,20 +171,9 @@ def to_reference(model: SelfAttentionCifar) -> dict[str, torch.Tensor]:
         out[r] = t.clone()
     dev = model.head.weight.device
     out["attention_mask"] = torch.tensor(1.0, dtype=model.head.weight.dtype, device=dev)
-    if model.cfg.positional == "relative_learned":
+    if isinstance(model.layers[0].attn.positional_encoding, LearnedRelativeEncoding):
         m = torch.arange(model.max_size, device=dev)
         idx = m.view(1, -1) - m.view(-1, 1) + model.max_size - 1
         for i in range(len(model.layers)):
             out[f"encoder.layer.{i}.attention.self.relative_indices"] = idx.clone()
     return out
-
-
-def load_reference_checkpoint(model: SelfAttentionCifar, path: str) -> SelfAttentionCifar:
-    """Load a reference checkpoint file (torch.save of a state dict, or of a dict holding one
-    under ``model_state_dict``) into ``model``; never unpickles code (weights_only=True)."""
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    if isinstance(state, dict) and "model_state_dict" in state:
-        state = state["model_state_dict"]
-    state = {k.removeprefix("module."): v for k, v in state.items()}  # DataParallel
-    model.load_state_dict(from_reference(state, model))
-    return model

@@ -91,10 +91,9 @@ class SALayer(nn.Module):
     def __init__(self, cfg: SACifarConfig, max_size: int) -> None:
         super().__init__()
         D = cfg.hidden_size
-        quad = cfg.positional.startswith("quadratic")
-        extra = {"init_centers_std": cfg.init_centers_std} if quad else {}
-        if cfg.positional == "quadratic":
-            extra["init_alpha"] = cfg.init_alpha
+        # the Gaussian's initial values go whole: the factory (layers/encoding.py) gives them
+        # to the encodings that have them
+        extra = {"init_centers_std": cfg.init_centers_std, "init_alpha": cfg.init_alpha}
         if cfg.head_keys is not None:  # relative_learned only (build_encoding checks)
             extra["head_keys"] = cfg.head_keys
         self.attn = MultiHeadSelfAttention2d(

@@ -213,7 +213,7 @@ class VisionTransformer(nn.Module):
     def _pos_embed_for(self, grid: tuple[int, int]) -> torch.Tensor:
         if grid == self.grid:
             return self.pos_embed
-        if self.cfg.pos_embed == "sinusoidal_2d":
+        if not isinstance(self.pos_embed, nn.Parameter):  # fixed sinusoid: computed anew
             pe = sinusoidal_2d(*grid, self.cfg.embed_dim).to(self.pos_embed)
             return torch.cat([self.pos_embed[:, : self.num_prefix_tokens], pe[None]], dim=1)
         return resample_pos_embed(
