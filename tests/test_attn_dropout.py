@@ -105,3 +105,19 @@ def test_generalized_content_dropout_equals_reference(b, h, w, nh, value, p, see
     x = torch.randn(b, c, h, w, dtype=torch.float64)
     assert fast.kernel(x, p) == "blocked_gaussian"
     assert_same_training_step([(fast, fast), (ref, ref)], x, seed)
+
+
+def test_without_the_fused_kernel_the_plan_runs_dense_dropout():
+    """ATTNCONV_NO_FUSED=1 (or no compiler): content training on CPU takes the dense kernel."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import torch; from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d as M; "
+        "m = M(4, 4, 2, positional='relative_learned', dropout=0.1).train(); "
+        "print(m.kernel(torch.randn(1, 4, 3, 3)))"
+    )
+    env = {**os.environ, "ATTNCONV_NO_FUSED": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "dense_dropout", out.stderr
