@@ -44,8 +44,8 @@ def extension():
         if not built.exists():
             print("attnconv: building the fused CPU attention kernel (once per machine, about a "
                   "minute)", file=sys.stderr)  # fmt: skip
-        return cpp_extension.load(name=NAME, sources=[str(SOURCE)],
-                    extra_cflags=["-O3", "-march=native"], verbose=False)  # fmt: skip
+        flags = ["-O3", "-march=native", "-fopenmp-simd"]
+        return cpp_extension.load(name=NAME, sources=[str(SOURCE)], extra_cflags=flags)
     except Exception as e:  # no compiler, no ninja, headers missing: the plain kernels run
         warnings.warn(f"attnconv: the fused CPU attention kernel did not build ({e}); "
                       "using the dense kernel", stacklevel=2)  # fmt: skip
@@ -84,6 +84,8 @@ def axis_attention_fused(q, k, v, q_axis, h: int, w: int, scale: float, p: float
     b, nh, t = q.shape[:3]
     if q_axis.shape[-2:] != (h * w, h + w) or t != h * w:
         raise ValueError(f"q_axis {tuple(q_axis.shape)} must be (B, Nh, T={h * w}, H+W={h + w})")
+    if not available():
+        raise RuntimeError(f"attnconv: the fused kernel is not built ({DISABLE}=1 or no compiler)")
     seed = (dropout_seed() if p > 0 else 0) if seed is None else seed
     dt = kernel_dtype(q.dtype)
     q, k, v = (x.to(dt) for x in (q, k, v))

@@ -66,10 +66,11 @@ void probabilities(scalar_t* s, const scalar_t* qa, at::Tensor block, int64_t n,
     for (int64_t r = 0; r < h; ++r) {
       scalar_t* sr = si + r * w;
       const scalar_t base = ri[r];
+#pragma omp simd reduction(max : m)
       for (int64_t c = 0; c < w; ++c) {
         const scalar_t v = sr[c] * scale + (base + ri[h + c]);  // the plain bias, then added
         sr[c] = v;
-        m = std::max(m, v);
+        m = v > m ? v : m;
       }
     }
     if (stats) mx[i] = m; else m = mx[i];
@@ -84,6 +85,7 @@ void probabilities(scalar_t* s, const scalar_t* qa, at::Tensor block, int64_t n,
     scalar_t* si = s + i * t;
     if (stats) {
       double sum = 0;  // in double: float32 rows of 1e3+ terms would round the normalizer
+#pragma omp simd reduction(+ : sum)
       for (int64_t j = 0; j < t; ++j) sum += si[j];
       inv[i] = static_cast<scalar_t>(1.0 / sum);
     }
@@ -162,8 +164,8 @@ std::vector<at::Tensor> backward(at::Tensor dy, at::Tensor q, at::Tensor k, at::
                                  int64_t threshold, bool per_image) {
   const Geometry g = geometry(q, v, h, w, scale, p, seed, threshold, per_image);
   auto dq = at::empty({g.b, g.t, g.nh, g.dk}, q.options()).transpose(1, 2);
-  auto dk = at::empty({g.b, g.t, g.nh, g.dk}, q.options()).transpose(1, 2);
-  auto dv = at::empty({g.b, g.t, g.nh, g.dv}, q.options()).transpose(1, 2);
+  auto dk = at::empty({g.b, g.nh, g.t, g.dk}, q.options());  // contiguous: accumulated into
+  auto dv = at::empty({g.b, g.nh, g.t, g.dv}, q.options());
   auto dqa = at::zeros({g.b, g.nh, g.t, h + w}, q.options());
   auto delta = (dy * y).sum(-1).transpose(1, 2).contiguous();  // (B, Nh, T): rowsum(dO o O)
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "fused_axis_backward", [&] {
@@ -174,8 +176,6 @@ std::vector<at::Tensor> backward(at::Tensor dy, at::Tensor q, at::Tensor k, at::
         const int64_t bi = task / g.nh, hi = task % g.nh;
         auto qh = q[bi][hi], kh = k[bi][hi], vh = v[bi][hi], dyh = dy[bi].select(1, hi);
         auto dqh = dq[bi][hi], dkh = dk[bi][hi], dvh = dv[bi][hi];
-        dkh.zero_();
-        dvh.zero_();
         const scalar_t* qah = qa[bi][hi].data_ptr<scalar_t>();
         scalar_t* dqah = dqa[bi][hi].data_ptr<scalar_t>();
         scalar_t* mxh = mx[bi][hi].data_ptr<scalar_t>();
@@ -196,18 +196,20 @@ std::vector<at::Tensor> backward(at::Tensor dy, at::Tensor q, at::Tensor k, at::
             drop<scalar_t>(pd.data_ptr<scalar_t>(), dp.data_ptr<scalar_t>(), n, i0, bi, hi, g);
             kept = pd;
           }
-          dvh.addmm_(kept.t(), dyb);
+          dvh.addmm_(kept.t(), dyb, i0 > 0 ? 1.0 : 0.0);  // the first block overwrites
           scalar_t* dpp = dp.data_ptr<scalar_t>();
-          for (int64_t i = 0; i < n; ++i) {  // dS = P o (dP - delta); R and C gradients
-            scalar_t* si = sp + i * g.t;
+          const scalar_t sc = static_cast<scalar_t>(scale);
+          for (int64_t i = 0; i < n; ++i) {  // dS = P o (dP - delta): R and C gradients from
+            scalar_t* si = sp + i * g.t;      // dS, q and k gradients from scale dS (kept in s)
             const scalar_t* di = dpp + i * g.t;
             scalar_t* ga = dqah + (i0 + i) * (h + w);
             const scalar_t d0 = dh[i0 + i];
             for (int64_t r = 0; r < h; ++r) {
               double acc = 0;
+              _Pragma("omp simd reduction(+ : acc)")
               for (int64_t c = 0; c < w; ++c) {
                 const scalar_t v = si[r * w + c] * (di[r * w + c] - d0);
-                si[r * w + c] = v;
+                si[r * w + c] = v * sc;
                 acc += v;
                 ga[h + c] += v;
               }
@@ -216,8 +218,7 @@ std::vector<at::Tensor> backward(at::Tensor dy, at::Tensor q, at::Tensor k, at::
           }
           auto dqb = dqh.narrow(0, i0, n);
           at::mm_out(dqb, s, kh);
-          dqb.mul_(scale);
-          dkh.addmm_(s.t(), qb, 1.0, scale);
+          dkh.addmm_(s.t(), qb, i0 > 0 ? 1.0 : 0.0);
         }
       }
     });
