@@ -3,7 +3,7 @@ layers and models read the type (or a property) of the encoding they built; only
 turn a name into an encoding: ``layers/encoding.py`` (Dai's eq. 8 vocabulary, the global
 layers), ``models/vit.py``'s constructor (its own ``pos_embed``); ``layers/local.py``'s
 ``SasaPositional.from_name`` (SASA's) looks its name up in a table. Read from the source with
-``ast``; ``bench/`` re-states the reference code and is not scanned."""
+``ast``, every file of the package (the benchmarks too)."""
 
 from __future__ import annotations
 
@@ -63,8 +63,6 @@ def test_no_string_comparison_on_encoding_names_outside_the_factories():
     found = []
     for path in sorted(SRC.rglob("*.py")):
         rel = path.relative_to(SRC).as_posix()
-        if rel.startswith("bench/"):
-            continue
         uses = set(_string_uses(ast.parse(path.read_text())))
         if rel in FACTORIES:
             allowed = FACTORIES[rel]

@@ -33,9 +33,11 @@ from attnconv.bench.common import (
     suite_parser,
     write_results,
 )
+from attnconv.layers.encoding import build_encoding
 from attnconv.layers.functional import scaled_dot_product_attention
 from attnconv.layers.kernels.content import folded_qkv
 from attnconv.layers.mhsa2d import POSITIONALS, MultiHeadSelfAttention2d
+from attnconv.layers.relative import LearnedRelativeEncoding, RelativeEncoding
 
 FACTORY = "attnconv.bench.layers:make_step"
 KERNEL_FACTORY = "attnconv.bench.layers:make_kernel_step"
@@ -113,8 +115,11 @@ def make_kernel_step(impl: str, b: int, c: int, h: int, w: int, heads: int = 9, 
 
 def ref_bytes(b: int, heads: int, t: int, positional: str) -> float:
     """Rough peak of the reference path: ~4 dense (B, Nh, T, T) float32 tensors (logits, probs,
-    their gradients), plus the (T, T, Dp) r_delta tables of the relative encodings."""
-    extra = 4 * t * t * 64 * 4 if positional.startswith("relative") else 0
+    their gradients), plus the (T, T, Dp) r_delta tables of the relative encodings (those the
+    factory builds as RelativeEncoding or LearnedRelativeEncoding)."""
+    enc = build_encoding(positional, num_heads=1, in_channels=4, qk_dim=4, content=True)
+    relative = isinstance(enc, (RelativeEncoding, LearnedRelativeEncoding))
+    extra = 4 * t * t * 64 * 4 if relative else 0
     return 4 * b * heads * t * t * 4 + extra
 
 

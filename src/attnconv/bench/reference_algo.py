@@ -38,6 +38,8 @@ import math
 import torch
 import torch.nn as nn
 
+from ..layers.gaussian import QuadraticEncoding
+from ..layers.relative import LearnedRelativeEncoding
 from ..models.reference_port import to_reference
 from ..models.sa_cifar import SelfAttentionCifar
 
@@ -46,14 +48,13 @@ KINDS = ("gaussian", "learned", "learned_content", "learned_content_runs")
 
 def kind_of(model: SelfAttentionCifar) -> str:
     """Which reference attention class computes ``model``'s attention."""
-    cfg = model.cfg
-    if cfg.positional == "quadratic" and not cfg.content:
+    cfg, enc = model.cfg, model.layers[0].attn.positional_encoding
+    if type(enc) is QuadraticEncoding and not cfg.content:
         return "gaussian"
-    if cfg.positional == "relative_learned" and not cfg.content:
-        return "learned"
-    if cfg.positional == "relative_learned":
-        head_keys = not model.layers[0].attn.positional_encoding.query_reads
-        return "learned_content_runs" if head_keys else "learned_content"
+    if isinstance(enc, LearnedRelativeEncoding):
+        if not cfg.content:
+            return "learned"
+        return "learned_content" if enc.query_reads else "learned_content_runs"
     raise ValueError(f"no reference re-statement for positional={cfg.positional!r}")
 
 

@@ -14,6 +14,7 @@ the plan (plan.py) runs ``dense_dropout`` otherwise. The plain equations beside 
 from __future__ import annotations
 
 import os
+import re
 import sys
 import warnings
 from functools import cache
@@ -27,7 +28,7 @@ from ..functional import drop_threshold, dropout_seed, dropped_links
 from ..precision import kernel_dtype
 
 SOURCE = Path(__file__).with_name("fused_axis.cpp")
-NAME = "attnconv_fused_axis"
+NAME = "attnconv_fused_axis_" + re.sub(r"\W", "_", torch.__version__)  # rebuilt per torch
 DISABLE = "ATTNCONV_NO_FUSED"  # set to 1: never build or run the fused kernel
 
 
