@@ -543,3 +543,25 @@ def test_numbers_without_a_dot_are_numbers(tmp_path):
     assert (cfg.optim.lr, cfg.optim.weight_decay, cfg.schedule.min_lr) == (1e-3, 5e-4, 5e-5)
     with pytest.raises(TypeError, match="'optim.lr' must be a number, got '1e-3x'"):
         load_config(f, ["optim.lr=1e-3x"])
+
+
+def test_first_window_after_resume_times_only_its_own_images():
+    """A log window that a stop split: its images trained before the resume (restored with the
+    sums) were timed by the earlier sitting; images/s counts this sitting's images only."""
+    import time
+    from types import SimpleNamespace
+
+    from attnconv.train.distributed import DistInfo
+    from attnconv.train.loop import SUMS, Trainer
+
+    rows = []
+    mon = SimpleNamespace(row=lambda *a: rows.append(a), bar=lambda *a: None)
+    sums = dict.fromkeys(SUMS, 0.0) | {"win_n": 50 * 64.0, "win_loss": 100.0, "win_correct": 9.0}
+    stub = SimpleNamespace(sums=sums, info=DistInfo(), mon=mon, step=200, lr=0.1,
+                           win_before=49 * 64.0, t0=time.time() - 8.0)  # fmt: skip
+    Trainer._log_window(stub, epoch=1)
+    ips = rows[0][-1]
+    assert 7.0 < ips < 8.1, ips  # 64 images in ~8 s, not 3200
+    assert stub.win_before == 0.0  # the next window is all this sitting's
+    Trainer._log_window(stub, epoch=1)  # an empty window logs nothing
+    assert len(rows) == 1

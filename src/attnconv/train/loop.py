@@ -138,6 +138,7 @@ class Trainer:
         self.opt = build_optimizer(self.model, self.cfg.optim)
         self.step = 0
         self.sums = dict.fromkeys(SUMS, 0.0)  # epoch and log-window metric sums
+        self.win_before = 0.0  # images of the log window trained before a resume (not timed)
 
     def _start_logs(self, resume: bool) -> None:
         """metrics.csv, centers.jsonl, TensorBoard, the run's config.yaml and the summary."""
@@ -183,6 +184,7 @@ class Trainer:
         torch.set_rng_state(rng)
         self.step = meta["state"]["step"]
         self.sums.update(meta["state"]["sums"])
+        self.win_before = self.sums["win_n"]  # timed by the sitting that trained them
         if self.step >= self.total:  # said, not a silent exit
             self.resume_note = "the run had already finished: nothing left to train"
 
@@ -235,10 +237,11 @@ class Trainer:
     def _log_window(self, epoch: int) -> None:
         """One metrics row (and the bar) for the steps since the last one, summed over ranks."""
         s = self.sums
-        loss, correct, n = D.all_reduce_sum(
-            [s["win_loss"], s["win_correct"], s["win_n"]], self.info
+        loss, correct, n, before = D.all_reduce_sum(
+            [s["win_loss"], s["win_correct"], s["win_n"], self.win_before], self.info
         )
-        ips = n / max(time.time() - self.t0, 1e-9)
+        ips = (n - before) / max(time.time() - self.t0, 1e-9)  # this sitting's images only
+        self.win_before = 0.0
         if n:
             self.mon.row("train", epoch + 1, self.step, self.lr, loss / n, correct / n, ips)
             self.mon.bar(epoch + 1, self.step, loss / n, correct / n, ips)
