@@ -134,12 +134,12 @@ def dropped_links(nh: int, t: int, batch: int | None, p: float, device,
     key = _h32(_h32((rows & _M32) ^ seed) ^ (rows >> 32))  # (rows, 1)
     cols = torch.arange(t, device=device, dtype=torch.int64)
     out = torch.empty(n, t, dtype=torch.bool, device=device)
-    step = max(1, (1 << 15) // t)  # rows a chunk: its int64 hashes stay in cache
+    step, threshold = max(1, (1 << 15) // t), drop_threshold(p)  # a chunk's hashes stay in cache
     u, tmp = (torch.empty(min(step, n), t, dtype=torch.int64, device=device) for _ in "ut")
     for i in range(0, n, step):
         m = min(step, n - i)
         torch.bitwise_xor(key[i : i + m], cols, out=u[:m])
-        torch.lt(_h32(u[:m], tmp[:m]), drop_threshold(p), out=out[i : i + m])
+        torch.lt(_h32(u[:m], tmp[:m]), threshold, out=out[i : i + m])
     return out.view((nh, t, t) if batch is None else (batch, nh, t, t))
 
 

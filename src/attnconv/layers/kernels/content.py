@@ -106,7 +106,8 @@ def fused(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True):
     removed, times v: the C++ kernel of fused.py (one task per image and head, query blocks in
     L2, the mask redrawn in backward), in kernel_dtype."""
     with no_autocast(q.device.type):
-        q_axis = term.q_axis(q.to(kernel_dtype(q.dtype)))  # (B|1, Nh, T, h + w)
+        q = q.to(kernel_dtype(q.dtype))  # once: the axis logits and the kernel read it
+        q_axis = term.q_axis(q)  # (B|1, Nh, T, h + w)
         y = axis_attention_fused(q, k, v, q_axis, grid.h, grid.w, scale, p_drop, per_image)
     return y.to(grid.dtype)
 
