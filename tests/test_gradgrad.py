@@ -16,7 +16,7 @@ from attnconv.convert.modules import conv_to_attention
 from attnconv.layers.encoding import POSITIONALS
 from attnconv.layers.feedforward import FeedForward
 from attnconv.layers.first_order import HigherOrderGradError
-from attnconv.layers.local import LOGITS, LocalSelfAttention2d
+from attnconv.layers.local import LocalSelfAttention2d
 from attnconv.layers.local_kernel import local_attention
 from attnconv.layers.mha import MultiHeadAttention, SinusoidalPositionalEncoding
 from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
@@ -37,7 +37,8 @@ def _layers(impl: str):
             layer = MultiHeadSelfAttention2d(4, 4, 2, positional=pos, content=content, impl=impl,
                                              max_size=8)  # fmt: skip
             out.append((f"mhsa2d-{pos}-{'content' if content else 'position'}", layer, _image()))
-    for pos, logits in [("relative", lg) for lg in LOGITS] + [("absolute", "qk"), ("none", "qk")]:
+    modes = [("relative", "qk+qr"), ("relative", "qr"), ("absolute", "qk+qr"), ("none", "qk")]
+    for pos, logits in modes:
         layer = LocalSelfAttention2d(8, 8, 2, kernel_size=3, positional=pos, logits=logits,
                                      impl=impl)  # fmt: skip
         out.append((f"local-{pos}-{logits}", layer, _image(8)))

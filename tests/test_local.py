@@ -19,7 +19,6 @@ from attnconv.layers.local_kernel import (
 MODES = [
     ("relative", "qk+qr"),
     ("relative", "qr"),
-    ("relative", "qk"),
     ("absolute", "qk+qr"),
     ("absolute", "qr"),
     ("none", "qk"),
@@ -214,6 +213,8 @@ def test_even_kernel_window():
         (dict(positional="rel"), "positional"),
         (dict(logits="qq"), "logits"),
         (dict(positional="none", logits="qk+qr"), "needs a positional"),
+        (dict(positional="relative", logits="qk"), "has no positional term"),  # it added q^T r
+        (dict(positional="absolute", logits="qk"), "has no positional term"),
         (dict(padding="reflect"), "padding"),
         (dict(impl="cuda"), "impl"),
         (dict(num_heads=3), "divisible"),

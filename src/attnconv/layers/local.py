@@ -119,7 +119,8 @@ class LocalSelfAttention2d(NotScriptable, nn.Module):
     split ``out_channels``, every pixel attends its own centred k x k window. ``positional``:
     "relative" (learned rel_row/rel_col tables, concat = r_{a-i,b-j}), "absolute" (fixed 2D
     sinusoid added to the keys: q^T (k_ab + p_ab)) or "none". ``logits``: "qk+qr" (eq. 3),
-    "qk" (content only) or "qr" (position only, no W_K). Queries are scaled by 1/sqrt(d_h).
+    "qk" (content only: positional "none") or "qr" (position only, no W_K). Queries are scaled
+    by 1/sqrt(d_h).
     ``stride`` s: s x s average pooling after the attention (output ceil(H/s) x ceil(W/s)).
     ``backend``: None (the table's choice, ``kernel``), "flex" or "window" (``flex_backend``
     True / False).
@@ -149,6 +150,9 @@ class LocalSelfAttention2d(NotScriptable, nn.Module):
             raise ValueError(f"logits must be one of {LOGITS}, got {logits!r}")
         if LOGITS_KINDS[logits].needs_position and not encoding.encodes:
             raise ValueError(f"logits={logits!r} needs a positional encoding, got {positional!r}")
+        if not LOGITS_KINDS[logits].needs_position and encoding.encodes:  # it would add q^T r
+            raise ValueError(f"logits={logits!r} has no positional term, got positional="
+                             f"{positional!r} (content only: positional='none')")
         if padding not in PADDINGS:
             raise ValueError(f"padding must be one of {PADDINGS}, got {padding!r}")
         check_impl(impl)
