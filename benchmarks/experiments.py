@@ -477,7 +477,43 @@ def grid_formation(lines: list[str]) -> None:
     FIGS.mkdir(parents=True, exist_ok=True)
     fig = evolution_figure(evo, FIGS / "grid_evolution.png")
     lines += ["", f"![grid evolution](figures/{fig.name})", ""]
+    grid_heads(lines, log)
     grid_sensitivity(lines)
+
+
+def grid_heads(lines: list[str], log: Path) -> None:
+    """The grid run's heads: every centre's path (fig. 3), the mass contours at the last logged
+    step, and per layer where its sharp heads sit."""
+    import numpy as np
+
+    from attnconv.analysis.center_figures import plot_center_trajectories, plot_mass_contours
+    from attnconv.analysis.evolution import last_heads, read_evolution
+
+    recs = read_evolution(log)
+    steps = np.array([r["step"] for r in recs])
+    paths = [np.array([r["layers"][li] for r in recs], dtype=np.float64)
+             for li in range(len(recs[0]["layers"]))]  # fmt: skip
+    traj = plot_center_trajectories(steps, paths, FIGS / "grid_center_trajectories.png",
+                                    unit="step")  # fmt: skip
+    step, heads = last_heads(log)
+    contours = plot_mass_contours(
+        [hd["maps"] for hd in heads], (8, 8), (16, 16), FIGS / "grid_mass_contours.png",
+        centers=[hd["centers"] for hd in heads],
+        title=f"step {step}: 50% (solid) / 90% (dashed) of each head's mass for the middle "
+        "query; x = head centre",
+    )
+    lines += [f"Where the heads sit at step {step} (offset = the top key minus the query, in "
+              "tokens (row, col); a sharp head puts > 50% of its mass there):", "",
+              "| layer | sharp heads: offset (top-key share) | the other heads: top-key share |",
+              "|---|---|---|"]  # fmt: skip
+    for li, hd in enumerate(heads, 1):
+        g = hd["score"]
+        sharp = sorted((tuple(o), p) for o, p in zip(g.offsets, g.peak_mass) if p > 0.5)
+        rest = sorted((p for p in g.peak_mass if p <= 0.5), reverse=True)
+        lines.append(f"| {li} | {', '.join(f'({r}, {c}) {p:.2f}' for (r, c), p in sharp) or '-'}"
+                     f" | {', '.join(f'{p:.2f}' for p in rest) or '-'} |")  # fmt: skip
+    lines += ["", f"![grid centre trajectories](figures/{traj.name})", "",
+              f"![grid mass contours](figures/{contours.name})", ""]
 
 
 def grid_sensitivity(lines: list[str]) -> None:

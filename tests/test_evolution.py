@@ -10,7 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from attnconv.analysis.evolution import evolution_figure, head_evolution, read_evolution
+from attnconv.analysis.evolution import (
+    evolution_figure,
+    head_evolution,
+    last_heads,
+    read_evolution,
+)
 from attnconv.analysis.grid import grid_scores
 from attnconv.layers.centers import head_alphas, head_centers
 from attnconv.models import create_model
@@ -61,6 +66,24 @@ def test_evolution_equals_the_model_that_logged_it(tmp_path, alpha_scale):
             ds.append((p / p.sum() * np.sqrt(r**2 + c**2)).sum())
         assert lay["mean_distance"] == pytest.approx(float(np.mean(ds)), rel=1e-5)
     assert evolution_figure(evo, tmp_path / "evo.png").stat().st_size > 1000
+
+
+def test_last_heads_are_the_last_logged_model(tmp_path):
+    """The last step's maps are eq. 9's Gaussian at the middle query (normalized by hand in
+    float64), with the centres and grid score of the model that logged it."""
+    m0, m1 = _model(0), _model(1, 6.0)
+    log = tmp_path / "centers.jsonl"
+    log.write_text(_log_line(m1, 100) + "\n" + _log_line(m0, 0) + "\n")  # out of order
+    step, heads = last_heads(log, grid=(8, 8))
+    assert step == 100 and len(heads) == len(head_centers(m1))
+    r, c = np.meshgrid(np.arange(8) - 4, np.arange(8) - 4, indexing="ij")
+    for hd, ctr, alpha, want in zip(heads, head_centers(m1), head_alphas(m1),
+                                    grid_scores(m1, (8, 8))):  # fmt: skip
+        torch.testing.assert_close(hd["centers"], ctr.float())
+        assert hd["score"].offsets == want.offsets and hd["score"].peak_mass == want.peak_mass
+        for mp, (dr, dc), a in zip(hd["maps"], ctr.double().numpy(), alpha.double().numpy()):
+            p = np.exp(-a * ((r - dr) ** 2 + (c - dc) ** 2))
+            np.testing.assert_allclose(mp.numpy(), p / p.sum(), atol=1e-6)
 
 
 def test_a_log_without_alpha_is_a_clear_error(tmp_path):

@@ -106,7 +106,7 @@ def plot_mass_contours(
     return _save(fig, out)
 
 
-def _trajectory_frame(fig, axes, layers, upto: int, epochs, radius: float):
+def _trajectory_frame(fig, axes, layers, upto: int, epochs, radius: float, unit: str = "epoch"):
     """The centres' paths up to epoch index ``upto``: each path drawn over its markers, a small
     hollow circle where it starts and an arrowhead on its last move, pointing where it went."""
     for li, traj in enumerate(layers):
@@ -125,13 +125,13 @@ def _trajectory_frame(fig, axes, layers, upto: int, epochs, radius: float):
                                         "shrinkA": 0, "shrinkB": 0}, zorder=4)  # fmt: skip
         _offset_axes(ax, radius)
         ax.set_title(f"layer {li + 1}", fontsize=9)
-    fig.suptitle(f"head centres, epoch {epochs[upto]} (o = start, arrow = now, star = query)",
+    fig.suptitle(f"head centres, {unit} {epochs[upto]} (o = start, arrow = now, star = query)",
                  fontsize=10)  # fmt: skip
 
 
-def _trajectory_figure(layers):
+def _trajectory_figure(layers, unit: str = "epoch"):
     fig, axes = _panels(len(layers), 3.4, 3.3)
-    keys = [Line2D([], [], color="gray", marker="o", mfc="none", ls="", label="first epoch"),
+    keys = [Line2D([], [], color="gray", marker="o", mfc="none", ls="", label=f"first {unit}"),
             Line2D([], [], color="gray", marker=">", ls="", label="last move"),
             Line2D([], [], color="black", marker="*", ls="", label="query")]  # fmt: skip
     _legend(fig, max(t.shape[1] for t in layers), keys)
@@ -140,11 +140,12 @@ def _trajectory_figure(layers):
 
 
 def plot_center_trajectories(
-    epochs: np.ndarray, layers: Sequence[np.ndarray], out: str | Path
+    epochs: np.ndarray, layers: Sequence[np.ndarray], out: str | Path, *, unit: str = "epoch"
 ) -> Path:
-    """Per layer, the trajectories (E, Nh, 2) of the head centres over the logged epochs."""
-    fig, axes, radius = _trajectory_figure(layers)
-    _trajectory_frame(fig, axes, layers, len(epochs) - 1, epochs, radius)
+    """Per layer, the trajectories (E, Nh, 2) of the head centres over the logged epochs (or
+    steps: ``unit`` names what ``epochs`` counts)."""
+    fig, axes, radius = _trajectory_figure(layers, unit)
+    _trajectory_frame(fig, axes, layers, len(epochs) - 1, epochs, radius, unit)
     return _save(fig, out)
 
 

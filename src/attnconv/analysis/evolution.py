@@ -24,7 +24,7 @@ import torch
 from ..layers.mhsa2d import MultiHeadSelfAttention2d
 from .grid import layer_grid_score
 
-__all__ = ["read_evolution", "head_evolution", "evolution_figure"]
+__all__ = ["read_evolution", "head_evolution", "last_heads", "evolution_figure"]
 
 
 def read_evolution(path: str | Path) -> list[dict]:
@@ -83,6 +83,21 @@ def head_evolution(path: str | Path, grid: tuple[int, int] = (16, 16)) -> list[d
                                mean_distance=mean_distance(layer, *grid)))  # fmt: skip
         out.append({"step": rec["step"], "layers": layers})
     return out
+
+
+@torch.no_grad()
+def last_heads(path: str | Path, grid: tuple[int, int] = (16, 16)) -> tuple[int, list[dict]]:
+    """The last logged step and, per layer, its heads there: "maps" (Nh, h, w) the middle query's
+    probabilities, "centers" (Nh, 2) Delta in tokens (row, col), "score" the GridScore."""
+    rec = read_evolution(path)[-1]
+    h, w = grid
+    out = []
+    for ctr, alpha in zip(rec["layers"], rec["alpha"]):
+        layer = _layer(ctr, alpha)
+        probs = layer.attention_probs(torch.zeros(1, 1, h, w))[0, :, (h // 2) * w + w // 2]
+        out.append(dict(maps=probs.view(-1, h, w).float(), centers=torch.tensor(ctr),
+                        score=layer_grid_score(layer, h, w)))  # fmt: skip
+    return rec["step"], out
 
 
 def evolution_figure(evo: list[dict], path: str | Path) -> Path:
