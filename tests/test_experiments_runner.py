@@ -28,7 +28,7 @@ def test_default_run_root_is_outside_the_repository(monkeypatch):
 def test_progress_reads_the_run_folder(tmp_path):
     mod = _module()
     cfg = mod.CONFIGS / "grid_sa_quadratic.yaml"
-    n = mod.total_steps(cfg)
+    n = mod.report_.total_steps(cfg)
     assert n == 20000
     out = tmp_path / "grid_sa_quadratic"
     assert mod.progress(cfg, out) == "not started"
@@ -53,16 +53,16 @@ def test_status_command_with_a_run_root(tmp_path):
 
 def test_table1_seeds_and_their_spread():
     mod = _module()
-    assert mod.seed_runs("sa_quadratic") == ["table1_sa_quadratic", "table1_sa_quadratic_seed1",
-                                             "table1_sa_quadratic_seed2"]  # fmt: skip
-    m, sd = mod.mean_std([0.40, 0.42, 0.44])
+    runs = ["table1_sa_quadratic", "table1_sa_quadratic_seed1", "table1_sa_quadratic_seed2"]
+    assert mod.report_.seed_runs("sa_quadratic") == runs
+    m, sd = mod.report_.mean_std([0.40, 0.42, 0.44])
     assert abs(m - 0.42) < 1e-12 and abs(sd - 0.02) < 1e-12
-    assert mod.mean_std([0.5]) == (0.5, 0.0)
+    assert mod.report_.mean_std([0.5]) == (0.5, 0.0)
     from attnconv.train.config import load_config
 
     for name in ("resnet18", "sa_quadratic", "sa_learned", "sa_learned_content"):
         base = load_config(mod.CONFIGS / f"table1_{name}.yaml")
-        for k, run in enumerate(mod.seed_runs(name)):
+        for k, run in enumerate(mod.report_.seed_runs(name)):
             cfg = load_config(mod.CONFIGS / f"{run}.yaml")
             assert cfg.train.seed == k and cfg.model == base.model  # only the seed differs
 
