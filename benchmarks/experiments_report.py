@@ -319,14 +319,17 @@ def grid_formation(lines: list[str]) -> None:
               "Per layer (1 -> 6), from its centre log (exact: position-only attention does not "
               "depend on the input): centre displacement from step 0 and mean attention "
               "distance in tokens of the 16x16 grid, the largest top-key share of a head (sharp "
-              "above 0.5), sharp heads, grid score 3x3/5x5.", "",
-              "| step | displacement | mean distance | largest peak | sharp heads | grid 3x3/5x5 |",
-              "|---|---|---|---|---|---|"]  # fmt: skip
+              "above 0.5), sharp heads, grid score 3x3/5x5; the sum of the learning rate over "
+              "the steps so far (the distance plain SGD moves a parameter per unit gradient).",
+              "", "| step | sum of lr | displacement | mean distance | largest peak | sharp heads "
+              "| grid 3x3/5x5 |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     picks = sorted({round(i * (len(evo) - 1) / 5) for i in range(6)})
+    lr_sum = summed_lr(RUNS / name)
     for e in (evo[i] for i in picks):
         lay = e["layers"]
         lines.append(
-            f"| {e['step']} | {per_layer((x['displacement'] for x in lay), '{:.2f}')} | "
+            f"| {e['step']} | {lr_sum(e['step']):.0f} | "
+            f"{per_layer((x['displacement'] for x in lay), '{:.2f}')} | "
             f"{per_layer(x['mean_distance'] for x in lay)} | "
             f"{per_layer((max(x['peak_mass']) for x in lay), '{:.2f}')} | "
             f"{per_layer((x['sharp_heads'] for x in lay), '{}')} | "
@@ -335,8 +338,30 @@ def grid_formation(lines: list[str]) -> None:
     FIGS.mkdir(parents=True, exist_ok=True)
     fig = evolution_figure(evo, FIGS / "grid_evolution.png")
     lines += ["", f"![grid evolution](figures/{fig.name})", ""]
+    if (RUNS / name / "metrics.csv").exists():
+        ips, images = read_metrics(RUNS / name)["images_per_s"], 300 * 50_000
+        lines += [f"The reference code's budget (its recipe, configs/sa_quadratic.yaml: 300 epochs "
+                  f"of the 50,000 training images, batch 100, hidden 400) is "
+                  f"{images / 1e6:.0f}M images, "
+                  f"{images / train_config(cfg).batch_size / total_steps(cfg):.0f}x this run's; "
+                  f"at this run's measured {ips:.0f} images/s (hidden 64, one core) it would take "
+                  f"{images / ips / 3600:.0f} h of one core, a lower bound for hidden 400.",
+                  ""]  # fmt: skip
     grid_heads(lines, log)
     grid_sensitivity(lines)
+
+
+def summed_lr(run: Path):
+    """step -> the learning rate summed over the steps up to it, from the run's metrics.csv
+    (lr logged every few steps, each logged value standing for the steps since the last log)."""
+    rows = [r for r in csv.DictReader(open(run / "metrics.csv")) if r["kind"] == "train"]
+    marks, total, last = [(0, 0.0)], 0.0, 0
+    for r in sorted(rows, key=lambda r: int(r["step"])):
+        step = int(r["step"])
+        total += float(r["lr"]) * (step - last)
+        marks.append((step, total))
+        last = step
+    return lambda s: max(t for st, t in marks if st <= s)
 
 
 def grid_heads(lines: list[str], log: Path) -> None:

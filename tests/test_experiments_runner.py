@@ -81,3 +81,13 @@ def test_a_folder_another_run_trains_is_skipped(tmp_path, monkeypatch):
         assert not (tmp_path / "sasa_k3" / "metrics.csv").exists()
     finally:
         lock.release()
+
+
+def test_summed_lr_counts_each_logged_rate_for_the_steps_since_the_last_log(tmp_path):
+    mod = _module()
+    rows = ["kind,step,lr", "train,50,0.01", "eval,50,", "train,100,0.1", "train,150,0.05"]
+    (tmp_path / "metrics.csv").write_text("\n".join(rows) + "\n")
+    lr_sum = mod.report_.summed_lr(tmp_path)
+    assert lr_sum(0) == 0.0 and lr_sum(49) == 0.0
+    assert abs(lr_sum(100) - (50 * 0.01 + 50 * 0.1)) < 1e-12
+    assert abs(lr_sum(10_000) - (50 * 0.01 + 50 * 0.1 + 50 * 0.05)) < 1e-12
