@@ -25,7 +25,7 @@ from torch.autograd.function import once_differentiable
 
 from ..first_order import first_order_only
 from ..functional import drop_threshold, dropout_seed, dropped_links
-from ..precision import kernel_dtype
+from ..precision import kernel_dtype, no_autocast
 
 SOURCE = Path(__file__).with_name("fused_axis.cpp")
 NAME = "attnconv_fused_axis_" + re.sub(r"\W", "_", torch.__version__)  # rebuilt per torch
@@ -72,7 +72,8 @@ class _FusedAxis(torch.autograd.Function):
     def backward(ctx, dy):
         q, k, v, q_axis, y, mx, inv = ctx.saved_tensors
         dy = dy.to(q.dtype).contiguous()
-        dq, dk, dv, dqa = extension().backward(dy, q, k, v, q_axis, y, mx, inv, *ctx.args)
+        with no_autocast(dy.device.type):  # as the forward ran (a backward inside autocast)
+            dq, dk, dv, dqa = extension().backward(dy, q, k, v, q_axis, y, mx, inv, *ctx.args)
         return dq, dk, dv, dqa, None, None, None, None, None, None
 
 
