@@ -18,6 +18,7 @@ from torch.autograd import gradcheck
 
 from attnconv.layers.blocked import axis_attention, axis_attention_reference
 from attnconv.layers.first_order import HigherOrderGradError
+from attnconv.layers.kernels import fused
 from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
 
 F64 = torch.float64
@@ -65,13 +66,18 @@ def test_kernel_has_first_derivative_only():
 
 
 def test_layer_routes_to_blocked_kernel_from_16x16_on_cpu():
+    """From 16x16 on CPU: inference runs the blocked kernel; training the fused C++ kernel
+    where it is built (the blocked one otherwise); dropout never the blocked one."""
     layer = MultiHeadSelfAttention2d(8, 8, 2, positional="relative_learned", content=True)
+    train = "fused" if fused.available() else "blocked"
     for hw, on in ((8, False), (16, True)):
         x = torch.randn(1, 8, hw, hw)
-        assert (layer.kernel(x, 0.0) == "blocked") == on
-        assert layer.kernel(x, 0.1) != "blocked"  # dropout: the fold
+        with torch.no_grad():
+            assert (layer.kernel(x, 0.0) == "blocked") == on
+        assert (layer.kernel(x, 0.0) == train) == on
+        assert layer.kernel(x, 0.1) != "blocked"
     layer.blocked_backend = False
-    assert layer.kernel(x, 0.0) != "blocked"
+    assert layer.kernel(x, 0.0) not in ("blocked", "fused")
 
 
 def test_kernel_rejects_bad_axis_logits():
@@ -134,10 +140,12 @@ FLOOR = {"float32": 2e-6, "bf16": 2e-2}
 @pytest.mark.parametrize("positional,alpha", [("relative_learned", None), ("quadratic", 0.5),
                                               ("quadratic", 1e4)])  # fmt: skip
 @pytest.mark.parametrize("autocast", [False, True])
-def test_blocked_is_as_exact_as_dense(positional, alpha, autocast):
+@pytest.mark.parametrize("backend", ["blocked", None])  # None: the plan's (fused where built)
+def test_blocked_is_as_exact_as_dense(positional, alpha, autocast, backend):
     """fp32 and bf16-autocast output and gradient errors against float64 within 2x the dense
-    path's (32^2, 4 heads)."""
+    path's (32^2, 4 heads), for the blocked kernel and the kernel the plan trains with."""
     fast, plain = _pair(positional, 16, 4, seed=0, alpha=alpha)
+    fast.backend = backend
     x, g = torch.randn(1, 16, 32, 32), torch.randn(1, 16, 32, 32)
     y64, g64 = _forward_backward(copy.deepcopy(plain).double(), x.double(), g.double())
     yf, gf = _forward_backward(fast, x, g, autocast)

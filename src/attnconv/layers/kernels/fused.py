@@ -63,17 +63,17 @@ class _FusedAxis(torch.autograd.Function):
                 per_image: bool):  # fmt: skip
         args = (h, w, scale, p, seed, drop_threshold(p), per_image)
         y, mx, inv = extension().forward(q, k, v, q_axis, *args)
-        ctx.save_for_backward(q, k, v, q_axis, y, mx, inv)
+        ctx.save_for_backward(q, k, v, q_axis, mx, inv)
         ctx.args = args
         return y  # (B, T, Nh, Dv)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
-        q, k, v, q_axis, y, mx, inv = ctx.saved_tensors
+        q, k, v, q_axis, mx, inv = ctx.saved_tensors
         dy = dy.to(q.dtype).contiguous()
         with no_autocast(dy.device.type):  # as the forward ran (a backward inside autocast)
-            dq, dk, dv, dqa = extension().backward(dy, q, k, v, q_axis, y, mx, inv, *ctx.args)
+            dq, dk, dv, dqa = extension().backward(dy, q, k, v, q_axis, mx, inv, *ctx.args)
         return dq, dk, dv, dqa, None, None, None, None, None, None
 
 

@@ -156,10 +156,10 @@ std::vector<at::Tensor> forward(at::Tensor q, at::Tensor k, at::Tensor v, at::Te
   return {y, mx, inv};
 }
 
-// Gradients of ``forward`` from dy (B, T, Nh, dv), its output y and row statistics:
+// Gradients of ``forward`` from dy (B, T, Nh, dv) and its row statistics:
 // dq, dk (B, Nh, T, dk), dv (B, Nh, T, dv) per head, dqa (B, Nh, T, H + W).
 std::vector<at::Tensor> backward(at::Tensor dy, at::Tensor q, at::Tensor k, at::Tensor v,
-                                 at::Tensor qa, at::Tensor y, at::Tensor mx, at::Tensor inv,
+                                 at::Tensor qa, at::Tensor mx, at::Tensor inv,
                                  int64_t h, int64_t w, double scale, double p, int64_t seed,
                                  int64_t threshold, bool per_image) {
   const Geometry g = geometry(q, v, h, w, scale, p, seed, threshold, per_image);
@@ -167,7 +167,6 @@ std::vector<at::Tensor> backward(at::Tensor dy, at::Tensor q, at::Tensor k, at::
   auto dk = at::empty({g.b, g.nh, g.t, g.dk}, q.options());  // contiguous: accumulated into
   auto dv = at::empty({g.b, g.nh, g.t, g.dv}, q.options());
   auto dqa = at::zeros({g.b, g.nh, g.t, h + w}, q.options());
-  auto delta = (dy * y).sum(-1).transpose(1, 2).contiguous();  // (B, Nh, T): rowsum(dO o O)
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "fused_axis_backward", [&] {
     at::parallel_for(0, g.b * g.nh, 1, [&](int64_t lo, int64_t hi_end) {
       const int64_t bq = g.block();
@@ -180,7 +179,6 @@ std::vector<at::Tensor> backward(at::Tensor dy, at::Tensor q, at::Tensor k, at::
         scalar_t* dqah = dqa[bi][hi].data_ptr<scalar_t>();
         scalar_t* mxh = mx[bi][hi].data_ptr<scalar_t>();
         scalar_t* invh = inv[bi][hi].data_ptr<scalar_t>();
-        const scalar_t* dh = delta[bi][hi].data_ptr<scalar_t>();
         for (int64_t i0 = 0; i0 < g.t; i0 += bq) {
           const int64_t n = std::min(bq, g.t - i0);
           auto s = bufs[0].narrow(0, 0, n), dp = bufs[1].narrow(0, 0, n);
@@ -203,7 +201,12 @@ std::vector<at::Tensor> backward(at::Tensor dy, at::Tensor q, at::Tensor k, at::
             scalar_t* si = sp + i * g.t;      // dS, q and k gradients from scale dS (kept in s)
             const scalar_t* di = dpp + i * g.t;
             scalar_t* ga = dqah + (i0 + i) * (h + w);
-            const scalar_t d0 = dh[i0 + i];
+            // delta = sum_j P dP from this row's own P and dP (as blocked.py and the dense
+            // softmax backward do), not rowsum(dO o O): the rounding of O would not cancel
+            double dsum = 0;
+            _Pragma("omp simd reduction(+ : dsum)")
+            for (int64_t j = 0; j < g.t; ++j) dsum += static_cast<double>(si[j]) * di[j];
+            const scalar_t d0 = static_cast<scalar_t>(dsum);
             for (int64_t r = 0; r < h; ++r) {
               double acc = 0;
               _Pragma("omp simd reduction(+ : acc)")

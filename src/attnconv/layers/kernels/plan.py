@@ -8,12 +8,14 @@ and the ``backend`` override of MultiHeadSelfAttention2d. First matching row win
 | shift            | Shift, position only   | no dropout                                       |
 | separable        | Axis, position only    | no dropout                                       |
 | shared           | any, position only     | (computed once for the batch)                    |
-| fused            | Axis                   | CPU, dropout, extension built (fused.py)         |
+| fused            | Axis                   | CPU, extension built (fused.py); dropout, or     |
+|                  |                        | training from BLOCKED_MIN_T                     |
 | dense_dropout    | Axis                   | CPU, dropout, backend != "fold"                  |
 | flex_gaussian    | Axis with a Gaussian   | Flex, no dropout, no grad to the encoding        |
 | flex             | Axis                   | Flex (CUDA, or backend="flex"), no dropout       |
 | shared_bias      | Axis, fixed logits     | no grad, no dropout, T <= SHARED_BIAS_MAX_T      |
 | blocked          | Axis                   | CPU, T >= BLOCKED_MIN_T (or "blocked"), no drop. |
+|                  |                        | (inference, or no compiler for the extension)    |
 | blocked_gaussian | Gaussian               | CPU, not traced (or "blocked")                   |
 | fold             | any                    | otherwise: folded into q/k, the fused SDPA       |
 """
@@ -70,13 +72,20 @@ def _axis(c: Case) -> bool:
     return isinstance(c.term, AxisTerm)
 
 
+def _fused_wins(c: Case) -> bool:
+    """Where the fused C++ kernel runs (forced, or measured faster by benchmarks/layers_ab.py):
+    with dropout (the others store or redraw the mask), and in training from BLOCKED_MIN_T (no
+    Python loop over blocks; in inference the blocked kernel measured as fast)."""
+    return c.backend == "fused" or c.p_drop > 0 or (c.grad and c.t >= BLOCKED_MIN_T)
+
+
 TABLE = (
     ("reference", lambda c: c.impl == "reference"),
     ("shift", lambda c: c.position_only and isinstance(c.term, ShiftTerm) and c.p_drop == 0),
     ("separable", lambda c: c.position_only and _axis(c) and c.p_drop == 0),
     ("shared", lambda c: c.position_only),
-    ("fused", lambda c: _axis(c) and c.device == "cpu" and c.p_drop > 0
-                        and c.backend in (None, "fused") and fused.available()),  # fmt: skip
+    ("fused", lambda c: _axis(c) and c.device == "cpu" and c.backend in (None, "fused")
+                        and fused.available() and _fused_wins(c)),  # fmt: skip
     ("dense_dropout", lambda c: _axis(c) and c.device == "cpu" and c.p_drop > 0
                                 and c.backend != "fold"),  # fmt: skip
     ("flex_gaussian", lambda c: _axis(c) and c.flex and c.p_drop == 0
