@@ -5,6 +5,10 @@ alternated ``--rounds`` times so both see the same machine load; medians over ro
 
     git worktree add /tmp/before <commit>
     python benchmarks/layers_ab.py --before /tmp/before --after . [--rounds 3] [--sizes 16 32]
+
+``--config CFG`` times instead one training step (forward, backward, SGD) of the model a training
+config builds, at its batch and precision (bf16 autocast if it says so), on random 32x32 images
+(e.g. configs/experiments/table1_sa_learned_content.yaml).
 """
 
 from __future__ import annotations
@@ -41,9 +45,36 @@ print(json.dumps(out))
 """
 
 
-def run_tree(tree: Path, sizes: list[int]) -> dict[str, float]:
+STEP = """
+import json, statistics, time, torch
+torch.set_num_threads(1)
+from attnconv.models import create_model
+from attnconv.train.config import load_config
+cfg = load_config(CONFIG)
+torch.manual_seed(0)
+m = create_model(cfg.model.name, num_classes=10, **cfg.model.kwargs)
+opt = torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9)
+x, y = torch.randn(cfg.train.batch_size, 3, 32, 32), torch.randint(0, 10, (cfg.train.batch_size,))
+def step():
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.train.bf16):
+        loss = torch.nn.functional.cross_entropy(m(x), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+step()
+ts = []
+for _ in range(3):
+    t = time.perf_counter(); step(); ts.append(time.perf_counter() - t)
+name = f"{cfg.model.name} B={cfg.train.batch_size} {'bf16' if cfg.train.bf16 else 'fp32'} step"
+print(json.dumps({name: statistics.median(ts)}))
+"""
+
+
+def run_tree(tree: Path, sizes: list[int], config: Path | None = None) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(tree / "src")}
     code = CHILD.replace("SIZES", repr(sizes))
+    if config is not None:
+        code = STEP.replace("CONFIG", repr(str(config.resolve())))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True)  # fmt: skip
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -55,15 +86,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--after", type=Path, required=True, help="source tree after the change")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--sizes", type=int, nargs="+", default=[16, 32])
+    p.add_argument("--config", type=Path, help="time a training step of this config's model")
     args = p.parse_args(argv)
     for tree in (args.before, args.after):
         if not (tree / "src" / "attnconv").is_dir():
             raise SystemExit(f"layers_ab: {tree} has no src/attnconv (a source checkout?)")
     runs: dict[str, list[dict]] = {"before": [], "after": []}
     for _ in range(args.rounds):
-        runs["before"].append(run_tree(args.before, args.sizes))
-        runs["after"].append(run_tree(args.after, args.sizes))
-    print("| case (B=4, C=64, 8 heads, fwd+bwd, 1 thread) | before s | after s | before/after |")
+        runs["before"].append(run_tree(args.before, args.sizes, args.config))
+        runs["after"].append(run_tree(args.after, args.sizes, args.config))
+    what = "training step, 1 thread" if args.config else "B=4, C=64, 8 heads, fwd+bwd, 1 thread"
+    print(f"| case ({what}) | before s | after s | before/after |")
     print("|---|---|---|---|")
     ratios = []
     for case in runs["before"][0]:
