@@ -7,6 +7,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from attnconv.layers.kernels import fused
 from attnconv.layers.local import LocalSelfAttention2d
 from attnconv.layers.local_kernel import (
     _LocalAttention,
@@ -255,11 +256,13 @@ def test_positional_vocabulary_is_typed_once():
 
 def test_kernel_table_and_backend_override():
     """One table picks the local kernel: reference for impl="reference", Flex on CUDA with
-    masked borders and no returned maps, else the window function; ``backend`` (or its switch
-    ``flex_backend``) overrides the device's default."""
+    masked borders and no returned maps, the C++ window kernel on CPU where it built, else the
+    window function; ``backend`` (or its switch ``flex_backend``) overrides the default."""
     m = LocalSelfAttention2d(4, 8, 2, 3)
     assert m.backend is None and m.flex_backend is None
-    assert m.kernel("cpu") == "window" and m.kernel("cuda") == "flex"
+    cpu = "fused" if fused.available() else "window"
+    assert m.kernel("cpu") == cpu and m.kernel("cuda") == "flex"
+    assert m.kernel("cpu", return_attention=True) == cpu
     assert m.kernel("cuda", return_attention=True) == "window"
     m.flex_backend = True
     assert m.backend == "flex" and m.kernel("cpu") == "flex"

@@ -22,6 +22,8 @@ import torch.nn.functional as F
 from .checks import check_tensor, positive_int
 from .flex import flex_local_attention
 from .functional import check_impl
+from .kernels import fused
+from .kernels.plan import tracing
 from .local_kernel import (  # noqa: F401  (re-exported: the kernel's public names)
     PADDINGS,
     local_attention,
@@ -82,10 +84,11 @@ LOGITS_KINDS = {"qk+qr": SasaLogits(True, True), "qk": SasaLogits(True, False),
 LOGITS = tuple(LOGITS_KINDS)  # ("qk+qr", "qk", "qr")
 
 # The local layer's kernel choice, in the style of kernels/plan.py: the first matching row wins.
-# "reference" and "window" are local_kernel.local_attention (impl "reference" / "auto": the
-# unfold reference, the fast window function), "flex" flex.flex_local_attention (masked borders,
-# no returned maps). ``backend`` overrides the device's default ("flex" on CUDA).
-LOCAL_BACKENDS = ("flex", "window")
+# "reference", "fused" and "window" are local_kernel.local_attention (impl "reference" / "auto":
+# the unfold reference; the C++ window kernel of kernels/fused_local.cpp, on CPU where the
+# extension built; the Python window function), "flex" flex.flex_local_attention (masked
+# borders, no returned maps). ``backend`` overrides the device's default ("flex" on CUDA).
+LOCAL_BACKENDS = ("flex", "fused", "window")
 
 
 class LocalCase(NamedTuple):
@@ -94,6 +97,7 @@ class LocalCase(NamedTuple):
     device: str = "cpu"
     padding: str = "mask"
     maps: bool = False  # return_attention
+    tracing: bool = False  # a compiler traces the forward: no C++ extension call
 
     @property
     def flex(self) -> bool:
@@ -103,6 +107,8 @@ class LocalCase(NamedTuple):
 LOCAL_TABLE = (
     ("reference", lambda c: c.impl == "reference"),
     ("flex", lambda c: c.flex and c.padding == "mask" and not c.maps),
+    ("fused", lambda c: c.device == "cpu" and c.backend in (None, "fused") and not c.tracing
+                        and fused.available()),  # fmt: skip
     ("window", lambda c: True),
 )
 
@@ -122,8 +128,8 @@ class LocalSelfAttention2d(NotScriptable, nn.Module):
     "qk" (content only: positional "none") or "qr" (position only, no W_K). Queries are scaled
     by 1/sqrt(d_h).
     ``stride`` s: s x s average pooling after the attention (output ceil(H/s) x ceil(W/s)).
-    ``backend``: None (the table's choice, ``kernel``), "flex" or "window" (``flex_backend``
-    True / False).
+    ``backend``: None (the table's choice, ``kernel``), "flex", "fused" or "window"
+    (``flex_backend`` True / False: "flex" / "window").
     """
 
     def __init__(
@@ -204,7 +210,7 @@ class LocalSelfAttention2d(NotScriptable, nn.Module):
         """The kernel (LOCAL_TABLE) ``forward`` runs on ``device``."""
         device = torch.device(device).type
         return choose_local(LocalCase(self.impl, self.backend, device, self.padding,
-                                      return_attention))  # fmt: skip
+                                      return_attention, tracing()))  # fmt: skip
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, nh, dh, H, W)
         b, _, h, w = x.shape
@@ -231,12 +237,14 @@ class LocalSelfAttention2d(NotScriptable, nn.Module):
             pe = sinusoid_2d(h, w, self.head_dim, device=x.device).to(x.dtype).t()  # (dh, H*W)
             pe = pe.view(self.head_dim, h, w)
             k = pe.expand(bsz, self.num_heads, -1, h, w) if k is None else k + pe
-        if self.kernel(x.device, return_attention) == "flex":
+        kernel = self.kernel(x.device, return_attention)
+        if kernel == "flex":
             out = self._flex(q, k, v)
         else:
             out = local_attention(
                 q, k, v, kernel_size=self.kernel_size, rel_row=rel_row, rel_col=rel_col,
                 padding=self.padding, impl=self.impl, return_attention=return_attention,
+                fused=kernel == "fused",
             )  # fmt: skip
         y, attn = out if return_attention else (out, None)
         y = y.reshape(bsz, self.out_channels, h, w)  # (B, nh*dv, H, W)

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from .functional import check_impl, scaled_dot_product_attention
+from .kernels.fused import available, extension
+from .precision import no_autocast
 
 PADDINGS = ("mask", "zeros")
 
@@ -201,6 +203,35 @@ class _LocalAttention(torch.autograd.Function):
         return tuple(out)
 
 
+class _FusedLocal(_LocalAttention):
+    """_LocalAttention's equation run by the fused C++ kernel (kernels/fused_local.cpp, one task
+    per image and head, held in cache): plain values only (no ``mix``), float32/float64. Saves
+    what _LocalAttention saves, so a differentiable gradient (create_graph) is the same plain
+    path's."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mix, qr_row, qr_col, valid, ks: int):
+        ext = extension()
+        y, probs = ext.local_forward(q, k, v[:, :, 0], qr_row, qr_col, ks, valid is not None)
+        ctx.save_for_backward(q, k, v, mix, probs, qr_row, qr_col, valid)
+        ctx.ks, ctx.has_qr = ks, qr_row is not None
+        ctx.mark_non_differentiable(probs)
+        ctx.set_materialize_grads(False)
+        return y, probs
+
+    @staticmethod
+    def backward(ctx, gy, _gprobs):
+        if gy is None:
+            return (None,) * 8
+        if torch.is_grad_enabled():
+            return _LocalAttention._plain_backward(ctx, gy)
+        q, k, v, _, probs, _, _, _ = ctx.saved_tensors
+        with no_autocast(gy.device.type):  # as the forward ran (a backward inside autocast)
+            gq, gk, gv, g_row, g_col = extension().local_backward(
+                gy.contiguous(), q, k, v[:, :, 0], probs, ctx.ks, ctx.has_qr)
+        return gq, gk, gv.unsqueeze(2), None, g_row, g_col, None, None
+
+
 def local_attention(
     q: torch.Tensor,
     k: torch.Tensor | None,
@@ -213,6 +244,7 @@ def local_attention(
     padding: str = "mask",
     impl: str = "auto",
     return_attention: bool = False,
+    fused: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Local k x k window attention, the one kernel of SASA layers and the attention stem.
 
@@ -221,6 +253,8 @@ def local_attention(
     values v_ab = sum_m mix[(a-i, b-j), m] v^m_ab. ``rel_row``/``rel_col`` (k, dk/2): logits
     += q[:dk/2] . rel_row[a-i] + q[dk/2:] . rel_col[b-j]. Returns (B, nh, dv, H, W) and, with
     ``return_attention``, the probabilities (B, nh, H*W, k*k) (offsets in row-major order).
+    ``fused`` (impl "auto", plain values, CPU; the layer's kernel table decides): the window
+    kernel in C++ (kernels/fused_local.cpp) instead of the Python loop over the offsets.
     """
     check_impl(impl)
     if padding not in PADDINGS:
@@ -246,7 +280,7 @@ def local_attention(
         out = local_attention(
             up(q), up(k), up(v.squeeze(2) if mix is None else v), kernel_size=ks,
             rel_row=up(rel_row), rel_col=up(rel_col), mix=up(mix), padding=padding, impl=impl,
-            return_attention=return_attention,
+            return_attention=return_attention, fused=fused,
         )  # fmt: skip
         return (out[0].to(q.dtype), out[1]) if return_attention else out.to(q.dtype)
     qr = None
@@ -261,7 +295,12 @@ def local_attention(
 
     valid = window_valid(ks, h, w, q.device) if padding == "mask" else None
     qr_row, qr_col = qr if qr is not None else (None, None)
-    y, probs = _LocalAttention.apply(q, k, v, mix, qr_row, qr_col, valid, ks)
+    if fused and mix is None and q.device.type == "cpu" and available():
+        q, k, v, qr_row, qr_col = (None if t is None else t.to(q.dtype).contiguous()
+                                   for t in (q, k, v, qr_row, qr_col))  # autocast's einsum: bf16
+        y, probs = _FusedLocal.apply(q, k, v, mix, qr_row, qr_col, valid, ks)
+    else:
+        y, probs = _LocalAttention.apply(q, k, v, mix, qr_row, qr_col, valid, ks)
     if return_attention:  # (B, nh, H*W, k^2)
         return y, probs.detach().flatten(3).transpose(2, 3)
     return y

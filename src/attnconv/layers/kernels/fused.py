@@ -27,7 +27,7 @@ from ..first_order import first_order_only
 from ..functional import drop_threshold, dropout_seed, dropped_links
 from ..precision import kernel_dtype, no_autocast
 
-SOURCE = Path(__file__).with_name("fused_axis.cpp")
+SOURCES = [Path(__file__).with_name(f) for f in ("fused_axis.cpp", "fused_local.cpp")]
 NAME = "attnconv_fused_axis_" + re.sub(r"\W", "_", torch.__version__)  # rebuilt per torch
 DISABLE = "ATTNCONV_NO_FUSED"  # set to 1: never build or run the fused kernel
 
@@ -46,7 +46,7 @@ def extension():
             print("attnconv: building the fused CPU attention kernel (once per machine, about a "
                   "minute)", file=sys.stderr)  # fmt: skip
         flags = ["-O3", "-march=native", "-fopenmp-simd"]
-        return cpp_extension.load(name=NAME, sources=[str(SOURCE)], extra_cflags=flags)
+        return cpp_extension.load(name=NAME, sources=[str(f) for f in SOURCES], extra_cflags=flags)
     except Exception as e:  # no compiler, no ninja, headers missing: the plain kernels run
         warnings.warn(f"attnconv: the fused CPU attention kernel did not build ({e}); "
                       "using the dense kernel", stacklevel=2)  # fmt: skip

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <vector>
 
 namespace {
@@ -229,7 +230,16 @@ std::vector<at::Tensor> backward(at::Tensor dy, at::Tensor q, at::Tensor k, at::
   return {dq, dk, dv, dqa};
 }
 
+// SASA's local window attention (fused_local.cpp)
+std::vector<at::Tensor> local_forward(at::Tensor q, std::optional<at::Tensor> k, at::Tensor v,
+                                      std::optional<at::Tensor> qr_row,
+                                      std::optional<at::Tensor> qr_col, int64_t ks, bool mask);
+std::vector<at::Tensor> local_backward(at::Tensor gy, at::Tensor q, std::optional<at::Tensor> k,
+                                       at::Tensor v, at::Tensor probs, int64_t ks, bool rel);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "fused axis attention forward");
   m.def("backward", &backward, "fused axis attention backward");
+  m.def("local_forward", &local_forward, "fused local window attention forward");
+  m.def("local_backward", &local_backward, "fused local window attention backward");
 }

@@ -39,7 +39,8 @@ BLOCKED_MIN_T = 16 * 16  # smaller images: the blocked kernel's Python loop cost
 class Case(NamedTuple):
     """What the choice reads: the term, the layer's impl and backend override, the device, whether
     gradients reach the layer (``grad``) or the encoding's parameters (``pos_grad``), attention
-    dropout, the number of pixels, and whether a compiler is tracing."""
+    dropout, the number of pixels, and whether a compiler is tracing (no blocked Gaussian loop,
+    no C++ extension then)."""
 
     term: Term
     content: bool = True
@@ -76,6 +77,8 @@ def _fused_wins(c: Case) -> bool:
     """Where the fused C++ kernel runs (forced, or measured faster by benchmarks/layers_ab.py):
     with dropout (the others store or redraw the mask), and in training from BLOCKED_MIN_T (no
     Python loop over blocks; in inference the blocked kernel measured as fast)."""
+    if c.tracing:  # a compiler cannot trace into the extension (an opaque C++ call)
+        return False
     return c.backend == "fused" or c.p_drop > 0 or (c.grad and c.t >= BLOCKED_MIN_T)
 
 
@@ -119,7 +122,7 @@ def for_layer(layer, x: torch.Tensor, term: Term, p_drop: float, device: str | N
         on = torch.is_grad_enabled()
         pos_grad = on and any(p.requires_grad for p in layer.positional_encoding.parameters())
         grad = on and (x.requires_grad or any(p.requires_grad for p in layer.parameters()))
-    traced = isinstance(term, GaussianTerm) and layer.impl == "auto" and tracing()
+    traced = isinstance(term, GaussianTerm | AxisTerm) and layer.impl == "auto" and tracing()
     device = device or x.device.type
     return choose(Case(term, layer.content, layer.impl, layer.backend, device, grad,
                        pos_grad, p_drop, x.shape[-2] * x.shape[-1], traced))  # fmt: skip

@@ -1,0 +1,144 @@
+"""The C++ local window kernel (kernels/fused_local.cpp) against the Python window kernel of
+local_kernel.py (itself tested against the unfold reference in test_local.py): values, returned
+probabilities and every gradient in float64 at random shapes, gradcheck, float32 and bf16
+precision against float64, the layer's choice and the fallback without the extension."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.autograd import gradcheck
+
+from attnconv.layers.kernels import fused
+from attnconv.layers.local import LocalSelfAttention2d
+from attnconv.layers.local_kernel import local_attention
+
+pytestmark = pytest.mark.skipif(not fused.available(), reason="the C++ extension did not build")
+
+
+def _inputs(b, nh, dk, dv, h, w, ks, keys, rel, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+
+    def r(*shape):
+        return torch.randn(*shape, dtype=dtype, generator=gen).requires_grad_()
+
+    q, v = r(b, nh, dk, h, w), r(b, nh, dv, h, w)
+    k = r(b, nh, dk, h, w) if keys else None
+    rr, rc = (r(ks, dk // 2), r(ks, dk // 2)) if rel else (None, None)
+    return q, k, v, rr, rc
+
+
+def _run(inputs, ks, padding, use_fused):
+    q, k, v, rr, rc = inputs
+    y, p = local_attention(q, k, v, kernel_size=ks, rel_row=rr, rel_col=rc, padding=padding,
+                           return_attention=True, fused=use_fused)  # fmt: skip
+    wrt = [t for t in inputs if t is not None]
+    g = torch.cos(torch.arange(y.numel(), dtype=y.dtype)).view_as(y)
+    return y, p, torch.autograd.grad((y * g).sum(), wrt)
+
+
+@settings(deadline=None, max_examples=40)
+@given(b=st.integers(1, 2), nh=st.integers(1, 3), dk=st.sampled_from([2, 4, 6]),
+       dv=st.integers(1, 5), h=st.integers(1, 9), w=st.integers(1, 9), ks=st.integers(1, 9),
+       mode=st.sampled_from(["qk+qr", "qk", "qr"]), padding=st.sampled_from(["mask", "zeros"]),
+       seed=st.integers(0, 2**16))  # fmt: skip
+def test_fused_equals_window_float64(b, nh, dk, dv, h, w, ks, mode, padding, seed):
+    """Every logit form (content and relative, content only, relative only), both borders, even
+    and odd windows, windows larger than the image."""
+    inputs = _inputs(b, nh, dk, dv, h, w, ks, "qk" in mode, "qr" in mode, torch.float64, seed)
+    y1, p1, g1 = _run(inputs, ks, padding, False)
+    y2, p2, g2 = _run(inputs, ks, padding, True)
+    torch.testing.assert_close(y2, y1, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(p2, p1, rtol=1e-12, atol=1e-12)
+    for a, r in zip(g2, g1):
+        torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
+
+
+@pytest.mark.parametrize("padding", ["mask", "zeros"])
+def test_fused_gradcheck_float64(padding):
+    inputs = _inputs(1, 2, 4, 3, 4, 5, 3, True, True, torch.float64, 0)
+    ins = [t for t in inputs if t is not None]
+
+    def f(q, k, v, rr, rc):
+        return local_attention(q, k, v, kernel_size=3, rel_row=rr, rel_col=rc, padding=padding,
+                               fused=True)  # fmt: skip
+
+    assert gradcheck(f, ins)
+
+
+def _rel(a, ref):
+    return ((a.double() - ref).abs().max() / ref.abs().max()).item()
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_fused_precision_as_tight_as_window(autocast):
+    """float32 and bf16 autocast through the SASA layer: output and gradient errors against
+    float64 within 2x of the Python window kernel's."""
+    torch.manual_seed(0)
+    layer = LocalSelfAttention2d(16, 32, 4, 7)
+    x, g = torch.randn(2, 16, 12, 10), torch.randn(2, 32, 12, 10)
+
+    def run(module, inp, ac):
+        inp = inp.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=ac):
+            y = module(inp)
+        return y, torch.autograd.grad((y.double() * g.double()).sum(), [inp, *module.parameters()])
+
+    ref64 = LocalSelfAttention2d(16, 32, 4, 7).double()
+    ref64.load_state_dict(layer.state_dict())
+    ref64.backend = "window"
+    y64, g64 = run(ref64, x.double(), False)
+    out = {}
+    for backend in ("window", "fused"):
+        layer.backend = backend
+        out[backend] = run(layer, x, autocast)
+    (yw, gw), (yf, gf) = out["window"], out["fused"]
+    assert _rel(yf.detach(), y64) <= 2 * _rel(yw.detach(), y64) + 1e-7
+    for a, b_, r in zip(gf, gw, g64):
+        assert _rel(a, r) <= 2 * _rel(b_, r) + 1e-7
+
+
+def test_double_backward_through_fused_is_the_plain_gradient():
+    """create_graph: the fused kernel's gradient is the plain path's, itself differentiable."""
+    inputs = _inputs(1, 2, 4, 3, 5, 5, 3, True, True, torch.float64, 1)
+    ins = [t for t in inputs if t is not None]
+    out = []
+    for use in (False, True):
+        y = local_attention(*inputs[:3], kernel_size=3, rel_row=inputs[3], rel_col=inputs[4],
+                            fused=use)  # fmt: skip
+        (gq,) = torch.autograd.grad(y.square().sum(), inputs[0], create_graph=True)
+        out.append(torch.autograd.grad(gq.square().sum(), ins))
+    for a, r in zip(*out):
+        torch.testing.assert_close(a, r)
+
+
+def test_layer_falls_back_to_the_window_kernel_without_the_extension():
+    code = ("import torch; from attnconv.layers.local import LocalSelfAttention2d as L\n"
+            "m = L(8, 8, 2, 3); print(m.kernel('cpu'))\n"
+            "x = torch.randn(1, 8, 5, 5, requires_grad=True); m(x).sum().backward()\n")  # fmt: skip
+    env = {**os.environ, "ATTNCONV_NO_FUSED": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True)  # fmt: skip
+    assert out.stdout.strip() == "window"
+
+
+def test_no_extension_call_while_a_compiler_traces():
+    """torch.compile / torch.export cannot trace into the extension: both kernel tables leave
+    the fused kernels while a compiler traces (content: the blocked kernel; local: the window)."""
+    from attnconv.layers.kernels import plan
+    from attnconv.layers.local import LocalCase, choose_local
+    from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
+
+    layer = MultiHeadSelfAttention2d(8, 8, 2, positional="relative_learned", content=True)
+    case = plan.Case(layer.positional_encoding.term(16, 16, content=True), t=256)
+    assert plan.choose(case) == "fused" and plan.choose(case._replace(p_drop=0.1)) == "fused"
+    assert plan.choose(case._replace(tracing=True)) == "blocked"
+    assert plan.choose(case._replace(tracing=True, p_drop=0.1)) == "dense_dropout"
+    assert choose_local(LocalCase()) == "fused"
+    assert choose_local(LocalCase(tracing=True)) == "window"
