@@ -22,22 +22,25 @@ from attnconv.layers.local_kernel import local_attention
 pytestmark = pytest.mark.skipif(not fused.available(), reason="the C++ extension did not build")
 
 
-def _inputs(b, nh, dk, dv, h, w, ks, keys, rel, dtype, seed):
+def _inputs(b, nh, dk, dv, h, w, ks, keys, rel, dtype, seed, nm=0):
+    """q, k, v, rel_row, rel_col, mix; nm > 0: the stem's nm value maps and their mix."""
     gen = torch.Generator().manual_seed(seed)
 
     def r(*shape):
         return torch.randn(*shape, dtype=dtype, generator=gen).requires_grad_()
 
-    q, v = r(b, nh, dk, h, w), r(b, nh, dv, h, w)
+    q = r(b, nh, dk, h, w)
+    v = r(b, nh, nm, dv, h, w) if nm else r(b, nh, dv, h, w)
     k = r(b, nh, dk, h, w) if keys else None
     rr, rc = (r(ks, dk // 2), r(ks, dk // 2)) if rel else (None, None)
-    return q, k, v, rr, rc
+    mix = r(ks * ks, nm) if nm else None
+    return q, k, v, rr, rc, mix
 
 
 def _run(inputs, ks, padding, use_fused):
-    q, k, v, rr, rc = inputs
-    y, p = local_attention(q, k, v, kernel_size=ks, rel_row=rr, rel_col=rc, padding=padding,
-                           return_attention=True, fused=use_fused)  # fmt: skip
+    q, k, v, rr, rc, mix = inputs
+    y, p = local_attention(q, k, v, kernel_size=ks, rel_row=rr, rel_col=rc, mix=mix,
+                           padding=padding, return_attention=True, fused=use_fused)  # fmt: skip
     wrt = [t for t in inputs if t is not None]
     g = torch.cos(torch.arange(y.numel(), dtype=y.dtype)).view_as(y)
     return y, p, torch.autograd.grad((y * g).sum(), wrt)
@@ -47,11 +50,12 @@ def _run(inputs, ks, padding, use_fused):
 @given(b=st.integers(1, 2), nh=st.integers(1, 3), dk=st.sampled_from([2, 4, 6]),
        dv=st.integers(1, 5), h=st.integers(1, 9), w=st.integers(1, 9), ks=st.integers(1, 9),
        mode=st.sampled_from(["qk+qr", "qk", "qr"]), padding=st.sampled_from(["mask", "zeros"]),
-       seed=st.integers(0, 2**16))  # fmt: skip
-def test_fused_equals_window_float64(b, nh, dk, dv, h, w, ks, mode, padding, seed):
+       nm=st.integers(0, 3), seed=st.integers(0, 2**16))  # fmt: skip
+def test_fused_equals_window_float64(b, nh, dk, dv, h, w, ks, mode, padding, nm, seed):
     """Every logit form (content and relative, content only, relative only), both borders, even
-    and odd windows, windows larger than the image."""
-    inputs = _inputs(b, nh, dk, dv, h, w, ks, "qk" in mode, "qr" in mode, torch.float64, seed)
+    and odd windows, windows larger than the image, plain values and the stem's mixed ones."""
+    inputs = _inputs(b, nh, dk, dv, h, w, ks, "qk" in mode, "qr" in mode, torch.float64, seed,
+                     nm)  # fmt: skip
     y1, p1, g1 = _run(inputs, ks, padding, False)
     y2, p2, g2 = _run(inputs, ks, padding, True)
     torch.testing.assert_close(y2, y1, rtol=1e-12, atol=1e-12)
@@ -61,13 +65,15 @@ def test_fused_equals_window_float64(b, nh, dk, dv, h, w, ks, mode, padding, see
 
 
 @pytest.mark.parametrize("padding", ["mask", "zeros"])
-def test_fused_gradcheck_float64(padding):
-    inputs = _inputs(1, 2, 4, 3, 4, 5, 3, True, True, torch.float64, 0)
+@pytest.mark.parametrize("nm", [0, 2])
+def test_fused_gradcheck_float64(padding, nm):
+    inputs = _inputs(1, 2, 4, 3, 4, 5, 3, True, True, torch.float64, 0, nm)
     ins = [t for t in inputs if t is not None]
 
-    def f(q, k, v, rr, rc):
-        return local_attention(q, k, v, kernel_size=3, rel_row=rr, rel_col=rc, padding=padding,
-                               fused=True)  # fmt: skip
+    def f(q, k, v, rr, rc, *mix):
+        m = mix[0] if mix else None
+        return local_attention(q, k, v, kernel_size=3, rel_row=rr, rel_col=rc, mix=m,
+                               padding=padding, fused=True)  # fmt: skip
 
     assert gradcheck(f, ins)
 
@@ -142,3 +148,22 @@ def test_no_extension_call_while_a_compiler_traces():
     assert plan.choose(case._replace(tracing=True, p_drop=0.1)) == "dense_dropout"
     assert choose_local(LocalCase()) == "fused"
     assert choose_local(LocalCase(tracing=True)) == "window"
+
+
+def test_stem_runs_the_fused_kernel_and_equals_the_window():
+    """The attention stem (mixed values) picks the C++ kernel on CPU; its output and gradients
+    equal the Python window kernel's (float64)."""
+    from attnconv.layers.stem import AttentionStem2d
+
+    torch.manual_seed(0)
+    stem = AttentionStem2d(3, 8, 2, kernel_size=4, mixtures=3, pool=1).double()
+    x = torch.randn(2, 3, 9, 7, dtype=torch.float64, requires_grad=True)
+    assert stem.kernel("cpu") == "fused" and stem.kernel("cuda") == "window"
+    y1 = stem(x)
+    g1 = torch.autograd.grad(y1.square().sum(), [x, *stem.parameters()])
+    stem.impl = "reference"
+    y2 = stem(x)
+    g2 = torch.autograd.grad(y2.square().sum(), [x, *stem.parameters()])
+    torch.testing.assert_close(y1, y2)
+    for a, r in zip(g1, g2):
+        torch.testing.assert_close(a, r)

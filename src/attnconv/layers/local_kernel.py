@@ -205,14 +205,14 @@ class _LocalAttention(torch.autograd.Function):
 
 class _FusedLocal(_LocalAttention):
     """_LocalAttention's equation run by the fused C++ kernel (kernels/fused_local.cpp, one task
-    per image and head, held in cache): plain values only (no ``mix``), float32/float64. Saves
-    what _LocalAttention saves, so a differentiable gradient (create_graph) is the same plain
+    per image and head, held in cache), float32/float64, plain or mixed values. Saves what
+    _LocalAttention saves, so a differentiable gradient (create_graph) is the same plain
     path's."""
 
     @staticmethod
     def forward(ctx, q, k, v, mix, qr_row, qr_col, valid, ks: int):
         ext = extension()
-        y, probs = ext.local_forward(q, k, v[:, :, 0], qr_row, qr_col, ks, valid is not None)
+        y, probs = ext.local_forward(q, k, v, mix, qr_row, qr_col, ks, valid is not None)
         ctx.save_for_backward(q, k, v, mix, probs, qr_row, qr_col, valid)
         ctx.ks, ctx.has_qr = ks, qr_row is not None
         ctx.mark_non_differentiable(probs)
@@ -225,11 +225,11 @@ class _FusedLocal(_LocalAttention):
             return (None,) * 8
         if torch.is_grad_enabled():
             return _LocalAttention._plain_backward(ctx, gy)
-        q, k, v, _, probs, _, _, _ = ctx.saved_tensors
+        q, k, v, mix, probs, _, _, _ = ctx.saved_tensors
         with no_autocast(gy.device.type):  # as the forward ran (a backward inside autocast)
-            gq, gk, gv, g_row, g_col = extension().local_backward(
-                gy.contiguous(), q, k, v[:, :, 0], probs, ctx.ks, ctx.has_qr)
-        return gq, gk, gv.unsqueeze(2), None, g_row, g_col, None, None
+            gq, gk, gv, gm, g_row, g_col = extension().local_backward(
+                gy.contiguous(), q, k, v, mix, probs, ctx.ks, ctx.has_qr)
+        return gq, gk, gv, gm, g_row, g_col, None, None
 
 
 def local_attention(
@@ -253,8 +253,8 @@ def local_attention(
     values v_ab = sum_m mix[(a-i, b-j), m] v^m_ab. ``rel_row``/``rel_col`` (k, dk/2): logits
     += q[:dk/2] . rel_row[a-i] + q[dk/2:] . rel_col[b-j]. Returns (B, nh, dv, H, W) and, with
     ``return_attention``, the probabilities (B, nh, H*W, k*k) (offsets in row-major order).
-    ``fused`` (impl "auto", plain values, CPU; the layer's kernel table decides): the window
-    kernel in C++ (kernels/fused_local.cpp) instead of the Python loop over the offsets.
+    ``fused`` (impl "auto", CPU; the layers' kernel table decides): the window kernel in C++
+    (kernels/fused_local.cpp) instead of the Python loop over the offsets.
     """
     check_impl(impl)
     if padding not in PADDINGS:
@@ -295,9 +295,9 @@ def local_attention(
 
     valid = window_valid(ks, h, w, q.device) if padding == "mask" else None
     qr_row, qr_col = qr if qr is not None else (None, None)
-    if fused and mix is None and q.device.type == "cpu" and available():
-        q, k, v, qr_row, qr_col = (None if t is None else t.to(q.dtype).contiguous()
-                                   for t in (q, k, v, qr_row, qr_col))  # autocast's einsum: bf16
+    if fused and q.device.type == "cpu" and available():
+        q, k, v, mix, qr_row, qr_col = (None if t is None else t.to(q.dtype).contiguous()
+                                        for t in (q, k, v, mix, qr_row, qr_col))  # autocast: bf16
         y, probs = _FusedLocal.apply(q, k, v, mix, qr_row, qr_col, valid, ks)
     else:
         y, probs = _LocalAttention.apply(q, k, v, mix, qr_row, qr_col, valid, ks)

@@ -22,6 +22,8 @@ import torch.nn.functional as F
 
 from .checks import check_tensor, positive_int
 from .functional import check_impl
+from .kernels.plan import tracing
+from .local import LocalCase, choose_local
 from .local_kernel import PADDINGS, local_attention
 from .scripting import NotScriptable
 
@@ -104,12 +106,21 @@ class AttentionStem2d(NotScriptable, nn.Module):
             padding=self.padding,
             impl=self.impl,
             return_attention=return_attention,
+            fused=self.kernel(x.device, return_attention) == "fused",
         )
         y, attn = out if return_attention else (out, None)
         y = F.relu(self.norm(y.reshape(bsz, self.out_channels, h, w)))
         if self.pool > 1:
             y = F.max_pool2d(y, self.pool)
         return (y, attn) if return_attention else y
+
+    def kernel(self, device: torch.device | str, return_attention: bool = False) -> str:
+        """The window kernel ``forward`` runs on ``device`` (local.LOCAL_TABLE; the stem has no
+        Flex path: "flex" there means the window function)."""
+        case = LocalCase(self.impl, None, torch.device(device).type, self.padding,
+                         return_attention, tracing())  # fmt: skip
+        kernel = choose_local(case)
+        return "window" if kernel == "flex" else kernel
 
     def extra_repr(self) -> str:
         return (

@@ -232,10 +232,12 @@ std::vector<at::Tensor> backward(at::Tensor dy, at::Tensor q, at::Tensor k, at::
 
 // SASA's local window attention (fused_local.cpp)
 std::vector<at::Tensor> local_forward(at::Tensor q, std::optional<at::Tensor> k, at::Tensor v,
+                                      std::optional<at::Tensor> mix,
                                       std::optional<at::Tensor> qr_row,
                                       std::optional<at::Tensor> qr_col, int64_t ks, bool mask);
 std::vector<at::Tensor> local_backward(at::Tensor gy, at::Tensor q, std::optional<at::Tensor> k,
-                                       at::Tensor v, at::Tensor probs, int64_t ks, bool rel);
+                                       at::Tensor v, std::optional<at::Tensor> mix,
+                                       at::Tensor probs, int64_t ks, bool rel);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "fused axis attention forward");

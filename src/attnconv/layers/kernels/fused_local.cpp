@@ -6,8 +6,9 @@
 //
 //   y_ij = sum_ab softmax_ab(q_ij . k_ab + q_ij . r_{a-i,b-j}) v_ab      (ab in the k x k window)
 //
-// q, k (B, nh, dk, H, W), v (B, nh, dv, H, W) contiguous; qr_row / qr_col (B, nh, k, H, W) the
-// relative logits q . rel_row[a-i] and q . rel_col[b-j]. Keys outside the image: masked (out of
+// q, k (B, nh, dk, H, W), v (B, nh, M, dv, H, W) contiguous, with ``mix`` (k^2, M) the attention
+// stem's spatially-aware values v_ab = sum_m mix[(a-i, b-j), m] v^m_ab (M = 1 and no mix: plain
+// values); qr_row / qr_col (B, nh, k, H, W) the relative logits q . rel_row[a-i], q . rel_col[b-j]. Keys outside the image: masked (out of
 // the softmax) or zeros (a zero key and value that keeps its relative logit), as local_kernel.py.
 #include <torch/extension.h>
 
@@ -68,10 +69,11 @@ _Pragma("omp simd")
 
 // -> y (B, nh, dv, H, W), probs (B, nh, k^2, H, W)
 std::vector<at::Tensor> local_forward(at::Tensor q, std::optional<at::Tensor> k, at::Tensor v,
+                                      std::optional<at::Tensor> mix,
                                       std::optional<at::Tensor> qr_row,
                                       std::optional<at::Tensor> qr_col, int64_t ks, bool mask) {
   const int64_t b = q.size(0), nh = q.size(1), dk = q.size(2), h = q.size(3), w = q.size(4);
-  const int64_t dv = v.size(2), k2 = ks * ks, hw = h * w;
+  const int64_t nm = v.size(2), dv = v.size(3), k2 = ks * ks, hw = h * w;
   const Window g{ks, (ks - 1) / 2, h, w};
   auto y = at::zeros({b, nh, dv, h, w}, q.options());
   auto probs = at::zeros({b, nh, k2, h, w}, q.options());
@@ -83,8 +85,9 @@ std::vector<at::Tensor> local_forward(at::Tensor q, std::optional<at::Tensor> k,
     const scalar_t* rr0 = qr_row ? qr_row->data_ptr<scalar_t>() : nullptr;
     const scalar_t* rc0 = qr_col ? qr_col->data_ptr<scalar_t>() : nullptr;
     scalar_t* y0 = y.data_ptr<scalar_t>();
+    const scalar_t* mix0 = mix ? mix->data_ptr<scalar_t>() : nullptr;
     at::parallel_for(0, b * nh, 1, [&](int64_t lo, int64_t hi) {
-      auto stat = at::empty({2, hw}, q.options());
+      auto stat = at::empty({3, hw}, q.options());
       for (int64_t task = lo; task < hi; ++task) {
         auto pt = probs.view({b * nh, k2, hw})[task];
         scalar_t* p = pt.data_ptr<scalar_t>();
@@ -133,26 +136,41 @@ _Pragma("omp simd")
           for (int64_t j = 0; j < hw; ++j) po[j] *= sm[j];
         }
         scalar_t* yh = y0 + task * dv * hw;
-        const scalar_t* vh = v0 + task * dv * hw;
-        for (int64_t o = 0; o < k2; ++o) shifted_axpy(yh, p + o * hw, vh, dv, g, o, true);
+        const scalar_t* vh = v0 + task * nm * dv * hw;
+        scalar_t* pw = stat[2].data_ptr<scalar_t>();  // P_o mix[o, m]
+        for (int64_t o = 0; o < k2; ++o) {
+          if (!mix0) {
+            shifted_axpy(yh, p + o * hw, vh, dv, g, o, true);
+            continue;
+          }
+          for (int64_t m = 0; m < nm; ++m) {
+            const scalar_t f = mix0[o * nm + m];
+            _Pragma("omp simd")
+            for (int64_t j = 0; j < hw; ++j) pw[j] = p[o * hw + j] * f;
+            shifted_axpy(yh, pw, vh + m * dv * hw, dv, g, o, true);
+          }
+        }
       }
     });
   });
   return {y, probs};
 }
 
-// Gradients of local_forward from gy (B, nh, dv, H, W): gq, gk (or empty), gv, g_row, g_col
-// (B, nh, k, H, W; empty without relative logits).
+// Gradients of local_forward from gy (B, nh, dv, H, W): gq, gk (or empty), gv, gmix (or empty),
+// g_row, g_col (B, nh, k, H, W; empty without relative logits).
 std::vector<at::Tensor> local_backward(at::Tensor gy, at::Tensor q, std::optional<at::Tensor> k,
-                                       at::Tensor v, at::Tensor probs, int64_t ks, bool rel) {
+                                       at::Tensor v, std::optional<at::Tensor> mix,
+                                       at::Tensor probs, int64_t ks, bool rel) {
   const int64_t b = q.size(0), nh = q.size(1), dk = q.size(2), h = q.size(3), w = q.size(4);
-  const int64_t dv = v.size(2), k2 = ks * ks, hw = h * w;
+  const int64_t nm = v.size(2), dv = v.size(3), k2 = ks * ks, hw = h * w;
   const Window g{ks, (ks - 1) / 2, h, w};
   auto gv = at::zeros_like(v);
   auto gq = k ? at::zeros_like(q) : at::Tensor();
   auto gk = k ? at::zeros_like(*k) : at::Tensor();
   auto grow = rel ? at::zeros({b, nh, ks, h, w}, q.options()) : at::Tensor();
   auto gcol = rel ? at::zeros({b, nh, ks, h, w}, q.options()) : at::Tensor();
+  // per task, reduced after the loop (tasks run in parallel)
+  auto gmix_t = mix ? at::zeros({b * nh, k2, nm}, q.options()) : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "local_backward", [&] {
     const scalar_t* p0 = probs.data_ptr<scalar_t>();
     const scalar_t* gy0 = gy.data_ptr<scalar_t>();
@@ -164,19 +182,41 @@ std::vector<at::Tensor> local_backward(at::Tensor gy, at::Tensor q, std::optiona
     scalar_t* gk0 = k ? gk.data_ptr<scalar_t>() : nullptr;
     scalar_t* gr0 = rel ? grow.data_ptr<scalar_t>() : nullptr;
     scalar_t* gc0 = rel ? gcol.data_ptr<scalar_t>() : nullptr;
+    const scalar_t* mix0 = mix ? mix->data_ptr<scalar_t>() : nullptr;
+    scalar_t* gm0 = mix ? gmix_t.data_ptr<scalar_t>() : nullptr;
     at::parallel_for(0, b * nh, 1, [&](int64_t lo, int64_t hi) {
       auto gl_t = at::empty({k2, hw}, q.options());
       auto dot_t = at::empty({hw}, q.options());
+      auto s_t = at::empty({2, hw}, q.options());
       for (int64_t task = lo; task < hi; ++task) {
         const scalar_t* p = p0 + task * k2 * hw;
         const scalar_t* gyh = gy0 + task * dv * hw;
-        const scalar_t* vh = v0 + task * dv * hw;
-        scalar_t* gvh = gv0 + task * dv * hw;
+        const scalar_t* vh = v0 + task * nm * dv * hw;
+        scalar_t* gvh = gv0 + task * nm * dv * hw;
         scalar_t* gl = gl_t.data_ptr<scalar_t>();
         std::fill(gl, gl + k2 * hw, scalar_t(0));
+        scalar_t* sv = s_t[0].data_ptr<scalar_t>();  // gy . v^m_ab
+        scalar_t* pw = s_t[1].data_ptr<scalar_t>();  // P_o mix[o, m]
         for (int64_t o = 0; o < k2; ++o) {
-          shifted_dot(gl + o * hw, gyh, vh, dv, g, o);           // dL/dP = gy . v_ab
-          shifted_axpy(gvh, p + o * hw, gyh, dv, g, o, false);  // dL/dv_ab += P gy
+          if (!mix0) {
+            shifted_dot(gl + o * hw, gyh, vh, dv, g, o);           // dL/dP = gy . v_ab
+            shifted_axpy(gvh, p + o * hw, gyh, dv, g, o, false);  // dL/dv_ab += P gy
+            continue;
+          }
+          for (int64_t m = 0; m < nm; ++m) {
+            const scalar_t f = mix0[o * nm + m];
+            std::fill(sv, sv + hw, scalar_t(0));
+            shifted_dot(sv, gyh, vh + m * dv * hw, dv, g, o);
+            double gm = 0;
+            _Pragma("omp simd reduction(+ : gm)")
+            for (int64_t j = 0; j < hw; ++j) {
+              gl[o * hw + j] += f * sv[j];  // dL/dP_o = sum_m mix[o, m] gy . v^m_ab
+              gm += static_cast<double>(p[o * hw + j]) * sv[j];  // dL/dmix[o, m]
+              pw[j] = p[o * hw + j] * f;
+            }
+            gm0[(task * k2 + o) * nm + m] += static_cast<scalar_t>(gm);
+            shifted_axpy(gvh + m * dv * hw, pw, gyh, dv, g, o, false);
+          }
         }
         scalar_t* dot = dot_t.data_ptr<scalar_t>();  // softmax backward: P (dP - sum P dP)
         std::fill(dot, dot + hw, scalar_t(0));
@@ -215,5 +255,6 @@ _Pragma("omp simd")
       }
     });
   });
-  return {gq, gk, gv, grow, gcol};
+  auto gmix = mix ? gmix_t.sum(0) : at::Tensor();
+  return {gq, gk, gv, gmix, grow, gcol};
 }
