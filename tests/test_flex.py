@@ -119,8 +119,8 @@ def test_flex_axis_attention_rejects_a_mismatched_table():
         flex_axis_attention(q, q, q, torch.randn(1, 1, 6, 4), 2, 3, 0.5)
 
 
-LOCAL_VARIANTS = [("relative", "qk+qr"), ("relative", "qr"), ("relative", "qk"),
-                  ("absolute", "qk+qr"), ("absolute", "qr"), ("none", "qk")]  # fmt: skip
+LOCAL_VARIANTS = [("relative", "qk+qr"), ("relative", "qr"), ("absolute", "qk+qr"),
+                  ("absolute", "qr"), ("none", "qk")]  # fmt: skip
 
 
 @pytest.mark.slow
