@@ -104,11 +104,18 @@ def table1(lines: list[str]) -> None:
               "| model | test acc. (here, seed 0) | params (here) | train images/s | train wall | "
               "seeds: mean +- std (n) | paper acc. (params) |",
               "|---|---|---|---|---|---|---|"]  # fmt: skip
-    accs, spread = {}, {}
+    accs, spread, collapsed = {}, {}, []
     for name, (acc, par) in paper.items():
         cells, seeds = seed_cells(name)
         m, sd = mean_std(seeds)
         over = f"{100 * m:.1f} +- {100 * sd:.1f}% ({len(seeds)})" if seeds else "not run"
+        chance = [r for r, a in zip(seed_runs(name), seed_accs(name)) if a is not None
+                  and a <= CHANCE]  # fmt: skip
+        if chance:
+            rest = mean_std([a for a in seeds if a > CHANCE])
+            over += (f"; {len(chance)} at chance, the others {100 * rest[0]:.1f} +- "
+                     f"{100 * rest[1]:.1f}%")  # fmt: skip
+            collapsed += chance
         lines.append(f"| {name} | {cells} | {over} | {acc}% ({par}) |")
         if seeds:
             accs[name], spread[name] = m, sd
@@ -124,6 +131,10 @@ def table1(lines: list[str]) -> None:
             for a, b in zip(ranked, ranked[1:]))  # fmt: skip
         lines += ["", "Paper's order: sa_quadratic ~ resnet18 > sa_learned > sa_learned_content. "
                   f"Order here, by mean over seeds ('~': within one std): {order}."]  # fmt: skip
+        if collapsed:
+            lines += ["", f"At chance (test accuracy <= {100 * CHANCE:.0f}%: the training "
+                      f"collapsed to a constant output, loss ln 10): {', '.join(collapsed)}; "
+                      "it counts in the mean above."]  # fmt: skip
     lines.append("")
     heads(lines)
 
@@ -132,6 +143,15 @@ def seed_runs(name: str, prefix: str = "table1_") -> list[str]:
     """<prefix><name> (seed 0) and its <prefix><name>_seed<N> repeats that have a config."""
     base = f"{prefix}{name}"
     return [base] + sorted(p.stem for p in CONFIGS.glob(f"{base}_seed*.yaml"))
+
+
+CHANCE = 0.11  # 10 classes: a run at or below this test accuracy learned nothing
+
+
+def seed_accs(name: str, prefix: str = "table1_") -> list[float | None]:
+    """The test accuracy of each of seed_runs(name), None where not finished."""
+    return [read_metrics(RUNS / r)["test_acc"] if (RUNS / r / "wall.json").exists() else None
+            for r in seed_runs(name, prefix)]  # fmt: skip
 
 
 def seed_cells(name: str, prefix: str = "table1_") -> tuple[str, list[float]]:
