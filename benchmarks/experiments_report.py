@@ -106,11 +106,11 @@ def table1(lines: list[str]) -> None:
               "|---|---|---|---|---|---|---|"]  # fmt: skip
     accs, spread, collapsed = {}, {}, []
     for name, (acc, par) in paper.items():
-        cells, seeds = seed_cells(name)
+        cells, by_run = seed_cells(name)
+        seeds = list(by_run.values())
         m, sd = mean_std(seeds)
         over = f"{100 * m:.1f} +- {100 * sd:.1f}% ({len(seeds)})" if seeds else "not run"
-        chance = [r for r, a in zip(seed_runs(name), seed_accs(name)) if a is not None
-                  and a <= CHANCE]  # fmt: skip
+        chance = [r for r, a in by_run.items() if a <= CHANCE]
         if chance:
             rest = mean_std([a for a in seeds if a > CHANCE])
             over += (f"; {len(chance)} at chance, the others {100 * rest[0]:.1f} +- "
@@ -148,17 +148,12 @@ def seed_runs(name: str, prefix: str = "table1_") -> list[str]:
 CHANCE = 0.11  # 10 classes: a run at or below this test accuracy learned nothing
 
 
-def seed_accs(name: str, prefix: str = "table1_") -> list[float | None]:
-    """The test accuracy of each of seed_runs(name), None where not finished."""
-    return [read_metrics(RUNS / r)["test_acc"] if (RUNS / r / "wall.json").exists() else None
-            for r in seed_runs(name, prefix)]  # fmt: skip
-
-
-def seed_cells(name: str, prefix: str = "table1_") -> tuple[str, list[float]]:
-    """The seed-0 run's table cells and the test accuracies of every finished seed, each run
-    folder read once (run_cells loads the model to count its parameters)."""
-    runs = [run_cells(RUNS / r) for r in seed_runs(name, prefix)]
-    return runs[0][0], [a for _, a in runs if a is not None]
+def seed_cells(name: str, prefix: str = "table1_") -> tuple[str, dict[str, float]]:
+    """The seed-0 run's table cells and the test accuracy of every finished seed by run name,
+    each run folder read once (run_cells loads the model to count its parameters)."""
+    names = seed_runs(name, prefix)
+    runs = [run_cells(RUNS / r) for r in names]
+    return runs[0][0], {r: a for r, (_, a) in zip(names, runs) if a is not None}
 
 
 def mean_std(xs: list[float]) -> tuple[float, float]:
@@ -257,7 +252,8 @@ def sasa(lines: list[str]) -> None:
               "|---|---|---|---|---|---|"]  # fmt: skip
     sds = []
     for label, v in SASA_CLAIMS:
-        cells, accs = seed_cells(v, prefix="sasa_")
+        cells, by_run = seed_cells(v, prefix="sasa_")
+        accs = list(by_run.values())
         m, sd = mean_std(accs)
         over = f"{100 * m:.1f} +- {100 * sd:.1f}% ({len(accs)})" if accs else "not run"
         sds += [sd] if len(accs) > 1 else []

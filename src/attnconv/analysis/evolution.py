@@ -56,9 +56,15 @@ def _layer(centers: list, alpha: list) -> MultiHeadSelfAttention2d:
 
 
 @torch.no_grad()
+def middle_query_probs(layer: MultiHeadSelfAttention2d, h: int, w: int) -> torch.Tensor:
+    """(Nh, T) attention of the query in the middle of an h x w grid (position only: no input)."""
+    return layer.attention_probs(torch.zeros(1, 1, h, w))[0, :, (h // 2) * w + w // 2]
+
+
+@torch.no_grad()
 def mean_distance(layer: MultiHeadSelfAttention2d, h: int, w: int) -> float:
     """Expected query-key distance (tokens) for the middle query, averaged over the heads."""
-    probs = layer.attention_probs(torch.zeros(1, 1, h, w))[0, :, (h // 2) * w + w // 2]  # (Nh, T)
+    probs = middle_query_probs(layer, h, w)  # (Nh, T)
     r, c = torch.meshgrid(torch.arange(h) - h // 2, torch.arange(w) - w // 2, indexing="ij")
     dist = (r.float() ** 2 + c.float() ** 2).sqrt().reshape(-1)  # (T,)
     return float((probs.float() * dist).sum(-1).mean())
@@ -94,7 +100,7 @@ def last_heads(path: str | Path, grid: tuple[int, int] = (16, 16)) -> tuple[int,
     out = []
     for ctr, alpha in zip(rec["layers"], rec["alpha"]):
         layer = _layer(ctr, alpha)
-        probs = layer.attention_probs(torch.zeros(1, 1, h, w))[0, :, (h // 2) * w + w // 2]
+        probs = middle_query_probs(layer, h, w)
         out.append(dict(maps=probs.view(-1, h, w).float(), centers=torch.tensor(ctr),
                         score=layer_grid_score(layer, h, w)))  # fmt: skip
     return rec["step"], out

@@ -30,7 +30,7 @@ from torch.autograd.function import once_differentiable
 from .encoding_base import pixel_coords
 from .first_order import first_order_only
 from .gaussian import gaussian_offset_logits
-from .precision import kernel_dtype, no_autocast
+from .precision import backward_without_autocast, kernel_dtype
 
 _FLOOR = -60.0  # exp(-60) = 8.8e-27: products with gradients stay normal float32
 _BLOCK_ELEMS = 1 << 19  # logits per block, Nh * Bq * T: 2 MiB of float32, one core's L2 + L3 share
@@ -84,14 +84,8 @@ class _AxisAttention(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
+    @backward_without_autocast
     def backward(ctx, dout):
-        # the forward ran with autocast off; a backward called inside an autocast region (on CPU
-        # it runs on the caller's thread) must too, or its float32 products get cast
-        with no_autocast(dout.device.type):
-            return _AxisAttention._backward(ctx, dout)
-
-    @staticmethod
-    def _backward(ctx, dout):
         q, k, v, q_axis, rmax, rden = ctx.saved_tensors
         (h, w), scale, bq = ctx.hw, ctx.scale, ctx.bq
         b, nh, t, _ = q.shape
@@ -168,14 +162,8 @@ class _GaussianAttention(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
+    @backward_without_autocast
     def backward(ctx, dout):
-        # the forward ran with autocast off; a backward called inside an autocast region (on CPU
-        # it runs on the caller's thread) must too, or its float32 products get cast
-        with no_autocast(dout.device.type):
-            return _GaussianAttention._backward(ctx, dout)
-
-    @staticmethod
-    def _backward(ctx, dout):
         q, k, v, ctr, prec, coords, rmax, rden, *drop = ctx.saved_tensors
         scale, bq, p_drop = ctx.scale, ctx.bq, ctx.p_drop
         drop = drop[0] if drop else None

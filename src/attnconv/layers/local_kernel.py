@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from .functional import check_impl, scaled_dot_product_attention
 from .kernels.fused import available, extension
-from .precision import no_autocast
+from .precision import backward_without_autocast
 
 PADDINGS = ("mask", "zeros")
 
@@ -152,11 +152,17 @@ class _LocalAttention(torch.autograd.Function):
         probs = logits.sub_(logits.amax(dim=2, keepdim=True)).exp_()
         probs.div_(probs.sum(dim=2, keepdim=True))
         y = _window_aggregate(probs, v, mix, ks)  # (B, nh, dv, H, W)
+        _LocalAttention._save(ctx, _LocalAttention._window_backward, q, k, v, mix, probs,
+                              qr_row, qr_col, valid, ks)  # fmt: skip
+        return y, probs
+
+    @staticmethod
+    def _save(ctx, first_order, q, k, v, mix, probs, qr_row, qr_col, valid, ks: int) -> None:
+        """What either kernel keeps for backward, and its own first-order backward."""
         ctx.save_for_backward(q, k, v, mix, probs, qr_row, qr_col, valid)
-        ctx.ks, ctx.has_qr = ks, qr_row is not None
+        ctx.ks, ctx.has_qr, ctx.first_order = ks, qr_row is not None, first_order
         ctx.mark_non_differentiable(probs)
         ctx.set_materialize_grads(False)  # no zero (B, nh, k^2, H, W) gradient for probs
-        return y, probs
 
     @staticmethod
     def backward(ctx, gy, _gprobs):
@@ -164,6 +170,11 @@ class _LocalAttention(torch.autograd.Function):
             return (None,) * 8
         if torch.is_grad_enabled():  # create_graph: a differentiable gradient (plain path)
             return _LocalAttention._plain_backward(ctx, gy)
+        return ctx.first_order(ctx, gy)
+
+    @staticmethod
+    def _window_backward(ctx, gy):
+        """The Python window kernel's gradients (first order)."""
         q, k, v, mix, probs, _, _, _ = ctx.saved_tensors
         ks = ctx.ks
         need = ctx.needs_input_grad
@@ -213,22 +224,17 @@ class _FusedLocal(_LocalAttention):
     def forward(ctx, q, k, v, mix, qr_row, qr_col, valid, ks: int):
         ext = extension()
         y, probs = ext.local_forward(q, k, v, mix, qr_row, qr_col, ks, valid is not None)
-        ctx.save_for_backward(q, k, v, mix, probs, qr_row, qr_col, valid)
-        ctx.ks, ctx.has_qr = ks, qr_row is not None
-        ctx.mark_non_differentiable(probs)
-        ctx.set_materialize_grads(False)
+        _LocalAttention._save(ctx, _FusedLocal._fused_backward, q, k, v, mix, probs, qr_row,
+                              qr_col, valid, ks)  # fmt: skip
         return y, probs
 
     @staticmethod
-    def backward(ctx, gy, _gprobs):
-        if gy is None:
-            return (None,) * 8
-        if torch.is_grad_enabled():
-            return _LocalAttention._plain_backward(ctx, gy)
+    @backward_without_autocast
+    def _fused_backward(ctx, gy):
+        """The C++ kernel's gradients (first order)."""
         q, k, v, mix, probs, _, _, _ = ctx.saved_tensors
-        with no_autocast(gy.device.type):  # as the forward ran (a backward inside autocast)
-            gq, gk, gv, gm, g_row, g_col = extension().local_backward(
-                gy.contiguous(), q, k, v, mix, probs, ctx.ks, ctx.has_qr)
+        gq, gk, gv, gm, g_row, g_col = extension().local_backward(
+            gy.contiguous(), q, k, v, mix, probs, ctx.ks, ctx.has_qr)
         return gq, gk, gv, gm, g_row, g_col, None, None
 
 

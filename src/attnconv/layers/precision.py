@@ -11,6 +11,7 @@ upcast helpers and the autocast-off context.
 
 from __future__ import annotations
 
+import functools
 from contextlib import nullcontext
 
 import torch
@@ -45,3 +46,16 @@ def upcast(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
 def no_autocast(device_type: str, off: bool = True):
     """Autocast disabled on ``device_type`` (when ``off``): the kernel's own dtypes hold."""
     return torch.autocast(device_type, enabled=False) if off else nullcontext()
+
+
+def backward_without_autocast(backward):
+    """Decorates the backward of a custom autograd function whose forward ran with autocast off:
+    a backward called inside an autocast region (on CPU it runs on the caller's thread) runs
+    with autocast off too, or its float32 products would be cast."""
+
+    @functools.wraps(backward)
+    def run(ctx, grad, *rest):
+        with no_autocast(grad.device.type):
+            return backward(ctx, grad, *rest)
+
+    return run

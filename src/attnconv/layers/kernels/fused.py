@@ -25,7 +25,7 @@ from torch.autograd.function import once_differentiable
 
 from ..first_order import first_order_only
 from ..functional import drop_threshold, dropout_seed, dropped_links
-from ..precision import kernel_dtype, no_autocast
+from ..precision import backward_without_autocast, kernel_dtype
 
 SOURCES = [Path(__file__).with_name(f) for f in ("fused_axis.cpp", "fused_local.cpp")]
 NAME = "attnconv_fused_axis_" + re.sub(r"\W", "_", torch.__version__)  # rebuilt per torch
@@ -69,11 +69,11 @@ class _FusedAxis(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
+    @backward_without_autocast
     def backward(ctx, dy):
         q, k, v, q_axis, mx, inv = ctx.saved_tensors
         dy = dy.to(q.dtype).contiguous()
-        with no_autocast(dy.device.type):  # as the forward ran (a backward inside autocast)
-            dq, dk, dv, dqa = extension().backward(dy, q, k, v, q_axis, mx, inv, *ctx.args)
+        dq, dk, dv, dqa = extension().backward(dy, q, k, v, q_axis, mx, inv, *ctx.args)
         return dq, dk, dv, dqa, None, None, None, None, None, None
 
 
