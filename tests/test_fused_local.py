@@ -167,3 +167,25 @@ def test_stem_runs_the_fused_kernel_and_equals_the_window():
     torch.testing.assert_close(y1, y2)
     for a, r in zip(g1, g2):
         torch.testing.assert_close(a, r)
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_fused_mixed_values_precision_as_tight_as_window(autocast):
+    """The stem's mixed values: float32 and bf16-autocast output and gradient errors against
+    float64 within 2x of the Python window kernel's."""
+    inputs = _inputs(2, 2, 8, 6, 10, 9, 4, True, False, torch.float64, 3, nm=3)
+    ins = [t for t in inputs if t is not None]
+
+    def run(tensors, use, ac):
+        q, k, v, mix = tensors
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=ac):
+            y = local_attention(q, k, v, kernel_size=4, mix=mix, fused=use)
+        return y, torch.autograd.grad((y.double() ** 2).sum(), tensors)
+
+    y64, g64 = run(ins, False, False)
+    low = [t.detach().float().requires_grad_() for t in ins]
+    yw, gw = run(low, False, autocast)
+    yf, gf = run(low, True, autocast)
+    assert _rel(yf.detach(), y64) <= 2 * _rel(yw.detach(), y64) + 1e-7
+    for a, b_, r in zip(gf, gw, g64):
+        assert _rel(a, r) <= 2 * _rel(b_, r) + 1e-7
