@@ -27,9 +27,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments_report beside this file
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the report's modules beside this file
 import experiments_report as report_  # noqa: E402
-from experiments_report import CONFIGS, ROOT, progress  # noqa: E402
+from experiments_runs import CONFIGS, ROOT, progress  # noqa: E402
 
 RUNS = Path(os.environ.get("ATTNCONV_RUNS") or ROOT.parent / "attnconv-runs")  # see --runs
 CLI = [sys.executable, "-m", "attnconv.cli"]

@@ -4,85 +4,21 @@ run folders only; nothing typed by hand). ``RUNS``: the run root, set by experim
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import platform
 import shutil
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = ROOT / "configs" / "experiments"
+from experiments_grid import grid_formation
+from experiments_runs import CONFIGS, FIGS, ROOT, mean_std, per_layer, run_cells
+
 RUNS = Path(os.environ.get("ATTNCONV_RUNS") or ROOT.parent / "attnconv-runs")  # see --runs
 DOCS = ROOT / "docs" / "experiments.md"  # the page that shows the report
-FIGS = ROOT / "docs" / "figures"
 RESULTS = ROOT / "benchmarks" / "results" / "experiments.md"
 BEGIN, END = "<!-- experiments:begin -->", "<!-- experiments:end -->"
 # figures shown inline on the page (the rest are linked)
 INLINE_FIGURES = ("attention_average", "mass_contours", "center_trajectories_gif")
-
-
-def train_config(cfg: Path):
-    """An experiment's ``train`` section (its steps and batch)."""
-    from attnconv.train.config import load_config
-
-    return load_config(cfg).train
-
-
-def total_steps(cfg: Path, t=None) -> int | None:
-    """Training steps an experiment's config asks for (None: a whole-split epoch, not capped);
-    ``t``: its train section, if already read."""
-    t = t or train_config(cfg)
-    return t.epochs * t.steps_per_epoch if t.steps_per_epoch else None
-
-
-def progress(cfg: Path, out: Path) -> str:
-    """'done', 'not started', or 'step S of N (P%), ~H h left at R img/s' from the run folder's
-    metrics.csv (the steps a resume restarts from are those of its last checkpoint)."""
-    if (out / "wall.json").exists():
-        return "done"
-    rows = list(csv.DictReader(open(out / "metrics.csv"))) if (out / "metrics.csv").exists() else []
-    train = [r for r in rows if r["kind"] == "train"]
-    if not train:
-        return "not started"
-    t = train_config(cfg)
-    step, n = int(train[-1]["step"]), total_steps(cfg, t)
-    ips = sorted(float(r["images_per_s"]) for r in train[-20:])[len(train[-20:]) // 2]
-    if not n:
-        return f"step {step} ({ips:.0f} img/s)"
-    left_h = (n - step) * t.batch_size / max(ips, 1e-9) / 3600
-    return f"step {step} of {n} ({100 * step / n:.0f}%), ~{left_h:.1f} h left at {ips:.0f} img/s"
-
-
-
-def read_metrics(run: Path) -> dict:
-    rows = list(csv.DictReader(open(run / "metrics.csv")))
-    train = [r for r in rows if r["kind"] == "train"]
-    evals = [r for r in rows if r["kind"] == "eval"]
-    ips = sorted(float(r["images_per_s"]) for r in train)
-    return {
-        "test_acc": float(evals[-1]["acc"]) if evals else float("nan"),
-        "images_per_s": ips[len(ips) // 2] if ips else float("nan"),
-        "steps": int(train[-1]["step"]) if train else 0,
-    }
-
-
-def n_params(run: Path) -> int:
-    from attnconv.loading import load_model
-
-    model, _ = load_model(run)
-    return sum(p.numel() for p in model.parameters())
-
-
-def run_cells(run: Path) -> tuple[str, float | None]:
-    """The table cells 'test acc. | params | train images/s | train wall' of a run folder, and
-    its test accuracy (None, with empty cells, for a run not finished)."""
-    if not (run / "wall.json").exists():
-        return "not run | | |", None
-    m, wall = read_metrics(run), json.loads((run / "wall.json").read_text())
-    cells = (f"{100 * m['test_acc']:.1f}% | {n_params(run) / 1e6:.2f}M | "
-             f"{m['images_per_s']:.0f} | {wall['train_seconds'] / 60:.1f} min")  # fmt: skip
-    return cells, m["test_acc"]
 
 
 TABLE1 = ("resnet18", "sa_quadratic", "sa_learned", "sa_learned_content")
@@ -120,7 +56,9 @@ def table1(lines: list[str]) -> None:
         if seeds:
             accs[name], spread[name] = m, sd
     extra = [("sa_learned, `init: bert` (ablation)", "table1_sa_learned_bert"),
-             ("sa_quadratic in fp32 (bf16 check)", "table1_sa_quadratic_fp32")]  # fmt: skip
+             ("sa_quadratic in fp32 (bf16 check)", "table1_sa_quadratic_fp32"),
+             ("sa_learned seed 1, 30% warm-up (collapse check)",
+              "table1_sa_learned_warmup_seed1")]  # fmt: skip
     for label, run in extra:
         if (RUNS / run).exists():
             lines.append(f"| {label} | {run_cells(RUNS / run)[0]} | |")
@@ -154,20 +92,6 @@ def seed_cells(name: str, prefix: str = "table1_") -> tuple[str, dict[str, float
     names = seed_runs(name, prefix)
     runs = [run_cells(RUNS / r) for r in names]
     return runs[0][0], {r: a for r, (_, a) in zip(names, runs) if a is not None}
-
-
-def mean_std(xs: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for fewer than two values)."""
-    if not xs:
-        return float("nan"), float("nan")
-    m = sum(xs) / len(xs)
-    sd = (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5 if len(xs) > 1 else 0.0
-    return m, sd
-
-
-def per_layer(values, fmt: str = "{:.1f}") -> str:
-    """One table cell of per-layer values, layer 1 first."""
-    return ", ".join(fmt.format(v) for v in values)
 
 
 def heads(lines: list[str]) -> None:
@@ -317,131 +241,6 @@ def conversion(lines: list[str]) -> None:
                   f"![lemma2](figures/{png.name})", ""]  # fmt: skip
 
 
-def grid_formation(lines: list[str]) -> None:
-    """Issue: do the quadratic heads form a grid at a CPU budget? The grid_sa_quadratic run's
-    centre log (finished or not) against steps: table at a few steps and a figure."""
-    from attnconv.analysis.evolution import evolution_figure, head_evolution
-
-    name = "grid_sa_quadratic"
-    log = RUNS / name / "centers.jsonl"
-    if not log.exists():
-        return
-    evo = head_evolution(log)
-    cfg = CONFIGS / f"{name}.yaml"
-    lines += ["### Do the quadratic heads form a grid? (Cordonnier et al. 2020, fig. 3-4)", "",
-              f"`{name}`: sa_quadratic at the Table 1 CPU scale with 20x its budget "
-              f"({total_steps(cfg)} steps of {train_config(cfg).batch_size} images, cosine); "
-              f"{progress(cfg, RUNS / name)}. "
-              "Per layer (1 -> 6), from its centre log (exact: position-only attention does not "
-              "depend on the input): centre displacement from step 0 and mean attention "
-              "distance in tokens of the 16x16 grid, the largest top-key share of a head (sharp "
-              "above 0.5), sharp heads, grid score 3x3/5x5; the sum of the learning rate over "
-              "the steps so far (the distance plain SGD moves a parameter per unit gradient).",
-              "", "| step | sum of lr | displacement | mean distance | largest peak | sharp heads "
-              "| grid 3x3/5x5 |", "|---|---|---|---|---|---|---|"]  # fmt: skip
-    picks = sorted({round(i * (len(evo) - 1) / 5) for i in range(6)})
-    lr_sum = summed_lr(RUNS / name)
-    for e in (evo[i] for i in picks):
-        lay = e["layers"]
-        lines.append(
-            f"| {e['step']} | {lr_sum(e['step']):.0f} | "
-            f"{per_layer((x['displacement'] for x in lay), '{:.2f}')} | "
-            f"{per_layer(x['mean_distance'] for x in lay)} | "
-            f"{per_layer((max(x['peak_mass']) for x in lay), '{:.2f}')} | "
-            f"{per_layer((x['sharp_heads'] for x in lay), '{}')} | "
-            f"{per_layer((str(x['grid3']) + '/' + str(x['grid5']) for x in lay), '{}')} |"
-        )
-    FIGS.mkdir(parents=True, exist_ok=True)
-    fig = evolution_figure(evo, FIGS / "grid_evolution.png")
-    lines += ["", f"![grid evolution](figures/{fig.name})", ""]
-    if (RUNS / name / "metrics.csv").exists():
-        ips, images = read_metrics(RUNS / name)["images_per_s"], 300 * 50_000
-        lines += [f"The reference code's budget (its recipe, configs/sa_quadratic.yaml: 300 epochs "
-                  f"of the 50,000 training images, batch 100, hidden 400) is "
-                  f"{images / 1e6:.0f}M images, "
-                  f"{images / train_config(cfg).batch_size / total_steps(cfg):.0f}x this run's; "
-                  f"at this run's measured {ips:.0f} images/s (hidden 64, one core) it would take "
-                  f"{images / ips / 3600:.0f} h of one core, a lower bound for hidden 400.",
-                  ""]  # fmt: skip
-    grid_heads(lines, log)
-    grid_sensitivity(lines)
-
-
-def summed_lr(run: Path):
-    """step -> the learning rate summed over the steps up to it, from the run's metrics.csv
-    (lr logged every few steps, each logged value standing for the steps since the last log)."""
-    rows = [r for r in csv.DictReader(open(run / "metrics.csv")) if r["kind"] == "train"]
-    marks, total, last = [(0, 0.0)], 0.0, 0
-    for r in sorted(rows, key=lambda r: int(r["step"])):
-        step = int(r["step"])
-        total += float(r["lr"]) * (step - last)
-        marks.append((step, total))
-        last = step
-    return lambda s: max(t for st, t in marks if st <= s)
-
-
-def grid_heads(lines: list[str], log: Path) -> None:
-    """The grid run's heads: every centre's path (fig. 3), the mass contours at the last logged
-    step, and per layer where its sharp heads sit."""
-    import numpy as np
-
-    from attnconv.analysis.center_figures import plot_center_trajectories, plot_mass_contours
-    from attnconv.analysis.evolution import last_heads, read_evolution
-
-    recs = read_evolution(log)
-    steps = np.array([r["step"] for r in recs])
-    paths = [np.array([r["layers"][li] for r in recs], dtype=np.float64)
-             for li in range(len(recs[0]["layers"]))]  # fmt: skip
-    traj = plot_center_trajectories(steps, paths, FIGS / "grid_center_trajectories.png",
-                                    unit="step")  # fmt: skip
-    step, heads = last_heads(log)
-    contours = plot_mass_contours(
-        [hd["maps"] for hd in heads], (8, 8), (16, 16), FIGS / "grid_mass_contours.png",
-        centers=[hd["centers"] for hd in heads],
-        title=f"step {step}: 50% (solid) / 90% (dashed) of each head's mass for the middle "
-        "query; x = head centre",
-    )
-    lines += [f"Where the heads sit at step {step} (offset = the top key minus the query, in "
-              "tokens (row, col); a sharp head puts > 50% of its mass there):", "",
-              "| layer | sharp heads: offset (top-key share) | the other heads: top-key share |",
-              "|---|---|---|"]  # fmt: skip
-    for li, hd in enumerate(heads, 1):
-        g = hd["score"]
-        sharp = sorted((tuple(o), p) for o, p in zip(g.offsets, g.peak_mass) if p > 0.5)
-        rest = sorted((p for p in g.peak_mass if p <= 0.5), reverse=True)
-        lines.append(f"| {li} | {', '.join(f'({r}, {c}) {p:.2f}' for (r, c), p in sharp) or '-'}"
-                     f" | {', '.join(f'{p:.2f}' for p in rest) or '-'} |")  # fmt: skip
-    lines += ["", f"![grid centre trajectories](figures/{traj.name})", "",
-              f"![grid mass contours](figures/{contours.name})", ""]
-
-
-def grid_sensitivity(lines: list[str]) -> None:
-    """The grid5k_* runs (one change each from grid5k_base, 5,000 steps): where their heads are
-    at their last logged step."""
-    from attnconv.analysis.evolution import head_evolution
-
-    rows = []
-    for cfg in sorted(CONFIGS.glob("grid5k_*.yaml")):
-        log = RUNS / cfg.stem / "centers.jsonl"
-        if not log.exists():
-            continue
-        last = head_evolution(log)[-1]
-        lay = last["layers"]
-        acc = run_cells(RUNS / cfg.stem)[1]
-        rows.append(
-            f"| {cfg.stem} | {progress(cfg, RUNS / cfg.stem)} | {last['step']} | "
-            f"{per_layer((x['displacement'] for x in lay), '{:.2f}')} | "
-            f"{per_layer((max(x['peak_mass']) for x in lay), '{:.2f}')} | "
-            f"{sum(x['sharp_heads'] for x in lay)} | {sum(x['grid3'] for x in lay)} | "
-            f"{'' if acc is None else f'{100 * acc:.1f}%'} |"
-        )
-    if rows:
-        lines += ["#### Sensitivity: one change at a time, 5,000 steps", "",
-                  "| run | progress | step | displacement | largest peak | sharp heads (all "
-                  "layers) | 3x3 grid score (all layers) | test acc. |",
-                  "|---|---|---|---|---|---|---|---|", *rows, ""]  # fmt: skip
-
-
 def report(runs: Path) -> None:
     global RUNS
     RUNS = runs
@@ -453,7 +252,7 @@ def report(runs: Path) -> None:
         lines += [f"Wall time of the {len(walls)} training runs: {sum(walls) / 3600:.1f} h in "
                   "all (several ran side by side on the 2 cores).", ""]  # fmt: skip
     table1(lines)
-    grid_formation(lines)
+    grid_formation(lines, RUNS)
     sasa(lines)
     analysis(lines)
     conversion(lines)

@@ -10,6 +10,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "experiments.py"
+sys.path.insert(0, str(SCRIPT.parent))
+import experiments_runs as runs_  # noqa: E402
 
 
 def _module():
@@ -28,7 +30,7 @@ def test_default_run_root_is_outside_the_repository(monkeypatch):
 def test_progress_reads_the_run_folder(tmp_path):
     mod = _module()
     cfg = mod.CONFIGS / "grid_sa_quadratic.yaml"
-    n = mod.report_.total_steps(cfg)
+    n = runs_.total_steps(cfg)
     assert n == 20000
     out = tmp_path / "grid_sa_quadratic"
     assert mod.progress(cfg, out) == "not started"
@@ -55,9 +57,9 @@ def test_table1_seeds_and_their_spread():
     mod = _module()
     runs = ["table1_sa_quadratic", "table1_sa_quadratic_seed1", "table1_sa_quadratic_seed2"]
     assert mod.report_.seed_runs("sa_quadratic") == runs
-    m, sd = mod.report_.mean_std([0.40, 0.42, 0.44])
+    m, sd = runs_.mean_std([0.40, 0.42, 0.44])
     assert abs(m - 0.42) < 1e-12 and abs(sd - 0.02) < 1e-12
-    assert mod.report_.mean_std([0.5]) == (0.5, 0.0)
+    assert runs_.mean_std([0.5]) == (0.5, 0.0)
     from attnconv.train.config import load_config
 
     for name in ("resnet18", "sa_quadratic", "sa_learned", "sa_learned_content"):
@@ -84,10 +86,9 @@ def test_a_folder_another_run_trains_is_skipped(tmp_path, monkeypatch):
 
 
 def test_summed_lr_counts_each_logged_rate_for_the_steps_since_the_last_log(tmp_path):
-    mod = _module()
     rows = ["kind,step,lr", "train,50,0.01", "eval,50,", "train,100,0.1", "train,150,0.05"]
     (tmp_path / "metrics.csv").write_text("\n".join(rows) + "\n")
-    lr_sum = mod.report_.summed_lr(tmp_path)
+    lr_sum = runs_.summed_lr(tmp_path)
     assert lr_sum(0) == 0.0 and lr_sum(49) == 0.0
     assert abs(lr_sum(100) - (50 * 0.01 + 50 * 0.1)) < 1e-12
     assert abs(lr_sum(10_000) - (50 * 0.01 + 50 * 0.1 + 50 * 0.05)) < 1e-12

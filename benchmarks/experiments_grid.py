@@ -1,0 +1,180 @@
+"""The grid experiment of the report (Cordonnier et al. 2020, fig. 3-4): grid_sa_quadratic's
+heads against steps and the grid5k_* sensitivity runs, from their centre logs
+(centers.jsonl) and metrics only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from experiments_runs import (
+    CONFIGS,
+    FIGS,
+    per_layer,
+    progress,
+    read_metrics,
+    run_cells,
+    summed_lr,
+    total_steps,
+    train_config,
+)
+
+
+def grid_formation(lines: list[str], runs: Path) -> None:
+    """Issue: do the quadratic heads form a grid at a CPU budget? The grid_sa_quadratic run's
+    centre log (finished or not) against steps: table at a few steps and a figure."""
+    from attnconv.analysis.evolution import evolution_figure, head_evolution
+
+    name = "grid_sa_quadratic"
+    log = runs / name / "centers.jsonl"
+    if not log.exists():
+        return
+    evo = head_evolution(log)
+    cfg = CONFIGS / f"{name}.yaml"
+    lines += ["### Do the quadratic heads form a grid? (Cordonnier et al. 2020, fig. 3-4)", "",
+              f"`{name}`: sa_quadratic at the Table 1 CPU scale with 20x its budget "
+              f"({total_steps(cfg)} steps of {train_config(cfg).batch_size} images, cosine); "
+              f"{progress(cfg, runs / name)}. "
+              "Per layer (1 -> 6), from its centre log (exact: position-only attention does not "
+              "depend on the input): centre displacement from step 0 and mean attention "
+              "distance in tokens of the 16x16 grid, the largest top-key share of a head (sharp "
+              "above 0.5), sharp heads, grid score 3x3/5x5; the sum of the learning rate over "
+              "the steps so far (the distance plain SGD moves a parameter per unit gradient).",
+              "", "| step | sum of lr | displacement | mean distance | largest peak | sharp heads "
+              "| grid 3x3/5x5 |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    picks = sorted({round(i * (len(evo) - 1) / 5) for i in range(6)})
+    lr_sum = summed_lr(runs / name)
+    for e in (evo[i] for i in picks):
+        lay = e["layers"]
+        lines.append(
+            f"| {e['step']} | {lr_sum(e['step']):.0f} | "
+            f"{per_layer((x['displacement'] for x in lay), '{:.2f}')} | "
+            f"{per_layer(x['mean_distance'] for x in lay)} | "
+            f"{per_layer((max(x['peak_mass']) for x in lay), '{:.2f}')} | "
+            f"{per_layer((x['sharp_heads'] for x in lay), '{}')} | "
+            f"{per_layer((str(x['grid3']) + '/' + str(x['grid5']) for x in lay), '{}')} |"
+        )
+    FIGS.mkdir(parents=True, exist_ok=True)
+    fig = evolution_figure(evo, FIGS / "grid_evolution.png")
+    lines += ["", f"![grid evolution](figures/{fig.name})", ""]
+    if (runs / name / "metrics.csv").exists():
+        ips, images = read_metrics(runs / name)["images_per_s"], 300 * 50_000
+        lines += [f"The reference code's budget (its recipe, configs/sa_quadratic.yaml: 300 epochs "
+                  f"of the 50,000 training images, batch 100, hidden 400) is "
+                  f"{images / 1e6:.0f}M images, "
+                  f"{images / train_config(cfg).batch_size / total_steps(cfg):.0f}x this run's; "
+                  f"at this run's measured {ips:.0f} images/s (hidden 64, one core) it would take "
+                  f"{images / ips / 3600:.0f} h of one core, a lower bound for hidden 400.",
+                  ""]  # fmt: skip
+    grid_heads(lines, log)
+    grid_sensitivity(lines, runs)
+
+
+def grid_heads(lines: list[str], log: Path) -> None:
+    """The grid run's heads: every centre's path (fig. 3), the mass contours at the last logged
+    step, and per layer where its sharp heads sit."""
+    import numpy as np
+
+    from attnconv.analysis.center_figures import plot_center_trajectories, plot_mass_contours
+    from attnconv.analysis.evolution import last_heads, read_evolution
+
+    recs = read_evolution(log)
+    steps = np.array([r["step"] for r in recs])
+    paths = [np.array([r["layers"][li] for r in recs], dtype=np.float64)
+             for li in range(len(recs[0]["layers"]))]  # fmt: skip
+    traj = plot_center_trajectories(steps, paths, FIGS / "grid_center_trajectories.png",
+                                    unit="step")  # fmt: skip
+    step, heads = last_heads(log)
+    contours = plot_mass_contours(
+        [hd["maps"] for hd in heads], (8, 8), (16, 16), FIGS / "grid_mass_contours.png",
+        centers=[hd["centers"] for hd in heads],
+        title=f"step {step}: 50% (solid) / 90% (dashed) of each head's mass for the middle "
+        "query; x = head centre",
+    )
+    lines += [f"Where the heads sit at step {step} (offset = the top key minus the query, in "
+              "tokens (row, col); a sharp head puts > 50% of its mass there):", "",
+              "| layer | sharp heads: offset (top-key share) | the other heads: top-key share |",
+              "|---|---|---|"]  # fmt: skip
+    for li, hd in enumerate(heads, 1):
+        g = hd["score"]
+        sharp = sorted((tuple(o), p) for o, p in zip(g.offsets, g.peak_mass) if p > 0.5)
+        rest = sorted((p for p in g.peak_mass if p <= 0.5), reverse=True)
+        lines.append(f"| {li} | {', '.join(f'({r}, {c}) {p:.2f}' for (r, c), p in sharp) or '-'}"
+                     f" | {', '.join(f'{p:.2f}' for p in rest) or '-'} |")  # fmt: skip
+    lines += ["", f"![grid centre trajectories](figures/{traj.name})", "",
+              f"![grid mass contours](figures/{contours.name})", ""]
+
+
+GRID_RUNS = "grid5k_*.yaml"  # one change each from grid5k_base (_grid_5k.yaml)
+
+
+def change(cfg: Path) -> str:
+    """What a grid5k_* config changes: its first comment line after 'Grid sensitivity...: '."""
+    return cfg.read_text().splitlines()[0].lstrip("# ").split(": ", 1)[-1].rstrip(".")
+
+
+def grid_sensitivity(lines: list[str], runs: Path) -> None:
+    """The grid5k_* runs (one change each from grid5k_base, 5,000 steps): where their heads are
+    at their last logged step, and (figure) how far the centres moved and how many heads are
+    sharp against the summed learning rate, with grid_sa_quadratic for scale."""
+    from attnconv.analysis.evolution import head_evolution
+
+    rows, curves = [], {}
+    for cfg in [CONFIGS / "grid_sa_quadratic.yaml", *sorted(CONFIGS.glob(GRID_RUNS))]:
+        log, out = runs / cfg.stem / "centers.jsonl", runs / cfg.stem
+        if not log.exists() or not (out / "metrics.csv").exists():
+            continue
+        evo, lr_sum = head_evolution(log), summed_lr(out)
+        if evo[-1]["step"] == 0:  # started, nothing trained yet
+            continue
+        curves[cfg.stem] = [(lr_sum(e["step"]), e["layers"]) for e in evo]
+        if cfg.stem == "grid_sa_quadratic":
+            continue
+        lay, acc = evo[-1]["layers"], run_cells(out)[1]
+        rows.append(
+            f"| {cfg.stem} | {change(cfg)} | {progress(cfg, out)} | {evo[-1]['step']} | "
+            f"{lr_sum(evo[-1]['step']):.0f} | "
+            f"{per_layer((x['displacement'] for x in lay), '{:.2f}')} | "
+            f"{per_layer(x['mean_distance'] for x in lay)} | "
+            f"{sum(x['sharp_heads'] for x in lay)} | {sum(x['grid3'] for x in lay)} | "
+            f"{'' if acc is None else f'{100 * acc:.1f}%'} |"
+        )
+    if not rows:
+        return
+    fig = sensitivity_figure(curves, FIGS / "grid_sensitivity.png")
+    lines += ["#### Sensitivity: one change at a time, 5,000 steps", "",
+              "Per layer (1 -> 6) at the run's last logged step: centre displacement from step 0 "
+              "and mean attention distance, in tokens; sharp heads and 3x3 grid score summed "
+              "over the layers.", "",
+              "| run | change from grid5k_base | progress | step | sum of lr | displacement | "
+              "mean distance | sharp heads | 3x3 grid | test acc. |",
+              "|---|---|---|---|---|---|---|---|---|---|", *rows, "",
+              f"![grid sensitivity](figures/{fig.name})", ""]  # fmt: skip
+
+
+def sensitivity_figure(curves: dict[str, list], path: Path) -> Path:
+    """Two panels against the summed learning rate, one line per run: the centres' displacement
+    averaged over every head of every layer, and the number of sharp heads (all layers)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, pts in curves.items():
+        x = [s for s, _ in pts]
+        moved = [sum(x["displacement"] for x in lay) / len(lay) for _, lay in pts]
+        sharp = [sum(x["sharp_heads"] for x in lay) for _, lay in pts]
+        style = dict(color="k", lw=2) if name == "grid_sa_quadratic" else dict(lw=1.2)
+        ax0.plot(x, moved, label=name, **style)
+        ax1.plot(x, sharp, label=name, **style)
+    ax0.set(xlabel="sum of the learning rate so far", ylabel="centre displacement (tokens)",
+            title="centres' displacement from step 0, mean of the 54 heads")
+    ax1.set(xlabel="sum of the learning rate so far", ylabel="sharp heads",
+            title="heads with > 50% of their mass on one key (of 54)")
+    ax0.legend(fontsize=7)
+    fig.suptitle("sa_quadratic: the grid5k_* runs and grid_sa_quadratic (black, 20,000 steps)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

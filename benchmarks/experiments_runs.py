@@ -1,0 +1,103 @@
+"""One experiment's run folder read back (its config's budget, its progress, its metrics), for
+the runner (benchmarks/experiments.py) and the report (experiments_report.py,
+experiments_grid.py)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs" / "experiments"
+FIGS = ROOT / "docs" / "figures"
+
+
+def train_config(cfg: Path):
+    """An experiment's ``train`` section (its steps and batch)."""
+    from attnconv.train.config import load_config
+
+    return load_config(cfg).train
+
+
+def total_steps(cfg: Path, t=None) -> int | None:
+    """Training steps an experiment's config asks for (None: a whole-split epoch, not capped);
+    ``t``: its train section, if already read."""
+    t = t or train_config(cfg)
+    return t.epochs * t.steps_per_epoch if t.steps_per_epoch else None
+
+
+def progress(cfg: Path, out: Path) -> str:
+    """'done', 'not started', or 'step S of N (P%), ~H h left at R img/s' from the run folder's
+    metrics.csv (the steps a resume restarts from are those of its last checkpoint)."""
+    if (out / "wall.json").exists():
+        return "done"
+    rows = list(csv.DictReader(open(out / "metrics.csv"))) if (out / "metrics.csv").exists() else []
+    train = [r for r in rows if r["kind"] == "train"]
+    if not train:
+        return "not started"
+    t = train_config(cfg)
+    step, n = int(train[-1]["step"]), total_steps(cfg, t)
+    ips = sorted(float(r["images_per_s"]) for r in train[-20:])[len(train[-20:]) // 2]
+    if not n:
+        return f"step {step} ({ips:.0f} img/s)"
+    left_h = (n - step) * t.batch_size / max(ips, 1e-9) / 3600
+    return f"step {step} of {n} ({100 * step / n:.0f}%), ~{left_h:.1f} h left at {ips:.0f} img/s"
+
+
+
+def read_metrics(run: Path) -> dict:
+    rows = list(csv.DictReader(open(run / "metrics.csv")))
+    train = [r for r in rows if r["kind"] == "train"]
+    evals = [r for r in rows if r["kind"] == "eval"]
+    ips = sorted(float(r["images_per_s"]) for r in train)
+    return {
+        "test_acc": float(evals[-1]["acc"]) if evals else float("nan"),
+        "images_per_s": ips[len(ips) // 2] if ips else float("nan"),
+        "steps": int(train[-1]["step"]) if train else 0,
+    }
+
+
+def n_params(run: Path) -> int:
+    from attnconv.loading import load_model
+
+    model, _ = load_model(run)
+    return sum(p.numel() for p in model.parameters())
+
+
+def run_cells(run: Path) -> tuple[str, float | None]:
+    """The table cells 'test acc. | params | train images/s | train wall' of a run folder, and
+    its test accuracy (None, with empty cells, for a run not finished)."""
+    if not (run / "wall.json").exists():
+        return "not run | | |", None
+    m, wall = read_metrics(run), json.loads((run / "wall.json").read_text())
+    cells = (f"{100 * m['test_acc']:.1f}% | {n_params(run) / 1e6:.2f}M | "
+             f"{m['images_per_s']:.0f} | {wall['train_seconds'] / 60:.1f} min")  # fmt: skip
+    return cells, m["test_acc"]
+
+
+def mean_std(xs: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for fewer than two values)."""
+    if not xs:
+        return float("nan"), float("nan")
+    m = sum(xs) / len(xs)
+    sd = (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5 if len(xs) > 1 else 0.0
+    return m, sd
+
+
+def per_layer(values, fmt: str = "{:.1f}") -> str:
+    """One table cell of per-layer values, layer 1 first."""
+    return ", ".join(fmt.format(v) for v in values)
+
+
+def summed_lr(run: Path):
+    """step -> the learning rate summed over the steps up to it, from the run's metrics.csv
+    (lr logged every few steps, each logged value standing for the steps since the last log)."""
+    rows = [r for r in csv.DictReader(open(run / "metrics.csv")) if r["kind"] == "train"]
+    marks, total, last = [(0, 0.0)], 0.0, 0
+    for r in sorted(rows, key=lambda r: int(r["step"])):
+        step = int(r["step"])
+        total += float(r["lr"]) * (step - last)
+        marks.append((step, total))
+        last = step
+    return lambda s: max(t for st, t in marks if st <= s)
