@@ -10,6 +10,7 @@ from experiments_runs import (
     CONFIGS,
     FIGS,
     per_layer,
+    planned_lr_sum,
     progress,
     read_metrics,
     run_cells,
@@ -57,12 +58,17 @@ def grid_formation(lines: list[str], runs: Path) -> None:
     fig = evolution_figure(evo, FIGS / "grid_evolution.png")
     lines += ["", f"![grid evolution](figures/{fig.name})", ""]
     if (runs / name / "metrics.csv").exists():
-        ips, images = read_metrics(runs / name)["images_per_s"], 300 * 50_000
-        lines += [f"The reference code's budget (its recipe, configs/sa_quadratic.yaml: 300 epochs "
-                  f"of the 50,000 training images, batch 100, hidden 400) is "
-                  f"{images / 1e6:.0f}M images, "
-                  f"{images / train_config(cfg).batch_size / total_steps(cfg):.0f}x this run's; "
-                  f"at this run's measured {ips:.0f} images/s (hidden 64, one core) it would take "
+        ref = CONFIGS.parent / "sa_quadratic.yaml"  # the reference code's recipe
+        ref_steps, ref_lr = planned_lr_sum(ref)
+        t = train_config(ref)
+        ips, images = read_metrics(runs / name)["images_per_s"], ref_steps * t.batch_size
+        lines += [f"The reference code's budget (its recipe, configs/sa_quadratic.yaml: "
+                  f"{t.epochs} epochs of the 50,000 training images, batch {t.batch_size}, "
+                  f"hidden 400) is {images / 1e6:.0f}M images, "
+                  f"{images / train_config(cfg).batch_size / total_steps(cfg):.0f}x this run's, "
+                  f"and a sum of the learning rate of {ref_lr:.0f} over its {ref_steps} steps, "
+                  f"{ref_lr / lr_sum(total_steps(cfg)):.1f}x this run's; at this run's measured "
+                  f"{ips:.0f} images/s (hidden 64, one core) it would take "
                   f"{images / ips / 3600:.0f} h of one core, a lower bound for hidden 400.",
                   ""]  # fmt: skip
     grid_heads(lines, log)

@@ -101,3 +101,16 @@ def summed_lr(run: Path):
         marks.append((step, total))
         last = step
     return lambda s: max(t for st, t in marks if st <= s)
+
+
+def planned_lr_sum(cfg: Path, n_train: int = 50_000) -> tuple[int, float]:
+    """A config's planned steps and the sum of its schedule's learning rate over them (the
+    trainer's schedule, attnconv.train.optim.lr_at); an epoch without steps_per_epoch is one
+    pass over ``n_train`` images."""
+    from attnconv.train.config import load_config
+    from attnconv.train.optim import lr_at
+
+    c = load_config(cfg)
+    spe = c.train.steps_per_epoch or -(-n_train // c.train.batch_size)
+    total = c.train.epochs * spe
+    return total, sum(lr_at(s, c.optim.lr, c.schedule, total, spe) for s in range(total))

@@ -92,3 +92,13 @@ def test_summed_lr_counts_each_logged_rate_for_the_steps_since_the_last_log(tmp_
     assert lr_sum(0) == 0.0 and lr_sum(49) == 0.0
     assert abs(lr_sum(100) - (50 * 0.01 + 50 * 0.1)) < 1e-12
     assert abs(lr_sum(10_000) - (50 * 0.01 + 50 * 0.1 + 50 * 0.05)) < 1e-12
+
+
+def test_planned_lr_sum_of_the_reference_recipe_is_its_per_epoch_staircase():
+    import math
+
+    steps, total = runs_.planned_lr_sum(ROOT / "configs" / "sa_quadratic.yaml")
+    assert steps == 300 * 500  # 300 epochs of 50,000 images in batches of 100
+    per_epoch = [0.1 * e / 15 for e in range(15)]  # epoch 0 at lr 0 (the reference's warm-up)
+    per_epoch += [0.05 * (1 + math.cos(math.pi * (e - 15) / 285)) for e in range(15, 300)]
+    assert abs(total - 500 * sum(per_epoch)) < 1e-6
