@@ -125,7 +125,8 @@ def grid_sensitivity(lines: list[str], runs: Path) -> None:
     from attnconv.analysis.evolution import head_evolution
 
     rows, curves = [], {}
-    for cfg in [CONFIGS / "grid_sa_quadratic.yaml", *sorted(CONFIGS.glob(GRID_RUNS))]:
+    long = [CONFIGS / "grid_sa_quadratic.yaml", CONFIGS / "grid_long.yaml"]
+    for cfg in [*long, *sorted(CONFIGS.glob(GRID_RUNS))]:
         log, out = runs / cfg.stem / "centers.jsonl", runs / cfg.stem
         if not log.exists() or not (out / "metrics.csv").exists():
             continue
