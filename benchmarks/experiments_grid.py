@@ -36,12 +36,17 @@ def grid_formation(lines: list[str], runs: Path) -> None:
               f"({total_steps(cfg)} steps of {train_config(cfg).batch_size} images, cosine); "
               f"{progress(cfg, runs / name)}. "
               "Per layer (1 -> 6), from its centre log (exact: position-only attention does not "
-              "depend on the input): centre displacement from step 0 and mean attention "
-              "distance in tokens of the 16x16 grid, the largest top-key share of a head (sharp "
-              "above 0.5), sharp heads, grid score 3x3/5x5; the sum of the learning rate over "
-              "the steps so far (the distance plain SGD moves a parameter per unit gradient).",
-              "", "| step | sum of lr | displacement | mean distance | largest peak | sharp heads "
-              "| grid 3x3/5x5 |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+              "depend on the input): centre displacement from step 0, the centres' distance "
+              "from the query |Delta| and the mean attention distance, in tokens of the 16x16 "
+              "grid (means over the heads), the largest top-key share of a head (sharp "
+              "above 0.5), sharp heads, grid score 3x3/5x5, and the travel left to a 3x3 grid "
+              "(the mean distance a head must still move to hold its own offset of the 3x3 "
+              "kernel, heads assigned to offsets at the least total); the sum of the learning "
+              "rate over the steps so far (the distance plain SGD moves a parameter per unit "
+              "gradient).",
+              "", "| step | sum of lr | displacement | centre distance | mean distance | largest "
+              "peak | sharp heads | grid 3x3/5x5 | travel left to a 3x3 grid |",
+              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     picks = sorted({round(i * (len(evo) - 1) / 5) for i in range(6)})
     lr_sum = summed_lr(runs / name)
     for e in (evo[i] for i in picks):
@@ -49,10 +54,12 @@ def grid_formation(lines: list[str], runs: Path) -> None:
         lines.append(
             f"| {e['step']} | {lr_sum(e['step']):.0f} | "
             f"{per_layer((x['displacement'] for x in lay), '{:.2f}')} | "
+            f"{per_layer((x['center_distance'] for x in lay), '{:.2f}')} | "
             f"{per_layer(x['mean_distance'] for x in lay)} | "
             f"{per_layer((max(x['peak_mass']) for x in lay), '{:.2f}')} | "
             f"{per_layer((x['sharp_heads'] for x in lay), '{}')} | "
-            f"{per_layer((str(x['grid3']) + '/' + str(x['grid5']) for x in lay), '{}')} |"
+            f"{per_layer((str(x['grid3']) + '/' + str(x['grid5']) for x in lay), '{}')} | "
+            f"{per_layer((x['travel3'] for x in lay), '{:.2f}')} |"
         )
     FIGS.mkdir(parents=True, exist_ok=True)
     fig = evolution_figure(evo, FIGS / "grid_evolution.png")
@@ -142,39 +149,86 @@ def grid_sensitivity(lines: list[str], runs: Path) -> None:
             f"{lr_sum(evo[-1]['step']):.0f} | "
             f"{per_layer((x['displacement'] for x in lay), '{:.2f}')} | "
             f"{per_layer(x['mean_distance'] for x in lay)} | "
+            f"{per_layer((x['travel3'] for x in lay), '{:.2f}')} | "
             f"{sum(x['sharp_heads'] for x in lay)} | {sum(x['grid3'] for x in lay)} | "
             f"{'' if acc is None else f'{100 * acc:.1f}%'} |"
         )
     if not rows:
         return
-    fig = sensitivity_figure(curves, FIGS / "grid_sensitivity.png")
+    ref_lr = planned_lr_sum(CONFIGS.parent / "sa_quadratic.yaml")[1]  # the reference recipe's
+    fit = power_fit(curves["grid_sa_quadratic"]) if "grid_sa_quadratic" in curves else None
+    fig = sensitivity_figure(curves, FIGS / "grid_sensitivity.png", fit, ref_lr)
     lines += ["#### Sensitivity: one change at a time, 5,000 steps", "",
               "Per layer (1 -> 6) at the run's last logged step: centre displacement from step 0 "
-              "and mean attention distance, in tokens; sharp heads and 3x3 grid score summed "
-              "over the layers.", "",
+              "and mean attention distance, and the travel left to a 3x3 grid, in tokens; sharp "
+              "heads and 3x3 grid score summed over the layers.", "",
               "| run | change from grid5k_base | progress | step | sum of lr | displacement | "
-              "mean distance | sharp heads | 3x3 grid | test acc. |",
-              "|---|---|---|---|---|---|---|---|---|---|", *rows, "",
+              "mean distance | travel left to a 3x3 grid | sharp heads | 3x3 grid | test acc. |",
+              "|---|---|---|---|---|---|---|---|---|---|---|", *rows, "",
               f"![grid sensitivity](figures/{fig.name})", ""]  # fmt: skip
+    if fit:
+        (a, b, lo, hi), pts = fit, curves["grid_sa_quadratic"]
+        lines += [f"Projection (a fit, not a measurement; `grid_long` measures it): a power law "
+                  f"fitted to grid_sa_quadratic's displacement (mean of the 54 heads) against "
+                  f"the summed learning rate S over S = {lo:.0f} to {hi:.0f}, d = {a:.3f} "
+                  f"S^{b:.2f}, gives {a * ref_lr**b:.2f} tokens at the reference recipe's S = "
+                  f"{ref_lr:.0f}. To hold the 9 offsets of a 3x3 grid the heads had to travel "
+                  f"{mean_of(pts[0][1], 'travel3'):.2f} tokens on average at step 0 and still "
+                  f"have {mean_of(pts[-1][1], 'travel3'):.2f} to go at the run's end.",
+                  ""]  # fmt: skip
 
 
-def sensitivity_figure(curves: dict[str, list], path: Path) -> Path:
+def mean_of(layers: list[dict], key: str) -> float:
+    """A per-layer quantity of head_evolution averaged over the layers (each the mean of its
+    heads, so: the mean over all heads)."""
+    return sum(x[key] for x in layers) / len(layers)
+
+
+def power_fit(pts: list, lo: float = 10.0) -> tuple[float, float, float, float] | None:
+    """Least squares of log d on log S over the logged points with S >= ``lo`` (the warm-up's
+    first steps left out): (a, b, S_min, S_max) of d = a S^b, d the mean displacement."""
+    import numpy as np
+
+    xy = [(x, mean_of(lay, "displacement")) for x, lay in pts if x >= lo]
+    xy = [(x, y) for x, y in xy if y > 0]
+    if len(xy) < 3:
+        return None
+    x, y = np.log(np.array(xy)).T
+    b, log_a = np.polyfit(x, y, 1)
+    return float(np.exp(log_a)), float(b), xy[0][0], xy[-1][0]
+
+
+def sensitivity_figure(curves: dict[str, list], path: Path, fit=None, ref_lr=None) -> Path:
     """Two panels against the summed learning rate, one line per run: the centres' displacement
-    averaged over every head of every layer, and the number of sharp heads (all layers)."""
+    averaged over every head of every layer (log-log, with the power-law ``fit`` extended to
+    the reference recipe's summed lr ``ref_lr`` and the travel a 3x3 grid needed at step 0),
+    and the number of sharp heads (all layers)."""
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 4))
     for name, pts in curves.items():
-        x = [s for s, _ in pts]
-        moved = [sum(x["displacement"] for x in lay) / len(lay) for _, lay in pts]
+        x = [s for s, _ in pts if s > 0]  # log axes: step 0 left out
+        pts = [(s, lay) for s, lay in pts if s > 0]
+        moved = [mean_of(lay, "displacement") for _, lay in pts]
         sharp = [sum(x["sharp_heads"] for x in lay) for _, lay in pts]
         style = dict(color="k", lw=2) if name == "grid_sa_quadratic" else dict(lw=1.2)
         ax0.plot(x, moved, label=name, **style)
         ax1.plot(x, sharp, label=name, **style)
-    ax0.set(xlabel="sum of the learning rate so far", ylabel="centre displacement (tokens)",
+    if fit and ref_lr:
+        a, b, lo, _ = fit
+        xs = np.geomspace(lo, ref_lr, 50)
+        ax0.plot(xs, a * xs**b, "k--", lw=1, label=f"fit {a:.3f} S^{b:.2f}")
+        ax0.axvline(ref_lr, color="gray", ls=":", lw=1)
+        ax0.text(ref_lr, ax0.get_ylim()[0], " reference recipe", rotation=90, va="bottom",
+                 fontsize=7, color="gray")  # fmt: skip
+        need = mean_of(curves["grid_sa_quadratic"][0][1], "travel3")
+        ax0.axhline(need, color="tab:red", ls=":", lw=1, label="travel to a 3x3 grid at step 0")
+    ax0.set(xscale="log", yscale="log", xlabel="sum of the learning rate so far (S)",
+            ylabel="centre displacement (tokens)",
             title="centres' displacement from step 0, mean of the 54 heads")
     ax1.set(xlabel="sum of the learning rate so far", ylabel="sharp heads",
             title="heads with > 50% of their mass on one key (of 54)")

@@ -16,7 +16,7 @@ from attnconv.analysis.evolution import (
     last_heads,
     read_evolution,
 )
-from attnconv.analysis.grid import grid_scores
+from attnconv.analysis.grid import grid_scores, grid_travel
 from attnconv.layers.centers import head_alphas, head_centers
 from attnconv.models import create_model
 
@@ -54,6 +54,9 @@ def test_evolution_equals_the_model_that_logged_it(tmp_path, alpha_scale):
     for li, lay in enumerate(evo[1]["layers"]):
         moved = (head_centers(m1)[li] - head_centers(m0)[li]).norm(dim=-1).mean()
         assert lay["displacement"] == pytest.approx(float(moved), rel=1e-6)
+        assert lay["travel3"] == grid_travel(head_centers(m1)[li])
+        dist = head_centers(m1)[li].norm(dim=-1).mean()
+        assert lay["center_distance"] == pytest.approx(float(dist), rel=1e-6)
     if alpha_scale > 1:
         assert max(max(lay["peak_mass"]) for lay in evo[1]["layers"]) > 0.5  # some sharp heads
     # mean distance by hand: P(k) ~ exp(-alpha |k - q - Delta|^2), query (4, 4) of 8 x 8

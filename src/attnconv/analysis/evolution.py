@@ -3,11 +3,15 @@
 step and per layer:
 
 - displacement: mean over heads of |Delta_t - Delta_0| (tokens), how far the centres moved;
+- center distance: mean over heads of |Delta_t| (tokens), how far from the query they sit
+  (fig. 4: toward the query in early layers, away from it deeper);
 - peak mass: per head, the top key's share of its mass for a query in the middle of the grid
   (a head is sharp above 0.5, analysis/grid.py), and the number of sharp heads;
 - grid score: distinct 3x3 / 5x5 offsets held by sharp heads (analysis/grid.py);
 - mean distance: the expected distance (tokens) from the query to the keys a head attends to,
-  averaged over heads (fig. 4: local early layers, wider deeper ones).
+  averaged over heads (fig. 4: local early layers, wider deeper ones);
+- travel3: how far the centres still are from a 3x3 convolution's layout, the mean distance a
+  head must move to hold its own offset of the 3x3 kernel (analysis/grid.py, grid_travel).
 
 Position-only quadratic attention does not depend on the input, so these are exact functions of
 (Delta, alpha): each logged pair is loaded into a quadratic layer and scored by the same code as
@@ -22,7 +26,7 @@ from pathlib import Path
 import torch
 
 from ..layers.mhsa2d import MultiHeadSelfAttention2d
-from .grid import layer_grid_score
+from .grid import grid_travel, layer_grid_score
 
 __all__ = ["read_evolution", "head_evolution", "last_heads", "evolution_figure"]
 
@@ -72,7 +76,8 @@ def mean_distance(layer: MultiHeadSelfAttention2d, h: int, w: int) -> float:
 
 def head_evolution(path: str | Path, grid: tuple[int, int] = (16, 16)) -> list[dict]:
     """Per logged step: {"step", "layers": [{"displacement", "peak_mass", "sharp_heads", "grid3",
-    "grid5", "mean_distance"} per layer]} (see the module docstring)."""
+    "grid5", "mean_distance", "center_distance", "travel3"} per layer]} (see the module
+    docstring)."""
     recs = read_evolution(path)
     if not recs:
         raise ValueError(f"{path}: no centre-log line with alpha (a run of an older version?)")
@@ -86,7 +91,9 @@ def head_evolution(path: str | Path, grid: tuple[int, int] = (16, 16)) -> list[d
             moved = (torch.tensor(ctr) - first[li]).norm(dim=-1).mean()
             layers.append(dict(displacement=float(moved), peak_mass=g.peak_mass,
                                sharp_heads=g.sharp_heads, grid3=g.grid3, grid5=g.grid5,
-                               mean_distance=mean_distance(layer, *grid)))  # fmt: skip
+                               mean_distance=mean_distance(layer, *grid),
+                               center_distance=float(torch.tensor(ctr).norm(dim=-1).mean()),
+                               travel3=grid_travel(torch.tensor(ctr))))  # fmt: skip
         out.append({"step": rec["step"], "layers": layers})
     return out
 
@@ -107,8 +114,9 @@ def last_heads(path: str | Path, grid: tuple[int, int] = (16, 16)) -> tuple[int,
 
 
 def evolution_figure(evo: list[dict], path: str | Path) -> Path:
-    """Four panels against training steps, one line per layer: centre displacement, largest
-    peak mass of a head, mean attention distance, 3x3 grid score."""
+    """Six panels against training steps, one line per layer: centre displacement, centre
+    distance from the query, travel left to a 3x3 grid, largest peak mass of a head, mean
+    attention distance, 3x3 grid score."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -117,10 +125,13 @@ def evolution_figure(evo: list[dict], path: str | Path) -> Path:
     steps = [e["step"] for e in evo]
     n = len(evo[0]["layers"])
     panels = [("displacement", "centre displacement from step 0 (tokens)", lambda d: d),
+              ("center_distance", "centre distance from the query |Delta| (tokens)", lambda d: d),
+              ("travel3", "travel left to a 3x3 grid (tokens)", lambda d: d),
               ("peak_mass", "largest top-key share of a head", max),
               ("mean_distance", "mean attention distance (tokens)", lambda d: d),
               ("grid3", "3x3 grid score (of 9)", lambda d: d)]  # fmt: skip
-    fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
+    fig, axes = plt.subplots(2, 3, figsize=(13, 7))
+    axes = axes.ravel()
     colors = plt.get_cmap("viridis")([i / max(n - 1, 1) for i in range(n)])
     for ax, (key, title, agg) in zip(axes, panels):
         for li in range(n):
@@ -128,7 +139,7 @@ def evolution_figure(evo: list[dict], path: str | Path) -> Path:
                     label=f"layer {li + 1}")  # fmt: skip
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("training step")
-    axes[1].axhline(0.5, color="grey", lw=0.8, ls="--")  # sharp above
+    axes[3].axhline(0.5, color="grey", lw=0.8, ls="--")  # sharp above
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     path = Path(path)

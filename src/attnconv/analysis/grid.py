@@ -6,6 +6,10 @@ of the image (alpha large enough: Lemma 2's hard head is the limit); its offset 
 position minus the query's. A layer's score counts the *distinct* offsets of sharp heads inside
 the 3x3 (out of 9) and the 5x5 (out of 25) neighbourhood: a layer that became a 3x3
 convolution's attention scores 9/9.
+
+``grid_travel``: how far the centres Delta still are from such a layer, the mean distance each
+head must move to sit on its own offset of the k x k kernel (the best assignment of heads to
+offsets, as Theorem 1 places Nh = k^2 heads).
 """
 
 from __future__ import annotations
@@ -61,3 +65,30 @@ def grid_scores(model: nn.Module, grid: tuple[int, int]) -> list[GridScore]:
         and hasattr(m.positional_encoding, "centers")  # Gaussian heads
         and not m.content
     ]
+
+
+def grid_travel(centers: torch.Tensor, k: int = 3) -> float:
+    """Mean distance (tokens) the heads' centres ``centers`` (Nh, 2), (row, col), must travel
+    to sit on distinct offsets of the k x k kernel around the query, under the assignment of
+    heads to offsets that minimises the total (exact: dynamic programming over the sets of
+    offsets taken; Nh <= k^2 <= 16)."""
+    if centers.dim() != 2 or centers.shape[1] != 2:
+        raise ValueError(f"centers must be (Nh, 2), got {tuple(centers.shape)}")
+    n, r = centers.shape[0], k // 2
+    if k % 2 == 0 or k * k > 16 or not 0 < n <= k * k:
+        raise ValueError(f"grid_travel needs odd k with k^2 <= 16 and 1..k^2 heads, got k={k}, "
+                         f"{n} heads")  # fmt: skip
+    offs = torch.tensor([[i, j] for i in range(-r, r + 1) for j in range(-r, r + 1)],
+                        dtype=torch.float64)  # fmt: skip
+    cost = torch.cdist(centers.double(), offs).tolist()  # (Nh, k^2)
+    best = {0: 0.0}  # set of offsets taken by heads 0..h-1 -> least total distance
+    for h in range(n):
+        nxt: dict[int, float] = {}
+        for taken, total in best.items():
+            for o in range(k * k):
+                if not taken >> o & 1:
+                    key, val = taken | 1 << o, total + cost[h][o]
+                    if val < nxt.get(key, float("inf")):
+                        nxt[key] = val
+        best = nxt
+    return min(best.values()) / n
