@@ -102,3 +102,16 @@ def test_planned_lr_sum_of_the_reference_recipe_is_its_per_epoch_staircase():
     per_epoch = [0.1 * e / 15 for e in range(15)]  # epoch 0 at lr 0 (the reference's warm-up)
     per_epoch += [0.05 * (1 + math.cos(math.pi * (e - 15) / 285)) for e in range(15, 300)]
     assert abs(total - 500 * sum(per_epoch)) < 1e-6
+
+
+def test_power_fit_recovers_a_power_law_and_leaves_out_the_first_steps():
+    import experiments_grid as grid
+
+    def layers(d):  # two layers whose mean displacement is d
+        return [{"displacement": d - 0.1}, {"displacement": d + 0.1}]
+
+    pts = [(0.0, layers(0.1)), (5.0, layers(9.0))]  # left out: S < 10
+    pts += [(s, layers(0.02 * s**0.7)) for s in (10.0, 40.0, 160.0, 640.0)]
+    a, b, lo, hi = grid.power_fit(pts)
+    assert abs(a - 0.02) < 1e-9 and abs(b - 0.7) < 1e-9 and (lo, hi) == (10.0, 640.0)
+    assert grid.power_fit(pts[:4]) is None  # fewer than 3 points to fit
