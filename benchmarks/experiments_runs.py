@@ -20,11 +20,13 @@ def train_config(cfg: Path):
     return load_config(cfg).train
 
 
-def total_steps(cfg: Path, t=None) -> int | None:
-    """Training steps an experiment's config asks for (None: a whole-split epoch, not capped);
-    ``t``: its train section, if already read."""
+def total_steps(cfg: Path, t=None, n_train: int = 50_000) -> int:
+    """Training steps an experiment's config asks for, as the trainer counts them: an epoch is
+    ``steps_per_epoch`` batches capped at one pass over the ``n_train`` training images (the
+    last partial batch dropped); ``t``: its train section, if already read."""
     t = t or train_config(cfg)
-    return t.epochs * t.steps_per_epoch if t.steps_per_epoch else None
+    per_pass = n_train // t.batch_size
+    return t.epochs * (min(per_pass, t.steps_per_epoch) if t.steps_per_epoch else per_pass)
 
 
 def progress(cfg: Path, out: Path) -> str:
@@ -39,8 +41,6 @@ def progress(cfg: Path, out: Path) -> str:
     t = train_config(cfg)
     step, n = int(train[-1]["step"]), total_steps(cfg, t)
     ips = sorted(float(r["images_per_s"]) for r in train[-20:])[len(train[-20:]) // 2]
-    if not n:
-        return f"step {step} ({ips:.0f} img/s)"
     left_h = (n - step) * t.batch_size / max(ips, 1e-9) / 3600
     return f"step {step} of {n} ({100 * step / n:.0f}%), ~{left_h:.1f} h left at {ips:.0f} img/s"
 
@@ -105,12 +105,11 @@ def summed_lr(run: Path):
 
 def planned_lr_sum(cfg: Path, n_train: int = 50_000) -> tuple[int, float]:
     """A config's planned steps and the sum of its schedule's learning rate over them (the
-    trainer's schedule, attnconv.train.optim.lr_at); an epoch without steps_per_epoch is one
-    pass over ``n_train`` images."""
+    trainer's schedule, attnconv.train.optim.lr_at; epochs as total_steps counts them)."""
     from attnconv.train.config import load_config
     from attnconv.train.optim import lr_at
 
     c = load_config(cfg)
-    spe = c.train.steps_per_epoch or -(-n_train // c.train.batch_size)
-    total = c.train.epochs * spe
+    total = total_steps(cfg, c.train, n_train)
+    spe = total // c.train.epochs
     return total, sum(lr_at(s, c.optim.lr, c.schedule, total, spe) for s in range(total))

@@ -115,3 +115,23 @@ def test_power_fit_recovers_a_power_law_and_leaves_out_the_first_steps():
     a, b, lo, hi = grid.power_fit(pts)
     assert abs(a - 0.02) < 1e-9 and abs(b - 0.7) < 1e-9 and (lo, hi) == (10.0, 640.0)
     assert grid.power_fit(pts[:4]) is None  # fewer than 3 points to fit
+
+
+def test_total_steps_count_an_epoch_as_the_trainer_does(tmp_path):
+    """steps_per_epoch is capped at one pass (50,000 // batch, the last partial batch dropped),
+    as the trainer's Loader caps it."""
+    base = ROOT / "configs" / "experiments" / "_sa_small.yaml"
+    cfg = tmp_path / "capped.yaml"
+    cfg.write_text(f"base: {base}\ntrain:\n  epochs: 3\n  steps_per_epoch: 1000\n")
+    assert runs_.total_steps(cfg) == 3 * 781
+    cfg.write_text(f"base: {base}\ntrain:\n  epochs: 3\n  steps_per_epoch: 100\n")
+    assert runs_.total_steps(cfg) == 300
+    from attnconv.data.loader import Loader
+
+    class Split:  # 50,000 images, as CIFAR-10's training split
+        source = "cifar10"
+
+        def __len__(self):
+            return 50_000
+
+    assert len(Loader(Split(), 64, shuffle=True, max_steps=1000)) == 781
