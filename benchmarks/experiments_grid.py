@@ -126,9 +126,10 @@ def change(cfg: Path) -> str:
 
 
 def grid_sensitivity(lines: list[str], runs: Path) -> None:
-    """The grid5k_* runs (one change each from grid5k_base, 5,000 steps): where their heads are
-    at their last logged step, and (figure) how far the centres moved and how many heads are
-    sharp against the summed learning rate, with grid_sa_quadratic for scale."""
+    """The grid5k_* runs (one change each from grid5k_base, 5,000 steps) and grid_long (the
+    reference's summed learning rate): where their heads are at their last logged step, and
+    (figure) how far the centres moved and how many heads are sharp against the summed
+    learning rate, with grid_sa_quadratic for scale."""
     from attnconv.analysis.evolution import head_evolution
 
     rows, curves = [], {}
@@ -160,7 +161,8 @@ def grid_sensitivity(lines: list[str], runs: Path) -> None:
     fit = power_fit(pts, lo=pts[-1][0] / 4) if pts else None  # the last 4x of S: the local law
     whole = power_fit(pts) if pts else None
     fig = sensitivity_figure(curves, FIGS / "grid_sensitivity.png", fit, ref_lr)
-    lines += ["#### Sensitivity: one change at a time, 5,000 steps", "",
+    lines += ["#### Sensitivity: one change at a time from grid5k_base (5,000 steps), and "
+              "grid_long", "",
               "Per layer (1 -> 6) at the run's last logged step: centre displacement from step 0 "
               "and mean attention distance, and the travel left to a 3x3 grid, in tokens; sharp "
               "heads and 3x3 grid score summed over the layers.", "",
