@@ -303,3 +303,41 @@ def test_loader_bad_arguments(real_small):
         Loader(train, 1000, shuffle=True)
     with pytest.raises(ValueError, match="rank 2 outside world size 2"):
         Loader(train, 20, shuffle=True, world_size=2, rank=2)
+
+
+def test_data_device_keeps_the_cpu_and_a_cpu_loader_is_unchanged():
+    """On the CPU the loader holds the split where it is; batches equal the plain gather."""
+    import torch
+
+    from attnconv.data import data_device
+    from attnconv.data.datasets import ArrayDataset
+    from attnconv.data.loader import Loader, augment_params, augment_reference, generator
+
+    g = torch.Generator().manual_seed(0)
+    ds = ArrayDataset(torch.randint(0, 256, (40, 3, 8, 8), dtype=torch.uint8, generator=g),
+                      torch.randint(0, 10, (40,), generator=g), [str(i) for i in range(10)])
+    assert data_device(torch.device("cpu"), ds) == torch.device("cpu")
+    ld = Loader(ds, 8, shuffle=True, seed=3, augment=True, pad=2, device="cpu")
+    order = ld.order(1)
+    for step, (x, y) in enumerate(ld.batches(1)):
+        idx = order[step * 8 : (step + 1) * 8]
+        off, fl = augment_params(8, 2, True, generator(3, 1, step, 1))
+        want = (augment_reference(ds.images[idx], off, fl, 2).float() - ld.mean) / ld.std
+        assert torch.equal(x, want) and torch.equal(y, ds.labels[idx])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_loader_on_the_gpu_yields_the_cpu_loaders_batches():
+    from attnconv.data import data_device
+    from attnconv.data.datasets import ArrayDataset
+
+    g = torch.Generator().manual_seed(0)
+    ds = ArrayDataset(torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8, generator=g),
+                      torch.randint(0, 10, (64,), generator=g), [str(i) for i in range(10)])
+    dev = data_device(torch.device("cuda"), ds)
+    assert dev.type == "cuda"  # 200 KB fit
+    kw = dict(shuffle=True, seed=1, augment=True, pad=4)
+    cpu, gpu = Loader(ds, 16, **kw), Loader(ds, 16, device=dev, **kw)
+    for (xc, yc), (xg, yg) in zip(cpu.batches(2), gpu.batches(2)):
+        assert xg.device.type == "cuda" and yg.device.type == "cuda"
+        assert torch.equal(xc, xg.cpu()) and torch.equal(yc, yg.cpu())

@@ -39,12 +39,14 @@ def augment_params(
 def augment(x: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor, pad: int) -> torch.Tensor:
     """Random crop with zero padding + horizontal flip of a batch, one gather. x: (B, C, H, W)."""
     B, C, H, W = x.shape
+    dev = x.device  # the gather runs where the images are (a GPU when the data sits there)
+    offsets, flips = offsets.to(dev), flips.to(dev)
     xp = F.pad(x, (pad, pad, pad, pad)) if pad else x  # (B, C, H+2p, W+2p)
-    rows = offsets[:, 0:1] + torch.arange(H)  # (B, H)
-    cols = torch.arange(W).expand(B, W)
+    rows = offsets[:, 0:1] + torch.arange(H, device=dev)  # (B, H)
+    cols = torch.arange(W, device=dev).expand(B, W)
     cols = torch.where(flips[:, None], W - 1 - cols, cols) + offsets[:, 1:2]  # (B, W)
-    b = torch.arange(B)[:, None, None, None]
-    c = torch.arange(C)[None, :, None, None]
+    b = torch.arange(B, device=dev)[:, None, None, None]
+    c = torch.arange(C, device=dev)[None, :, None, None]
     return xp[b, c, rows[:, None, :, None], cols[:, None, None, :]]  # (B, C, H, W)
 
 
@@ -60,12 +62,26 @@ def augment_reference(
     return torch.stack(out)
 
 
+def data_device(device: torch.device, *splits: ArrayDataset) -> torch.device:
+    """Where the loaders keep ``splits``: on a CUDA ``device`` when they fit in a quarter of its
+    free memory (checked before anything is copied), else on the CPU (batches then move to the
+    device one at a time)."""
+    if device.type != "cuda":
+        return torch.device("cpu")
+    need = sum(d.images.nbytes + d.labels.nbytes for d in splits)
+    free, _ = torch.cuda.mem_get_info(device)
+    return device if need <= free // 4 else torch.device("cpu")
+
+
 class Loader:
     """Batches of ``(images float (b, 3, H, W) normalized, labels (b,))`` for one rank.
 
     ``batch_size`` is the global batch (all ranks together). Training loaders (``shuffle=True``)
     drop the last incomplete batch and need ``batch_size % world_size == 0``; evaluation
     loaders keep every image and split each batch as evenly as possible over the ranks.
+    ``device``: where the uint8 images live and the crop, flip and normalization run (a GPU:
+    the split is copied there once, so the accelerator is not fed by the CPU); the random
+    draws stay on the CPU, so every device yields the same batches.
     """
 
     def __init__(
@@ -82,6 +98,7 @@ class Loader:
         std: Sequence[float] = CIFAR10_STD,
         rank: int = 0,
         world_size: int = 1,
+        device: torch.device | str = "cpu",
         max_steps: int | None = None,
     ):
         if batch_size < 1:
@@ -98,8 +115,12 @@ class Loader:
             raise ValueError("mean and std need 3 values (R, G, B)")
         self.ds, self.batch_size, self.shuffle, self.seed = ds, batch_size, shuffle, seed
         self.augment, self.pad, self.flip = augment, pad, flip
-        self.mean = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1) * 255
-        self.std = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1) * 255
+        self.device = torch.device(device)
+        self.images = ds.images.to(self.device)  # (N, 3, H, W) uint8, copied once
+        self.labels = ds.labels.to(self.device)
+        f32 = dict(dtype=torch.float32, device=self.device)
+        self.mean = torch.tensor(mean, **f32).view(1, 3, 1, 1) * 255
+        self.std = torch.tensor(std, **f32).view(1, 3, 1, 1) * 255
         self.rank, self.world_size = rank, world_size
         n = len(ds) // batch_size if shuffle else -(-len(ds) // batch_size)
         self.steps = min(n, max_steps) if max_steps else n
@@ -129,10 +150,11 @@ class Loader:
         order = self.order(epoch)
         for step in range(start, self.steps):
             glob, sl = self.indices(order, step)
-            x = self.ds.images[glob[sl]]  # (b, 3, H, W) uint8
+            idx = glob[sl].to(self.device)
+            x = self.images[idx]  # (b, 3, H, W) uint8
             if self.augment:
                 g = generator(self.seed, epoch, step, 1)
                 offsets, flips = augment_params(len(glob), self.pad, self.flip, g)
                 x = augment(x, offsets[sl], flips[sl], self.pad)
             x = (x.float() - self.mean) / self.std
-            yield x, self.ds.labels[glob[sl]]
+            yield x, self.labels[idx]

@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import yaml
 
-from attnconv.data import Loader, load_dataset
+from attnconv.data import Loader, data_device, load_dataset
 from attnconv.loading.checkpoint import (
     LATEST,
     CheckpointError,
@@ -120,7 +120,10 @@ class Trainer:
             d.dataset, d.eval_split, max_per_class=d.eval_max_per_class, **common
         )
         self.classes = train_ds.classes
-        norm = dict(mean=d.mean, std=d.std, rank=info.rank, world_size=info.world_size)
+        dev = data_device(info.device, train_ds, eval_ds)  # a GPU holds CIFAR whole: not starved
+        if info.is_main and dev.type != "cpu":
+            log.info(f"data: both splits on {dev} (uint8), crop and flip there")
+        norm = dict(mean=d.mean, std=d.std, rank=info.rank, world_size=info.world_size, device=dev)
         self.loader = Loader(train_ds, t.batch_size, shuffle=True, seed=t.seed, augment=d.augment,
                              pad=d.crop_padding, flip=d.flip, max_steps=t.steps_per_epoch,
                              **norm)  # fmt: skip
