@@ -126,12 +126,11 @@ def test_total_steps_count_an_epoch_as_the_trainer_does(tmp_path):
     assert runs_.total_steps(cfg) == 3 * 781
     cfg.write_text(f"base: {base}\ntrain:\n  epochs: 3\n  steps_per_epoch: 100\n")
     assert runs_.total_steps(cfg) == 300
+    import torch
+
+    from attnconv.data.datasets import ArrayDataset
     from attnconv.data.loader import Loader
 
-    class Split:  # 50,000 images, as CIFAR-10's training split
-        source = "cifar10"
-
-        def __len__(self):
-            return 50_000
-
-    assert len(Loader(Split(), 64, shuffle=True, max_steps=1000)) == 781
+    split = ArrayDataset(torch.zeros(50_000, 3, 1, 1, dtype=torch.uint8),  # CIFAR-10's 50,000
+                         torch.zeros(50_000, dtype=torch.int64), ["a"])  # fmt: skip
+    assert len(Loader(split, 64, shuffle=True, max_steps=1000)) == 781
