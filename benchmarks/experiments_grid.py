@@ -64,9 +64,9 @@ def grid_formation(lines: list[str], runs: Path) -> None:
     FIGS.mkdir(parents=True, exist_ok=True)
     fig = evolution_figure(evo, FIGS / "grid_evolution.png")
     lines += ["", f"![grid evolution](figures/{fig.name})", ""]
+    ref = CONFIGS.parent / "sa_quadratic.yaml"  # the reference code's recipe
+    ref_steps, ref_lr = planned_lr_sum(ref)
     if (runs / name / "metrics.csv").exists():
-        ref = CONFIGS.parent / "sa_quadratic.yaml"  # the reference code's recipe
-        ref_steps, ref_lr = planned_lr_sum(ref)
         t = train_config(ref)
         ips, images = read_metrics(runs / name)["images_per_s"], ref_steps * t.batch_size
         lines += [f"The reference code's budget (its recipe, configs/sa_quadratic.yaml: "
@@ -79,7 +79,7 @@ def grid_formation(lines: list[str], runs: Path) -> None:
                   f"{images / ips / 3600:.0f} h of one core, a lower bound for hidden 400.",
                   ""]  # fmt: skip
     grid_heads(lines, log)
-    grid_sensitivity(lines, runs)
+    grid_sensitivity(lines, runs, {name: evo}, ref_lr)
 
 
 def grid_heads(lines: list[str], log: Path) -> None:
@@ -89,6 +89,7 @@ def grid_heads(lines: list[str], log: Path) -> None:
 
     from attnconv.analysis.center_figures import plot_center_trajectories, plot_mass_contours
     from attnconv.analysis.evolution import last_heads, read_evolution
+    from attnconv.analysis.grid import SHARP
 
     recs = read_evolution(log)
     steps = np.array([r["step"] for r in recs])
@@ -109,8 +110,8 @@ def grid_heads(lines: list[str], log: Path) -> None:
               "|---|---|---|"]  # fmt: skip
     for li, hd in enumerate(heads, 1):
         g = hd["score"]
-        sharp = sorted((tuple(o), p) for o, p in zip(g.offsets, g.peak_mass) if p > 0.5)
-        rest = sorted((p for p in g.peak_mass if p <= 0.5), reverse=True)
+        sharp = sorted((tuple(o), p) for o, p in zip(g.offsets, g.peak_mass) if p > SHARP)
+        rest = sorted((p for p in g.peak_mass if p <= SHARP), reverse=True)
         lines.append(f"| {li} | {', '.join(f'({r}, {c}) {p:.2f}' for (r, c), p in sharp) or '-'}"
                      f" | {', '.join(f'{p:.2f}' for p in rest) or '-'} |")  # fmt: skip
     lines += ["", f"![grid centre trajectories](figures/{traj.name})", "",
@@ -125,11 +126,12 @@ def change(cfg: Path) -> str:
     return cfg.read_text().splitlines()[0].lstrip("# ").split(": ", 1)[-1].rstrip(".")
 
 
-def grid_sensitivity(lines: list[str], runs: Path) -> None:
+def grid_sensitivity(lines: list[str], runs: Path, known: dict[str, list], ref_lr: float) -> None:
     """The grid5k_* runs (one change each from grid5k_base, 5,000 steps) and grid_long (the
-    reference's summed learning rate): where their heads are at their last logged step, and
-    (figure) how far the centres moved and how many heads are sharp against the summed
-    learning rate, with grid_sa_quadratic for scale."""
+    reference's summed learning rate ``ref_lr``): where their heads are at their last logged
+    step, and (figure) how far the centres moved and how many heads are sharp against the
+    summed learning rate, with grid_sa_quadratic for scale. ``known``: run -> its
+    head_evolution, already read."""
     from attnconv.analysis.evolution import head_evolution
 
     rows, curves = [], {}
@@ -138,7 +140,8 @@ def grid_sensitivity(lines: list[str], runs: Path) -> None:
         log, out = runs / cfg.stem / "centers.jsonl", runs / cfg.stem
         if not log.exists() or not (out / "metrics.csv").exists():
             continue
-        evo, lr_sum = head_evolution(log), summed_lr(out)
+        evo = known[cfg.stem] if cfg.stem in known else head_evolution(log)
+        lr_sum = summed_lr(out)
         if evo[-1]["step"] == 0:  # started, nothing trained yet
             continue
         curves[cfg.stem] = [(lr_sum(e["step"]), e["layers"]) for e in evo]
@@ -156,7 +159,6 @@ def grid_sensitivity(lines: list[str], runs: Path) -> None:
         )
     if not rows:
         return
-    ref_lr = planned_lr_sum(CONFIGS.parent / "sa_quadratic.yaml")[1]  # the reference recipe's
     pts = curves.get("grid_sa_quadratic")
     fit = power_fit(pts, lo=pts[-1][0] / 4) if pts else None  # the last 4x of S: the local law
     whole = power_fit(pts) if pts else None
@@ -217,10 +219,10 @@ def sensitivity_figure(curves: dict[str, list], path: Path, fit=None, ref_lr=Non
 
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 4))
     for name, pts in curves.items():
-        x = [s for s, _ in pts if s > 0]  # log axes: step 0 left out
-        pts = [(s, lay) for s, lay in pts if s > 0]
+        pts = [(s, lay) for s, lay in pts if s > 0]  # log axes: step 0 left out
+        x = [s for s, _ in pts]
         moved = [mean_of(lay, "displacement") for _, lay in pts]
-        sharp = [sum(x["sharp_heads"] for x in lay) for _, lay in pts]
+        sharp = [sum(layer["sharp_heads"] for layer in lay) for _, lay in pts]
         style = dict(color="k", lw=2) if name == "grid_sa_quadratic" else dict(lw=1.2)
         ax0.plot(x, moved, label=name, **style)
         ax1.plot(x, sharp, label=name, **style)

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from ..layers.mhsa2d import MultiHeadSelfAttention2d
-from .grid import grid_travel, layer_grid_score
+from .grid import grid_travel, layer_grid_score, middle_query_probs
 
 __all__ = ["read_evolution", "head_evolution", "last_heads", "evolution_figure"]
 
@@ -60,12 +60,6 @@ def _layer(centers: list, alpha: list) -> MultiHeadSelfAttention2d:
 
 
 @torch.no_grad()
-def middle_query_probs(layer: MultiHeadSelfAttention2d, h: int, w: int) -> torch.Tensor:
-    """(Nh, T) attention of the query in the middle of an h x w grid (position only: no input)."""
-    return layer.attention_probs(torch.zeros(1, 1, h, w))[0, :, (h // 2) * w + w // 2]
-
-
-@torch.no_grad()
 def mean_distance(layer: MultiHeadSelfAttention2d, h: int, w: int) -> float:
     """Expected query-key distance (tokens) for the middle query, averaged over the heads."""
     probs = middle_query_probs(layer, h, w)  # (Nh, T)
@@ -86,14 +80,14 @@ def head_evolution(path: str | Path, grid: tuple[int, int] = (16, 16)) -> list[d
     for rec in recs:
         layers = []
         for li, (ctr, alpha) in enumerate(zip(rec["layers"], rec["alpha"])):
-            layer = _layer(ctr, alpha)
+            layer, delta = _layer(ctr, alpha), torch.tensor(ctr)  # delta: (Nh, 2)
             g = layer_grid_score(layer, *grid)
-            moved = (torch.tensor(ctr) - first[li]).norm(dim=-1).mean()
+            moved = (delta - first[li]).norm(dim=-1).mean()
             layers.append(dict(displacement=float(moved), peak_mass=g.peak_mass,
                                sharp_heads=g.sharp_heads, grid3=g.grid3, grid5=g.grid5,
                                mean_distance=mean_distance(layer, *grid),
-                               center_distance=float(torch.tensor(ctr).norm(dim=-1).mean()),
-                               travel3=grid_travel(torch.tensor(ctr))))  # fmt: skip
+                               center_distance=float(delta.norm(dim=-1).mean()),
+                               travel3=grid_travel(delta)))  # fmt: skip
         out.append({"step": rec["step"], "layers": layers})
     return out
 

@@ -37,12 +37,19 @@ class GridScore:
 
 
 @torch.no_grad()
+def middle_query_probs(layer: MultiHeadSelfAttention2d, h: int, w: int) -> torch.Tensor:
+    """(Nh, T) attention of the query in the middle of an h x w grid, for a position-only layer
+    (its input does not matter: zeros)."""
+    dt, dev = layer.out_proj.weight.dtype, layer.out_proj.weight.device
+    x = torch.zeros(1, layer.in_channels, h, w, dtype=dt, device=dev)
+    return layer.attention_probs(x)[0, :, (h // 2) * w + w // 2]
+
+
+@torch.no_grad()
 def layer_grid_score(layer: MultiHeadSelfAttention2d, h: int, w: int) -> GridScore:
     """Grid score of one position-only quadratic layer on an h x w grid (query at the middle)."""
-    dt = layer.out_proj.weight.dtype
-    x = torch.zeros(1, layer.in_channels, h, w, dtype=dt, device=layer.out_proj.weight.device)
     qr, qc = h // 2, w // 2
-    probs = layer.attention_probs(x)[0, :, qr * w + qc].float()  # (Nh, T)
+    probs = middle_query_probs(layer, h, w).float()  # (Nh, T)
     peak, idx = probs.max(-1)
     offsets = [[int(i) // w - qr, int(i) % w - qc] for i in idx]
     sharp = {tuple(o) for o, p in zip(offsets, peak.tolist()) if p > SHARP}
