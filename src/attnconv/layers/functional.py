@@ -119,6 +119,27 @@ def drop_threshold(p: float) -> int:
     return min(int(p * 4294967296.0), _M32)
 
 
+def _row_key(n: torch.Tensor, seed: int) -> torch.Tensor:
+    """key(n) = h32(h32(n mod 2^32 ^ seed) ^ n >> 32) of int64 counters n, in place on n
+    (kernels/hash.h's ``row_key``)."""
+    hi = n >> 32
+    n.bitwise_and_(_M32).bitwise_xor_(seed)
+    return _h32(_h32(n).bitwise_xor_(hi))
+
+
+def dropped_elements(n: int, p: float, device, seed: int, offset: int = 0) -> torch.Tensor:
+    """The elements hidden dropout (dropout.py) removes from a tensor of n elements, each with
+    probability p independently: bool (n,), element i (row-major) dropped when key(offset + i)
+    < p 2^32, the counter hash of ``dropped_links``' rows; the fused kernel (kernels/dropout.cpp)
+    redraws it in forward and backward without storing it."""
+    out = torch.empty(n, dtype=torch.bool, device=device)
+    step, threshold = 1 << 16, drop_threshold(p)  # a chunk's hashes stay in cache
+    for i in range(0, n, step):
+        e = torch.arange(offset + i, offset + min(i + step, n), device=device, dtype=torch.int64)
+        torch.lt(_row_key(e, seed), threshold, out=out[i : i + e.shape[0]])
+    return out
+
+
 def dropped_links(nh: int, t: int, batch: int | None, p: float, device,
                   seed: int | None = None) -> torch.Tensor:  # fmt: skip
     """The links attention dropout removes, each with probability p independently (as
@@ -130,8 +151,7 @@ def dropped_links(nh: int, t: int, batch: int | None, p: float, device,
     from the default generator: the fused kernel (kernels/fused.py) redraws it without storing."""
     seed = dropout_seed() if seed is None else seed
     n = (batch or 1) * nh * t
-    rows = torch.arange(n, device=device, dtype=torch.int64)[:, None]
-    key = _h32(_h32((rows & _M32) ^ seed) ^ (rows >> 32))  # (rows, 1)
+    key = _row_key(torch.arange(n, device=device, dtype=torch.int64)[:, None], seed)  # (rows, 1)
     cols = torch.arange(t, device=device, dtype=torch.int64)
     out = torch.empty(n, t, dtype=torch.bool, device=device)
     step, threshold = max(1, (1 << 15) // t), drop_threshold(p)  # a chunk's hashes stay in cache

@@ -32,6 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..layers.attention_map import AttentionMap
+from ..layers.dropout import HashDropout
 from ..layers.functional import check_impl
 from ..layers.mhsa2d import MultiHeadSelfAttention2d
 from ._common import build_config, check_images
@@ -114,7 +115,7 @@ class SALayer(nn.Module):
         self.fc1 = nn.Linear(D, cfg.ff_size)
         self.fc2 = nn.Linear(cfg.ff_size, D)
         self.norm2 = nn.LayerNorm(D, eps=cfg.layer_norm_eps)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = HashDropout(cfg.dropout)  # nn.Dropout's law, a counter-hash mask
 
     def forward(self, x: torch.Tensor, return_attention: bool = False):
         probs = None

@@ -1,5 +1,6 @@
 """The fused CPU kernel of content attention with row/column positional logits and attention
-dropout (fused_axis.cpp), built on first use with torch's C++ extension loader:
+dropout (fused_axis.cpp), built on first use with torch's C++ extension loader (one module with
+SASA's local window kernel, fused_local.cpp, and the hidden dropout of dropout.py, dropout.cpp):
 
     y = (softmax_k(scale q.k + R[q, k1] + C[q, k2]) o M / (1 - p)) v   (Cordonnier et al. eq. 9)
 
@@ -13,6 +14,7 @@ the plan (plan.py) runs ``dense_dropout`` otherwise. The plain equations beside 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import sys
@@ -27,8 +29,12 @@ from ..first_order import first_order_only
 from ..functional import drop_threshold, dropout_seed, dropped_links
 from ..precision import backward_without_autocast, kernel_dtype
 
-SOURCES = [Path(__file__).with_name(f) for f in ("fused_axis.cpp", "fused_local.cpp")]
-NAME = "attnconv_fused_axis_" + re.sub(r"\W", "_", torch.__version__)  # rebuilt per torch
+SOURCES = [Path(__file__).with_name(f) for f in (
+    "fused_axis.cpp", "fused_local.cpp", "dropout.cpp")]  # fmt: skip
+HEADERS = [Path(__file__).with_name("hash.h")]
+# rebuilt per torch and whenever a source or header changes (the loader tracks sources only)
+_DIGEST = hashlib.sha1(b"".join(f.read_bytes() for f in SOURCES + HEADERS)).hexdigest()[:10]
+NAME = "attnconv_fused_axis_" + re.sub(r"\W", "_", torch.__version__) + "_" + _DIGEST
 DISABLE = "ATTNCONV_NO_FUSED"  # set to 1: never build or run the fused kernel
 
 

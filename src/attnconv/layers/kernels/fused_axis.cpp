@@ -12,6 +12,8 @@
 // style) and redraws the same mask: nothing (T, T) is kept between forward and backward.
 #include <torch/extension.h>
 
+#include "hash.h"
+
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -26,19 +28,8 @@ namespace {
 constexpr int64_t kBlockElems = 1 << 16;  // logits per block: 256 KiB of float32
 constexpr double kFloor = -60.0;          // blocked.py's _FLOOR: no subnormal probabilities
 
-// The dropout hash, functional.dropped_links' _h32 (a 32-bit integer mixer).
-inline uint32_t h32(uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x21f0aaadu;
-  x ^= x >> 15;
-  x *= 0x735a2d97u;
-  x ^= x >> 15;
-  return x;
-}
-
-inline uint32_t row_key(uint64_t row, uint32_t seed) {
-  return h32(h32(static_cast<uint32_t>(row) ^ seed) ^ static_cast<uint32_t>(row >> 32));
-}
+using attnconv::h32;
+using attnconv::row_key;
 
 struct Geometry {
   int64_t b, nh, t, h, w, dk, dv;
@@ -239,9 +230,14 @@ std::vector<at::Tensor> local_backward(at::Tensor gy, at::Tensor q, std::optiona
                                        at::Tensor v, std::optional<at::Tensor> mix,
                                        at::Tensor probs, int64_t ks, bool rel);
 
+// hidden dropout with the counter-hash mask (dropout.cpp)
+at::Tensor hash_dropout(const at::Tensor& x, double p, int64_t seed, int64_t threshold,
+                        int64_t offset);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "fused axis attention forward");
   m.def("backward", &backward, "fused axis attention backward");
   m.def("local_forward", &local_forward, "fused local window attention forward");
   m.def("local_backward", &local_backward, "fused local window attention backward");
+  m.def("hash_dropout", &hash_dropout, "dropout with the counter-hash mask");
 }

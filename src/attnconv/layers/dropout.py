@@ -1,0 +1,75 @@
+"""Hidden dropout with a counter-hash mask: ``nn.Dropout``'s distribution (each element zeroed
+with probability p independently, the rest scaled by 1 / (1 - p)), with the mask a pure function
+of one seed drawn from the default generator and the element's index (``functional.
+dropped_elements``, the hash of the attention dropout's links).
+
+On CPU the fused kernel (kernels/dropout.cpp) draws the mask and scales in one vectorized pass,
+and backward redraws it from the seed: no mask is stored, and no ``bernoulli_``, which draws its
+numbers one at a time on CPU (15x slower on a bfloat16 activation; the paper model's 12 hidden
+dropouts per step took about 15% of its CPU training step, docs/benchmarks.md). Elsewhere (CUDA, or no compiler) the plain equations run,
+``hash_dropout_reference``, with the same mask: one seed gives the same masks on every path.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from .functional import drop_threshold, dropout_seed, dropped_elements
+from .kernels import fused
+
+__all__ = ["HashDropout", "hash_dropout", "hash_dropout_reference"]
+
+
+def hash_dropout_reference(x: torch.Tensor, p: float, seed: int, offset: int = 0) -> torch.Tensor:
+    """The plain equations: x o keep / (1 - p), keep = not ``dropped_elements`` (counters from
+    ``offset``), computed in the opmath type (float32 for bfloat16 / float16 inputs) and rounded
+    once, as the kernel does."""
+    dropped = dropped_elements(x.numel(), p, x.device, seed, offset).view(x.shape)
+    acc = torch.promote_types(x.dtype, torch.float32)
+    keep = torch.tensor(1.0 / (1.0 - p), dtype=acc, device=x.device)
+    return (x.to(acc) * torch.where(dropped, 0.0, keep)).to(x.dtype)  # x * 0 as nn.Dropout
+
+
+class _HashDropout(torch.autograd.Function):
+    """y = x o M / (1 - p); dx = dy o M / (1 - p) with M redrawn from the seed (any order of
+    derivative: backward is this function again)."""
+
+    @staticmethod
+    def forward(ctx, x, p: float, seed: int, offset: int):
+        ctx.args = (p, seed, offset)
+        return fused.extension().hash_dropout(x.contiguous(), p, seed, drop_threshold(p), offset)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _HashDropout.apply(dy, *ctx.args), None, None, None
+
+
+def hash_dropout(x: torch.Tensor, p: float, training: bool = True, seed: int | None = None,
+                 offset: int = 0) -> torch.Tensor:  # fmt: skip
+    """Dropout of x with ``dropped_elements``' mask (seed: drawn from the default generator when
+    None; counters from ``offset``). The fused kernel on CPU when it built, the plain equations
+    otherwise."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    if not training or p == 0.0:
+        return x
+    seed = dropout_seed() if seed is None else seed
+    if x.device.type == "cpu" and fused.available():
+        return _HashDropout.apply(x, p, seed, offset)
+    return hash_dropout_reference(x, p, seed, offset)
+
+
+class HashDropout(nn.Dropout):
+    """A drop-in ``nn.Dropout`` (same p, same distribution, same state dict) whose mask is the
+    counter hash of ``hash_dropout``."""
+
+    def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
+        if inplace:
+            raise ValueError("HashDropout does not run in place (inplace=True)")
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+        super().__init__(p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return hash_dropout(x, self.p, self.training)
