@@ -1,5 +1,5 @@
-"""The grid experiment of the report (Cordonnier et al. 2020, fig. 3-4): grid_sa_quadratic's
-heads against steps and the grid5k_* sensitivity runs, from their centre logs
+"""The grid experiment of the report (Cordonnier et al. 2020, fig. 3-4): grid_sa_quadratic's and
+grid_long's heads against steps and the grid5k_* sensitivity runs, from their centre logs
 (centers.jsonl) and metrics only."""
 
 from __future__ import annotations
@@ -21,19 +21,53 @@ from experiments_runs import (
 
 
 def grid_formation(lines: list[str], runs: Path) -> None:
-    """Issue: do the quadratic heads form a grid at a CPU budget? The grid_sa_quadratic run's
-    centre log (finished or not) against steps: table at a few steps and a figure."""
+    """Issue: do the quadratic heads form a grid at a CPU budget? grid_sa_quadratic (20x the
+    Table 1 budget) and grid_long (the reference's summed learning rate), each from its centre
+    log, finished or not; then the sensitivity runs."""
+    evos = {}
+    evos["grid_sa_quadratic"] = evo = grid_run(lines, runs, "grid_sa_quadratic", "grid")
+    if evo is None:
+        return
+    name, cfg = "grid_sa_quadratic", CONFIGS / "grid_sa_quadratic.yaml"
+    lr_sum = summed_lr(runs / name)
+    ref = CONFIGS.parent / "sa_quadratic.yaml"  # the reference code's recipe
+    ref_steps, ref_lr = planned_lr_sum(ref)
+    if (runs / name / "metrics.csv").exists():
+        t = train_config(ref)
+        ips, images = read_metrics(runs / name)["images_per_s"], ref_steps * t.batch_size
+        lines += [f"The reference code's budget (its recipe, configs/sa_quadratic.yaml: "
+                  f"{t.epochs} epochs of the 50,000 training images, batch {t.batch_size}, "
+                  f"hidden 400) is {images / 1e6:.0f}M images, "
+                  f"{images / train_config(cfg).batch_size / total_steps(cfg):.0f}x this run's, "
+                  f"and a sum of the learning rate of {ref_lr:.0f} over its {ref_steps} steps, "
+                  f"{ref_lr / lr_sum(total_steps(cfg)):.1f}x this run's; at this run's measured "
+                  f"{ips:.0f} images/s (hidden 64, one core) it would take "
+                  f"{images / ips / 3600:.0f} h of one core, a lower bound for hidden 400.",
+                  ""]  # fmt: skip
+    long = grid_run(lines, runs, "grid_long", "grid_long")
+    if long is not None:
+        evos["grid_long"] = long
+    grid_sensitivity(lines, runs, evos, ref_lr)
+
+
+def grid_run(lines: list[str], runs: Path, name: str, stem: str) -> list | None:
+    """One grid run's section: its heads against steps (table, evolution figure), then where
+    they sit (grid_heads); figures named ``stem``_*.png. -> its head_evolution, or
+    None when it has no centre log yet."""
     from attnconv.analysis.evolution import evolution_figure, head_evolution
 
-    name = "grid_sa_quadratic"
     log = runs / name / "centers.jsonl"
     if not log.exists():
-        return
+        return None
     evo = head_evolution(log)
     cfg = CONFIGS / f"{name}.yaml"
-    lines += ["### Do the quadratic heads form a grid? (Cordonnier et al. 2020, fig. 3-4)", "",
-              f"`{name}`: sa_quadratic at the Table 1 CPU scale with 20x its budget "
-              f"({total_steps(cfg)} steps of {train_config(cfg).batch_size} images, cosine); "
+    steps = total_steps(cfg)
+    head = "### Do the quadratic heads form a grid? (Cordonnier et al. 2020, fig. 3-4)"
+    if name != "grid_sa_quadratic":
+        head = f"#### {name}: the reference recipe's summed learning rate"
+    lines += [head, "",
+              f"`{name}`: sa_quadratic at the Table 1 CPU scale with {steps // 1000}x its budget "
+              f"({steps} steps of {train_config(cfg).batch_size} images, cosine); "
               f"{progress(cfg, runs / name)}. "
               "Per layer (1 -> 6), from its centre log (exact: position-only attention does not "
               "depend on the input): centre displacement from step 0, the centres' distance "
@@ -62,27 +96,13 @@ def grid_formation(lines: list[str], runs: Path) -> None:
             f"{per_layer((x['travel3'] for x in lay), '{:.2f}')} |"
         )
     FIGS.mkdir(parents=True, exist_ok=True)
-    fig = evolution_figure(evo, FIGS / "grid_evolution.png")
-    lines += ["", f"![grid evolution](figures/{fig.name})", ""]
-    ref = CONFIGS.parent / "sa_quadratic.yaml"  # the reference code's recipe
-    ref_steps, ref_lr = planned_lr_sum(ref)
-    if (runs / name / "metrics.csv").exists():
-        t = train_config(ref)
-        ips, images = read_metrics(runs / name)["images_per_s"], ref_steps * t.batch_size
-        lines += [f"The reference code's budget (its recipe, configs/sa_quadratic.yaml: "
-                  f"{t.epochs} epochs of the 50,000 training images, batch {t.batch_size}, "
-                  f"hidden 400) is {images / 1e6:.0f}M images, "
-                  f"{images / train_config(cfg).batch_size / total_steps(cfg):.0f}x this run's, "
-                  f"and a sum of the learning rate of {ref_lr:.0f} over its {ref_steps} steps, "
-                  f"{ref_lr / lr_sum(total_steps(cfg)):.1f}x this run's; at this run's measured "
-                  f"{ips:.0f} images/s (hidden 64, one core) it would take "
-                  f"{images / ips / 3600:.0f} h of one core, a lower bound for hidden 400.",
-                  ""]  # fmt: skip
-    grid_heads(lines, log)
-    grid_sensitivity(lines, runs, {name: evo}, ref_lr)
+    fig = evolution_figure(evo, FIGS / f"{stem}_evolution.png")
+    lines += ["", f"![{name} evolution](figures/{fig.name})", ""]
+    grid_heads(lines, log, stem)
+    return evo
 
 
-def grid_heads(lines: list[str], log: Path) -> None:
+def grid_heads(lines: list[str], log: Path, stem: str) -> None:
     """The grid run's heads: every centre's path (fig. 3), the mass contours at the last logged
     step, and per layer where its sharp heads sit."""
     import numpy as np
@@ -95,11 +115,11 @@ def grid_heads(lines: list[str], log: Path) -> None:
     steps = np.array([r["step"] for r in recs])
     paths = [np.array([r["layers"][li] for r in recs], dtype=np.float64)
              for li in range(len(recs[0]["layers"]))]  # fmt: skip
-    traj = plot_center_trajectories(steps, paths, FIGS / "grid_center_trajectories.png",
+    traj = plot_center_trajectories(steps, paths, FIGS / f"{stem}_center_trajectories.png",
                                     unit="step")  # fmt: skip
     step, heads = last_heads(log)
     contours = plot_mass_contours(
-        [hd["maps"] for hd in heads], (8, 8), (16, 16), FIGS / "grid_mass_contours.png",
+        [hd["maps"] for hd in heads], (8, 8), (16, 16), FIGS / f"{stem}_mass_contours.png",
         centers=[hd["centers"] for hd in heads],
         title=f"step {step}: 50% (solid) / 90% (dashed) of each head's mass for the middle "
         "query; x = head centre",
