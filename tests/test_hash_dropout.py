@@ -167,3 +167,12 @@ def test_paper_model_trains_the_same_on_either_path(monkeypatch):
     assert torch.equal(y1, y2)
     for a, b in zip(g1, g2):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_module_runs_torchs_dropout_on_cuda():
+    """Off the CPU the module is nn.Dropout: its share of zeros is p, the rest scaled."""
+    x = torch.ones(1 << 20, device="cuda")
+    y = HashDropout(0.1).train()(x)
+    assert abs((y == 0).float().mean().item() - 0.1) < 0.003
+    torch.testing.assert_close(y[y != 0], torch.full_like(y[y != 0], 1 / 0.9))

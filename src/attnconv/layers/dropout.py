@@ -6,14 +6,18 @@ dropped_elements``, the hash of the attention dropout's links).
 On CPU the fused kernel (kernels/dropout.cpp) draws the mask and scales in one vectorized pass,
 and backward redraws it from the seed: no mask is stored, and no ``bernoulli_``, which draws its
 numbers one at a time on CPU (15x slower on a bfloat16 activation; the paper model's 12 hidden
-dropouts per step took about 15% of its CPU training step, docs/benchmarks.md). Elsewhere (CUDA, or no compiler) the plain equations run,
-``hash_dropout_reference``, with the same mask: one seed gives the same masks on every path.
+dropouts per step took about 15% of its CPU training step, docs/benchmarks.md). Without a
+compiler the plain equations, ``hash_dropout_reference``, draw the same mask. ``hash_dropout``
+hashes on every device; the module ``HashDropout`` runs torch's own fused dropout off the CPU
+(on CUDA the hash's dozen integer passes would cost more than the whole dropout), so its masks
+there are torch's stream, as ``nn.Dropout``'s.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from .functional import drop_threshold, dropout_seed, dropped_elements
 from .kernels import fused
@@ -61,8 +65,8 @@ def hash_dropout(x: torch.Tensor, p: float, training: bool = True, seed: int | N
 
 
 class HashDropout(nn.Dropout):
-    """A drop-in ``nn.Dropout`` (same p, same distribution, same state dict) whose mask is the
-    counter hash of ``hash_dropout``."""
+    """A drop-in ``nn.Dropout`` (same p, same distribution, same state dict) whose mask on CPU
+    is the counter hash of ``hash_dropout``; torch's own dropout on other devices."""
 
     def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
         if inplace:
@@ -72,4 +76,6 @@ class HashDropout(nn.Dropout):
         super().__init__(p)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu":  # torch's fused kernel (see the module docstring)
+            return F.dropout(x, self.p, self.training)
         return hash_dropout(x, self.p, self.training)
