@@ -32,9 +32,6 @@ from ..precision import backward_without_autocast, kernel_dtype
 SOURCES = [Path(__file__).with_name(f) for f in (
     "fused_axis.cpp", "fused_local.cpp", "dropout.cpp")]  # fmt: skip
 HEADERS = [Path(__file__).with_name("hash.h")]
-# rebuilt per torch and whenever a source or header changes (the loader tracks sources only)
-_DIGEST = hashlib.sha1(b"".join(f.read_bytes() for f in SOURCES + HEADERS)).hexdigest()[:10]
-NAME = "attnconv_fused_axis_" + re.sub(r"\W", "_", torch.__version__) + "_" + _DIGEST
 DISABLE = "ATTNCONV_NO_FUSED"  # set to 1: never build or run the fused kernel
 
 
@@ -47,12 +44,15 @@ def extension():
     try:
         from torch.utils import cpp_extension
 
-        built = Path(cpp_extension._get_build_directory(NAME, False)) / f"{NAME}.so"
+        # rebuilt per torch and whenever a source or header changes (the loader hashes sources)
+        digest = hashlib.sha1(b"".join(f.read_bytes() for f in SOURCES + HEADERS)).hexdigest()
+        name = "attnconv_fused_axis_" + re.sub(r"\W", "_", torch.__version__) + "_" + digest[:10]
+        built = Path(cpp_extension._get_build_directory(name, False)) / f"{name}.so"
         if not built.exists():
             print("attnconv: building the fused CPU attention kernel (once per machine, about a "
                   "minute)", file=sys.stderr)  # fmt: skip
         flags = ["-O3", "-march=native", "-fopenmp-simd"]
-        return cpp_extension.load(name=NAME, sources=[str(f) for f in SOURCES], extra_cflags=flags)
+        return cpp_extension.load(name=name, sources=[str(f) for f in SOURCES], extra_cflags=flags)
     except Exception as e:  # no compiler, no ninja, headers missing: the plain kernels run
         warnings.warn(f"attnconv: the fused CPU attention kernel did not build ({e}); "
                       "using the dense kernel", stacklevel=2)  # fmt: skip
