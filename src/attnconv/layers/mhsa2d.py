@@ -28,7 +28,7 @@ from .kernels.position import dense_inputs, reference_probs
 from .positional import PositionalEncoding, check_size
 from .quadratic import axis_softmax, head_major, head_major_output
 from .scripting import NotScriptable
-from .shared_position import head_sum_linear, position_attention
+from .shared_position import head_sum_linear, position_attention, separable_head_sum
 from .terms import Grid
 
 __all__ = ["DROPOUT_MASKS", "MultiHeadSelfAttention2d", "POSITIONALS", "VALUES"]
@@ -278,8 +278,11 @@ class MultiHeadSelfAttention2d(NotScriptable, nn.Module):
         row, col = term.axes(x.dtype)
         r, c = axis_softmax(row.to(x.device)), axis_softmax(col.to(x.device))
         mask_batch = None if self.dropout_mask == "batch" else b
-        drop = dropped_links(nh, h * w, mask_batch, p, x.device) if p > 0 else None
-        y = position_attention(r, c, v, drop)  # (Nh, H, W, B, Dv), eq. 9 factorized, unscaled
-        wo = self.out_proj.weight if drop is None else self.out_proj.weight / (1.0 - p)
+        if p == 0:  # one head at a time, sum_h P_h v_h Wout_h + b (eq. 9 factorized, eq. 1)
+            y = separable_head_sum(r, c, v, self.out_proj.weight, self.out_proj.bias)
+            return y.view(h, w, b, self.out_channels)
+        drop = dropped_links(nh, h * w, mask_batch, p, x.device)
+        y = position_attention(r, c, v, drop)  # (Nh, H, W, B, Dv), unscaled
+        wo = self.out_proj.weight / (1.0 - p)
         y = head_sum_linear(y.view(nh, h * w * b, dv), wo, self.out_proj.bias)
         return y.view(h, w, b, self.out_channels)

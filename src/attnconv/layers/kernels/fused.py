@@ -18,6 +18,7 @@ import hashlib
 import os
 import re
 import sys
+import time
 import warnings
 from functools import cache
 from pathlib import Path
@@ -33,6 +34,23 @@ SOURCES = [Path(__file__).with_name(f) for f in (
     "fused_axis.cpp", "fused_local.cpp", "dropout.cpp")]  # fmt: skip
 HEADERS = [Path(__file__).with_name("hash.h")]
 DISABLE = "ATTNCONV_NO_FUSED"  # set to 1: never build or run the fused kernel
+STALE_LOCK_S = 600  # a build takes about a minute; an older lock is a killed build's
+
+
+def clear_stale_lock(build_dir: Path, now: float | None = None) -> bool:
+    """Remove the build lock a killed build left behind (torch's loader waits on it forever);
+    True when one was removed."""
+    lock = build_dir / "lock"
+    try:
+        age = (time.time() if now is None else now) - lock.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age < STALE_LOCK_S:
+        return False
+    warnings.warn(f"attnconv: removing a stale build lock ({age / 60:.0f} min old): {lock}",
+                  stacklevel=2)  # fmt: skip
+    lock.unlink(missing_ok=True)
+    return True
 
 
 @cache
@@ -47,7 +65,9 @@ def extension():
         # rebuilt per torch and whenever a source or header changes (the loader hashes sources)
         digest = hashlib.sha1(b"".join(f.read_bytes() for f in SOURCES + HEADERS)).hexdigest()
         name = "attnconv_fused_axis_" + re.sub(r"\W", "_", torch.__version__) + "_" + digest[:10]
-        built = Path(cpp_extension._get_build_directory(name, False)) / f"{name}.so"
+        build_dir = Path(cpp_extension._get_build_directory(name, False))
+        clear_stale_lock(build_dir)
+        built = build_dir / f"{name}.so"
         if not built.exists():
             print("attnconv: building the fused CPU attention kernel (once per machine, about a "
                   "minute)", file=sys.stderr)  # fmt: skip
