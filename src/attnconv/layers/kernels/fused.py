@@ -62,8 +62,10 @@ def extension():
     try:
         from torch.utils import cpp_extension
 
-        # rebuilt per torch and whenever a source or header changes (the loader hashes sources)
-        digest = hashlib.sha1(b"".join(f.read_bytes() for f in SOURCES + HEADERS)).hexdigest()
+        # rebuilt per torch and whenever a source or header changes (the loader hashes sources);
+        # the folder too: two checkouts would otherwise rebuild one cache entry in turn
+        files = b"".join(f.read_bytes() for f in SOURCES + HEADERS)
+        digest = hashlib.sha1(files + str(SOURCES[0].parent).encode()).hexdigest()
         name = "attnconv_fused_axis_" + re.sub(r"\W", "_", torch.__version__) + "_" + digest[:10]
         build_dir = Path(cpp_extension._get_build_directory(name, False))
         clear_stale_lock(build_dir)
