@@ -3,6 +3,7 @@
     python benchmarks/experiments.py run [NAME ...]   # train every configs/experiments/*.yaml
     python benchmarks/experiments.py status [NAME ...]  # what is done, what is left
     python benchmarks/experiments.py report           # tables + figures from the run folders
+    python benchmarks/experiments.py save             # the run folders into the repository
 
 Run folders live under a run root outside the repository: ``--runs DIR``, else the environment
 variable ATTNCONV_RUNS, else ../attnconv-runs beside the checkout. `run` trains each experiment
@@ -14,7 +15,10 @@ attention models, `attnconv convert` of the trained ResNet18 on the 10,000 test 
 Lemma 2 sweep. `report` reads only those folders: it writes benchmarks/results/experiments.md,
 copies the figures to docs/figures/, and replaces the block between the experiments markers of
 docs/experiments.md (its links are relative to that page). Nothing in the tables is typed by
-hand.
+hand. The run folders are kept in the repository too (experiments_archive.py): `save` (and
+`report`) copy them to benchmarks/results/runs/ (an unfinished run with its last checkpoint),
+and `run` and `report` restore any the run root lacks, so a new machine resumes where the last
+one saved.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the report's modules beside this file
+import experiments_archive as archive  # noqa: E402
 import experiments_report as report_  # noqa: E402
 from experiments_runs import CONFIGS, ROOT, progress  # noqa: E402
 
@@ -70,8 +75,11 @@ def run(args: argparse.Namespace) -> None:
     data = Path(args.data)
     if not data.exists():
         raise SystemExit(f"--data {data}: no such file")
+    cfgs = experiments(args.names)
+    for name in archive.restore(RUNS, [c.stem for c in cfgs]):
+        print(f"{name}: restored from {archive.ARCHIVE.relative_to(ROOT)}", flush=True)
     failed = []
-    for cfg in experiments(args.names):
+    for cfg in cfgs:
         try:
             run_one(cfg, data)
         except SystemExit as e:  # one experiment's failure does not stop the queue
@@ -135,6 +143,8 @@ def status(args: argparse.Namespace) -> None:
     print(f"run root: {RUNS}")
     for cfg in experiments(args.names):
         out = RUNS / cfg.stem
+        if not out.exists() and (archive.ARCHIVE / cfg.stem).exists():
+            out = archive.ARCHIVE / cfg.stem  # `run` restores it from there
         now = " (training now)" if (out / ".lock").is_file() and busy(out) else ""
         print(f"{cfg.stem:32s} {progress(cfg, out)}{now}")
 
@@ -157,7 +167,15 @@ def save_init(run: Path) -> None:
 
 
 
+def save(args: argparse.Namespace) -> None:
+    if RUNS.is_dir():
+        names = archive.save(RUNS)
+        print(f"saved {len(names)} run folders to {archive.ARCHIVE.relative_to(ROOT)}")
+
+
 def report(args: argparse.Namespace) -> None:
+    save(args)
+    archive.restore(RUNS)
     report_.report(RUNS)
 
 
@@ -173,6 +191,7 @@ def main() -> None:
     st.add_argument("names", nargs="*")
     st.set_defaults(fn=status)
     sub.add_parser("report", help="regenerate tables and figures").set_defaults(fn=report)
+    sub.add_parser("save", help="keep the run folders in the repository").set_defaults(fn=save)
     for sp in sub.choices.values():
         sp.add_argument("--runs", default=None, help=f"run root (default: {RUNS})")
     args = p.parse_args()

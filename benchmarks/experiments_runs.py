@@ -59,9 +59,14 @@ def read_metrics(run: Path) -> dict:
 
 
 def n_params(run: Path) -> int:
-    from attnconv.loading import load_model
+    """The model's parameters, built from the run's config.yaml (no checkpoint needed: the
+    archive keeps none of a finished run)."""
+    import yaml
 
-    model, _ = load_model(run)
+    from attnconv.models import create_model
+
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    model = create_model(cfg["model"]["name"], **{"num_classes": 10, **cfg["model"]["kwargs"]})
     return sum(p.numel() for p in model.parameters())
 
 

@@ -65,7 +65,7 @@ def extension():
         # rebuilt per torch and whenever a source or header changes (the loader hashes sources);
         # the folder too: two checkouts would otherwise rebuild one cache entry in turn
         files = b"".join(f.read_bytes() for f in SOURCES + HEADERS)
-        digest = hashlib.sha1(files + str(SOURCES[0].parent).encode()).hexdigest()
+        digest = hashlib.sha1(files + str(SOURCES[0].parent.resolve()).encode()).hexdigest()
         name = "attnconv_fused_axis_" + re.sub(r"\W", "_", torch.__version__) + "_" + digest[:10]
         build_dir = Path(cpp_extension._get_build_directory(name, False))
         clear_stale_lock(build_dir)

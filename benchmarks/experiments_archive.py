@@ -1,0 +1,72 @@
+"""The run folders kept in the repository, so that a lost run root (a new machine) loses nothing.
+
+The run root lives outside the repository (benchmarks/experiments.py); a machine that is not
+kept takes it along, finished runs and a long run's hours alike. ``save`` copies each run folder
+into ``benchmarks/results/runs/<name>/`` without what can be rebuilt or is large: the
+TensorBoard logs, the lock, the step-0 control checkpoint, the training log, and every
+checkpoint except, for a run not finished, the one ``checkpoints/latest`` names (its resume
+point: weights, optimizer and RNG state). A finished run keeps what the report reads (metrics,
+logged centres, analyses, wall time, config). ``restore`` copies an archived run back into a
+run root that lacks it (never over one it has: the run root is newer or equal), so `run`
+resumes the archived run from its saved step and `report` regenerates from the archive alone.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from experiments_runs import ROOT
+
+ARCHIVE = ROOT / "benchmarks" / "results" / "runs"
+SKIP = {"tb", ".lock", "init", "experiment.log", "checkpoints"}  # rebuilt, large or transient
+CHECKPOINTS, LATEST = "checkpoints", "latest"
+
+
+def _kept(src: Path) -> list[Path]:
+    """The files of run folder ``src`` that the archive keeps (paths relative to ``src``)."""
+    files = [p.relative_to(src) for p in src.rglob("*") if p.is_file()]
+    files = [f for f in files if f.parts[0] not in SKIP and not f.parts[-1].startswith(".")]
+    latest = src / CHECKPOINTS / LATEST
+    if not (src / "wall.json").exists() and latest.is_file():  # unfinished: its resume point
+        step = latest.read_text().strip()
+        ck = src / CHECKPOINTS / step
+        files += [Path(CHECKPOINTS, LATEST)]
+        files += [p.relative_to(src) for p in ck.rglob("*") if p.is_file()
+                  and not p.name.startswith(".")]  # fmt: skip
+    return sorted(files)
+
+
+def save(runs: Path, archive: Path = ARCHIVE) -> list[str]:
+    """Archive every run folder of ``runs`` (one with a config.yaml) into ``archive``, replacing
+    its earlier copy; returns the names saved."""
+    saved = []
+    for src in sorted(p for p in runs.iterdir() if (p / "config.yaml").is_file()):
+        dest = archive / src.name
+        tmp = archive / f".{src.name}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        for f in _kept(src):
+            (tmp / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src / f, tmp / f)
+        shutil.rmtree(dest, ignore_errors=True)
+        tmp.rename(dest)
+        saved.append(src.name)
+    return saved
+
+
+def restore(runs: Path, names: list[str] | None = None, archive: Path = ARCHIVE) -> list[str]:
+    """Copy each archived run (all, or ``names``) that ``runs`` lacks into it; returns the names
+    restored. A run folder already in ``runs`` is never touched."""
+    if not archive.is_dir():
+        return []
+    restored = []
+    for src in sorted(p for p in archive.iterdir() if (p / "config.yaml").is_file()):
+        if (names and src.name not in names) or (runs / src.name).exists():
+            continue
+        runs.mkdir(parents=True, exist_ok=True)
+        tmp = runs / f".{src.name}.restore.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(src, tmp)
+        tmp.rename(runs / src.name)
+        restored.append(src.name)
+    return restored
