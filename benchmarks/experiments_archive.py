@@ -2,7 +2,7 @@
 
 The run root lives outside the repository (benchmarks/experiments.py); a machine that is not
 kept takes it along, finished runs and a long run's hours alike. ``save`` copies each run folder
-into ``benchmarks/results/runs/<name>/`` without what can be rebuilt or is large: the
+into ``benchmarks/results/experiment_runs/<name>/`` without what can be rebuilt or is large: the
 TensorBoard logs, the lock, the step-0 control checkpoint, the training log, and every
 checkpoint except, for a run not finished, the one ``checkpoints/latest`` names (its resume
 point: weights, optimizer and RNG state). A finished run keeps what the report reads (metrics,
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from experiments_runs import ROOT
 
-ARCHIVE = ROOT / "benchmarks" / "results" / "runs"
+ARCHIVE = ROOT / "benchmarks" / "results" / "experiment_runs"
 SKIP = {"tb", ".lock", "init", "experiment.log", "checkpoints"}  # rebuilt, large or transient
 CHECKPOINTS, LATEST = "checkpoints", "latest"
 
