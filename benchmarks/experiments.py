@@ -16,9 +16,9 @@ Lemma 2 sweep. `report` reads only those folders: it writes benchmarks/results/e
 copies the figures to docs/figures/, and replaces the block between the experiments markers of
 docs/experiments.md (its links are relative to that page). Nothing in the tables is typed by
 hand. The run folders are kept in the repository too (experiments_archive.py): `save` (and
-`report`) copy them to benchmarks/results/experiment_runs/ (an unfinished run with its last checkpoint),
-and `run` and `report` restore any the run root lacks, so a new machine resumes where the last
-one saved.
+`report`) copy them to benchmarks/results/experiment_runs/ (an unfinished run with its last
+checkpoint), and `run` and `report` restore any the run root lacks, so a new machine resumes
+where the last one saved.
 """
 
 from __future__ import annotations
