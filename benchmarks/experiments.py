@@ -123,7 +123,7 @@ def run_one(cfg: Path, data: Path) -> None:
         finally:  # a sitting's time counts even when it is interrupted
             partial.write_text(json.dumps({"train_seconds": before + time.time() - t0}))
         done.write_text(partial.read_text())
-    analyzed = cfg.stem.startswith("table1_sa") and not cfg.stem.endswith("_fp32") and (
+    analyzed = cfg.stem.startswith("table1_sa") and not cfg.stem.endswith("_bf16") and (
         "_seed" not in cfg.stem)  # the heads of the seed-0 runs
     if analyzed and not (out / "analysis" / "report.json").exists():
         print(f"[{time.strftime('%H:%M:%S')}] analyze {cfg.stem}", flush=True)

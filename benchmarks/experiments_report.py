@@ -56,7 +56,7 @@ def table1(lines: list[str]) -> None:
         if seeds:
             accs[name], spread[name] = m, sd
     extra = [("sa_learned, `init: bert` (ablation)", "table1_sa_learned_bert"),
-             ("sa_quadratic in fp32 (bf16 check)", "table1_sa_quadratic_fp32"),
+             ("sa_quadratic in bf16 autocast (precision check)", "table1_sa_quadratic_bf16"),
              ("sa_learned seed 1, 30% warm-up (collapse check)",
               "table1_sa_learned_warmup_seed1")]  # fmt: skip
     for label, run in extra:

@@ -209,3 +209,17 @@ def test_terminal_bar_is_redrawn_while_a_step_runs(monkeypatch):
     assert redraws >= 2, tty.getvalue()
     out = tty.getvalue()
     assert "slow:  33%|" in out and "1/3 [" in out and "loss 2.000" in out
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_on_a_cpu_without_native_bf16_says_so(native, files, capsys, monkeypatch):
+    """bf16 autocast on a CPU without AVX-512 BF16 measured 10x slower than float32: the start-up
+    block's dtype line says so and how to turn it off; where the CPU has it, nothing is added."""
+    import attnconv.train.monitor as monitor
+
+    monkeypatch.setattr(monitor, "native_bf16", lambda device: native)
+    capsys.readouterr()
+    assert main(["train", files["cfg"], "--device", "cpu", "--set", "train.bf16=true"]) == 0
+    line = next(x for x in capsys.readouterr().err.splitlines() if x.startswith("  dtype"))
+    assert ("no native bf16" in line and "set train.bf16=false" in line) is not native, line
+    assert "bfloat16 autocast (float32 weights)" in line

@@ -8,6 +8,15 @@ import torch
 CHOICES = "cpu, cuda, cuda:N or mps"
 
 
+def native_bf16(device: torch.device) -> bool:
+    """bf16 arithmetic in hardware: any CUDA/MPS device; on a CPU, AVX-512 (BF16) or AMX as
+    oneDNN needs it. Without it (e.g. AVX2 only) bf16 autocast measured 10x slower a training
+    step than float32 (sa_quadratic, B=64, 1 thread: 20 s against 1.7 s)."""
+    if device.type != "cpu":
+        return True
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def default_device() -> torch.device:
     """CUDA if this torch build and machine have it, else the CPU."""
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")

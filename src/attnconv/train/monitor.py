@@ -23,6 +23,7 @@ import torch.nn as nn
 from attnconv.layers.centers import head_alphas, head_centers
 from attnconv.progress import Progress
 
+from .device import native_bf16
 from .runfolder import open_nofollow
 
 log = logging.getLogger(__name__)
@@ -179,7 +180,9 @@ class Monitor:
             ("model", f"{cfg.model.name}, {n_params / 1e6:.2f}M parameters"),
             ("device", f"{info.device} x{info.world_size} process(es), "
                        f"{torch.get_num_threads()} thread(s) each"),
-            ("dtype", "bfloat16 autocast (float32 weights)" if t.bf16 else "float32"),
+            ("dtype", "float32" if not t.bf16 else "bfloat16 autocast (float32 weights)" + (
+                "" if native_bf16(info.device) else "; this CPU has no native bf16 (no AVX-512 "
+                "BF16): it runs several times slower than float32 here, set train.bf16=false")),
             ("data", f"{d.dataset}: {data[0]} {d.train_split} images, {data[1]} "
                      f"{d.eval_split} images, {data[2]} classes"),
             ("steps", f"{self.total} ({t.epochs} epoch(s) of {steps_per_epoch} steps, batch "
