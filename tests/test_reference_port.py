@@ -87,32 +87,38 @@ def test_reference_buffers_hold_the_reference_values():
     assert state["attention_mask"].item() == 1.0
 
 
+TOL = {torch.float64: 1e-12, torch.float32: 1e-5}  # relative max difference of the logits
+
+
+@pytest.mark.parametrize("dtype", list(TOL))
 @pytest.mark.parametrize("name", NAMES)
-def test_ours_to_reference_computes_the_same_logits(name):
+def test_ours_to_reference_computes_the_same_logits(name, dtype):
     torch.manual_seed(0)
-    m = attnconv.create_model(name, **SMALL).double()
+    m = attnconv.create_model(name, **SMALL).to(dtype)
     ref = ReferenceBertImage(m)
     assert _shapes(ref.state_dict()) == reference_layout(name, 12, 3, 8, 2, 16)
-    assert check_equal(m, ref, batch=3, tol=1e-12) < 1e-12
+    assert check_equal(m, ref, batch=3, tol=TOL[dtype]) < TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", list(TOL))
 @pytest.mark.parametrize("name", NAMES)
-def test_reference_to_ours_computes_the_same_logits(name):
+def test_reference_to_ours_computes_the_same_logits(name, dtype):
     """A reference state dict (its own parameters, its attention_mask and relative_indices
     buffers) loads into our model, which then computes the reference's logits."""
     torch.manual_seed(0)
-    m = attnconv.create_model(name, **SMALL).double()
+    m = attnconv.create_model(name, **SMALL).to(dtype)
     ref = ReferenceBertImage(m).eval()
     with torch.no_grad():  # parameters of its own, not ours
         for p in ref.parameters():
             p.add_(0.3 * torch.randn_like(p))
     state = ref.state_dict()
     assert _shapes(state) == reference_layout(name, 12, 3, 8, 2, 16)
-    dst = attnconv.create_model(name, **SMALL).double().eval()
+    dst = attnconv.create_model(name, **SMALL).to(dtype).eval()
     dst.load_state_dict(from_reference(state, dst))
-    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    x = torch.randn(2, 3, 32, 32, dtype=dtype)
     with torch.no_grad():
-        torch.testing.assert_close(dst(x), ref(x), rtol=1e-12, atol=1e-12)
+        a, r = dst(x), ref(x)
+    assert ((a - r).abs().max() / r.abs().max()).item() <= TOL[dtype]
 
 
 @pytest.mark.parametrize("name", ["sa_learned", "sa_learned_content_runs"])
