@@ -256,3 +256,15 @@ def test_no_dropout_precision_within_twice_the_composition(positional, alpha, bf
         err_fast = ((a - t).abs().max() / scale).item()
         err_ref = ((e - t).abs().max() / scale).item()
         assert err_fast <= 2 * err_ref + 1e-7, (err_fast, err_ref)
+
+
+def test_separable_head_sum_double_backward_is_our_one_line_error():
+    from attnconv.layers.first_order import HigherOrderGradError
+
+    torch.manual_seed(0)
+    r, c = _operators(2, 3, 4)
+    x = torch.randn(1, 3, 4, 2, 3, dtype=F64, requires_grad=True)
+    weight = torch.randn(5, 6, dtype=F64, requires_grad=True)
+    y = separable_head_sum(r, c, x, weight, None)
+    with pytest.raises(HigherOrderGradError, match=r"impl='reference'"):
+        torch.autograd.grad(y.sum(), x, create_graph=True)

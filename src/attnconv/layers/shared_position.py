@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .first_order import MESSAGE, HigherOrderGradError
 from .functional import dropped_links
 
 __all__ = [
@@ -188,6 +189,9 @@ class _SeparableHeadSum(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, gy):
+        if torch.is_grad_enabled():  # create_graph: the GEMMs below write in place (out=)
+            raise HigherOrderGradError(MESSAGE.format(what="the one-head-at-a-time position "
+                                                      "attention (impl='auto')"))  # fmt: skip
         r, c, x, weight = ctx.saved_tensors
         nh, h, w = r.shape[0], r.shape[1], c.shape[1]
         g, n, d = x.shape[0], x.shape[3] * x.shape[4], x.shape[4]
