@@ -59,13 +59,24 @@ def experiments(names: list[str]) -> list[Path]:
     return cfgs
 
 
-def sh(cmd: list[str], log: Path) -> float:
-    """Run a command, appending its output to ``log``; returns wall seconds; raises on failure."""
+SAVE_EVERY = 600.0  # seconds: a training run's folder is archived this often while it trains
+
+
+def sh(cmd: list[str], log: Path, every=None) -> float:
+    """Run a command, appending its output to ``log``; returns wall seconds; raises on failure.
+    ``every``: called each SAVE_EVERY seconds while the command runs."""
     t0 = time.time()
     with open(log, "a") as f:
         f.write(f"$ {' '.join(map(str, cmd))}\n")
         f.flush()
-        rc = subprocess.call([str(c) for c in cmd], stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+        p = subprocess.Popen([str(c) for c in cmd], stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+        while True:
+            try:
+                rc = p.wait(timeout=SAVE_EVERY)
+                break
+            except subprocess.TimeoutExpired:
+                if every is not None:
+                    every()
     if rc != 0:
         raise SystemExit(f"command failed (exit {rc}), see {log}: {' '.join(map(str, cmd))}")
     return time.time() - t0
@@ -119,7 +130,7 @@ def run_one(cfg: Path, data: Path) -> None:
         before = json.loads(partial.read_text())["train_seconds"] if partial.exists() else 0.0
         t0 = time.time()
         try:
-            sh(cmd, log)
+            sh(cmd, log, every=lambda: archive.save(RUNS, names=[cfg.stem]))
         finally:  # a sitting's time counts even when it is interrupted
             partial.write_text(json.dumps({"train_seconds": before + time.time() - t0}))
         done.write_text(partial.read_text())

@@ -23,31 +23,40 @@ SKIP = {"tb", ".lock", "init", "experiment.log", "checkpoints"}  # rebuilt, larg
 CHECKPOINTS, LATEST = "checkpoints", "latest"
 
 
-def _kept(src: Path) -> list[Path]:
-    """The files of run folder ``src`` that the archive keeps (paths relative to ``src``)."""
+def _kept(src: Path) -> tuple[list[Path], str | None]:
+    """The files of run folder ``src`` that the archive keeps (paths relative to ``src``), and
+    the step checkpoint among them that ``latest`` names (None for a finished run)."""
     files = [p.relative_to(src) for p in src.rglob("*") if p.is_file()]
     files = [f for f in files if f.parts[0] not in SKIP and not f.parts[-1].startswith(".")]
-    latest = src / CHECKPOINTS / LATEST
+    latest, step = src / CHECKPOINTS / LATEST, None
     if not (src / "wall.json").exists() and latest.is_file():  # unfinished: its resume point
-        step = latest.read_text().strip()
-        ck = src / CHECKPOINTS / step
-        files += [Path(CHECKPOINTS, LATEST)]
-        files += [p.relative_to(src) for p in ck.rglob("*") if p.is_file()
-                  and not p.name.startswith(".")]  # fmt: skip
-    return sorted(files)
+        step = latest.read_text().strip()  # read once: a training may move it meanwhile
+        files += [p.relative_to(src) for p in (src / CHECKPOINTS / step).rglob("*")
+                  if p.is_file() and not p.name.startswith(".")]  # fmt: skip
+    return sorted(files), step
 
 
-def save(runs: Path, archive: Path = ARCHIVE) -> list[str]:
-    """Archive every run folder of ``runs`` (one with a config.yaml) into ``archive``, replacing
-    its earlier copy; returns the names saved."""
+def save(runs: Path, archive: Path = ARCHIVE, names: list[str] | None = None) -> list[str]:
+    """Archive every run folder of ``runs`` (one with a config.yaml; all, or ``names``) into
+    ``archive``, replacing its earlier copy; returns the names saved. `run` calls it for the
+    run it trains every few minutes, so the working tree holds it even if nobody saves."""
     saved = []
     for src in sorted(p for p in runs.iterdir() if (p / "config.yaml").is_file()):
+        if names and src.name not in names:
+            continue
         dest = archive / src.name
         tmp = archive / f".{src.name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        for f in _kept(src):
-            (tmp / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src / f, tmp / f)
+        files, step = _kept(src)
+        try:
+            for f in files:
+                (tmp / f).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src / f, tmp / f)
+        except FileNotFoundError:  # a training pruned that checkpoint meanwhile: keep the last
+            shutil.rmtree(tmp, ignore_errors=True)
+            continue
+        if step is not None:  # the pointer to the checkpoint copied, not the live file
+            (tmp / CHECKPOINTS / LATEST).write_text(step + "\n")
         shutil.rmtree(dest, ignore_errors=True)
         tmp.rename(dest)
         saved.append(src.name)

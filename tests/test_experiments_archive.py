@@ -64,3 +64,26 @@ def test_restore_never_overwrites_a_run_folder_the_run_root_has(tmp_path):
     assert (runs / "a" / "config.yaml").read_text() == "newer"
     assert (runs / "b" / "config.yaml").read_text() == "archived"
     assert archive.restore(tmp_path / "empty", ["zzz"], archive=store) == []
+
+
+def test_run_archives_the_run_it_trains_while_it_trains(tmp_path, monkeypatch):
+    """benchmarks/experiments.py's ``sh`` calls its ``every`` each SAVE_EVERY seconds while the
+    command runs (the runner saves the training run there), and ``save(names=...)`` saves only
+    the runs named."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "experiments_runner_archive", Path(archive.__file__).with_name("experiments.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "SAVE_EVERY", 0.05)
+    ticks = []
+    mod.sh([sys.executable, "-c", "import time; time.sleep(0.5)"], tmp_path / "log",
+           every=lambda: ticks.append(1))  # fmt: skip
+    assert len(ticks) >= 3
+    runs = tmp_path / "runs"
+    for name in ("a", "b"):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "config.yaml").write_text(name)
+    assert archive.save(runs, tmp_path / "store", names=["b"]) == ["b"]
+    assert not (tmp_path / "store" / "a").exists()
