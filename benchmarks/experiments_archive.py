@@ -1,4 +1,5 @@
-"""The run folders kept in the repository, so that a lost run root (a new machine) loses nothing.
+"""The run folders kept in the repository, so that a lost run root (a new machine) loses only
+what was not committed.
 
 The run root lives outside the repository (benchmarks/experiments.py); a machine that is not
 kept takes it along, finished runs and a long run's hours alike. ``save`` copies each run folder

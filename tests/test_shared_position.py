@@ -129,6 +129,18 @@ def test_forward_tokens_per_image_mask_is_dropout_of_the_plain_probabilities():
     torch.testing.assert_close(y, fast.out_proj(concat))
 
 
+def _step(m, tokens: bool, dtype, x, g, bf16: bool, params: bool = False) -> list:
+    """Output and input gradient (and, with ``params``, every parameter's) of layer ``m`` on
+    tokens x (H, W, B, C) in ``dtype``, through forward_tokens or the NCHW forward, under bf16
+    autocast if asked (never for float64), dropout drawn from seed 1; all in float64."""
+    xi = x.to(dtype).requires_grad_()
+    torch.manual_seed(1)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16 and dtype != F64):
+        y = m.forward_tokens(xi) if tokens else m(xi.permute(2, 3, 0, 1)).permute(2, 3, 0, 1)
+    grads = torch.autograd.grad(y, [xi, *m.parameters()] if params else [xi], g.to(y.dtype))
+    return [y.double()] + [t.double() for t in grads]
+
+
 @pytest.mark.parametrize("mask", ["batch", "sample"])
 @pytest.mark.parametrize("bf16", [False, True])
 @pytest.mark.parametrize("positional, alpha", [("quadratic", 0.5), ("quadratic", 20.0),
@@ -145,20 +157,10 @@ def test_precision_within_twice_the_plain_path(positional, alpha, bf16, mask):
     plain.load_state_dict(fast.state_dict())
     truth = MultiHeadSelfAttention2d(32, 32, 9, impl="reference", **kw).double().train()
     truth.load_state_dict(fast.state_dict())
-    x = torch.randn(16, 16, 4, 32)
-    g = torch.randn(16, 16, 4, 32)
-
-    def run(m, tokens, dtype):
-        xi = x.to(dtype).requires_grad_()
-        torch.manual_seed(1)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16 and dtype != F64):
-            y = m.forward_tokens(xi) if tokens else m(xi.permute(2, 3, 0, 1)).permute(2, 3, 0, 1)
-        (gx,) = torch.autograd.grad(y, xi, g.to(y.dtype))
-        return y.double(), gx.double()
-
-    y64, g64 = run(truth, False, F64)
-    yf, gf = run(fast, True, torch.float32)
-    yp, gp = run(plain, False, torch.float32)
+    x, g = torch.randn(16, 16, 4, 32), torch.randn(16, 16, 4, 32)
+    y64, g64 = _step(truth, False, F64, x, g, bf16)
+    yf, gf = _step(fast, True, torch.float32, x, g, bf16)
+    yp, gp = _step(plain, False, torch.float32, x, g, bf16)
     for a, e, t in ((yf, yp, y64), (gf, gp, g64)):
         err_fast = ((a - t).abs().max() / t.abs().max()).item()
         err_plain = ((e - t).abs().max() / t.abs().max()).item()
@@ -234,15 +236,10 @@ def test_no_dropout_precision_within_twice_the_composition(positional, alpha, bf
     fast = MultiHeadSelfAttention2d(32, 32, 9, **kw).train()
     truth = MultiHeadSelfAttention2d(32, 32, 9, impl="reference", **kw).double().train()
     truth.load_state_dict(fast.state_dict())
-    x = torch.randn(16, 16, 4, 32)
-    g = torch.randn(16, 16, 4, 32)
+    x, g = torch.randn(16, 16, 4, 32), torch.randn(16, 16, 4, 32)
 
     def run(m, tokens, dtype):
-        xi = x.to(dtype).requires_grad_()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16 and dtype != F64):
-            y = m.forward_tokens(xi) if tokens else m(xi.permute(2, 3, 0, 1)).permute(2, 3, 0, 1)
-        grads = torch.autograd.grad(y, [xi, *m.parameters()], g.to(y.dtype))
-        return [y.double()] + [t.double() for t in grads]
+        return _step(m, tokens, dtype, x, g, bf16, params=True)
 
     def composition(r, c, v, weight, bias):
         y = position_attention(r, c, v).reshape(r.shape[0], -1, v.shape[-1])
