@@ -9,6 +9,7 @@ from pathlib import Path
 from experiments_runs import (
     CONFIGS,
     FIGS,
+    kept,
     per_layer,
     planned_lr_sum,
     progress,
@@ -19,20 +20,27 @@ from experiments_runs import (
     train_config,
 )
 
+GRID_TITLE = "### Do the quadratic heads form a grid? (Cordonnier et al. 2020, fig. 3-4)"
+LONG_TITLE = "#### grid_long: the reference recipe's summed learning rate"
+SENSITIVITY_TITLE = ("#### Sensitivity: one change at a time from grid5k_base (5,000 steps), "
+                     "and grid_long")
+
 
 def grid_formation(lines: list[str], runs: Path) -> None:
     """Issue: do the quadratic heads form a grid at a CPU budget? grid_sa_quadratic (20x the
     Table 1 budget) and grid_long (the reference's summed learning rate), each from its centre
     log, finished or not; then the sensitivity runs."""
     evos = {}
-    evos["grid_sa_quadratic"] = evo = grid_run(lines, runs, "grid_sa_quadratic", "grid")
-    if evo is None:
-        return
     name, cfg = "grid_sa_quadratic", CONFIGS / "grid_sa_quadratic.yaml"
-    lr_sum = summed_lr(runs / name)
     ref = CONFIGS.parent / "sa_quadratic.yaml"  # the reference code's recipe
     ref_steps, ref_lr = planned_lr_sum(ref)
-    if (runs / name / "metrics.csv").exists():
+    evo = grid_run(lines, runs, name, "grid")
+    if evo is None:  # not under this run root: its last regenerated section, said so
+        lines += kept(GRID_TITLE, LONG_TITLE)
+    else:
+        evos[name] = evo
+    if evo is not None and (runs / name / "metrics.csv").exists():
+        lr_sum = summed_lr(runs / name)
         t = train_config(ref)
         ips, images = read_metrics(runs / name)["images_per_s"], ref_steps * t.batch_size
         lines += [f"The reference code's budget (its recipe, configs/sa_quadratic.yaml: "
@@ -47,6 +55,8 @@ def grid_formation(lines: list[str], runs: Path) -> None:
     long = grid_run(lines, runs, "grid_long", "grid_long")
     if long is not None:
         evos["grid_long"] = long
+    else:
+        lines += kept(LONG_TITLE, SENSITIVITY_TITLE)
     grid_sensitivity(lines, runs, evos, ref_lr)
 
 
@@ -62,9 +72,7 @@ def grid_run(lines: list[str], runs: Path, name: str, stem: str) -> list | None:
     evo = head_evolution(log)
     cfg = CONFIGS / f"{name}.yaml"
     steps = total_steps(cfg)
-    head = "### Do the quadratic heads form a grid? (Cordonnier et al. 2020, fig. 3-4)"
-    if name != "grid_sa_quadratic":
-        head = f"#### {name}: the reference recipe's summed learning rate"
+    head = GRID_TITLE if name == "grid_sa_quadratic" else LONG_TITLE
     lines += [head, "",
               f"`{name}`: sa_quadratic at the Table 1 CPU scale with {steps // 1000}x its budget "
               f"({steps} steps of {train_config(cfg).batch_size} images, cosine); "
@@ -183,8 +191,7 @@ def grid_sensitivity(lines: list[str], runs: Path, known: dict[str, list], ref_l
     fit = power_fit(pts, lo=pts[-1][0] / 4) if pts else None  # the last 4x of S: the local law
     whole = power_fit(pts) if pts else None
     fig = sensitivity_figure(curves, FIGS / "grid_sensitivity.png", fit, ref_lr)
-    lines += ["#### Sensitivity: one change at a time from grid5k_base (5,000 steps), and "
-              "grid_long", "",
+    lines += [SENSITIVITY_TITLE, "",
               "Per layer (1 -> 6) at the run's last logged step: centre displacement from step 0 "
               "and mean attention distance, and the travel left to a 3x3 grid, in tokens; sharp "
               "heads and 3x3 grid score summed over the layers.", "",

@@ -11,11 +11,10 @@ import shutil
 from pathlib import Path
 
 from experiments_grid import grid_formation
-from experiments_runs import CONFIGS, FIGS, ROOT, mean_std, per_layer, run_cells
+from experiments_runs import CONFIGS, FIGS, RESULTS, ROOT, kept, mean_std, per_layer, run_cells
 
 RUNS = Path(os.environ.get("ATTNCONV_RUNS") or ROOT.parent / "attnconv-runs")  # see --runs
 DOCS = ROOT / "docs" / "experiments.md"  # the page that shows the report
-RESULTS = ROOT / "benchmarks" / "results" / "experiments.md"
 BEGIN, END = "<!-- experiments:begin -->", "<!-- experiments:end -->"
 # figures shown inline on the page (the rest are linked)
 INLINE_FIGURES = ("attention_average", "mass_contours", "center_trajectories_gif")
@@ -25,9 +24,10 @@ TABLE1 = ("resnet18", "sa_quadratic", "sa_learned", "sa_learned_content")
 
 
 def table1_done() -> bool:
-    """Every Table 1 model's seed-0 run finished under this run root (until then the report
-    keeps the last regenerated Table 1, never a table of empty rows)."""
-    return all((RUNS / f"table1_{n}" / "wall.json").exists() for n in TABLE1)
+    """A Table 1 model's seed-0 run finished under this run root: the table is regenerated
+    from the runs here, the others' rows say "not run" (until then the report keeps the last
+    regenerated Table 1, never a table of empty rows)."""
+    return any((RUNS / f"table1_{n}" / "wall.json").exists() for n in TABLE1)
 
 
 def table1(lines: list[str]) -> None:
@@ -62,13 +62,15 @@ def table1(lines: list[str]) -> None:
     for label, run in extra:
         if (RUNS / run).exists():
             lines.append(f"| {label} | {run_cells(RUNS / run)[0]} | |")
-    if len(accs) == len(paper):
+    if len(accs) >= 2:
         ranked = sorted(accs, key=lambda n: -accs[n])
         order = ranked[0] + "".join(  # '~' where two means lie within one std of each other
             f" {'~' if accs[a] - accs[b] <= max(spread[a], spread[b]) else '>'} {b}"
             for a, b in zip(ranked, ranked[1:]))  # fmt: skip
+        missing = [n for n in paper if n not in accs]
         lines += ["", "Paper's order: sa_quadratic ~ resnet18 > sa_learned > sa_learned_content. "
-                  f"Order here, by mean over seeds ('~': within one std): {order}."]  # fmt: skip
+                  f"Order here, by mean over seeds ('~': within one std): {order}"
+                  + (f" ({', '.join(missing)}: not run yet)" if missing else "") + "."]  # fmt: skip
         if collapsed:
             lines += ["", f"At chance (test accuracy <= {100 * CHANCE:.0f}%: the training "
                       f"collapsed to a constant output, loss ln 10): {', '.join(collapsed)}; "
@@ -133,23 +135,6 @@ def heads(lines: list[str]) -> None:
 
 
 KEPT_NOTE = "(SASA table kept from its last regeneration: its run folders are not on this machine.)"
-KEPT = "(Kept from its last regeneration: its run folders are not under this run root.)"
-
-
-def kept(start: str, stop: str | None) -> list[str]:
-    """The last regenerated report's lines from heading ``start`` up to heading ``stop``, with
-    one KEPT note: a section whose runs are not here is kept, not replaced by empty cells."""
-    old = RESULTS.read_text() if RESULTS.exists() else ""
-    if start not in old:
-        return []
-    block = old[old.index(start):]
-    end = block.find(stop, len(start)) if stop else -1
-    if end >= 0:
-        block = block[:end]
-    block = block.replace(KEPT, "").rstrip("\n")
-    return [block, "", KEPT, ""]
-
-
 SASA_CLAIMS = [("k=3", "k3"), ("k=7 (default)", "k7"), ("positional none", "pos_none")]
 SASA_SINGLE = [("k=5", "k5"), ("k=9", "k9"), ("logits q^T r only", "logits_qr"),
                ("conv stem", "convstem"), ("4 heads: positional absolute", "pos_absolute"),

@@ -11,6 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs" / "experiments"
 FIGS = ROOT / "docs" / "figures"
+RESULTS = ROOT / "benchmarks" / "results" / "experiments.md"  # the last regenerated report
 
 
 def train_config(cfg: Path):
@@ -118,3 +119,20 @@ def planned_lr_sum(cfg: Path, n_train: int = 50_000) -> tuple[int, float]:
     total = total_steps(cfg, c.train, n_train)
     spe = total // c.train.epochs
     return total, sum(lr_at(s, c.optim.lr, c.schedule, total, spe) for s in range(total))
+
+
+KEPT = "(Kept from its last regeneration: its run folders are not under this run root.)"
+
+
+def kept(start: str, stop: str | None) -> list[str]:
+    """The last regenerated report's lines from heading ``start`` up to heading ``stop``, with
+    one KEPT note: a section whose runs are not here is kept, not replaced by empty cells."""
+    old = RESULTS.read_text() if RESULTS.exists() else ""
+    if start not in old:
+        return []
+    block = old[old.index(start):]
+    end = block.find(stop, len(start)) if stop else -1
+    if end >= 0:
+        block = block[:end]
+    block = block.replace(KEPT, "").rstrip("\n")
+    return [block, "", KEPT, ""]

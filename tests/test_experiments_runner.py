@@ -134,3 +134,24 @@ def test_total_steps_count_an_epoch_as_the_trainer_does(tmp_path):
     split = ArrayDataset(torch.zeros(50_000, 3, 1, 1, dtype=torch.uint8),  # CIFAR-10's 50,000
                          torch.zeros(50_000, dtype=torch.int64), ["a"])  # fmt: skip
     assert len(Loader(split, 64, shuffle=True, max_steps=1000)) == 781
+
+
+def test_grid_sections_whose_runs_are_absent_are_kept_and_said_so(tmp_path, monkeypatch):
+    """A run root without grid_sa_quadratic / grid_long (a new machine) keeps their last
+    regenerated sections, each with one note, instead of dropping them."""
+    import experiments_grid as grid
+
+    old = [grid.GRID_TITLE, "", "| step | 20000 |", "", grid.LONG_TITLE, "", "| step | 10500 |",
+           "", grid.SENSITIVITY_TITLE, "", "| grid5k_base |", "", "### SASA", ""]  # fmt: skip
+    results = tmp_path / "experiments.md"
+    results.write_text("\n".join(old))
+    monkeypatch.setattr(runs_, "RESULTS", results)
+    lines: list[str] = []
+    grid.grid_formation(lines, tmp_path / "runs")
+    text = "\n".join(lines)
+    assert text.count(runs_.KEPT) == 2 and "| step | 20000 |" in text and "| step | 10500 |" in text
+    assert grid.SENSITIVITY_TITLE not in text  # no sensitivity run here: nothing to show
+    results.write_text(text)  # regenerated again from the kept report: still one note each
+    lines = []
+    grid.grid_formation(lines, tmp_path / "runs")
+    assert "\n".join(lines).count(runs_.KEPT) == 2

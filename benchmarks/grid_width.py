@@ -1,0 +1,149 @@
+"""How fast can the quadratic heads move, against the model's width? (Cordonnier et al. 2020,
+fig. 3: their grid forms at hidden 400; the CPU experiments train hidden 64.)
+
+    python benchmarks/grid_width.py [--hidden 64 128 256 400] [--batches 8] [--batch 32]
+                                    [--checkpoint RUN/checkpoints/step-N] [--threads 1]
+
+For each width, sa_quadratic at the experiments' geometry (6 layers, 9 heads, 2x2
+space-to-depth, feed-forward 2x hidden, or the paper's 512 at hidden 400; hidden dropout 0.1,
+attention dropout off, the reference init from one seed) takes the loss gradient of every head's
+centre Delta_h (eq. 9) on ``--batches`` batches of real CIFAR-10 training images (no
+augmentation; the same images for every width). Per layer it writes:
+
+- drift: ||E dL/dDelta_h|| over the batches (the squared norm of their mean less its noise
+  share, var / n), averaged over the heads; what moves a centre.
+  With SGD momentum m the steady step is lr / (1 - m) times it, so a centre moves about
+  drift / (1 - m) tokens per unit of summed learning rate (docs/experiments.md's S);
+- noise: the batches' spread around that mean (sqrt of E||g - mean||^2), and
+  noise / sqrt(batches), the error of the drift itself: a drift below it is not resolved;
+- S per token: 1 / (drift / (1 - m)), the summed learning rate at which the centres would travel
+  one token at this drift (the reference recipe sums 7,500; a 3x3 grid needs ~1-2 tokens).
+
+This is the rate at one point of training (the start, or ``--checkpoint``: a trainer checkpoint
+of one run, its width), not a trajectory: the runs (``benchmarks/experiments.py``) measure that.
+Writes benchmarks/results/grid_width.md and .json (``--out`` for another folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from attnconv.data import load_dataset
+from attnconv.loading import load_model
+from attnconv.models import create_model
+
+ROOT = Path(__file__).resolve().parents[1]
+MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)  # the experiments' normalization
+MOMENTUM = 0.9
+
+
+def default_data() -> Path:
+    for parent in ROOT.parents:
+        if (p := parent / "shared" / "data" / "cifar10-jpeg.zip").exists():
+            return p
+    return ROOT.parent / "shared" / "data" / "cifar10-jpeg.zip"
+
+
+def model_for(hidden: int, seed: int) -> torch.nn.Module:
+    ff = 512 if hidden == 400 else 2 * hidden  # the paper's feed-forward at its width
+    torch.manual_seed(seed)
+    return create_model("sa_quadratic", hidden_size=hidden, num_layers=6, num_heads=9,
+                        ff_size=ff, downsample=2, attn_dropout=0.0)  # fmt: skip
+
+
+def centre_grads(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]):
+    """(n_batches, layers, heads, 2) gradients of the loss w.r.t. every centre."""
+    centres = [p for n, p in model.named_parameters() if n.endswith("positional_encoding.centers")]
+    model.train()
+    torch.manual_seed(0)  # the hidden dropout masks: the same stream for every width
+    out = []
+    for x, y in batches:
+        model.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        out.append(torch.stack([c.grad.detach().clone() for c in centres]))
+    return torch.stack(out).double()
+
+
+def layer_stats(g: torch.Tensor) -> list[dict]:
+    n = g.shape[0]
+    mean = g.mean(0)  # (L, Nh, 2)
+    var = ((g - mean).norm(dim=-1) ** 2).sum(0) / (n - 1)  # (L, Nh) E||g - E g||^2
+    # ||E g|| without the noise's share of ||mean||^2 (E||mean||^2 = ||E g||^2 + var / n)
+    drift = (mean.norm(dim=-1) ** 2 - var / n).clamp_min(0).sqrt().mean(-1)  # (L,)
+    noise = var.sqrt().mean(-1)
+    rows = []
+    for d, s in zip(drift.tolist(), noise.tolist()):
+        per_s = d / (1 - MOMENTUM)  # tokens per unit summed lr
+        rows.append({"drift": d, "noise": s, "drift_error": s / math.sqrt(n),
+                     "resolved": d > 2 * s / math.sqrt(n),
+                     "summed_lr_per_token": 1 / per_s if per_s > 0 else None})  # fmt: skip
+    return rows
+
+
+def fmt_layers(rows: list[dict], key: str, f: str = "{:.2g}") -> str:
+    return ", ".join("-" if r[key] is None else f.format(r[key]) for r in rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hidden", type=int, nargs="+", default=[64, 128, 256, 400])
+    ap.add_argument("--batches", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--checkpoint", type=Path, help="a trainer checkpoint of one width instead")
+    ap.add_argument("--data", type=Path, default=default_data())
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    args = ap.parse_args()
+    if args.batches < 2 or args.batch < 1:
+        ap.error(f"--batches must be >= 2 and --batch >= 1, got {args.batches}, {args.batch}")
+    torch.set_num_threads(args.threads)
+    ds = load_dataset(str(args.data), "train")
+    n = args.batches * args.batch
+    if n > len(ds.labels):
+        ap.error(f"--batches x --batch = {n} exceeds the {len(ds.labels)} training images")
+    idx = torch.randperm(len(ds.labels), generator=torch.Generator().manual_seed(args.seed))[:n]
+    x = ds.images[idx].float().div(255)  # (n, 3, 32, 32)
+    x = (x - torch.tensor(MEAN)[:, None, None]) / torch.tensor(STD)[:, None, None]
+    batches = list(zip(x.split(args.batch), ds.labels[idx].split(args.batch)))
+    results = []
+    if args.checkpoint:
+        model, _ = load_model(args.checkpoint)
+        todo = [(f"{args.checkpoint.parent.parent.name} at {args.checkpoint.name}", model)]
+    else:
+        todo = [(f"hidden {h}", model_for(h, args.seed)) for h in args.hidden]
+    for label, model in todo:
+        t0 = time.perf_counter()
+        rows = layer_stats(centre_grads(model, batches))
+        results.append({"model": label, "seconds": time.perf_counter() - t0, "layers": rows})
+        print(f"{label}: drift {fmt_layers(rows, 'drift')} ({time.perf_counter() - t0:.0f} s)",
+              flush=True)  # fmt: skip
+    stem = "grid_width" if not args.checkpoint else "grid_width_checkpoint"
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = {"batches": args.batches, "batch": args.batch, "seed": args.seed,
+            "machine": f"{platform.machine()}, {platform.python_version()}"}  # fmt: skip
+    (args.out / f"{stem}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    lines = [f"Centre gradients of sa_quadratic, per layer (1 -> 6), {args.batches} batches of "
+             f"{args.batch} CIFAR-10 training images, seed {args.seed}; "
+             "`python benchmarks/grid_width.py" + (f" --checkpoint {args.checkpoint}"
+                                                   if args.checkpoint else "") + "`.", "",
+             "| model | drift ||E g|| | drift error (noise / sqrt n) | summed lr per token "
+             "(momentum 0.9) |", "|---|---|---|---|"]  # fmt: skip
+    for r in results:
+        lines.append(f"| {r['model']} | {fmt_layers(r['layers'], 'drift')} | "
+                     f"{fmt_layers(r['layers'], 'drift_error')} | "
+                     f"{fmt_layers(r['layers'], 'summed_lr_per_token', '{:.0f}')} |")  # fmt: skip
+    (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
