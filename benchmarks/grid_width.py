@@ -115,9 +115,10 @@ def main() -> None:
     x = (x - torch.tensor(MEAN)[:, None, None]) / torch.tensor(STD)[:, None, None]
     batches = list(zip(x.split(args.batch), ds.labels[idx].split(args.batch)))
     results = []
+    ck_name = "/".join(args.checkpoint.resolve().parts[-3:]) if args.checkpoint else ""
     if args.checkpoint:
         model, _ = load_model(args.checkpoint)
-        todo = [(f"{args.checkpoint.parent.parent.name} at {args.checkpoint.name}", model)]
+        todo = [(f"{ck_name} (hidden {model.cfg.hidden_size})", model)]
     else:
         todo = [(f"hidden {h}", model_for(h, args.seed)) for h in args.hidden]
     for label, model in todo:
@@ -133,9 +134,9 @@ def main() -> None:
     (args.out / f"{stem}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     lines = [f"Centre gradients of sa_quadratic, per layer (1 -> 6), {args.batches} batches of "
              f"{args.batch} CIFAR-10 training images, seed {args.seed}; "
-             "`python benchmarks/grid_width.py" + (f" --checkpoint {args.checkpoint}"
+             "`python benchmarks/grid_width.py" + (f" --checkpoint <run root>/{ck_name}"
                                                    if args.checkpoint else "") + "`.", "",
-             "| model | drift ||E g|| | drift error (noise / sqrt n) | summed lr per token "
+             "| model | drift: norm of E g | drift error (noise / sqrt n) | summed lr per token "
              "(momentum 0.9) |", "|---|---|---|---|"]  # fmt: skip
     for r in results:
         lines.append(f"| {r['model']} | {fmt_layers(r['layers'], 'drift')} | "
