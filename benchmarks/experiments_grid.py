@@ -268,7 +268,8 @@ def sensitivity_figure(curves: dict[str, list], path: Path, fit=None, ref_lr=Non
     ax1.set(xlabel="sum of the learning rate so far", ylabel="sharp heads",
             title="heads with > 50% of their mass on one key (of 54)")
     ax0.legend(fontsize=7)
-    fig.suptitle("sa_quadratic: the grid5k_* runs and grid_sa_quadratic (black, 20,000 steps)")
+    long = " and grid_sa_quadratic (black, 20,000 steps)" if "grid_sa_quadratic" in curves else ""
+    fig.suptitle(f"sa_quadratic: {', '.join(n for n in curves if n != 'grid_sa_quadratic')}{long}")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
