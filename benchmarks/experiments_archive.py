@@ -3,6 +3,7 @@ what was not committed.
 
 The run root lives outside the repository (benchmarks/experiments.py); a machine that is not
 kept takes it along, finished runs and a long run's hours alike. ``save`` copies each run folder
+(paths under the repository's parent folder written relative to the repository)
 into ``benchmarks/results/experiment_runs/<name>/`` without what can be rebuilt or is large: the
 TensorBoard logs, the lock, the step-0 control checkpoint, the training log, and every
 checkpoint except, for a run not finished, the one ``checkpoints/latest`` names (its resume
@@ -14,6 +15,7 @@ resumes the archived run from its saved step and `report` regenerates from the a
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -22,6 +24,38 @@ from experiments_runs import ROOT
 ARCHIVE = ROOT / "benchmarks" / "results" / "experiment_runs"
 SKIP = {"tb", ".lock", "init", "experiment.log", "checkpoints"}  # rebuilt, large or transient
 CHECKPOINTS, LATEST = "checkpoints", "latest"
+BASE = ROOT.parent  # the folder holding the repository, the run root and the data
+
+
+def _relative(value, base: str):
+    """``value`` (JSON-like) with every string path under ``base`` written relative to the
+    repository ("../attnconv-runs/...", "../shared/data/..."): no machine's folders in the
+    repository. Resuming is unaffected (out_dir and data.dataset may change on --resume)."""
+    if isinstance(value, str):
+        return value.replace(base, "../")
+    if isinstance(value, dict):
+        return {k: _relative(v, base) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_relative(v, base) for v in value]
+    return value
+
+
+def _copy(src: Path, dest: Path, base: Path) -> None:
+    """Copy one file; a config or JSON record with its paths under ``base`` made relative (a
+    checkpoint's metadata gets its digest again, as the trainer computes it)."""
+    prefix = str(base.resolve()).rstrip("/") + "/"
+    if src.suffix in (".yaml", ".json") and prefix in (text := src.read_text()):
+        if src.suffix == ".yaml":
+            dest.write_text(text.replace(prefix, "../"))
+            return
+        from attnconv.loading.checkpoint import META_HASH, meta_digest
+
+        meta = _relative(json.loads(text), prefix)
+        if isinstance(meta, dict) and META_HASH in meta:
+            meta[META_HASH] = meta_digest(meta)
+        dest.write_text(json.dumps(meta, indent=1))
+        return
+    shutil.copy2(src, dest)
 
 
 def _kept(src: Path) -> tuple[list[Path], str | None]:
@@ -37,7 +71,8 @@ def _kept(src: Path) -> tuple[list[Path], str | None]:
     return sorted(files), step
 
 
-def save(runs: Path, archive: Path = ARCHIVE, names: list[str] | None = None) -> list[str]:
+def save(runs: Path, archive: Path = ARCHIVE, names: list[str] | None = None,
+         base: Path = BASE) -> list[str]:  # fmt: skip
     """Archive every run folder of ``runs`` (one with a config.yaml; all, or ``names``) into
     ``archive``, replacing its earlier copy; returns the names saved. `run` calls it for the
     run it trains every few minutes, so the working tree holds it even if nobody saves."""
@@ -52,7 +87,7 @@ def save(runs: Path, archive: Path = ARCHIVE, names: list[str] | None = None) ->
         try:
             for f in files:
                 (tmp / f).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(src / f, tmp / f)
+                _copy(src / f, tmp / f, base)
         except FileNotFoundError:  # a training pruned that checkpoint meanwhile: keep the last
             shutil.rmtree(tmp, ignore_errors=True)
             continue

@@ -45,7 +45,7 @@ def table1(lines: list[str]) -> None:
         cells, by_run = seed_cells(name)
         seeds = list(by_run.values())
         m, sd = mean_std(seeds)
-        over = f"{100 * m:.1f} +- {100 * sd:.1f}% ({len(seeds)})" if seeds else "not run"
+        over = f"{pm(m, sd)} ({len(seeds)})" if seeds else "not run"
         chance = [r for r, a in by_run.items() if a <= CHANCE]
         if chance:
             rest = mean_std([a for a in seeds if a > CHANCE])
@@ -83,6 +83,12 @@ def seed_runs(name: str, prefix: str = "table1_") -> list[str]:
     """<prefix><name> (seed 0) and its <prefix><name>_seed<N> repeats that have a config."""
     base = f"{prefix}{name}"
     return [base] + sorted(p.stem for p in CONFIGS.glob(f"{base}_seed*.yaml"))
+
+
+def pm(m: float, sd: float) -> str:
+    """'mean +- std%' of accuracies in [0, 1]; a std under 0.1 point with two decimals (two
+    seeds 0.05 apart are not '+- 0.0')."""
+    return f"{100 * m:.1f} +- {100 * sd:.{1 if 100 * sd >= 0.1 else 2}f}%"
 
 
 CHANCE = 0.11  # 10 classes: a run at or below this test accuracy learned nothing
@@ -164,7 +170,7 @@ def sasa(lines: list[str]) -> None:
         cells, by_run = seed_cells(v, prefix="sasa_")
         accs = list(by_run.values())
         m, sd = mean_std(accs)
-        over = f"{100 * m:.1f} +- {100 * sd:.1f}% ({len(accs)})" if accs else "not run"
+        over = f"{pm(m, sd)} ({len(accs)})" if accs else "not run"
         sds += [sd] if len(accs) > 1 else []
         lines.append(f"| {label} | {cells} | {over} |")
     for label, v in SASA_SINGLE:

@@ -29,9 +29,13 @@ def test_a_lost_run_root_resumes_from_the_archive_to_the_same_weights(tmp_path, 
     assert main(["train", cfg, "--stop-at-step", "2"]) == 0  # 4 steps in all
     (runs / "exp" / "tb").mkdir(exist_ok=True)
     (runs / "exp" / "tb" / "events").write_text("x")
-    assert archive.save(runs, store) == ["exp"]
+    assert archive.save(runs, store, base=tmp_path) == ["exp"]
     kept = {p.relative_to(store / "exp").as_posix() for p in store.rglob("*") if p.is_file()}
     assert {"config.yaml", "metrics.csv", "checkpoints/latest"} <= kept
+    for f in store.rglob("*"):  # no machine folder in the archive: paths made relative
+        if f.suffix in (".yaml", ".json"):
+            assert str(tmp_path) not in f.read_text(), f
+    assert "out_dir: ../runs/exp" in (store / "exp" / "config.yaml").read_text()
     steps = {k.split("/")[1] for k in kept if k.startswith("checkpoints/step-")}
     assert steps == {"step-00000002"}  # the resume point only
     assert not any(k.startswith("tb/") for k in kept)
