@@ -2,7 +2,7 @@
 fig. 3: their grid forms at hidden 400; the CPU experiments train hidden 64.)
 
     python benchmarks/grid_width.py [--hidden 64 128 256 400] [--batches 8] [--batch 32]
-                                    [--checkpoint RUN/checkpoints/step-N] [--threads 1]
+                                    [--checkpoint RUN/checkpoints/step-N ...] [--threads 1]
 
 For each width, sa_quadratic at the experiments' geometry (6 layers, 9 heads, 2x2
 space-to-depth, feed-forward 2x hidden, or the paper's 512 at hidden 400; hidden dropout 0.1,
@@ -19,8 +19,9 @@ augmentation; the same images for every width). Per layer it writes:
 - S per token: 1 / (drift / (1 - m)), the summed learning rate at which the centres would travel
   one token at this drift (the reference recipe sums 7,500; a 3x3 grid needs ~1-2 tokens).
 
-This is the rate at one point of training (the start, or ``--checkpoint``: a trainer checkpoint
-of one run, its width), not a trajectory: the runs (``benchmarks/experiments.py``) measure that.
+This is the rate at one point of training (the start, or each ``--checkpoint``: trainer
+checkpoints of a run, at its width), not a trajectory: the runs (``benchmarks/experiments.py``)
+measure that.
 Writes benchmarks/results/grid_width.md and .json (``--out`` for another folder).
 """
 
@@ -98,7 +99,8 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=8)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--checkpoint", type=Path, help="a trainer checkpoint of one width instead")
+    ap.add_argument("--checkpoint", type=Path, nargs="+",
+                    help="trainer checkpoints (of one run, at their steps) instead")  # fmt: skip
     ap.add_argument("--data", type=Path, default=default_data())
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
@@ -115,10 +117,12 @@ def main() -> None:
     x = (x - torch.tensor(MEAN)[:, None, None]) / torch.tensor(STD)[:, None, None]
     batches = list(zip(x.split(args.batch), ds.labels[idx].split(args.batch)))
     results = []
-    ck_name = "/".join(args.checkpoint.resolve().parts[-3:]) if args.checkpoint else ""
-    if args.checkpoint:
-        model, _ = load_model(args.checkpoint)
-        todo = [(f"{ck_name} (hidden {model.cfg.hidden_size})", model)]
+    ck_names = ["/".join(c.resolve().parts[-3:]) for c in args.checkpoint or []]
+    if args.checkpoint:  # run/checkpoints/step-N: the run folder's name and the step
+        todo = []
+        for c, name in zip(args.checkpoint, ck_names):
+            model, _ = load_model(c)
+            todo.append((f"{name} (hidden {model.cfg.hidden_size})", model))
     else:
         todo = [(f"hidden {h}", model_for(h, args.seed)) for h in args.hidden]
     for label, model in todo:
@@ -132,10 +136,12 @@ def main() -> None:
     meta = {"batches": args.batches, "batch": args.batch, "seed": args.seed,
             "machine": f"{platform.machine()}, {platform.python_version()}"}  # fmt: skip
     (args.out / f"{stem}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    cmd = "python benchmarks/grid_width.py" + "".join(
+        f" --batches {args.batches}" if args.batches != 8 else "")
+    if args.checkpoint:
+        cmd += " --checkpoint " + " ".join(f"<run root>/{n}" for n in ck_names)
     lines = [f"Centre gradients of sa_quadratic, per layer (1 -> 6), {args.batches} batches of "
-             f"{args.batch} CIFAR-10 training images, seed {args.seed}; "
-             "`python benchmarks/grid_width.py" + (f" --checkpoint <run root>/{ck_name}"
-                                                   if args.checkpoint else "") + "`.", "",
+             f"{args.batch} CIFAR-10 training images, seed {args.seed}; `{cmd}`.", "",
              "| model | drift: norm of E g | drift error (noise / sqrt n) | summed lr per token "
              "(momentum 0.9) |", "|---|---|---|---|"]  # fmt: skip
     for r in results:
