@@ -26,16 +26,11 @@ import yaml
 
 from attnconv.bench.common import add_output_options, output_dir
 from attnconv.models import create_model
+from experiments_runs import default_data  # beside this file
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("sa_quadratic", "sa_learned", "sa_learned_content", "resnet18_cifar")
 
-
-def default_data() -> Path:
-    for parent in ROOT.parents:
-        if (p := parent / "shared" / "data" / "cifar10-jpeg.zip").exists():
-            return p
-    return ROOT.parent / "shared" / "data" / "cifar10-jpeg.zip"
 
 
 def geometry() -> dict:

@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from attnconv.bench.models import replace_block
+from experiments_runs import default_data  # beside this file
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs" / "experiments"
@@ -47,12 +48,6 @@ MODELS = [
 ]  # fmt: skip
 PRECISIONS = ("fp32", "bf16")
 
-
-def default_data() -> Path:
-    for parent in ROOT.parents:
-        if (p := parent / "shared" / "data" / "cifar10-jpeg.zip").exists():
-            return p
-    return ROOT.parent / "shared" / "data" / "cifar10-jpeg.zip"
 
 
 def run_dir(i: int, precision: str, seed: int) -> Path:

@@ -34,18 +34,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the report's modules beside this file
 import experiments_archive as archive  # noqa: E402
 import experiments_report as report_  # noqa: E402
-from experiments_runs import CONFIGS, ROOT, progress  # noqa: E402
+from experiments_runs import CONFIGS, ROOT, default_data, progress  # noqa: E402
 
 RUNS = Path(os.environ.get("ATTNCONV_RUNS") or ROOT.parent / "attnconv-runs")  # see --runs
 CLI = [sys.executable, "-m", "attnconv.cli"]
-
-
-def default_data() -> Path:
-    for parent in ROOT.parents:
-        p = parent / "shared" / "data" / "cifar10-jpeg.zip"
-        if p.exists():
-            return p
-    return ROOT.parent / "shared" / "data" / "cifar10-jpeg.zip"
 
 
 def experiments(names: list[str]) -> list[Path]:

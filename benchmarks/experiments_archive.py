@@ -40,10 +40,10 @@ def _relative(value, base: str):
     return value
 
 
-def _copy(src: Path, dest: Path, base: Path) -> None:
-    """Copy one file; a config or JSON record with its paths under ``base`` made relative (a
-    checkpoint's metadata gets its digest again, as the trainer computes it)."""
-    prefix = str(base.resolve()).rstrip("/") + "/"
+def _copy(src: Path, dest: Path, prefix: str) -> None:
+    """Copy one file; a config or JSON record with its paths under folder ``prefix`` (ending in
+    "/") made relative (a checkpoint's metadata gets its digest again, as the trainer computes
+    it)."""
     if src.suffix in (".yaml", ".json") and prefix in (text := src.read_text()):
         if src.suffix == ".yaml":
             dest.write_text(text.replace(prefix, "../"))
@@ -76,7 +76,7 @@ def save(runs: Path, archive: Path = ARCHIVE, names: list[str] | None = None,
     """Archive every run folder of ``runs`` (one with a config.yaml; all, or ``names``) into
     ``archive``, replacing its earlier copy; returns the names saved. `run` calls it for the
     run it trains every few minutes, so the working tree holds it even if nobody saves."""
-    saved = []
+    saved, prefix = [], str(base.resolve()).rstrip("/") + "/"
     for src in sorted(p for p in runs.iterdir() if (p / "config.yaml").is_file()):
         if names and src.name not in names:
             continue
@@ -87,7 +87,7 @@ def save(runs: Path, archive: Path = ARCHIVE, names: list[str] | None = None,
         try:
             for f in files:
                 (tmp / f).parent.mkdir(parents=True, exist_ok=True)
-                _copy(src / f, tmp / f, base)
+                _copy(src / f, tmp / f, prefix)
         except FileNotFoundError:  # a training pruned that checkpoint meanwhile: keep the last
             shutil.rmtree(tmp, ignore_errors=True)
             continue

@@ -140,7 +140,6 @@ def heads(lines: list[str]) -> None:
                   "| conv-likeness |", "|---|---|---|---|---|---|", *rows, ""]  # fmt: skip
 
 
-KEPT_NOTE = "(SASA table kept from its last regeneration: its run folders are not on this machine.)"
 SASA_CLAIMS = [("k=3", "k3"), ("k=7 (default)", "k7"), ("positional none", "pos_none")]
 SASA_SINGLE = [("k=5", "k5"), ("k=9", "k9"), ("logits q^T r only", "logits_qr"),
                ("conv stem", "convstem"), ("4 heads: positional absolute", "pos_absolute"),
@@ -152,11 +151,9 @@ def sasa(lines: list[str]) -> None:
     seed noise, then the single-seed variants (read against that noise)."""
     title = "### SASA ablations at CPU scale (Ramachandran et al. 2019)"
     names = [f"sasa_{v}" for _, v in SASA_CLAIMS + SASA_SINGLE]
-    if not any((RUNS / n).exists() for n in names) and RESULTS.exists():
-        old = RESULTS.read_text()  # keep the last regenerated table: its runs are not here
-        if title in old:
-            block = old[old.index(title):].split("\n#", 1)[0].replace(KEPT_NOTE, "")
-            lines += [block.rstrip("\n"), "", KEPT_NOTE, ""]  # idempotent: one note
+    if not any((RUNS / n).exists() for n in names):
+        if block := kept(title, "\n#"):  # the last regenerated table: its runs are not here
+            lines += block
             return
     lines += [title, "",
               "Every run: 1,000 steps of 64 images (the Table 1 budget), evaluated on all 10,000 "

@@ -14,6 +14,14 @@ FIGS = ROOT / "docs" / "figures"
 RESULTS = ROOT / "benchmarks" / "results" / "experiments.md"  # the last regenerated report
 
 
+def default_data() -> Path:
+    """The real CIFAR-10 JPEG zip in a ``shared/data`` folder above the repository."""
+    for parent in ROOT.parents:
+        if (p := parent / "shared" / "data" / "cifar10-jpeg.zip").exists():
+            return p
+    return ROOT.parent / "shared" / "data" / "cifar10-jpeg.zip"
+
+
 def train_config(cfg: Path):
     """An experiment's ``train`` section (its steps and batch)."""
     from attnconv.train.config import load_config

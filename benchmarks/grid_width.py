@@ -6,7 +6,8 @@ fig. 3: their grid forms at hidden 400; the CPU experiments train hidden 64.)
 
 For each width, sa_quadratic at the experiments' geometry (6 layers, 9 heads, 2x2
 space-to-depth, feed-forward 2x hidden, or the paper's 512 at hidden 400; hidden dropout 0.1,
-attention dropout off, the reference init from one seed) takes the loss gradient of every head's
+attention dropout off, the reference init from one seed; configs/experiments/grid_long.yaml's
+model, normalization and momentum) takes the loss gradient of every head's
 centre Delta_h (eq. 9) on ``--batches`` batches of real CIFAR-10 training images (no
 augmentation; the same images for every width). Per layer it writes:
 
@@ -40,24 +41,21 @@ import torch.nn.functional as F
 from attnconv.data import load_dataset
 from attnconv.loading import load_model
 from attnconv.models import create_model
+from attnconv.train.config import load_config
+from experiments_runs import CONFIGS, ROOT, default_data
 
-ROOT = Path(__file__).resolve().parents[1]
-MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)  # the experiments' normalization
-MOMENTUM = 0.9
-
-
-def default_data() -> Path:
-    for parent in ROOT.parents:
-        if (p := parent / "shared" / "data" / "cifar10-jpeg.zip").exists():
-            return p
-    return ROOT.parent / "shared" / "data" / "cifar10-jpeg.zip"
+# the experiment whose centres move: its geometry, normalization and optimizer momentum
+GRID = load_config(CONFIGS / "grid_long.yaml")
+MOMENTUM = GRID.optim.momentum
 
 
 def model_for(hidden: int, seed: int) -> torch.nn.Module:
-    ff = 512 if hidden == 400 else 2 * hidden  # the paper's feed-forward at its width
+    """grid_long's sa_quadratic at width ``hidden``: feed-forward 2x hidden (the paper's 512 at
+    its hidden 400), the reference init from ``seed``."""
+    ff = 512 if hidden == 400 else 2 * hidden
     torch.manual_seed(seed)
-    return create_model("sa_quadratic", hidden_size=hidden, num_layers=6, num_heads=9,
-                        ff_size=ff, downsample=2, attn_dropout=0.0)  # fmt: skip
+    kwargs = {**GRID.model.kwargs, "hidden_size": hidden, "ff_size": ff}
+    return create_model(GRID.model.name, **kwargs)
 
 
 def centre_grads(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]):
@@ -114,7 +112,8 @@ def main() -> None:
         ap.error(f"--batches x --batch = {n} exceeds the {len(ds.labels)} training images")
     idx = torch.randperm(len(ds.labels), generator=torch.Generator().manual_seed(args.seed))[:n]
     x = ds.images[idx].float().div(255)  # (n, 3, 32, 32)
-    x = (x - torch.tensor(MEAN)[:, None, None]) / torch.tensor(STD)[:, None, None]
+    mean, std = (torch.tensor(v)[:, None, None] for v in (GRID.data.mean, GRID.data.std))
+    x = (x - mean) / std
     batches = list(zip(x.split(args.batch), ds.labels[idx].split(args.batch)))
     results = []
     ck_names = ["/".join(c.resolve().parts[-3:]) for c in args.checkpoint or []]
@@ -136,14 +135,14 @@ def main() -> None:
     meta = {"batches": args.batches, "batch": args.batch, "seed": args.seed,
             "machine": f"{platform.machine()}, {platform.python_version()}"}  # fmt: skip
     (args.out / f"{stem}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    cmd = "python benchmarks/grid_width.py" + "".join(
+    cmd = "python benchmarks/grid_width.py" + (
         f" --batches {args.batches}" if args.batches != 8 else "")
     if args.checkpoint:
         cmd += " --checkpoint " + " ".join(f"<run root>/{n}" for n in ck_names)
     lines = [f"Centre gradients of sa_quadratic, per layer (1 -> 6), {args.batches} batches of "
              f"{args.batch} CIFAR-10 training images, seed {args.seed}; `{cmd}`.", "",
              "| model | drift: norm of E g | drift error (noise / sqrt n) | summed lr per token "
-             "(momentum 0.9) |", "|---|---|---|---|"]  # fmt: skip
+             f"(momentum {MOMENTUM}) |", "|---|---|---|---|"]  # fmt: skip
     for r in results:
         lines.append(f"| {r['model']} | {fmt_layers(r['layers'], 'drift')} | "
                      f"{fmt_layers(r['layers'], 'drift_error')} | "

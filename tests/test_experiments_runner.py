@@ -155,3 +155,20 @@ def test_grid_sections_whose_runs_are_absent_are_kept_and_said_so(tmp_path, monk
     lines = []
     grid.grid_formation(lines, tmp_path / "runs")
     assert "\n".join(lines).count(runs_.KEPT) == 2
+
+
+def test_the_sasa_table_without_its_runs_is_kept_with_one_note(tmp_path, monkeypatch):
+    mod = _module()
+    title = "### SASA ablations at CPU scale (Ramachandran et al. 2019)"
+    results = tmp_path / "experiments.md"
+    results.write_text(f"{title}\n\n| k=3 | 43.0% |\n\n### Next\n")
+    monkeypatch.setattr(runs_, "RESULTS", results)
+    monkeypatch.setattr(mod.report_, "RUNS", tmp_path / "runs")
+    lines: list[str] = []
+    mod.report_.sasa(lines)
+    text = "\n".join(lines)
+    assert "| k=3 | 43.0% |" in text and "### Next" not in text and text.count(runs_.KEPT) == 1
+    results.write_text(text)
+    lines = []
+    mod.report_.sasa(lines)
+    assert "\n".join(lines) == text  # regenerating a kept table changes nothing
