@@ -1,10 +1,14 @@
 """Before/after speed of the global attention layers across two source trees (a refactor's check):
 every positional encoding of MultiHeadSelfAttention2d, with and without content, forward+backward
-at B=4, C=64, 8 heads, one thread; each tree timed in its own fresh process, the trees
-alternated ``--rounds`` times so both see the same machine load; medians over rounds.
+at B=4, C=64, 8 heads, one thread (``--threads N``: N); each tree timed in its own fresh process,
+the trees alternated ``--rounds`` times so both see the same machine load; medians over rounds.
 
     git worktree add /tmp/before <commit>
     python benchmarks/layers_ab.py --before /tmp/before --after . [--rounds 3] [--sizes 16 32]
+
+``--after-patch MOD:NAME=VALUE`` sets a module constant in the after runs only (a tuning
+A/B within one tree: ``--before . --after . --after-patch attnconv.layers.shared_position:
+BLOCK_MAX_THREADS=8``).
 
 ``--config CFG`` times instead one training step (forward, backward, SGD) of the model a training
 config builds, at its batch and precision (bf16 autocast if it says so), on random 32x32 images
@@ -23,7 +27,8 @@ from pathlib import Path
 
 CHILD = """
 import json, statistics, sys, time, torch
-torch.set_num_threads(1)
+torch.set_num_threads(THREADS)
+PATCHES
 from attnconv.layers.encoding import POSITIONALS
 from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
 out = {}
@@ -47,7 +52,8 @@ print(json.dumps(out))
 
 STEP = """
 import json, statistics, time, torch
-torch.set_num_threads(1)
+torch.set_num_threads(THREADS)
+PATCHES
 from attnconv.models import create_model
 from attnconv.train.config import load_config
 cfg = load_config(CONFIG)
@@ -70,11 +76,26 @@ print(json.dumps({name: statistics.median(ts)}))
 """
 
 
-def run_tree(tree: Path, sizes: list[int], config: Path | None = None) -> dict[str, float]:
+def patch_lines(patches: list[str]) -> str:
+    """``module:NAME=VALUE`` (VALUE a Python literal) -> lines that set the module constant."""
+    lines = []
+    for item in patches:
+        target, sep, value = item.partition("=")
+        module, colon, name = target.partition(":")
+        if not (sep and colon and module and name.isidentifier()):
+            raise SystemExit(f"layers_ab: --after-patch wants module:NAME=VALUE, got {item!r}")
+        lines.append(f"import importlib, ast; setattr(importlib.import_module({module!r}), "
+                     f"{name!r}, ast.literal_eval({value!r}))")  # fmt: skip
+    return "\n".join(lines)
+
+
+def run_tree(tree: Path, sizes: list[int], config: Path | None = None, threads: int = 1,
+             patches: list[str] = ()) -> dict[str, float]:  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(tree / "src")}
     code = CHILD.replace("SIZES", repr(sizes))
     if config is not None:
         code = STEP.replace("CONFIG", repr(str(config.resolve())))
+    code = code.replace("THREADS", str(threads)).replace("PATCHES", patch_lines(list(patches)))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True)  # fmt: skip
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -87,15 +108,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--sizes", type=int, nargs="+", default=[16, 32])
     p.add_argument("--config", type=Path, help="time a training step of this config's model")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--after-patch", action="append", default=[], metavar="MOD:NAME=VALUE",
+                   help="set a module constant in the after runs (a tuning A/B in one tree)")
     args = p.parse_args(argv)
     for tree in (args.before, args.after):
         if not (tree / "src" / "attnconv").is_dir():
             raise SystemExit(f"layers_ab: {tree} has no src/attnconv (a source checkout?)")
     runs: dict[str, list[dict]] = {"before": [], "after": []}
     for _ in range(args.rounds):
-        runs["before"].append(run_tree(args.before, args.sizes, args.config))
-        runs["after"].append(run_tree(args.after, args.sizes, args.config))
-    what = "training step, 1 thread" if args.config else "B=4, C=64, 8 heads, fwd+bwd, 1 thread"
+        runs["before"].append(run_tree(args.before, args.sizes, args.config, args.threads))
+        runs["after"].append(run_tree(args.after, args.sizes, args.config, args.threads,
+                                      args.after_patch))  # fmt: skip
+    threads = f"{args.threads} thread{'s' if args.threads > 1 else ''}"
+    what = "training step" if args.config else "B=4, C=64, 8 heads, fwd+bwd"
+    what = f"{what}, {threads}"
     print(f"| case ({what}) | before s | after s | before/after |")
     print("|---|---|---|---|")
     ratios = []

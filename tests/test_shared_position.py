@@ -6,13 +6,15 @@ within 2x of the plain path's error."""
 
 from __future__ import annotations
 
+from unittest.mock import patch
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import attnconv
-from attnconv.layers import mhsa2d
+from attnconv.layers import mhsa2d, shared_position
 from attnconv.layers.functional import dropped_links
 from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
 from attnconv.layers.shared_position import (
@@ -189,14 +191,21 @@ def test_paper_model_trains_the_same_as_its_reference_path(name):
 
 @settings(max_examples=25, deadline=None)
 @given(
-    nh=st.integers(1, 4), h=st.integers(1, 6), w=st.integers(1, 6), b=st.integers(1, 3),
+    nh=st.integers(1, 4), h=st.integers(1, 6), w=st.integers(1, 6), b=st.integers(1, 4),
     d=st.integers(1, 4), dout=st.integers(1, 5), per_head=st.booleans(), bias=st.booleans(),
-    seed=st.integers(0, 2**16),
+    block_images=st.sampled_from([1, 2, None]), seed=st.integers(0, 2**16),
 )  # fmt: skip
 def test_separable_head_sum_equals_its_plain_composition(nh, h, w, b, d, dout, per_head, bias,
-                                                         seed):  # fmt: skip
-    """One head at a time (no dropout) = position_attention then head_sum_linear: values and the
-    gradients of R, C, the values, Wout and b (float64, random shapes)."""
+                                                         block_images, seed):  # fmt: skip
+    """One image block and one head at a time (no dropout) = position_attention then
+    head_sum_linear: values and the gradients of R, C, the values, Wout and b (float64, random
+    shapes; blocks of 1 or 2 images, or the whole batch in one)."""
+    block = (block_images or b) * h * w * d * 8
+    with patch.multiple(shared_position, BLOCK_BYTES=block, BLOCK_MAX_THREADS=1 << 10):
+        _check_head_sum(nh, h, w, b, d, dout, per_head, bias, seed)
+
+
+def _check_head_sum(nh, h, w, b, d, dout, per_head, bias, seed):
     torch.manual_seed(seed)
     r, c = _operators(nh, h, w)
     x = torch.randn(nh if per_head else 1, h, w, b, d, dtype=F64, requires_grad=True)
@@ -212,24 +221,36 @@ def test_separable_head_sum_equals_its_plain_composition(nh, h, w, b, d, dout, p
         torch.testing.assert_close(a, e)
 
 
+@pytest.mark.parametrize("one_image_blocks", [False, True])
 @pytest.mark.parametrize("per_head", [False, True])
-def test_separable_head_sum_gradcheck(per_head):
+def test_separable_head_sum_gradcheck(per_head, one_image_blocks):
+    """gradcheck in float64, the batch of 2 in one block or in two (BLOCK_BYTES 1)."""
+    block = 1 if one_image_blocks else shared_position.BLOCK_BYTES
     torch.manual_seed(0)
     r, c = _operators(2, 3, 4)
     x = torch.randn(2 if per_head else 1, 3, 4, 2, 3, dtype=F64, requires_grad=True)
     weight = torch.randn(5, 6, dtype=F64, requires_grad=True)
     bias = torch.randn(5, dtype=F64, requires_grad=True)
-    assert torch.autograd.gradcheck(separable_head_sum, (r, c, x, weight, bias))
-    assert torch.autograd.gradcheck(lambda *a: separable_head_sum(*a, None), (r, c, x, weight))
+    with patch.multiple(shared_position, BLOCK_BYTES=block, BLOCK_MAX_THREADS=1 << 10):
+        assert torch.autograd.gradcheck(separable_head_sum, (r, c, x, weight, bias))
+        assert torch.autograd.gradcheck(lambda *a: separable_head_sum(*a, None),
+                                        (r, c, x, weight))  # fmt: skip
 
 
 @pytest.mark.parametrize("bf16", [False, True])
 @pytest.mark.parametrize("positional, alpha", [("quadratic", 0.5), ("quadratic", 20.0),
                                                ("relative_learned", None)])  # fmt: skip
-def test_no_dropout_precision_within_twice_the_composition(positional, alpha, bf16, monkeypatch):
+@pytest.mark.parametrize("one_image_blocks", [False, True])
+def test_no_dropout_precision_within_twice_the_composition(
+    positional, alpha, bf16, one_image_blocks, monkeypatch
+):
     """Attention dropout off (the one-head-at-a-time path): output, input and parameter
     gradients against float64 within 2x of the error of the composition it replaces
-    (position_attention then head_sum_linear), in float32 and under bf16 autocast."""
+    (position_attention then head_sum_linear), in float32 and under bf16 autocast; the batch
+    of 4 in one image block, or in four."""
+    if one_image_blocks:
+        monkeypatch.setattr(shared_position, "BLOCK_BYTES", 1)
+        monkeypatch.setattr(shared_position, "BLOCK_MAX_THREADS", 1 << 10)
     torch.manual_seed(0)
     opts = {"init_alpha": alpha} if alpha else {}
     kw = dict(positional=positional, content=False, dropout=0.0, head_dim=8, **opts)
@@ -265,3 +286,21 @@ def test_separable_head_sum_double_backward_is_our_one_line_error():
     y = separable_head_sum(r, c, x, weight, None)
     with pytest.raises(HigherOrderGradError, match=r"impl='reference'"):
         torch.autograd.grad(y.sum(), x, create_graph=True)
+
+
+@settings(max_examples=30, deadline=None)
+@given(h=st.integers(1, 8), w=st.integers(1, 8), b=st.integers(1, 9), d=st.integers(1, 8),
+       block=st.integers(1, 4096), threads=st.integers(1, 3))  # fmt: skip
+def test_image_blocks_partition_the_batch(h, w, b, d, block, threads):
+    """Consecutive ranges covering [0, B), each within BLOCK_BYTES unless a single image; one
+    range (the batch) above BLOCK_MAX_THREADS threads."""
+    x = torch.empty(1, h, w, b, d)
+    with patch.multiple(shared_position, BLOCK_BYTES=block, BLOCK_MAX_THREADS=2), \
+         patch.object(torch, "get_num_threads", lambda: threads):  # fmt: skip
+        ranges = shared_position.image_blocks(x)
+    assert [i0 for i0, _ in ranges] == [0] + [i1 for _, i1 in ranges[:-1]]
+    assert ranges[-1][1] == b and all(i1 > i0 for i0, i1 in ranges)
+    if threads > 2:
+        assert ranges == [(0, b)]
+    for i0, i1 in ranges[:-1]:
+        assert i1 - i0 == 1 or (i1 - i0) * h * w * d * 4 <= block

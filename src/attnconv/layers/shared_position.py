@@ -160,32 +160,60 @@ def head_sum_linear(heads: torch.Tensor, weight: torch.Tensor,
         return _HeadSumLinear.apply(heads.contiguous(), weight, bias)
 
 
+BLOCK_BYTES = 1 << 19  # one image block of x: 512 KiB, a core's L2 (measured best at B=64)
+BLOCK_MAX_THREADS = 1  # more threads: the whole batch (its GEMMs split better over the cores)
+
+
+def image_blocks(x: torch.Tensor) -> list[tuple[int, int]]:
+    """[i0, i1) ranges over the images of x (Nh|1, H, W, B, D) such that one head's block,
+    H*W*(i1 - i0)*D values, fits BLOCK_BYTES (at least one image), when torch runs at most
+    BLOCK_MAX_THREADS threads; else one range, the batch. A training step of grid_long's model
+    (B=64, hidden 64, 9 heads, fp32, idle machine): 1.08-1.13x faster at 1 thread; at 2 threads
+    the blocks measured 0.96x, so the batch runs whole (benchmarks/results/head_sum_blocks.md)."""
+    h, w, b, d = x.shape[1:]
+    if torch.get_num_threads() > BLOCK_MAX_THREADS:
+        return [(0, b)]
+    n = max(1, BLOCK_BYTES // max(1, h * w * d * x.element_size()))
+    return [(i, min(b, i + n)) for i in range(0, b, n)]
+
+
 class _SeparableHeadSum(torch.autograd.Function):
-    """y = sum_h (R_h (x) C_h) x_h W_h^T + b one head at a time (eq. 9 factorized, eq. 1's
-    concat_h and Wout never built): a head's row and column products (H*W*B*D each) stay in
-    cache instead of Nh of them streaming through memory, and backward recomputes them per head
-    instead of keeping them (measured 1.7x faster a forward at the Table 1 CPU scale, B=64,
-    D=64, 9 heads, bf16). The plain composition: ``separable_tokens`` then ``head_sum_linear``.
-    r (Nh, H, H), c (Nh, W, W), x (Nh|1, H, W, B, D), weight (Dout, Nh*D), bias (Dout,) or
-    None, all one dtype -> (H*W*B, Dout)."""
+    """y = sum_h (R_h (x) C_h) x_h W_h^T + b one image block and one head at a time (eq. 9
+    factorized, eq. 1's concat_h and Wout never built): a head's row and column products
+    (H*W*Bblock*D each) stay in L2 instead of Nh of them streaming through memory, and backward
+    recomputes them instead of keeping them (``image_blocks``; per head over the whole batch
+    measured 1.7x faster a forward than the composition at the Table 1 CPU scale, B=64, D=64, 9
+    heads, bf16; the image blocks a further 1.08-1.13x a float32 training step). The plain
+    composition: ``separable_tokens`` then ``head_sum_linear``. r (Nh, H, H), c (Nh, W, W),
+    x (Nh|1, H, W, B, D), weight (Dout, Nh*D), bias (Dout,) or None, all one dtype ->
+    (H*W*B, Dout)."""
 
     @staticmethod
     def forward(ctx, r, c, x, weight, bias):
         nh, h, w = r.shape[0], r.shape[1], c.shape[1]
-        n, d = x.shape[3] * x.shape[4], x.shape[4]
+        g, b, d = x.shape[0], x.shape[3], x.shape[4]
         ws = weight.view(weight.shape[0], nh, d)
-        y = None
-        for k in range(nh):
-            xk = x[k if x.shape[0] > 1 else 0].reshape(h, w * n)
-            x2 = torch.bmm(c[k].expand(h, w, w), (r[k] @ xk).view(h, w, n))  # C_h (R_h x_h)
-            x2 = x2.view(-1, d)
+        blocks = image_blocks(x)
+        y = x.new_empty(h, w, b, weight.shape[0]) if len(blocks) > 1 else None
+        for i0, i1 in blocks:
+            xb = x[:, :, :, i0:i1].contiguous()  # (Nh|1, H, W, Bb, D), x itself if one block
+            n = (i1 - i0) * d
+            yb = None
+            for k in range(nh):
+                xk = xb[k if g > 1 else 0].view(h, w * n)
+                x2 = torch.bmm(c[k].expand(h, w, w), (r[k] @ xk).view(h, w, n))  # C_h R_h x_h
+                x2 = x2.view(-1, d)
+                if yb is None:
+                    yb = x2 @ ws[:, k].t() if bias is None else torch.addmm(bias, x2, ws[:, k].t())
+                else:
+                    yb.addmm_(x2, ws[:, k].t())  # accumulates in the GEMM (beta = 1)
             if y is None:
-                y = x2 @ ws[:, k].t() if bias is None else torch.addmm(bias, x2, ws[:, k].t())
+                y = yb
             else:
-                y.addmm_(x2, ws[:, k].t())  # accumulates in the GEMM (beta = 1)
+                y[:, :, i0:i1] = yb.view(h, w, i1 - i0, -1)
         ctx.save_for_backward(r, c, x, weight)
         ctx.has_bias = bias is not None
-        return y
+        return y.view(h * w * b, -1)
 
     @staticmethod
     def backward(ctx, gy):
@@ -194,27 +222,38 @@ class _SeparableHeadSum(torch.autograd.Function):
                                                       "attention (impl='auto')"))  # fmt: skip
         r, c, x, weight = ctx.saved_tensors
         nh, h, w = r.shape[0], r.shape[1], c.shape[1]
-        g, n, d = x.shape[0], x.shape[3] * x.shape[4], x.shape[4]
-        ws = weight.view(weight.shape[0], nh, d)
-        acc = torch.promote_types(x.dtype, torch.float32)  # dC_h: the sum over rows
-        gr, gc = torch.empty_like(r), torch.empty_like(c)
-        gw = torch.empty(weight.shape[0], nh, d, dtype=weight.dtype, device=weight.device)
+        g, b, d = x.shape[0], x.shape[3], x.shape[4]
+        dout = weight.shape[0]
+        ws = weight.view(dout, nh, d)
+        acc = torch.promote_types(x.dtype, torch.float32)  # dR_h, dC_h: sums over the images
+        gr = torch.zeros(r.shape, dtype=acc, device=r.device)
+        gc = torch.zeros(c.shape, dtype=acc, device=c.device)
+        gw = torch.empty(nh, dout, d, dtype=weight.dtype, device=weight.device)
         gx = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # (shared values: summed)
-        for k in range(nh):
-            xk = x[k if g > 1 else 0].reshape(h, w * n)
-            x1 = (r[k] @ xk).view(h, w, n)  # recomputed: R_h x_h
-            x2 = torch.bmm(c[k].expand(h, w, w), x1)  # C_h R_h x_h (H, W, N)
-            torch.mm(gy.t(), x2.view(-1, d), out=gw[:, k])  # dW_h = dy^T y_h
-            g2 = (gy @ ws[:, k]).view(h, w, n)  # d(C_h R_h x_h)
-            gc[k] = torch.bmm(g2, x1.transpose(1, 2)).sum(0, dtype=acc)
-            g1 = torch.bmm(c[k].t().expand(h, w, w), g2).view(h, w * n)  # d(R_h x_h)
-            gr[k] = g1 @ xk.t()
-            if g > 1 or k == 0:
-                torch.mm(r[k].t(), g1, out=gx[k].view(h, w * n))
-            else:  # the heads' sum accumulates in the GEMM (beta = 1), as the forward's
-                gx[0].view(h, w * n).addmm_(r[k].t(), g1)
+        gy4, blocks = gy.view(h, w, b, dout), image_blocks(x)
+        for i0, i1 in blocks:
+            xb = x[:, :, :, i0:i1].contiguous()
+            gyb = gy4[:, :, i0:i1].reshape(-1, dout)  # (H*W*Bb, Dout)
+            gxb = gx if len(blocks) == 1 else torch.empty_like(xb)
+            n, beta = (i1 - i0) * d, 1.0 if i0 > 0 else 0.0  # the first block overwrites dW
+            for k in range(nh):
+                xk = xb[k if g > 1 else 0].view(h, w * n)
+                x1 = (r[k] @ xk).view(h, w, n)  # recomputed: R_h x_h
+                x2 = torch.bmm(c[k].expand(h, w, w), x1)  # C_h R_h x_h (H, W, N)
+                gw[k].addmm_(gyb.t(), x2.view(-1, d), beta=beta)  # dW_h = dy^T y_h
+                g2 = (gyb @ ws[:, k]).view(h, w, n)  # d(C_h R_h x_h)
+                gc[k] += torch.bmm(g2, x1.transpose(1, 2)).sum(0, dtype=acc)
+                g1 = torch.bmm(c[k].t().expand(h, w, w), g2).view(h, w * n)  # d(R_h x_h)
+                gr[k] += g1 @ xk.t()
+                if g > 1 or k == 0:
+                    torch.mm(r[k].t(), g1, out=gxb[k].view(h, w * n))
+                else:  # the heads' sum accumulates in the GEMM (beta = 1), as the forward's
+                    gxb[0].view(h, w * n).addmm_(r[k].t(), g1)
+            if gxb is not gx:
+                gx[:, :, :, i0:i1] = gxb
         gb = gy.sum(0) if ctx.has_bias else None
-        return gr, gc, gx, gw.view(weight.shape), gb
+        gw = gw.permute(1, 0, 2).reshape(weight.shape)
+        return gr.to(r.dtype), gc.to(c.dtype), gx, gw, gb
 
 
 def separable_head_sum(r: torch.Tensor, c: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
