@@ -133,15 +133,24 @@ def grid_heads(lines: list[str], log: Path, stem: str) -> None:
         "query; x = head centre",
     )
     lines += [f"Where the heads sit at step {step} (offset = the top key minus the query, in "
-              "tokens (row, col); a sharp head puts > 50% of its mass there):", "",
-              "| layer | sharp heads: offset (top-key share) | the other heads: top-key share |",
-              "|---|---|---|"]  # fmt: skip
-    for li, hd in enumerate(heads, 1):
+              "tokens (row, col); a sharp head puts > 50% of its mass there), how far each sharp "
+              "head's centre travelled from step 0, and the other heads' mean centre distance "
+              "from the query |Delta| at step 0 and now:", "",
+              "| layer | sharp heads: offset top-key share (travel) | the other heads: top-key "
+              "share | the others' mean abs(Delta), step 0 -> now |",
+              "|---|---|---|---|"]  # fmt: skip
+    for li, (hd, path) in enumerate(zip(heads, paths), 1):
         g = hd["score"]
-        sharp = sorted((tuple(o), p) for o, p in zip(g.offsets, g.peak_mass) if p > SHARP)
-        rest = sorted((p for p in g.peak_mass if p <= SHARP), reverse=True)
-        lines.append(f"| {li} | {', '.join(f'({r}, {c}) {p:.2f}' for (r, c), p in sharp) or '-'}"
-                     f" | {', '.join(f'{p:.2f}' for p in rest) or '-'} |")  # fmt: skip
+        travel = np.linalg.norm(path[-1] - path[0], axis=-1)  # (Nh,) tokens
+        dist0, dist = np.linalg.norm(path[0], axis=-1), np.linalg.norm(path[-1], axis=-1)
+        sharp = sorted((tuple(o), p, t) for o, p, t in zip(g.offsets, g.peak_mass, travel)
+                       if p > SHARP)  # fmt: skip
+        others = [i for i, p in enumerate(g.peak_mass) if p <= SHARP]
+        rest = sorted((g.peak_mass[i] for i in others), reverse=True)
+        moved = (f"{dist0[others].mean():.2f} -> {dist[others].mean():.2f}" if others else "-")
+        held = ", ".join(f"({r}, {c}) {p:.2f} ({t:.2f})" for (r, c), p, t in sharp) or "-"
+        lines.append(f"| {li} | {held} | {', '.join(f'{p:.2f}' for p in rest) or '-'} | "
+                     f"{moved} |")  # fmt: skip
     lines += ["", f"![grid centre trajectories](figures/{traj.name})", "",
               f"![grid mass contours](figures/{contours.name})", ""]
 

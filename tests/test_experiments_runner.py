@@ -172,3 +172,24 @@ def test_the_sasa_table_without_its_runs_is_kept_with_one_note(tmp_path, monkeyp
     lines = []
     mod.report_.sasa(lines)
     assert "\n".join(lines) == text  # regenerating a kept table changes nothing
+
+
+def test_grid_heads_table_says_how_far_each_sharp_head_travelled(tmp_path, monkeypatch):
+    """The per-layer table of where the heads sit: a sharp head's offset, top-key share and the
+    distance its centre travelled from step 0; the other heads' mean |Delta| then and now."""
+    import json
+
+    import experiments_grid as grid
+
+    monkeypatch.setattr(grid, "FIGS", tmp_path / "figs")
+    start = {"layers": [[[-1.5, 0.2], [1.0, 1.0]]], "alpha": [[0.5, 0.5]]}
+    end = {"layers": [[[-1.0, 0.0], [3.0, 4.0]]], "alpha": [[20.0, 0.01]]}
+    log = tmp_path / "centers.jsonl"
+    log.write_text("\n".join(json.dumps({"epoch": e, "step": s, **r})
+                             for e, s, r in ((0, 0, start), (1, 500, end))) + "\n")  # fmt: skip
+    lines: list[str] = []
+    grid.grid_heads(lines, log, "t")
+    row = next(ln for ln in lines if ln.startswith("| 1 |"))
+    assert "(-1, 0) 1.00 (0.54)" in row  # sqrt(0.5^2 + 0.2^2) = 0.54 tokens travelled
+    assert row.endswith("| 1.41 -> 5.00 |")  # the broad head moved out, from sqrt 2 to 5
+    assert (tmp_path / "figs" / "t_center_trajectories.png").is_file()
