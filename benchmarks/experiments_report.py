@@ -45,7 +45,7 @@ def table1(lines: list[str]) -> None:
         cells, by_run = seed_cells(name)
         seeds = list(by_run.values())
         m, sd = mean_std(seeds)
-        over = f"{pm(m, sd)} ({len(seeds)})" if seeds else "not run"
+        over = seeds_cell(seeds)
         chance = [r for r, a in by_run.items() if a <= CHANCE]
         if chance:
             rest = mean_std([a for a in seeds if a > CHANCE])
@@ -89,6 +89,15 @@ def pm(m: float, sd: float) -> str:
     """'mean +- std%' of accuracies in [0, 1]; a std under 0.1 point with two decimals (two
     seeds 0.05 apart are not '+- 0.0')."""
     return f"{100 * m:.1f} +- {100 * sd:.{1 if 100 * sd >= 0.1 else 2}f}%"
+
+
+def seeds_cell(accs: list[float]) -> str:
+    """'mean +- std% (n)' over the finished seeds; one seed has no std: 'acc% (1 seed)'."""
+    if not accs:
+        return "not run"
+    if len(accs) == 1:
+        return f"{100 * accs[0]:.1f}% (1 seed)"
+    return f"{pm(*mean_std(accs))} ({len(accs)})"
 
 
 CHANCE = 0.11  # 10 classes: a run at or below this test accuracy learned nothing
@@ -167,7 +176,7 @@ def sasa(lines: list[str]) -> None:
         cells, by_run = seed_cells(v, prefix="sasa_")
         accs = list(by_run.values())
         m, sd = mean_std(accs)
-        over = f"{pm(m, sd)} ({len(accs)})" if accs else "not run"
+        over = seeds_cell(accs)
         sds += [sd] if len(accs) > 1 else []
         lines.append(f"| {label} | {cells} | {over} |")
     for label, v in SASA_SINGLE:

@@ -60,6 +60,9 @@ def test_table1_seeds_and_their_spread():
     m, sd = runs_.mean_std([0.40, 0.42, 0.44])
     assert abs(m - 0.42) < 1e-12 and abs(sd - 0.02) < 1e-12
     assert runs_.mean_std([0.5]) == (0.5, 0.0)
+    cell = mod.report_.seeds_cell  # one seed has no std; two 0.05 points apart are not +- 0.0
+    assert cell([]) == "not run" and cell([0.3806]) == "38.1% (1 seed)"
+    assert cell([0.4140, 0.4135]) == "41.4 +- 0.04% (2)"
     from attnconv.train.config import load_config
 
     for name in ("resnet18", "sa_quadratic", "sa_learned", "sa_learned_content"):
