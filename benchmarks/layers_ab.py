@@ -90,12 +90,13 @@ def patch_lines(patches: list[str]) -> str:
 
 
 def run_tree(tree: Path, sizes: list[int], config: Path | None = None, threads: int = 1,
-             patches: list[str] = ()) -> dict[str, float]:  # fmt: skip
+             patch: str = "") -> dict[str, float]:  # fmt: skip
+    """One fresh process timing ``tree``; ``patch`` the lines of ``patch_lines`` run first."""
     env = {**os.environ, "PYTHONPATH": str(tree / "src")}
     code = CHILD.replace("SIZES", repr(sizes))
     if config is not None:
         code = STEP.replace("CONFIG", repr(str(config.resolve())))
-    code = code.replace("THREADS", str(threads)).replace("PATCHES", patch_lines(list(patches)))
+    code = code.replace("THREADS", str(threads)).replace("PATCHES", patch)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True)  # fmt: skip
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -115,11 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     for tree in (args.before, args.after):
         if not (tree / "src" / "attnconv").is_dir():
             raise SystemExit(f"layers_ab: {tree} has no src/attnconv (a source checkout?)")
+    patch = patch_lines(args.after_patch)  # a malformed one is refused before any timing
     runs: dict[str, list[dict]] = {"before": [], "after": []}
     for _ in range(args.rounds):
         runs["before"].append(run_tree(args.before, args.sizes, args.config, args.threads))
-        runs["after"].append(run_tree(args.after, args.sizes, args.config, args.threads,
-                                      args.after_patch))  # fmt: skip
+        runs["after"].append(run_tree(args.after, args.sizes, args.config, args.threads, patch))
     threads = f"{args.threads} thread{'s' if args.threads > 1 else ''}"
     what = "training step" if args.config else "B=4, C=64, 8 heads, fwd+bwd"
     what = f"{what}, {threads}"
