@@ -13,6 +13,9 @@ BLOCK_MAX_THREADS=8``).
 ``--config CFG`` times instead one training step (forward, backward, SGD) of the model a training
 config builds, at its batch and precision (bf16 autocast if it says so), on random 32x32 images
 (e.g. configs/experiments/table1_sa_learned_content.yaml).
+
+``--inference`` times the forward alone, in eval mode under ``torch.inference_mode`` (what
+evaluation and `attnconv analyze` run): of each layer, or of the config's model at its batch.
 """
 
 from __future__ import annotations
@@ -41,6 +44,11 @@ for s in SIZES:
             def step():
                 m.zero_grad(set_to_none=True)
                 m(x).sum().backward()
+            if INFERENCE:
+                m.eval()
+                def step():
+                    with torch.inference_mode():
+                        m(x)
             step()
             ts = []
             for _ in range(5):
@@ -67,11 +75,18 @@ def step():
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
+kind = "step"
+if INFERENCE:
+    m.eval()
+    kind = "forward (inference)"
+    def step():
+        with torch.inference_mode(), torch.autocast("cpu", torch.bfloat16, cfg.train.bf16):
+            m(x)
 step()
 ts = []
 for _ in range(3):
     t = time.perf_counter(); step(); ts.append(time.perf_counter() - t)
-name = f"{cfg.model.name} B={cfg.train.batch_size} {'bf16' if cfg.train.bf16 else 'fp32'} step"
+name = f"{cfg.model.name} B={cfg.train.batch_size} {'bf16' if cfg.train.bf16 else 'fp32'} {kind}"
 print(json.dumps({name: statistics.median(ts)}))
 """
 
@@ -90,13 +105,15 @@ def patch_lines(patches: list[str]) -> str:
 
 
 def run_tree(tree: Path, sizes: list[int], config: Path | None = None, threads: int = 1,
-             patch: str = "") -> dict[str, float]:  # fmt: skip
-    """One fresh process timing ``tree``; ``patch`` the lines of ``patch_lines`` run first."""
+             patch: str = "", inference: bool = False) -> dict[str, float]:  # fmt: skip
+    """One fresh process timing ``tree``; ``patch`` the lines of ``patch_lines`` run first;
+    ``inference``: the forward alone (eval mode, inference_mode)."""
     env = {**os.environ, "PYTHONPATH": str(tree / "src")}
     code = CHILD.replace("SIZES", repr(sizes))
     if config is not None:
         code = STEP.replace("CONFIG", repr(str(config.resolve())))
     code = code.replace("THREADS", str(threads)).replace("PATCHES", patch)
+    code = code.replace("INFERENCE", repr(inference))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True)  # fmt: skip
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -112,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--after-patch", action="append", default=[], metavar="MOD:NAME=VALUE",
                    help="set a module constant in the after runs (a tuning A/B in one tree)")
+    p.add_argument("--inference", action="store_true",
+                   help="time the forward alone, in eval mode under torch.inference_mode")
     args = p.parse_args(argv)
     for tree in (args.before, args.after):
         if not (tree / "src" / "attnconv").is_dir():
@@ -119,10 +138,13 @@ def main(argv: list[str] | None = None) -> int:
     patch = patch_lines(args.after_patch)  # a malformed one is refused before any timing
     runs: dict[str, list[dict]] = {"before": [], "after": []}
     for _ in range(args.rounds):
-        runs["before"].append(run_tree(args.before, args.sizes, args.config, args.threads))
-        runs["after"].append(run_tree(args.after, args.sizes, args.config, args.threads, patch))
+        for side, tree, lines in (("before", args.before, ""), ("after", args.after, patch)):
+            runs[side].append(run_tree(tree, args.sizes, args.config, args.threads, lines,
+                                       args.inference))  # fmt: skip
     threads = f"{args.threads} thread{'s' if args.threads > 1 else ''}"
     what = "training step" if args.config else "B=4, C=64, 8 heads, fwd+bwd"
+    if args.inference:
+        what = "forward, inference" if args.config else "B=4, C=64, 8 heads, inference forward"
     what = f"{what}, {threads}"
     print(f"| case ({what}) | before s | after s | before/after |")
     print("|---|---|---|---|")

@@ -66,18 +66,27 @@ def test_kernel_has_first_derivative_only():
 
 
 def test_layer_routes_to_blocked_kernel_from_16x16_on_cpu():
-    """From 16x16 on CPU: inference runs the blocked kernel; training the fused C++ kernel
-    where it is built (the blocked one otherwise); dropout never the blocked one."""
+    """From 16x16 on CPU: in training the fused C++ kernel where it is built (the blocked one
+    otherwise), in inference too at 16x16 but the blocked kernel above FUSED_INFERENCE_MAX_T;
+    dropout never the blocked one; fixed (quadratic) logits in inference the shared bias
+    (measured faster, plan._fused_wins)."""
     layer = MultiHeadSelfAttention2d(8, 8, 2, positional="relative_learned", content=True)
-    train = "fused" if fused.available() else "blocked"
+    big = "fused" if fused.available() else "blocked"
     for hw, on in ((8, False), (16, True)):
         x = torch.randn(1, 8, hw, hw)
         with torch.no_grad():
-            assert (layer.kernel(x, 0.0) == "blocked") == on
-        assert (layer.kernel(x, 0.0) == train) == on
+            assert (layer.kernel(x, 0.0) == big) == on
+        assert (layer.kernel(x, 0.0) == big) == on
         assert layer.kernel(x, 0.1) != "blocked"
     layer.blocked_backend = False
     assert layer.kernel(x, 0.0) not in ("blocked", "fused")
+    layer.backend = None  # the plan's choice
+    with torch.no_grad():
+        assert layer.kernel(torch.randn(1, 8, 32, 32), 0.0) == "blocked"
+    quad = MultiHeadSelfAttention2d(8, 8, 2, positional="quadratic", content=True)
+    with torch.no_grad():
+        assert quad.kernel(x, 0.0) == "shared_bias"
+    assert quad.kernel(x, 0.0) == big
 
 
 def test_kernel_rejects_bad_axis_logits():

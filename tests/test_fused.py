@@ -142,3 +142,30 @@ def test_a_killed_builds_lock_is_cleared_a_live_one_kept(tmp_path):
     with pytest.warns(UserWarning, match="stale build lock"):
         assert fused.clear_stale_lock(tmp_path, now=lock.stat().st_mtime + fused.STALE_LOCK_S)
     assert not lock.exists()
+
+
+@settings(deadline=None, max_examples=15)
+@given(positional=st.sampled_from(["relative_learned", "quadratic"]), b=st.integers(1, 3),
+       heads=st.integers(1, 3), h=st.integers(1, 7), w=st.integers(1, 7),
+       seed=st.integers(0, 2**16))  # fmt: skip
+def test_inference_forward_fused_equals_reference(positional, b, heads, h, w, seed):
+    """In inference (eval, inference_mode) the plan runs the fused kernel at 16x16 on the
+    learned relative content layer (plan._fused_wins); forced at any shape it equals
+    impl="reference" in float64."""
+    from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
+
+    torch.manual_seed(seed)
+    lay = MultiHeadSelfAttention2d(6, 6, heads, positional=positional, max_size=16).double().eval()
+    x = torch.randn(b, 6, h, w, dtype=torch.float64)
+    outs = []
+    for backend, impl in (("fused", "auto"), (None, "reference")):
+        lay.backend, lay.impl = backend, impl
+        with torch.inference_mode():
+            if impl == "auto":
+                assert lay.kernel(x) == "fused"
+            outs.append(lay(x))
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-12, atol=1e-12)
+    lay.backend, lay.impl = None, "auto"
+    with torch.inference_mode():
+        assert lay.kernel(torch.randn(1, 6, 16, 16, dtype=torch.float64)) == (
+            "fused" if positional == "relative_learned" else "shared_bias")

@@ -32,3 +32,29 @@ def test_malformed_after_patch_is_refused_before_timing(bad, tmp_path, monkeypat
     with pytest.raises(SystemExit, match="--after-patch wants module:NAME=VALUE"):
         layers_ab.main(["--before", root, "--after", root, "--after-patch", bad])
     assert timed == []
+
+
+def test_kernel_ab_times_both_backends_and_refuses_a_bad_case(capsys):
+    import kernel_ab
+
+    assert kernel_ab.main(["--backends", "blocked", "fused", "--cases", "2x4", "--rounds", "2",
+                           "--inference", "--channels", "8", "--heads", "2"]) == 0  # fmt: skip
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[0].startswith("| relative_learned + content, C=8, 2 heads, inference forward")
+    cells = rows[2].strip("|").split("|")
+    assert cells[0].strip() == "B=2, 4x4" and all(float(c) > 0 for c in cells[1:])
+    with pytest.raises(SystemExit):
+        kernel_ab.main(["--backends", "blocked", "fused", "--cases", "2by4"])
+    with pytest.raises(SystemExit, match="--rounds must be >= 2"):
+        kernel_ab.main(["--backends", "blocked", "fused", "--cases", "2x4", "--rounds", "1"])
+
+
+def test_inference_run_times_every_layer_forward():
+    """--inference runs the child with an eval-mode forward under inference_mode: every
+    positional encoding, with and without content, gets a time."""
+    from attnconv.layers.encoding import POSITIONALS
+
+    root = Path(__file__).resolve().parents[1]
+    out = layers_ab.run_tree(root, [4], inference=True)
+    assert sorted(out) == sorted(f"{p}{c} 4x4" for p in POSITIONALS for c in (" +content", ""))
+    assert all(t > 0 for t in out.values())

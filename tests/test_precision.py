@@ -253,3 +253,27 @@ def test_backward_inside_autocast_as_exact_as_after_it(positional, backend, p):
         err_after = ((after[name] - want).abs().max() / want.abs().max()).item()
         err_inside = ((inside[name] - want).abs().max() / want.abs().max()).item()
         assert err_inside <= 2 * err_after + 1e-6, (name, err_inside, err_after)
+
+
+@pytest.mark.parametrize("hw", [16, 32])
+@pytest.mark.parametrize("autocast", [False, True])
+def test_learned_content_inference_is_as_exact_as_dense(hw, autocast):
+    """Inference of the learned relative content layer (the plan's fused kernel from 16x16, the
+    blocked one where the extension is not built): fp32 and bf16-autocast outputs within 2x of
+    the dense path's error against float64."""
+    torch.manual_seed(hw)
+    fast = MultiHeadSelfAttention2d(16, 16, 4, positional="relative_learned", content=True,
+                                    max_size=hw).eval()  # fmt: skip
+    with torch.no_grad():
+        for table in fast.positional_encoding.tables.parameters():
+            table.normal_(0.0, 1.0)  # logits of a trained layer's size, not init's near-zero
+    plain = copy.deepcopy(fast)
+    plain.impl = "reference"
+    x = torch.randn(2, 16, hw, hw)
+    with torch.inference_mode():
+        y64 = copy.deepcopy(plain).double()(x.double())
+        assert fast.kernel(x) in ("fused", "blocked")
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            e_fast, e_plain = _rel(fast(x), y64), _rel(plain(x), y64)
+    assert e_plain < (2e-2 if autocast else 1e-5), e_plain
+    assert e_fast <= 2 * e_plain, (e_fast, e_plain)

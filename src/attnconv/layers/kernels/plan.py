@@ -9,13 +9,14 @@ and the ``backend`` override of MultiHeadSelfAttention2d. First matching row win
 | separable        | Axis, position only    | no dropout                                       |
 | shared           | any, position only     | (computed once for the batch)                    |
 | fused            | Axis                   | CPU, extension built (fused.py); dropout, or     |
-|                  |                        | training from BLOCKED_MIN_T                     |
+|                  |                        | training from BLOCKED_MIN_T, inference at 16^2   |
+|                  |                        | (to FUSED_INFERENCE_MAX_T) but not shared_bias's |
 | dense_dropout    | Axis                   | CPU, dropout, backend != "fold"                  |
 | flex_gaussian    | Axis with a Gaussian   | Flex, no dropout, no grad to the encoding        |
 | flex             | Axis                   | Flex (CUDA, or backend="flex"), no dropout       |
 | shared_bias      | Axis, fixed logits     | no grad, no dropout, T <= SHARED_BIAS_MAX_T      |
 | blocked          | Axis                   | CPU, T >= BLOCKED_MIN_T (or "blocked"), no drop. |
-|                  |                        | (inference, or no compiler for the extension)    |
+|                  |                        | (inference above FUSED_INFERENCE_MAX_T, or no C++)|
 | blocked_gaussian | Gaussian               | CPU, not traced (or "blocked")                   |
 | fold             | any                    | otherwise: folded into q/k, the fused SDPA       |
 """
@@ -34,6 +35,8 @@ BACKENDS = ("flex", "blocked", "fused", "fold")
 FLEX = importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
 SHARED_BIAS_MAX_T = 64 * 64  # (Nh, T, T) float32 bias in inference: 64 MiB per head at 64^2
 BLOCKED_MIN_T = 16 * 16  # smaller images: the blocked kernel's Python loop costs its gain
+FUSED_INFERENCE_MAX_T = 16 * 16  # inference: fused 1.3-1.6x blocked at 16^2, even at 20-28^2,
+# 0.7-1.0x from 32^2 (relative_learned + content, C=64, 8 heads, 1-2 threads)
 
 
 class Case(NamedTuple):
@@ -73,13 +76,25 @@ def _axis(c: Case) -> bool:
     return isinstance(c.term, AxisTerm)
 
 
+def _shared_bias(c: Case) -> bool:
+    """Fixed positional logits (no q in them) in inference: one (Nh, T, T) bias for the batch."""
+    return (_axis(c) and c.term.axes is not None and not c.grad and c.p_drop == 0
+            and c.t <= SHARED_BIAS_MAX_T)  # fmt: skip
+
+
 def _fused_wins(c: Case) -> bool:
     """Where the fused C++ kernel runs (forced, or measured faster by benchmarks/layers_ab.py):
-    with dropout (the others store or redraw the mask), and in training from BLOCKED_MIN_T (no
-    Python loop over blocks; in inference the blocked kernel measured as fast)."""
+    with dropout (the others store or redraw the mask), from BLOCKED_MIN_T in training (no
+    Python loop over blocks), and in inference up to FUSED_INFERENCE_MAX_T unless the shared
+    bias applies (layers_ab.py --inference: 1.5-1.6x the blocked kernel on sa_learned_content's
+    forward; the shared bias measured faster with quadratic logits)."""
     if c.tracing:  # a compiler cannot trace into the extension (an opaque C++ call)
         return False
-    return c.backend == "fused" or c.p_drop > 0 or (c.grad and c.t >= BLOCKED_MIN_T)
+    if c.backend == "fused" or c.p_drop > 0:
+        return True
+    if c.grad:
+        return c.t >= BLOCKED_MIN_T
+    return BLOCKED_MIN_T <= c.t <= FUSED_INFERENCE_MAX_T and not _shared_bias(c)
 
 
 TABLE = (
@@ -94,8 +109,7 @@ TABLE = (
     ("flex_gaussian", lambda c: _axis(c) and c.flex and c.p_drop == 0
                                 and c.term.gaussian is not None and not c.pos_grad),  # fmt: skip
     ("flex", lambda c: _axis(c) and c.flex and c.p_drop == 0),
-    ("shared_bias", lambda c: _axis(c) and c.term.axes is not None and not c.grad
-                              and c.p_drop == 0 and c.t <= SHARED_BIAS_MAX_T),  # fmt: skip
+    ("shared_bias", _shared_bias),
     ("blocked", lambda c: _axis(c) and c.p_drop == 0 and c.cpu_blocked
                           and (c.t >= BLOCKED_MIN_T or c.backend == "blocked")),  # fmt: skip
     ("blocked_gaussian", lambda c: isinstance(c.term, GaussianTerm) and c.cpu_blocked
