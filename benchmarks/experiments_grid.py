@@ -196,10 +196,11 @@ def grid_sensitivity(lines: list[str], runs: Path, known: dict[str, list], ref_l
         )
     if not rows:
         return
-    pts = curves.get("grid_sa_quadratic")
+    base = next((n for n in ("grid_long", "grid_sa_quadratic") if n in curves), None)
+    pts = curves.get(base)  # the longest run under this root: the projection's data
     fit = power_fit(pts, lo=pts[-1][0] / 4) if pts else None  # the last 4x of S: the local law
     whole = power_fit(pts) if pts else None
-    fig = sensitivity_figure(curves, FIGS / "grid_sensitivity.png", fit, ref_lr)
+    fig = sensitivity_figure(curves, FIGS / "grid_sensitivity.png", fit, ref_lr, base)
     lines += [SENSITIVITY_TITLE, "",
               "Per layer (1 -> 6) at the run's last logged step: centre displacement from step 0 "
               "and mean attention distance, and the travel left to a 3x3 grid, in tokens; sharp "
@@ -211,14 +212,15 @@ def grid_sensitivity(lines: list[str], runs: Path, known: dict[str, list], ref_l
     if fit and whole:
         (a, b, lo, hi), (a1, b1, lo1, _) = fit, whole
         lines += [f"Projection (a fit, not a measurement; `grid_long` measures it): a power law "
-                  f"fitted to grid_sa_quadratic's displacement (mean of the 54 heads) against "
+                  f"fitted to {base}'s displacement (mean of the 54 heads) against "
                   f"the summed learning rate S over its last 4x of S ({lo:.0f} to {hi:.0f}), "
                   f"d = {a:.3f} S^{b:.2f}, gives {a * ref_lr**b:.2f} tokens at the reference "
                   f"recipe's S = {ref_lr:.0f}; fitted from S = {lo1:.0f} instead, d = {a1:.3f} "
                   f"S^{b1:.2f} gives {a1 * ref_lr**b1:.2f} (the curve bends: the projection "
                   f"depends on the range). To hold the 9 offsets of a 3x3 grid the heads had to "
                   f"travel {mean_of(pts[0][1], 'travel3'):.2f} tokens on average at step 0 and "
-                  f"still have {mean_of(pts[-1][1], 'travel3'):.2f} to go at the run's end.",
+                  f"still have {mean_of(pts[-1][1], 'travel3'):.2f} to go at its last logged "
+                  f"step.",
                   ""]  # fmt: skip
 
 
@@ -242,11 +244,12 @@ def power_fit(pts: list, lo: float = 10.0) -> tuple[float, float, float, float] 
     return float(np.exp(log_a)), float(b), xy[0][0], xy[-1][0]
 
 
-def sensitivity_figure(curves: dict[str, list], path: Path, fit=None, ref_lr=None) -> Path:
+def sensitivity_figure(curves: dict[str, list], path: Path, fit=None, ref_lr=None,
+                       base: str | None = None) -> Path:  # fmt: skip
     """Two panels against the summed learning rate, one line per run: the centres' displacement
-    averaged over every head of every layer (log-log, with the power-law ``fit`` extended to
-    the reference recipe's summed lr ``ref_lr`` and the travel a 3x3 grid needed at step 0),
-    and the number of sharp heads (all layers)."""
+    averaged over every head of every layer (log-log, with the power-law ``fit`` of run
+    ``base`` extended to the reference recipe's summed lr ``ref_lr`` and the travel a 3x3 grid
+    needed at step 0), and the number of sharp heads (all layers)."""
     import matplotlib
     import numpy as np
 
@@ -265,11 +268,12 @@ def sensitivity_figure(curves: dict[str, list], path: Path, fit=None, ref_lr=Non
     if fit and ref_lr:
         a, b, lo, _ = fit
         xs = np.geomspace(lo, ref_lr, 50)
-        ax0.plot(xs, a * xs**b, "k--", lw=1, label=f"fit over the last 4x: {a:.3f} S^{b:.2f}")
+        ax0.plot(xs, a * xs**b, "k--", lw=1,
+                 label=f"{base}, fit over its last 4x: {a:.3f} S^{b:.2f}")  # fmt: skip
         ax0.axvline(ref_lr, color="gray", ls=":", lw=1)
         ax0.annotate("reference recipe's S", (ref_lr, 0.02), xycoords=("data", "axes fraction"),
                      rotation=90, va="bottom", ha="right", fontsize=7, color="gray")  # fmt: skip
-        need = mean_of(curves["grid_sa_quadratic"][0][1], "travel3")
+        need = mean_of(curves[base][0][1], "travel3")
         ax0.axhline(need, color="tab:red", ls=":", lw=1, label="travel to a 3x3 grid at step 0")
     ax0.set(xscale="log", yscale="log", xlabel="sum of the learning rate so far (S)",
             ylabel="centre displacement (tokens)",
