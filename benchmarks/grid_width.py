@@ -3,6 +3,7 @@ fig. 3: their grid forms at hidden 400; the CPU experiments train hidden 64.)
 
     python benchmarks/grid_width.py [--hidden 64 128 256 400] [--batches 8] [--batch 32]
                                     [--checkpoint RUN/checkpoints/step-N ...] [--threads 1]
+                                    [--heads LAYER]
 
 For each width, sa_quadratic at the experiments' geometry (6 layers, 9 heads, 2x2
 space-to-depth, feed-forward 2x hidden, or the paper's 512 at hidden 400; hidden dropout 0.1,
@@ -19,6 +20,11 @@ augmentation; the same images for every width). Per layer it writes:
   noise / sqrt(batches), the error of the drift itself: a drift below it is not resolved;
 - S per token: 1 / (drift / (1 - m)), the summed learning rate at which the centres would travel
   one token at this drift (the reference recipe sums 7,500; a 3x3 grid needs ~1-2 tokens).
+
+``--heads L`` adds, for layer L of each model, one row per head: its centre Delta_h (row, col;
+tokens), its precision alpha, the descent direction -E g (unit vector) when resolved (|E g| above
+twice its error), its radial part (+1 straight away from the query, -1 straight in) and its part
+towards the nearest integer offset (+1: towards the kernel position it sits nearest).
 
 This is the rate at one point of training (the start, or each ``--checkpoint``: trainer
 checkpoints of a run, at its width), not a trajectory: the runs (``benchmarks/experiments.py``)
@@ -87,6 +93,45 @@ def layer_stats(g: torch.Tensor) -> list[dict]:
     return rows
 
 
+def head_stats(g: torch.Tensor, centres: torch.Tensor, alpha: torch.Tensor) -> list[dict]:
+    """One layer's heads: g (n_batches, Nh, 2) centre gradients, centres (Nh, 2) Delta_h in
+    tokens, alpha (Nh,). The descent direction -E g as a unit vector, whether |E g| exceeds twice
+    its error (the batches' spread / sqrt n), its cosine with Delta_h (radial: + outward) and
+    with the way to the nearest integer offset (0 where the centre sits on it, or at the query
+    for the radial part)."""
+    n, mean = g.shape[0], g.mean(0)
+    err = ((g - mean).norm(dim=-1) ** 2).sum(0).div(n - 1).div(n).sqrt()  # (Nh,)
+    rows = []
+    for h in range(g.shape[1]):
+        c, m = centres[h].double(), mean[h]
+        u = -m / m.norm() if m.norm() > 0 else torch.zeros(2, dtype=m.dtype)
+        rows.append({"centre": [round(float(x), 2) for x in c], "alpha": float(alpha[h]),
+                     "descent": [round(float(x), 3) for x in u], "pull": float(m.norm()),
+                     "pull_error": float(err[h]), "resolved": bool(m.norm() > 2 * err[h]),
+                     "radial": _cos(u, c), "to_grid": _cos(u, c.round() - c)})  # fmt: skip
+    return rows
+
+
+def _cos(u: torch.Tensor, v: torch.Tensor) -> float:
+    """u . v / |v| for a unit u; 0 where v is shorter than 1e-3 (no direction)."""
+    return float(u @ v / v.norm()) if v.norm() > 1e-3 else 0.0
+
+
+def head_lines(label: str, layer: int, rows: list[dict]) -> list[str]:
+    lines = [f"Layer {layer} of {label}, per head (centre in tokens; descent -E g, a unit vector; "
+             "radial: its cosine with Delta_h, + away from the query; to grid: with the way to "
+             "the nearest integer offset; '-': |E g| within twice its error):", "",
+             "| head | centre (row, col) | alpha | abs(E g) (error) | descent | radial | "
+             "to grid |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for i, r in enumerate(rows, 1):
+        (c0, c1), (d0, d1) = r["centre"], r["descent"]
+        way = (f"({d0:.2f}, {d1:.2f}) | {r['radial']:+.2f} | {r['to_grid']:+.2f}"
+               if r["resolved"] else "- | - | -")  # fmt: skip
+        lines.append(f"| {i} | ({c0:.2f}, {c1:.2f}) | {r['alpha']:.2f} | "
+                     f"{r['pull']:.2g} ({r['pull_error']:.1g}) | {way} |")  # fmt: skip
+    return lines
+
+
 def fmt_layers(rows: list[dict], key: str, f: str = "{:.2g}") -> str:
     return ", ".join("-" if r[key] is None else f.format(r[key]) for r in rows)
 
@@ -101,6 +146,8 @@ def main() -> None:
                     help="trainer checkpoints (of one run, at their steps) instead")  # fmt: skip
     ap.add_argument("--data", type=Path, default=default_data())
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--heads", type=int, metavar="LAYER",
+                    help="also one row per head of this layer (1-based)")  # fmt: skip
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args()
     if args.batches < 2 or args.batch < 1:
@@ -126,8 +173,17 @@ def main() -> None:
         todo = [(f"hidden {h}", model_for(h, args.seed)) for h in args.hidden]
     for label, model in todo:
         t0 = time.perf_counter()
-        rows = layer_stats(centre_grads(model, batches))
+        grads = centre_grads(model, batches)
+        if args.heads is not None and not 1 <= args.heads <= grads.shape[1]:
+            ap.error(f"--heads {args.heads}: the model has layers 1 to {grads.shape[1]}")
+        rows = layer_stats(grads)
         results.append({"model": label, "seconds": time.perf_counter() - t0, "layers": rows})
+        if args.heads is not None:
+            encs = [m for n, m in model.named_modules() if n.endswith("positional_encoding")]
+            enc = encs[args.heads - 1]
+            with torch.no_grad():
+                per_head = head_stats(grads[:, args.heads - 1], enc.centers, enc.alpha)
+            results[-1]["heads"] = {"layer": args.heads, "rows": per_head}
         print(f"{label}: drift {fmt_layers(rows, 'drift')} ({time.perf_counter() - t0:.0f} s)",
               flush=True)  # fmt: skip
     stem = "grid_width" if not args.checkpoint else "grid_width_checkpoint"
@@ -136,7 +192,8 @@ def main() -> None:
             "machine": f"{platform.machine()}, {platform.python_version()}"}  # fmt: skip
     (args.out / f"{stem}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     cmd = "python benchmarks/grid_width.py" + (
-        f" --batches {args.batches}" if args.batches != 8 else "")
+        f" --batches {args.batches}" if args.batches != 8 else "") + (
+        f" --heads {args.heads}" if args.heads is not None else "")
     if args.checkpoint:
         cmd += " --checkpoint " + " ".join(f"<run root>/{n}" for n in ck_names)
     lines = [f"Centre gradients of sa_quadratic, per layer (1 -> 6), {args.batches} batches of "
@@ -147,6 +204,9 @@ def main() -> None:
         lines.append(f"| {r['model']} | {fmt_layers(r['layers'], 'drift')} | "
                      f"{fmt_layers(r['layers'], 'drift_error')} | "
                      f"{fmt_layers(r['layers'], 'summed_lr_per_token', '{:.0f}')} |")  # fmt: skip
+    for r in results:
+        if "heads" in r:
+            lines += ["", *head_lines(r["model"], r["heads"]["layer"], r["heads"]["rows"])]
     (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -28,3 +28,24 @@ def test_pure_noise_has_no_drift():
     grads = 0.05 * torch.randn(64, 3, 9, 2, generator=g, dtype=torch.float64)
     for r in grid_width.layer_stats(grads):
         assert r["drift"] < r["drift_error"] and not r["resolved"]
+
+
+def test_head_stats_direction_radial_and_towards_the_grid():
+    """A head at (1.3, 0) pulled outward along +row: descent (1, 0), radial +1, away from its
+    nearest offset (1, 0) (to grid -1); one pulled in along -row: radial -1, to grid +1; pure
+    noise: not resolved."""
+    g = torch.Generator().manual_seed(2)
+    n = 2000
+    mean = torch.tensor([[-1e-2, 0.0], [1e-2, 0.0], [0.0, 0.0]], dtype=torch.float64)
+    grads = mean + 1e-2 * torch.randn(n, 3, 2, generator=g, dtype=torch.float64)
+    centres = torch.tensor([[1.3, 0.0], [1.3, 0.0], [0.0, 2.0]])
+    rows = grid_width.head_stats(grads, centres, torch.tensor([1.0, 2.0, 3.0]))
+    out, inward, noise = rows
+    assert out["resolved"] and inward["resolved"] and not noise["resolved"]
+    assert abs(out["descent"][0] - 1) < 0.01 and abs(out["radial"] - 1) < 0.01
+    assert abs(out["to_grid"] + 1) < 0.01
+    assert abs(inward["radial"] + 1) < 0.01 and abs(inward["to_grid"] - 1) < 0.01
+    assert noise["to_grid"] == 0.0  # on an integer offset: no way to the grid
+    assert out["alpha"] == 1.0 and out["centre"] == [1.3, 0.0]
+    lines = grid_width.head_lines("m", 4, rows)
+    assert lines[-1].endswith("| - | - | - |") and "| +1.00 | -1.00 |" in lines[4]
