@@ -76,6 +76,22 @@ def test_resume_mid_epoch_is_exact(baseline, cifar_zip, tmp_path):
 
 
 @pytest.mark.slow
+def test_milestone_checkpoints_are_kept_and_the_key_may_change_on_resume(baseline, cifar_zip,
+                                                                        tmp_path):  # fmt: skip
+    """train.keep_every: the checkpoints of its multiples survive the pruning (keep_checkpoints
+    1); set only on --resume (a free key), the run stays exact."""
+    _, final, _ = baseline
+    d = small(cifar_zip, tmp_path / "run", train={"keep_checkpoints": 1})
+    with pytest.raises(Interrupted):
+        Trainer(config_from_dict(d), stop_at_step=13).fit()  # step 12 pruned: no milestones yet
+    d["train"]["keep_every"] = 12
+    Trainer(config_from_dict(d), resume=True).fit()
+    kept = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step-*"))
+    assert kept == ["step-00000024", "step-00000036", "step-00000040"]
+    assert_identical(weights(tmp_path / "run"), final)
+
+
+@pytest.mark.slow
 def test_resume_refuses_changed_config(baseline, cifar_zip, tmp_path, monkeypatch):
     d = small(cifar_zip, tmp_path / "run")
     with pytest.raises(Interrupted):

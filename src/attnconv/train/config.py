@@ -110,6 +110,8 @@ class TrainConfig:
     # steps between checkpoints (0: end of each epoch only)
     checkpoint_every: int = checked(0, Range(0, 2**31))
     keep_checkpoints: int = checked(2, COUNT)
+    # also keep the checkpoints of every multiple of this step (a run's milestones; 0: none)
+    keep_every: int = checked(0, Range(0, 2**31))
     log_every: int = checked(10, COUNT)  # steps between metrics rows
     tensorboard: bool = False
     progress: bool = True

@@ -213,8 +213,10 @@ class Trainer:
                   config=self.cfg.to_dict(), extra={"data": data})  # fmt: skip
             atomic_write(self.ckdir / LATEST, path.name.encode())
             steps = sorted(p for p in self.ckdir.glob("step-*") if p.is_dir())
+            every = self.cfg.train.keep_every  # milestones: step-N with N a multiple, kept
             for old in steps[: -self.cfg.train.keep_checkpoints]:
-                if old != path:
+                n = old.name[5:]
+                if old != path and not (every and n.isdigit() and int(n) % every == 0):
                     shutil.rmtree(old, ignore_errors=True)
         D.barrier(self.info)
         return path

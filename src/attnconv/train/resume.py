@@ -17,6 +17,7 @@ RESUME_FREE = {
     "train.threads",
     "train.checkpoint_every",
     "train.keep_checkpoints",
+    "train.keep_every",
     "out_dir",
     "data.root",
     "data.cache_dir",
