@@ -3,7 +3,7 @@ fig. 3: their grid forms at hidden 400; the CPU experiments train hidden 64.)
 
     python benchmarks/grid_width.py [--hidden 64 128 256 400] [--batches 8] [--batch 32]
                                     [--checkpoint RUN/checkpoints/step-N ...] [--threads 1]
-                                    [--heads LAYER]
+                                    [--heads LAYER] [--name STEM]
 
 For each width, sa_quadratic at the experiments' geometry (6 layers, 9 heads, 2x2
 space-to-depth, feed-forward 2x hidden, or the paper's 512 at hidden 400; hidden dropout 0.1,
@@ -21,7 +21,8 @@ augmentation; the same images for every width). Per layer it writes:
 - S per token: 1 / (drift / (1 - m)), the summed learning rate at which the centres would travel
   one token at this drift (the reference recipe sums 7,500; a 3x3 grid needs ~1-2 tokens).
 
-``--heads L`` adds, for layer L of each model, one row per head: its centre Delta_h (row, col;
+``--heads L`` adds, for layer L of each model, one row per head (and a figure,
+<name>_heads.png): its centre Delta_h (row, col;
 tokens), its precision alpha, the descent direction -E g (unit vector) when resolved (|E g| above
 twice its error), its radial part (+1 straight away from the query, -1 straight in) and its part
 towards the nearest integer offset (+1: towards the kernel position it sits nearest).
@@ -132,6 +133,39 @@ def head_lines(label: str, layer: int, rows: list[dict]) -> list[str]:
     return lines
 
 
+def heads_figure(label: str, layer: int, rows: list[dict], path: Path) -> None:
+    """The layer's heads on the token grid: each centre, its 1-sigma circle (sigma = 1 /
+    sqrt(2 alpha), drawn up to 8 tokens), and an arrow one token long along its resolved
+    descent direction; the query at (0, 0), the integer offsets as dots."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 5.5))
+    ticks = range(-7, 8)
+    ax.scatter([c for c in ticks for _ in ticks], [r for _ in ticks for r in ticks], s=2,
+               color="0.75")  # fmt: skip
+    for i, r in enumerate(rows):
+        (y, x), color = r["centre"], f"C{i}"
+        sigma = min(8.0, (2 * r["alpha"]) ** -0.5) if r["alpha"] > 0 else 8.0
+        ax.add_patch(plt.Circle((x, y), sigma, fill=False, ls="--", lw=0.8, color=color))
+        ax.plot(x, y, "o", color=color, label=f"head {i + 1} (alpha {r['alpha']:.2f})")
+        if r["resolved"]:
+            dy, dx = r["descent"]
+            ax.annotate("", (x + dx, y + dy), (x, y),
+                        arrowprops=dict(arrowstyle="->", color=color, lw=1.5))  # fmt: skip
+    ax.plot(0, 0, "k*", ms=12, label="query")
+    ax.set(xlim=(-7.5, 7.5), ylim=(7.5, -7.5), aspect="equal", xlabel="column offset (tokens)",
+           ylabel="row offset (tokens)")  # fmt: skip
+    ax.set_title(f"layer {layer}: centres, 1-sigma circles, descent (arrows: resolved)\n{label}",
+                 fontsize=8)  # fmt: skip
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def fmt_layers(rows: list[dict], key: str, f: str = "{:.2g}") -> str:
     return ", ".join("-" if r[key] is None else f.format(r[key]) for r in rows)
 
@@ -149,6 +183,8 @@ def main() -> None:
     ap.add_argument("--heads", type=int, metavar="LAYER",
                     help="also one row per head of this layer (1-based)")  # fmt: skip
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--name", help="the results' file stem (default grid_width, or "
+                    "grid_width_checkpoint with --checkpoint)")  # fmt: skip
     args = ap.parse_args()
     if args.batches < 2 or args.batch < 1:
         ap.error(f"--batches must be >= 2 and --batch >= 1, got {args.batches}, {args.batch}")
@@ -186,14 +222,15 @@ def main() -> None:
             results[-1]["heads"] = {"layer": args.heads, "rows": per_head}
         print(f"{label}: drift {fmt_layers(rows, 'drift')} ({time.perf_counter() - t0:.0f} s)",
               flush=True)  # fmt: skip
-    stem = "grid_width" if not args.checkpoint else "grid_width_checkpoint"
+    stem = args.name or ("grid_width" if not args.checkpoint else "grid_width_checkpoint")
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"batches": args.batches, "batch": args.batch, "seed": args.seed,
             "machine": f"{platform.machine()}, {platform.python_version()}"}  # fmt: skip
     (args.out / f"{stem}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     cmd = "python benchmarks/grid_width.py" + (
         f" --batches {args.batches}" if args.batches != 8 else "") + (
-        f" --heads {args.heads}" if args.heads is not None else "")
+        f" --heads {args.heads}" if args.heads is not None else "") + (
+        f" --name {args.name}" if args.name else "")
     if args.checkpoint:
         cmd += " --checkpoint " + " ".join(f"<run root>/{n}" for n in ck_names)
     lines = [f"Centre gradients of sa_quadratic, per layer (1 -> 6), {args.batches} batches of "
@@ -204,9 +241,12 @@ def main() -> None:
         lines.append(f"| {r['model']} | {fmt_layers(r['layers'], 'drift')} | "
                      f"{fmt_layers(r['layers'], 'drift_error')} | "
                      f"{fmt_layers(r['layers'], 'summed_lr_per_token', '{:.0f}')} |")  # fmt: skip
-    for r in results:
+    for i, r in enumerate(results):
         if "heads" in r:
-            lines += ["", *head_lines(r["model"], r["heads"]["layer"], r["heads"]["rows"])]
+            fig = args.out / f"{stem}_heads{i if len(results) > 1 else ''}.png"
+            heads_figure(r["model"], r["heads"]["layer"], r["heads"]["rows"], fig)
+            lines += ["", *head_lines(r["model"], r["heads"]["layer"], r["heads"]["rows"]), "",
+                      f"![layer {r['heads']['layer']} pull]({fig.name})"]  # fmt: skip
     (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

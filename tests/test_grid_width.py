@@ -49,3 +49,11 @@ def test_head_stats_direction_radial_and_towards_the_grid():
     assert out["alpha"] == 1.0 and out["centre"] == [1.3, 0.0]
     lines = grid_width.head_lines("m", 4, rows)
     assert lines[-1].endswith("| - | - | - |") and "| +1.00 | -1.00 |" in lines[4]
+
+
+def test_heads_figure_is_written(tmp_path):
+    rows = grid_width.head_stats(torch.randn(8, 2, 2, dtype=torch.float64),
+                                 torch.tensor([[1.0, 0.5], [0.0, 0.0]]),
+                                 torch.tensor([0.5, 0.0]))  # fmt: skip
+    grid_width.heads_figure("m", 4, rows, tmp_path / "h.png")
+    assert (tmp_path / "h.png").read_bytes()[:4] == b"\x89PNG"
