@@ -16,7 +16,7 @@ and the ``backend`` override of MultiHeadSelfAttention2d. First matching row win
 | flex             | Axis                   | Flex (CUDA, or backend="flex"), no dropout       |
 | shared_bias      | Axis, fixed logits     | no grad, no dropout, T <= SHARED_BIAS_MAX_T      |
 | blocked          | Axis                   | CPU, T >= BLOCKED_MIN_T (or "blocked"), no drop. |
-|                  |                        | (inference above FUSED_INFERENCE_MAX_T, or no C++)|
+|                  |                        | (inference past FUSED_INFERENCE_MAX_T; no C++)   |
 | blocked_gaussian | Gaussian               | CPU, not traced (or "blocked")                   |
 | fold             | any                    | otherwise: folded into q/k, the fused SDPA       |
 """
