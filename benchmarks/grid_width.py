@@ -78,10 +78,16 @@ def centre_grads(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch
     return torch.stack(out).double()
 
 
+def mean_var(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Over the batches (dim 0) of centre gradients g (n, ..., 2): the mean (..., 2) and the
+    spread E||g - E g||^2 (...)."""
+    mean = g.mean(0)
+    return mean, ((g - mean).norm(dim=-1) ** 2).sum(0) / (g.shape[0] - 1)
+
+
 def layer_stats(g: torch.Tensor) -> list[dict]:
     n = g.shape[0]
-    mean = g.mean(0)  # (L, Nh, 2)
-    var = ((g - mean).norm(dim=-1) ** 2).sum(0) / (n - 1)  # (L, Nh) E||g - E g||^2
+    mean, var = mean_var(g)  # (L, Nh, 2), (L, Nh)
     # ||E g|| without the noise's share of ||mean||^2 (E||mean||^2 = ||E g||^2 + var / n)
     drift = (mean.norm(dim=-1) ** 2 - var / n).clamp_min(0).sqrt().mean(-1)  # (L,)
     noise = var.sqrt().mean(-1)
@@ -100,8 +106,8 @@ def head_stats(g: torch.Tensor, centres: torch.Tensor, alpha: torch.Tensor) -> l
     its error (the batches' spread / sqrt n), its cosine with Delta_h (radial: + outward) and
     with the way to the nearest integer offset (0 where the centre sits on it, or at the query
     for the radial part)."""
-    n, mean = g.shape[0], g.mean(0)
-    err = ((g - mean).norm(dim=-1) ** 2).sum(0).div(n - 1).div(n).sqrt()  # (Nh,)
+    mean, var = mean_var(g)
+    err = (var / g.shape[0]).sqrt()  # (Nh,) the error of |E g|
     rows = []
     for h in range(g.shape[1]):
         c, m = centres[h].double(), mean[h]
@@ -209,13 +215,13 @@ def main() -> None:
         todo = [(f"hidden {h}", model_for(h, args.seed)) for h in args.hidden]
     for label, model in todo:
         t0 = time.perf_counter()
+        encs = [m for n, m in model.named_modules() if n.endswith("positional_encoding")]
+        if args.heads is not None and not 1 <= args.heads <= len(encs):  # before the gradients
+            ap.error(f"--heads {args.heads}: the model has layers 1 to {len(encs)}")
         grads = centre_grads(model, batches)
-        if args.heads is not None and not 1 <= args.heads <= grads.shape[1]:
-            ap.error(f"--heads {args.heads}: the model has layers 1 to {grads.shape[1]}")
         rows = layer_stats(grads)
         results.append({"model": label, "seconds": time.perf_counter() - t0, "layers": rows})
         if args.heads is not None:
-            encs = [m for n, m in model.named_modules() if n.endswith("positional_encoding")]
             enc = encs[args.heads - 1]
             with torch.no_grad():
                 per_head = head_stats(grads[:, args.heads - 1], enc.centers, enc.alpha)

@@ -12,11 +12,10 @@ each round, medians over the rounds after the first (warm-up).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
+from attnconv.bench.anchors import interleaved_medians
 from attnconv.layers.kernels.plan import BACKENDS
 from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
 
@@ -29,23 +28,26 @@ def case(spec: str) -> tuple[int, int]:
 
 
 def time_case(args: argparse.Namespace, b: int, s: int) -> list[float]:
+    """Both backends' median times (bench/anchors.py's round-robin after one warm-up each)."""
     torch.manual_seed(0)
     m = MultiHeadSelfAttention2d(args.channels, args.channels, args.heads, max_size=s,
                                  positional=args.positional, content=True)  # fmt: skip
     x = torch.randn(b, args.channels, s, s, requires_grad=not args.inference)
     m.train(not args.inference)
-    ts: dict[str, list[float]] = {be: [] for be in args.backends}
-    for _ in range(args.rounds):
-        for be in args.backends:
-            m.backend = be
-            t = time.perf_counter()
+
+    def step(backend: str):
+        def run():
+            m.backend = backend
             if args.inference:
                 with torch.inference_mode():
                     m(x)
             else:
                 m(x).sum().backward()
-            ts[be].append(time.perf_counter() - t)
-    return [statistics.median(v[1:]) for v in ts.values()]
+
+        return run
+
+    med = interleaved_medians({be: step(be) for be in args.backends}, args.rounds - 1)
+    return [med[be] for be in args.backends]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,14 +41,15 @@ for s in SIZES:
             torch.manual_seed(0)
             m = MultiHeadSelfAttention2d(64, 64, 8, positional=pos, content=content)
             x = torch.randn(4, 64, s, s, requires_grad=True)
-            def step():
-                m.zero_grad(set_to_none=True)
-                m(x).sum().backward()
             if INFERENCE:
                 m.eval()
                 def step():
                     with torch.inference_mode():
                         m(x)
+            else:
+                def step():
+                    m.zero_grad(set_to_none=True)
+                    m(x).sum().backward()
             step()
             ts = []
             for _ in range(5):
@@ -67,21 +68,21 @@ from attnconv.train.config import load_config
 cfg = load_config(CONFIG)
 torch.manual_seed(0)
 m = create_model(cfg.model.name, num_classes=10, **cfg.model.kwargs)
-opt = torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9)
 x, y = torch.randn(cfg.train.batch_size, 3, 32, 32), torch.randint(0, 10, (cfg.train.batch_size,))
-def step():
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.train.bf16):
-        loss = torch.nn.functional.cross_entropy(m(x), y)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
-kind = "step"
+kind = "forward (inference)" if INFERENCE else "step"
 if INFERENCE:
     m.eval()
-    kind = "forward (inference)"
     def step():
         with torch.inference_mode(), torch.autocast("cpu", torch.bfloat16, cfg.train.bf16):
             m(x)
+else:
+    opt = torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9)
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.train.bf16):
+            loss = torch.nn.functional.cross_entropy(m(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
 step()
 ts = []
 for _ in range(3):
