@@ -171,7 +171,7 @@ def grid_sensitivity(lines: list[str], runs: Path, known: dict[str, list], ref_l
     head_evolution, already read."""
     from attnconv.analysis.evolution import head_evolution
 
-    rows, curves = [], {}
+    rows, curves = [], {}  # rows: (run, its cells before and after the mean displacement)
     long = [CONFIGS / "grid_sa_quadratic.yaml", CONFIGS / "grid_long.yaml"]
     for cfg in [*long, *sorted(CONFIGS.glob(GRID_RUNS))]:
         log, out = runs / cfg.stem / "centers.jsonl", runs / cfg.stem
@@ -185,17 +185,26 @@ def grid_sensitivity(lines: list[str], runs: Path, known: dict[str, list], ref_l
         if cfg.stem == "grid_sa_quadratic":
             continue
         lay, acc = evo[-1]["layers"], run_cells(out)[1]
-        rows.append(
+        rows.append((
+            cfg.stem,
             f"| {cfg.stem} | {change(cfg)} | {progress(cfg, out)} | {evo[-1]['step']} | "
             f"{lr_sum(evo[-1]['step']):.0f} | "
-            f"{per_layer((x['displacement'] for x in lay), '{:.2f}')} | "
+            f"{per_layer((x['displacement'] for x in lay), '{:.2f}')} | ",
             f"{per_layer(x['mean_distance'] for x in lay)} | "
             f"{per_layer((x['travel3'] for x in lay), '{:.2f}')} | "
             f"{sum(x['sharp_heads'] for x in lay)} | {sum(x['grid3'] for x in lay)} | "
-            f"{'' if acc is None else f'{100 * acc:.1f}%'} |"
-        )
+            f"{'' if acc is None else f'{100 * acc:.1f}%'} |",
+        ))  # fmt: skip
     if not rows:
         return
+    # each run's mean displacement beside grid_long's at the same summed learning rate: does
+    # a change move the centres further per unit of S (grid_long: batch 64, lr 0.1)?
+    ref = curves.get("grid_long")
+    cells = []
+    for name, head, tail in rows:
+        s, mean = curves[name][-1][0], mean_of(curves[name][-1][1], "displacement")
+        at = displacement_at(ref, s) if ref and name != "grid_long" else None
+        cells.append(f"{head}{mean:.2f}{'' if at is None else f' ({at:.2f})'} | {tail}")
     base = next((n for n in ("grid_long", "grid_sa_quadratic") if n in curves), None)
     pts = curves.get(base)  # the longest run under this root: the projection's data
     fit = power_fit(pts, lo=pts[-1][0] / 4) if pts else None  # the last 4x of S: the local law
@@ -203,11 +212,13 @@ def grid_sensitivity(lines: list[str], runs: Path, known: dict[str, list], ref_l
     fig = sensitivity_figure(curves, FIGS / "grid_sensitivity.png", fit, ref_lr, base)
     lines += [SENSITIVITY_TITLE, "",
               "Per layer (1 -> 6) at the run's last logged step: centre displacement from step 0 "
-              "and mean attention distance, and the travel left to a 3x3 grid, in tokens; sharp "
-              "heads and 3x3 grid score summed over the layers.", "",
+              "and its mean over the 54 heads (in brackets: grid_long's at the same summed "
+              "learning rate), mean attention distance, and the travel left to a 3x3 grid, in "
+              "tokens; sharp heads and 3x3 grid score summed over the layers.", "",
               "| run | change from grid5k_base | progress | step | sum of lr | displacement | "
-              "mean distance | travel left to a 3x3 grid | sharp heads | 3x3 grid | test acc. |",
-              "|---|---|---|---|---|---|---|---|---|---|---|", *rows, "",
+              "mean (grid_long) | mean distance | travel left to a 3x3 grid | sharp heads | "
+              "3x3 grid | test acc. |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|", *cells, "",
               f"![grid sensitivity](figures/{fig.name})", ""]  # fmt: skip
     if fit and whole:
         (a, b, lo, hi), (a1, b1, lo1, _) = fit, whole
@@ -228,6 +239,16 @@ def mean_of(layers: list[dict], key: str) -> float:
     """A per-layer quantity of head_evolution averaged over the layers (each the mean of its
     heads, so: the mean over all heads)."""
     return sum(x[key] for x in layers) / len(layers)
+
+
+def displacement_at(pts: list, s: float) -> float | None:
+    """The mean displacement of a run's logged points ``pts`` ((S, layers) in order of S)
+    interpolated linearly at summed learning rate ``s``; None outside the logged range."""
+    for (s0, lay0), (s1, lay1) in zip(pts, pts[1:]):
+        if s0 <= s <= s1:
+            d0, d1 = mean_of(lay0, "displacement"), mean_of(lay1, "displacement")
+            return d0 if s1 == s0 else d0 + (d1 - d0) * (s - s0) / (s1 - s0)
+    return None
 
 
 def power_fit(pts: list, lo: float = 10.0) -> tuple[float, float, float, float] | None:

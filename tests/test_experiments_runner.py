@@ -196,3 +196,14 @@ def test_grid_heads_table_says_how_far_each_sharp_head_travelled(tmp_path, monke
     assert "(-1, 0) 1.00 (0.54)" in row  # sqrt(0.5^2 + 0.2^2) = 0.54 tokens travelled
     assert row.endswith("| 1.41 -> 5.00 |")  # the broad head moved out, from sqrt 2 to 5
     assert (tmp_path / "figs" / "t_center_trajectories.png").is_file()
+
+
+def test_displacement_at_interpolates_a_run_at_a_summed_learning_rate():
+    import experiments_grid as grid
+
+    def layers(d):
+        return [{"displacement": d - 0.1}, {"displacement": d + 0.1}]
+
+    pts = [(0.0, layers(0.0)), (100.0, layers(1.0)), (300.0, layers(2.0))]
+    assert grid.displacement_at(pts, 50.0) == 0.5 and grid.displacement_at(pts, 200.0) == 1.5
+    assert grid.displacement_at(pts, 300.0) == 2.0 and grid.displacement_at(pts, 301.0) is None
