@@ -171,7 +171,7 @@ def grid_sensitivity(lines: list[str], runs: Path, known: dict[str, list], ref_l
     head_evolution, already read."""
     from attnconv.analysis.evolution import head_evolution
 
-    rows, curves = [], {}  # rows: (run, its cells before and after the mean displacement)
+    rows, curves = [], {}
     long = [CONFIGS / "grid_sa_quadratic.yaml", CONFIGS / "grid_long.yaml"]
     for cfg in [*long, *sorted(CONFIGS.glob(GRID_RUNS))]:
         log, out = runs / cfg.stem / "centers.jsonl", runs / cfg.stem
@@ -184,27 +184,22 @@ def grid_sensitivity(lines: list[str], runs: Path, known: dict[str, list], ref_l
         curves[cfg.stem] = [(lr_sum(e["step"]), e["layers"]) for e in evo]
         if cfg.stem == "grid_sa_quadratic":
             continue
-        lay, acc = evo[-1]["layers"], run_cells(out)[1]
-        rows.append((
-            cfg.stem,
+        lay, acc, s = evo[-1]["layers"], run_cells(out)[1], curves[cfg.stem][-1][0]
+        # the mean displacement beside grid_long's at the same summed learning rate (grid_long,
+        # logged first): does a change move the centres further per unit of S?
+        ref = curves.get("grid_long") if cfg.stem != "grid_long" else None
+        at = displacement_at(ref, s) if ref else None
+        rows.append(
             f"| {cfg.stem} | {change(cfg)} | {progress(cfg, out)} | {evo[-1]['step']} | "
-            f"{lr_sum(evo[-1]['step']):.0f} | "
-            f"{per_layer((x['displacement'] for x in lay), '{:.2f}')} | ",
+            f"{s:.0f} | {per_layer((x['displacement'] for x in lay), '{:.2f}')} | "
+            f"{mean_of(lay, 'displacement'):.2f}{'' if at is None else f' ({at:.2f})'} | "
             f"{per_layer(x['mean_distance'] for x in lay)} | "
             f"{per_layer((x['travel3'] for x in lay), '{:.2f}')} | "
             f"{sum(x['sharp_heads'] for x in lay)} | {sum(x['grid3'] for x in lay)} | "
-            f"{'' if acc is None else f'{100 * acc:.1f}%'} |",
-        ))  # fmt: skip
+            f"{'' if acc is None else f'{100 * acc:.1f}%'} |"
+        )
     if not rows:
         return
-    # each run's mean displacement beside grid_long's at the same summed learning rate: does
-    # a change move the centres further per unit of S (grid_long: batch 64, lr 0.1)?
-    ref = curves.get("grid_long")
-    cells = []
-    for name, head, tail in rows:
-        s, mean = curves[name][-1][0], mean_of(curves[name][-1][1], "displacement")
-        at = displacement_at(ref, s) if ref and name != "grid_long" else None
-        cells.append(f"{head}{mean:.2f}{'' if at is None else f' ({at:.2f})'} | {tail}")
     base = next((n for n in ("grid_long", "grid_sa_quadratic") if n in curves), None)
     pts = curves.get(base)  # the longest run under this root: the projection's data
     fit = power_fit(pts, lo=pts[-1][0] / 4) if pts else None  # the last 4x of S: the local law
@@ -218,7 +213,7 @@ def grid_sensitivity(lines: list[str], runs: Path, known: dict[str, list], ref_l
               "| run | change from grid5k_base | progress | step | sum of lr | displacement | "
               "mean (grid_long) | mean distance | travel left to a 3x3 grid | sharp heads | "
               "3x3 grid | test acc. |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|", *cells, "",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, "",
               f"![grid sensitivity](figures/{fig.name})", ""]  # fmt: skip
     if fit and whole:
         (a, b, lo, hi), (a1, b1, lo1, _) = fit, whole
