@@ -304,3 +304,39 @@ def test_image_blocks_partition_the_batch(h, w, b, d, block, threads):
         assert ranges == [(0, b)]
     for i0, i1 in ranges[:-1]:
         assert i1 - i0 == 1 or (i1 - i0) * h * w * d * 4 <= block
+
+
+def test_image_blocks_off_a_cpu_is_the_whole_batch():
+    """A GPU runs the batch whole: the blocks are a CPU cache tiling, and on a GPU each block
+    is Nh more kernel launches (grid_long's model trained at 2 steps/s on an H200 with them)."""
+    x = torch.empty(1, 16, 16, 64, 64, device="meta")
+    with patch.object(torch, "get_num_threads", lambda: 1):
+        assert shared_position.image_blocks(x) == [(0, 64)]
+        assert len(shared_position.image_blocks(torch.empty(1, 16, 16, 64, 64))) > 1
+
+
+def test_paper_quadratic_model_on_a_gpu_plan_trains_as_on_a_cpu():
+    """The plan a GPU follows (position-only attention: "shared", a few batched launches, not
+    the CPU's per-head loop "separable") gives the CPU path's training step: the whole
+    sa_quadratic model in training mode, logits and parameter gradients, float64."""
+    kw = dict(hidden_size=16, num_layers=2, num_heads=4, ff_size=16, downsample=2)
+    torch.manual_seed(0)
+    model = attnconv.create_model("sa_quadratic", **kw).double().train()
+    x = torch.randn(3, 3, 32, 32, dtype=F64)
+    layer = next(m for m in model.modules() if isinstance(m, MultiHeadSelfAttention2d))
+    assert layer.kernel(torch.randn(1, 16, 16, 16, dtype=F64), 0.0) == "separable"
+    assert layer.kernel(torch.randn(1, 16, 16, 16, dtype=F64), 0.0, "cuda") == "shared"
+    plan_for_layer = mhsa2d.plan.for_layer
+
+    def as_on_cuda(layer, x, term, p_drop, device=None):
+        return plan_for_layer(layer, x, term, p_drop, "cuda")
+
+    out = []
+    for gpu_plan in (False, True):
+        torch.manual_seed(7)
+        with patch.object(mhsa2d.plan, "for_layer", as_on_cuda if gpu_plan else plan_for_layer):
+            y = model(x)
+            out.append((y, torch.autograd.grad(y.square().sum(), list(model.parameters()))))
+    torch.testing.assert_close(out[0][0], out[1][0])
+    for a, e in zip(out[0][1], out[1][1]):
+        torch.testing.assert_close(a, e)

@@ -166,12 +166,12 @@ BLOCK_MAX_THREADS = 1  # more threads: the whole batch (its GEMMs split better o
 
 def image_blocks(x: torch.Tensor) -> list[tuple[int, int]]:
     """[i0, i1) ranges over the images of x (Nh|1, H, W, B, D) such that one head's block,
-    H*W*(i1 - i0)*D values, fits BLOCK_BYTES (at least one image), when torch runs at most
+    H*W*(i1 - i0)*D values, fits BLOCK_BYTES (at least one image), on a CPU running at most
     BLOCK_MAX_THREADS threads; else one range, the batch. A training step of grid_long's model
     (B=64, hidden 64, 9 heads, fp32, idle machine): 1.08-1.13x faster at 1 thread; at 2 threads
     the blocks measured 0.96x, so the batch runs whole (benchmarks/results/head_sum_blocks.md)."""
     h, w, b, d = x.shape[1:]
-    if torch.get_num_threads() > BLOCK_MAX_THREADS:
+    if x.device.type != "cpu" or torch.get_num_threads() > BLOCK_MAX_THREADS:
         return [(0, b)]
     n = max(1, BLOCK_BYTES // max(1, h * w * d * x.element_size()))
     return [(i, min(b, i + n)) for i in range(0, b, n)]

@@ -6,7 +6,8 @@ and the ``backend`` override of MultiHeadSelfAttention2d. First matching row win
 |------------------|------------------------|--------------------------------------------------|
 | reference        | any                    | impl="reference"                                 |
 | shift            | Shift, position only   | no dropout                                       |
-| separable        | Axis, position only    | no dropout                                       |
+| separable        | Axis, position only    | CPU, no dropout (a GPU: shared, a few batched    |
+|                  |                        | launches instead of a loop over heads/blocks)    |
 | shared           | any, position only     | (computed once for the batch)                    |
 | fused            | Axis                   | CPU, extension built (fused.py); dropout, or     |
 |                  |                        | training from BLOCKED_MIN_T, inference at 16^2   |
@@ -100,7 +101,7 @@ def _fused_wins(c: Case) -> bool:
 TABLE = (
     ("reference", lambda c: c.impl == "reference"),
     ("shift", lambda c: c.position_only and isinstance(c.term, ShiftTerm) and c.p_drop == 0),
-    ("separable", lambda c: c.position_only and _axis(c) and c.p_drop == 0),
+    ("separable", lambda c: c.position_only and _axis(c) and c.p_drop == 0 and c.device == "cpu"),
     ("shared", lambda c: c.position_only),
     ("fused", lambda c: _axis(c) and c.device == "cpu" and c.backend in (None, "fused")
                         and fused.available() and _fused_wins(c)),  # fmt: skip
