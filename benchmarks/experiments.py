@@ -18,7 +18,9 @@ docs/experiments.md (its links are relative to that page). Nothing in the tables
 hand. The run folders are kept in the repository too (experiments_archive.py): `save` (and
 `report`) copy them to benchmarks/results/experiment_runs/ (an unfinished run with its last
 checkpoint), and `run` and `report` restore any the run root lacks, so a new machine resumes
-where the last one saved.
+where the last one saved. On a machine with a CUDA GPU `attnconv train` runs there (its default
+device), CIFAR kept on the GPU as uint8 with crop and flip done there; a run started on one
+device resumes on the other (not bit for bit: the two round differently).
 """
 
 from __future__ import annotations
