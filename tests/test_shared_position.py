@@ -315,28 +315,65 @@ def test_image_blocks_off_a_cpu_is_the_whole_batch():
         assert len(shared_position.image_blocks(torch.empty(1, 16, 16, 64, 64))) > 1
 
 
+_FOR_LAYER = mhsa2d.plan.for_layer
+
+
+def _on_cuda_plan(layer, x, term, p_drop, device=None):
+    """plan.for_layer as on a GPU, for tensors on this CPU: the kernel a CUDA device gets."""
+    return _FOR_LAYER(layer, x, term, p_drop, "cuda")
+
+
 def test_paper_quadratic_model_on_a_gpu_plan_trains_as_on_a_cpu():
     """The plan a GPU follows (position-only attention: "shared", a few batched launches, not
     the CPU's per-head loop "separable") gives the CPU path's training step: the whole
-    sa_quadratic model in training mode, logits and parameter gradients, float64."""
+    sa_quadratic model in training mode, its output and the gradients of the input and of
+    every parameter, float64."""
     kw = dict(hidden_size=16, num_layers=2, num_heads=4, ff_size=16, downsample=2)
     torch.manual_seed(0)
     model = attnconv.create_model("sa_quadratic", **kw).double().train()
-    x = torch.randn(3, 3, 32, 32, dtype=F64)
     layer = next(m for m in model.modules() if isinstance(m, MultiHeadSelfAttention2d))
     assert layer.kernel(torch.randn(1, 16, 16, 16, dtype=F64), 0.0) == "separable"
     assert layer.kernel(torch.randn(1, 16, 16, 16, dtype=F64), 0.0, "cuda") == "shared"
-    plan_for_layer = mhsa2d.plan.for_layer
 
-    def as_on_cuda(layer, x, term, p_drop, device=None):
-        return plan_for_layer(layer, x, term, p_drop, "cuda")
+    def on_gpu_plan(x):
+        with patch.object(mhsa2d.plan, "for_layer", _on_cuda_plan):
+            return model(x)
 
-    out = []
-    for gpu_plan in (False, True):
-        torch.manual_seed(7)
-        with patch.object(mhsa2d.plan, "for_layer", as_on_cuda if gpu_plan else plan_for_layer):
-            y = model(x)
-            out.append((y, torch.autograd.grad(y.square().sum(), list(model.parameters()))))
-    torch.testing.assert_close(out[0][0], out[1][0])
-    for a, e in zip(out[0][1], out[1][1]):
-        torch.testing.assert_close(a, e)
+    assert_same_training_step([(model, model), (model, on_gpu_plan)],
+                              torch.randn(3, 3, 32, 32, dtype=F64), seed=7)  # fmt: skip
+
+
+# Known gap, not yet mended: under bf16 autocast the shared kernel rounds the batch-summed
+# gradient of its probabilities to bf16 once (the plain path rounds each image's and sums in
+# float32); with sharp heads the centres' gradient error reached 2.5x the plain path's.
+_SHARED_BF16_GAP = pytest.mark.xfail(strict=True, reason="shared kernel, bf16: centres' grad")
+
+
+@pytest.mark.parametrize("positional, alpha, bf16", [
+    ("quadratic", 0.5, False), ("quadratic", 0.5, True), ("quadratic", 20.0, False),
+    pytest.param("quadratic", 20.0, True, marks=_SHARED_BF16_GAP),
+    ("relative_learned", None, False), ("relative_learned", None, True),
+])  # fmt: skip
+def test_gpu_plan_precision_within_twice_the_plain_path(positional, alpha, bf16, monkeypatch):
+    """Attention dropout off, the kernel a GPU takes ("shared"): output, input and parameter
+    gradients against float64 within 2x of the plain dense path's error, in float32 and under
+    bf16 autocast."""
+    monkeypatch.setattr(mhsa2d.plan, "for_layer", _on_cuda_plan)
+    torch.manual_seed(0)
+    opts = {"init_alpha": alpha} if alpha else {}
+    kw = dict(positional=positional, content=False, dropout=0.0, head_dim=8, **opts)
+    fast = MultiHeadSelfAttention2d(32, 32, 9, **kw).train()
+    plain = MultiHeadSelfAttention2d(32, 32, 9, impl="reference", **kw).train()
+    plain.load_state_dict(fast.state_dict())
+    truth = MultiHeadSelfAttention2d(32, 32, 9, impl="reference", **kw).double().train()
+    truth.load_state_dict(fast.state_dict())
+    assert fast.kernel(torch.randn(1, 32, 16, 16)) == "shared"
+    x, g = torch.randn(16, 16, 4, 32), torch.randn(16, 16, 4, 32)
+    exact = _step(truth, False, F64, x, g, bf16, params=True)
+    got = _step(fast, False, torch.float32, x, g, bf16, params=True)
+    ref = _step(plain, False, torch.float32, x, g, bf16, params=True)
+    for a, e, t in zip(got, ref, exact):
+        scale = t.abs().max().clamp_min(1e-30)
+        err_fast = ((a - t).abs().max() / scale).item()
+        err_ref = ((e - t).abs().max() / scale).item()
+        assert err_fast <= 2 * err_ref + 1e-7, (err_fast, err_ref)
