@@ -343,15 +343,9 @@ def test_paper_quadratic_model_on_a_gpu_plan_trains_as_on_a_cpu():
                               torch.randn(3, 3, 32, 32, dtype=F64), seed=7)  # fmt: skip
 
 
-# Known gap, not yet mended: under bf16 autocast the shared kernel rounds the batch-summed
-# gradient of its probabilities to bf16 once (the plain path rounds each image's and sums in
-# float32); with sharp heads the centres' gradient error reached 2.5x the plain path's.
-_SHARED_BF16_GAP = pytest.mark.xfail(strict=True, reason="shared kernel, bf16: centres' grad")
-
-
 @pytest.mark.parametrize("positional, alpha, bf16", [
     ("quadratic", 0.5, False), ("quadratic", 0.5, True), ("quadratic", 20.0, False),
-    pytest.param("quadratic", 20.0, True, marks=_SHARED_BF16_GAP),
+    ("quadratic", 20.0, True),
     ("relative_learned", None, False), ("relative_learned", None, True),
 ])  # fmt: skip
 def test_gpu_plan_precision_within_twice_the_plain_path(positional, alpha, bf16, monkeypatch):
