@@ -80,13 +80,15 @@ def run(args: argparse.Namespace) -> None:
     data = Path(args.data)
     if not data.exists():
         raise SystemExit(f"--data {data}: no such file")
+    if args.threads is not None and args.threads < 1:
+        raise SystemExit(f"--threads {args.threads}: must be at least 1")
     cfgs = experiments(args.names)
     for name in archive.restore(RUNS, [c.stem for c in cfgs]):
         print(f"{name}: restored from {archive.ARCHIVE.relative_to(ROOT)}", flush=True)
     failed = []
     for cfg in cfgs:
         try:
-            run_one(cfg, data)
+            run_one(cfg, data, args.threads)
         except SystemExit as e:  # one experiment's failure does not stop the queue
             print(f"[{time.strftime('%H:%M:%S')}] {cfg.stem}: {e}", flush=True)
             failed.append(cfg.stem)
@@ -105,9 +107,10 @@ def busy(out: Path) -> bool:
     return False
 
 
-def run_one(cfg: Path, data: Path) -> None:
+def run_one(cfg: Path, data: Path, threads: int | None = None) -> None:
     """Train one experiment to its end (resuming it), then its follow-ups. Two `run`s side by
-    side (one per core) share the queue: a folder another training holds is skipped."""
+    side (one per core) share the queue: a folder another training holds is skipped.
+    ``threads``: the trainer's threads instead of the config's (a resume may change them)."""
     out = RUNS / cfg.stem
     out.mkdir(parents=True, exist_ok=True)
     log = out / "experiment.log"
@@ -116,6 +119,8 @@ def run_one(cfg: Path, data: Path) -> None:
         raise SystemExit("skipped: another run is training it")
     if not done.exists():
         cmd = [*CLI, "train", cfg, "--out", out, "--set", f"data.dataset={data}"]
+        if threads is not None:
+            cmd += ["--set", f"train.threads={threads}"]
         resumable = (out / "checkpoints" / "latest").exists()
         cmd.append("--resume" if resumable else "--overwrite")  # no checkpoint: start over
         print(f"[{time.strftime('%H:%M:%S')}] train {cfg.stem}: {progress(cfg, out)}",
@@ -191,6 +196,8 @@ def main() -> None:
     r = sub.add_parser("run", help="train the experiments (all, or the NAMEs given)")
     r.add_argument("names", nargs="*")
     r.add_argument("--data", default=str(default_data()), help="CIFAR-10 zip/folder")
+    r.add_argument("--threads", type=int, default=None,
+                   help="threads per training (default: the config's, 1: one run per core)")
     r.set_defaults(fn=run)
     st = sub.add_parser("status", help="what is done and what is left, per experiment")
     st.add_argument("names", nargs="*")

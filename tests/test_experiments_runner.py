@@ -207,3 +207,29 @@ def test_displacement_at_interpolates_a_run_at_a_summed_learning_rate():
     pts = [(0.0, layers(0.0)), (100.0, layers(1.0)), (300.0, layers(2.0))]
     assert grid.displacement_at(pts, 50.0) == 0.5 and grid.displacement_at(pts, 200.0) == 1.5
     assert grid.displacement_at(pts, 300.0) == 2.0 and grid.displacement_at(pts, 301.0) is None
+
+
+def test_threads_reach_the_trainer_and_zero_is_refused(tmp_path, monkeypatch):
+    """`run --threads 2` trains with `--set train.threads=2` (a resume may change the threads);
+    `--threads 0` is one line, before anything runs."""
+    import pytest
+
+    mod = _module()
+    monkeypatch.setattr(mod, "RUNS", tmp_path)
+    seen = []
+
+    def sh(cmd, log, every=None):
+        seen.append([str(c) for c in cmd])
+        raise SystemExit("stop")
+
+    monkeypatch.setattr(mod, "sh", sh)
+    with pytest.raises(SystemExit, match="stop"):
+        mod.run_one(mod.CONFIGS / "sasa_k3.yaml", tmp_path / "data.zip", threads=2)
+    assert seen[0][-3:] == ["--set", "train.threads=2", "--overwrite"]
+    data = tmp_path / "data.zip"
+    data.write_bytes(b"")
+    r = subprocess.run([sys.executable, str(SCRIPT), "run", "sasa_k3", "--threads", "0",
+                        "--data", str(data), "--runs", str(tmp_path)],
+                       capture_output=True, text=True)  # fmt: skip
+    assert r.returncode != 0 and "--threads 0: must be at least 1" in r.stderr
+    assert not (tmp_path / "sasa_k3" / "metrics.csv").exists()
