@@ -323,14 +323,16 @@ def _on_cuda_plan(layer, x, term, p_drop, device=None):
     return _FOR_LAYER(layer, x, term, p_drop, "cuda")
 
 
-def test_paper_quadratic_model_on_a_gpu_plan_trains_as_on_a_cpu():
+@pytest.mark.parametrize("name", ["sa_quadratic", "sa_learned"])
+def test_paper_position_only_model_on_a_gpu_plan_trains_as_on_a_cpu(name):
     """The plan a GPU follows (position-only attention: "shared", a few batched launches, not
     the CPU's per-head loop "separable") gives the CPU path's training step: the whole
-    sa_quadratic model in training mode, its output and the gradients of the input and of
-    every parameter, float64."""
+    sa_quadratic (dense Gaussian logits) or sa_learned (its tables' row and column softmaxes)
+    model in training mode, its output and the gradients of the input and of every parameter,
+    float64."""
     kw = dict(hidden_size=16, num_layers=2, num_heads=4, ff_size=16, downsample=2)
     torch.manual_seed(0)
-    model = attnconv.create_model("sa_quadratic", **kw).double().train()
+    model = attnconv.create_model(name, **kw).double().train()
     layer = next(m for m in model.modules() if isinstance(m, MultiHeadSelfAttention2d))
     assert layer.kernel(torch.randn(1, 16, 16, 16, dtype=F64), 0.0) == "separable"
     assert layer.kernel(torch.randn(1, 16, 16, 16, dtype=F64), 0.0, "cuda") == "shared"
