@@ -294,13 +294,14 @@ def sensitivity_figure(curves: dict[str, list], path: Path, fit=None, ref_lr=Non
     ax0.set(xscale="log", yscale="log", xlabel="sum of the learning rate so far (S)",
             ylabel="centre displacement (tokens)",
             title="centres' displacement from step 0, mean of the 54 heads")
-    ax1.set(xlabel="sum of the learning rate so far", ylabel="sharp heads",
+    ax1.set(xscale="log", xlabel="sum of the learning rate so far (S)", ylabel="sharp heads",
             title="heads with > 50% of their mass on one key (of 54)")
-    ax0.legend(fontsize=7)
-    long = " and grid_sa_quadratic (black, 20,000 steps)" if "grid_sa_quadratic" in curves else ""
-    fig.suptitle(f"sa_quadratic: {', '.join(n for n in curves if n != 'grid_sa_quadratic')}{long}")
+    handles, labels = ax0.get_legend_handles_labels()  # one legend, beside the panels
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7)
+    long = "; grid_sa_quadratic in black (20,000 steps)" if "grid_sa_quadratic" in curves else ""
+    fig.suptitle(f"sa_quadratic, the grid runs against their summed learning rate{long}")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path

@@ -94,3 +94,11 @@ def test_a_log_without_alpha_is_a_clear_error(tmp_path):
     log.write_text(json.dumps({"epoch": 0, "layers": [[[0.0, 0.0]]]}) + "\n")
     with pytest.raises(ValueError, match="no centre-log line with alpha"):
         head_evolution(log)
+
+
+def test_step_axis_labels_read_in_thousands():
+    """150,000 steps on a panel's axis: '150k', not six-digit labels running into each other."""
+    from attnconv.analysis.evolution import _thousands
+
+    assert [_thousands(v) for v in (0, 500, 10_000, 37_500, 150_000)] == [
+        "0", "500", "10k", "37.5k", "150k"]  # fmt: skip

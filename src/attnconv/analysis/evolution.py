@@ -107,6 +107,11 @@ def last_heads(path: str | Path, grid: tuple[int, int] = (16, 16)) -> tuple[int,
     return rec["step"], out
 
 
+def _thousands(v: float, _pos=None) -> str:
+    """A step axis' label: 0, 500, 10k, 37.5k."""
+    return f"{v / 1000:g}k" if abs(v) >= 1000 else f"{v:g}"
+
+
 def evolution_figure(evo: list[dict], path: str | Path) -> Path:
     """Six panels against training steps, one line per layer: centre displacement, centre
     distance from the query, travel left to a 3x3 grid, largest peak mass of a head, mean
@@ -115,6 +120,7 @@ def evolution_figure(evo: list[dict], path: str | Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     steps = [e["step"] for e in evo]
     n = len(evo[0]["layers"])
@@ -133,6 +139,8 @@ def evolution_figure(evo: list[dict], path: str | Path) -> Path:
                     label=f"layer {li + 1}")  # fmt: skip
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("training step")
+        ax.xaxis.set_major_locator(MaxNLocator(6, integer=True))  # 150,000 steps: "150k"
+        ax.xaxis.set_major_formatter(FuncFormatter(_thousands))
     axes[3].axhline(0.5, color="grey", lw=0.8, ls="--")  # sharp above
     axes[0].legend(fontsize=7)
     fig.tight_layout()
