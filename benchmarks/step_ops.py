@@ -54,11 +54,8 @@ def step_ops(name: str, batch: int, attn_dropout: float, gpu_plan: bool) -> int 
     """aten ops of one training step (forward, loss, backward) of model ``name``; None where a
     GPU's kernel cannot run backward on a CPU (FlexAttention, the content models')."""
     torch.manual_seed(0)
-    kw = dict(hidden_size=64, num_layers=6, num_heads=9, ff_size=128, downsample=2)
-    if name in SA:
-        kw["attn_dropout"] = attn_dropout
-    else:  # another model at its defaults
-        kw = {}
+    kw = dict(hidden_size=64, num_layers=6, num_heads=9, ff_size=128, downsample=2,
+              attn_dropout=attn_dropout) if name in SA else {}  # another model: its defaults
     model = create_model(name, num_classes=10, **kw).train()
     x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
     with patch.object(mhsa2d.plan, "for_layer", _on_cuda_plan if gpu_plan else _FOR_LAYER):
