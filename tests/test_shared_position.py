@@ -350,26 +350,32 @@ def test_paper_position_only_model_on_a_gpu_plan_trains_as_on_a_cpu(name):
     ("quadratic", 20.0, True),
     ("relative_learned", None, False), ("relative_learned", None, True),
 ])  # fmt: skip
-def test_gpu_plan_precision_within_twice_the_plain_path(positional, alpha, bf16, monkeypatch):
+def test_gpu_plan_precision_within_1_5x_the_plain_path(positional, alpha, bf16, monkeypatch):
     """Attention dropout off, the kernel a GPU takes ("shared"): output, input and parameter
-    gradients against float64 within 2x of the plain dense path's error, in float32 and under
-    bf16 autocast."""
+    gradients against float64 within 1.5x of the plain dense path's error, in float32 and under
+    bf16 autocast. The error is the RMS relative to each tensor's RMS, pooled over five draws of
+    weights and inputs: one draw's max error on a 9-element gradient (the spreads') is a noisy
+    statistic (a ratio of 2.4 on one draw where the pooled one is 1.2)."""
     monkeypatch.setattr(mhsa2d.plan, "for_layer", _on_cuda_plan)
-    torch.manual_seed(0)
-    opts = {"init_alpha": alpha} if alpha else {}
-    kw = dict(positional=positional, content=False, dropout=0.0, head_dim=8, **opts)
-    fast = MultiHeadSelfAttention2d(32, 32, 9, **kw).train()
-    plain = MultiHeadSelfAttention2d(32, 32, 9, impl="reference", **kw).train()
-    plain.load_state_dict(fast.state_dict())
-    truth = MultiHeadSelfAttention2d(32, 32, 9, impl="reference", **kw).double().train()
-    truth.load_state_dict(fast.state_dict())
-    assert fast.kernel(torch.randn(1, 32, 16, 16)) == "shared"
-    x, g = torch.randn(16, 16, 4, 32), torch.randn(16, 16, 4, 32)
-    exact = _step(truth, False, F64, x, g, bf16, params=True)
-    got = _step(fast, False, torch.float32, x, g, bf16, params=True)
-    ref = _step(plain, False, torch.float32, x, g, bf16, params=True)
-    for a, e, t in zip(got, ref, exact):
-        scale = t.abs().max().clamp_min(1e-30)
-        err_fast = ((a - t).abs().max() / scale).item()
-        err_ref = ((e - t).abs().max() / scale).item()
-        assert err_fast <= 2 * err_ref + 1e-7, (err_fast, err_ref)
+    sq_fast, sq_ref = {}, {}
+    for seed in range(5):
+        torch.manual_seed(seed)
+        opts = {"init_alpha": alpha} if alpha else {}
+        kw = dict(positional=positional, content=False, dropout=0.0, head_dim=8, **opts)
+        fast = MultiHeadSelfAttention2d(32, 32, 9, **kw).train()
+        plain = MultiHeadSelfAttention2d(32, 32, 9, impl="reference", **kw).train()
+        plain.load_state_dict(fast.state_dict())
+        truth = MultiHeadSelfAttention2d(32, 32, 9, impl="reference", **kw).double().train()
+        truth.load_state_dict(fast.state_dict())
+        assert fast.kernel(torch.randn(1, 32, 16, 16)) == "shared"
+        x, g = torch.randn(16, 16, 4, 32), torch.randn(16, 16, 4, 32)
+        exact = _step(truth, False, F64, x, g, bf16, params=True)
+        got = _step(fast, False, torch.float32, x, g, bf16, params=True)
+        ref = _step(plain, False, torch.float32, x, g, bf16, params=True)
+        for i, (a, e, t) in enumerate(zip(got, ref, exact)):
+            scale = t.pow(2).mean().sqrt().clamp_min(1e-30)
+            sq_fast[i] = sq_fast.get(i, 0.0) + ((a - t) / scale).pow(2).mean().item()
+            sq_ref[i] = sq_ref.get(i, 0.0) + ((e - t) / scale).pow(2).mean().item()
+    for i in sq_fast:  # output, input gradient, then each parameter's
+        err_fast, err_ref = sq_fast[i] ** 0.5, sq_ref[i] ** 0.5
+        assert err_fast <= 1.5 * err_ref, (i, err_fast, err_ref)
