@@ -3,7 +3,8 @@
 ``torchrun --nproc-per-node N -m attnconv.cli train CONFIG`` sets RANK / WORLD_SIZE / LOCAL_RANK;
 without them everything runs in one process. Each rank reads its slice of every global batch
 (attnconv.data.Loader), DDP averages the gradients, so N processes with global batch B compute the
-same update as one process with batch B.
+same update as one process with batch B (exactly so without dropout: each rank draws its own
+dropout masks, ``rank_seed``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+
+from attnconv.data.loader import generator
 
 
 @dataclass
@@ -67,6 +70,15 @@ def all_reduce_sum(values: list[float], info: DistInfo) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=info.device)
     dist.all_reduce(t)
     return t.tolist()
+
+
+def rank_seed(seed: int, step: int, rank: int) -> int:
+    """The torch seed of rank ``rank`` > 0 at global step ``step``. Every rank but 0 reseeds its
+    generators so before each step: ranks that shared one stream would give rank r's image i
+    the dropout mask of rank 0's image i, and a seed that is a function of (seed, step, rank)
+    makes a resumed run draw what an uninterrupted one does. Rank 0 keeps the run's own stream
+    (saved in each checkpoint), so a one-process run is unchanged."""
+    return int(torch.randint(0, 1 << 62, (), generator=generator(seed, step, rank, 2)))
 
 
 def any_rank(flag: bool, info: DistInfo) -> bool:

@@ -3,8 +3,8 @@
 Run folder ``cfg.out_dir``: ``checkpoints/step-XXXXXXXX/`` (+ ``checkpoints/latest``),
 ``metrics.csv``, ``centers.jsonl``, ``config.yaml``, ``tb/``. Everything random is seeded
 (model init by ``train.seed``, data order and augmentation by (seed, epoch, step), dropout by the
-torch RNG saved in each checkpoint), so a resumed run ends bit-identical to an uninterrupted one
-on CPU.
+torch RNG saved in each checkpoint, on ranks > 0 by (seed, step, rank)), so a resumed run ends
+bit-identical to an uninterrupted one on CPU.
 """
 
 from __future__ import annotations
@@ -318,6 +318,8 @@ class Trainer:
         """One optimizer step on the batch (x, y): learning rate, forward, finite checks,
         backward, clipping, update, metric sums."""
         cfg, t = self.cfg, self.cfg.train
+        if self.info.rank > 0:  # its own dropout masks, not rank 0's (D.rank_seed)
+            torch.manual_seed(D.rank_seed(t.seed, self.step, self.info.rank))
         self.lr = lr_at(self.step, cfg.optim.lr, cfg.schedule, self.total, len(self.loader))
         self._check_finite(torch.tensor(self.lr).float(), epoch, batch, "learning rate")
         set_lr(self.opt, self.lr)
