@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+
 from test_distributed import _free_port, _weights
 
 PROBE = Path(__file__).with_name("dropout_probe.py")

@@ -8,6 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "experiments.py"
 sys.path.insert(0, str(SCRIPT.parent))
@@ -233,3 +236,31 @@ def test_threads_reach_the_trainer_and_zero_is_refused(tmp_path, monkeypatch):
                        capture_output=True, text=True)  # fmt: skip
     assert r.returncode != 0 and "--threads 0: must be at least 1" in r.stderr
     assert not (tmp_path / "sasa_k3" / "metrics.csv").exists()
+
+
+@pytest.mark.slow
+def test_procs_train_one_run_under_torchrun(tmp_path, monkeypatch):
+    """`run --procs 2` trains the experiment as two processes under real torchrun (gloo on
+    127.0.0.1), to its end, with the same number of steps; `--procs 0` is refused."""
+    from conftest import CIFAR_ZIP
+
+    mod = _module()
+    monkeypatch.setattr(mod, "RUNS", tmp_path / "runs")
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "model": {"name": "tiny_cnn", "kwargs": {"width": 8}},
+        "data": {"max_per_class": 4, "eval_max_per_class": 1, "cache_dir": str(tmp_path / "c")},
+        "train": {"epochs": 1, "batch_size": 8, "log_every": 1, "threads": 1, "progress": False},
+    }))  # fmt: skip
+    mod.run_one(cfg, CIFAR_ZIP, procs=2)
+    out = tmp_path / "runs" / "tiny"
+    log = (out / "experiment.log").read_text()
+    assert "torch.distributed.run --nproc-per-node 2" in log and "x2 process(es)" in log
+    assert (out / "wall.json").exists()
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step-00000005"
+    data = tmp_path / "data.zip"
+    data.write_bytes(b"")
+    r = subprocess.run([sys.executable, str(SCRIPT), "run", "sasa_k3", "--procs", "0",
+                        "--data", str(data), "--runs", str(tmp_path)],
+                       capture_output=True, text=True)  # fmt: skip
+    assert r.returncode != 0 and "--procs 0: must be at least 1" in r.stderr
