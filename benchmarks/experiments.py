@@ -10,11 +10,11 @@ variable ATTNCONV_RUNS, else ../attnconv-runs beside the checkout. `run` trains 
 with `attnconv train` into <runs>/<name>/, resuming every unfinished run from its last checkpoint
 (a budget of many hours accrues across sittings: kill it at any time, run it again), skipping a
 finished one or one that a second `run` beside it is training (start one `run` per core, or give
-one run both: `--procs 2`, two processes of one thread under torchrun, measured 1.23x the images/s
-of one process with `--threads 2` on grid_long), then the follow-ups: `attnconv analyze` for the
-attention models, `attnconv convert` of the trained ResNet18 on the 10,000 test images, and the
-Lemma 2 sweep. `report` reads only those folders: it writes benchmarks/results/experiments.md,
-copies the figures to docs/figures/, and replaces the block between the experiments markers of
+one run both: `--procs 2`, two processes of one thread under torchrun, 1.26x the images/s of one
+process with `--threads 2` on grid_long), then the follow-ups: `attnconv analyze` for the attention
+models, `attnconv convert` of the trained ResNet18 on the 10,000 test images, and the Lemma 2
+sweep. `report` reads only those folders: it writes benchmarks/results/experiments.md, copies the
+figures to docs/figures/, and replaces the block between the experiments markers of
 docs/experiments.md (its links are relative to that page). Nothing in the tables is typed by hand.
 The run folders are kept in the repository too (experiments_archive.py): `save` (and `report`) copy
 them to benchmarks/results/experiment_runs/ (an unfinished run with its last checkpoint), and `run`
