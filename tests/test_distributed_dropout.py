@@ -25,7 +25,7 @@ def _train(cfg: Path, out: Path, *extra: str, procs: int = 2) -> list[list[int]]
               "127.0.0.1", "--master-port", str(_free_port())] if procs > 1 else []  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(PROBE.parent)}
     r = subprocess.run([sys.executable, *launch, str(PROBE), "train", str(cfg), "--out", str(out),
-                        *extra], env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+                        *extra], env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     return [json.loads((out / f"seeds-rank{i}.json").read_text()) for i in range(procs)]
 
