@@ -74,7 +74,7 @@ def all_reduce_sum(values: list[float], info: DistInfo) -> list[float]:
 
 def rank_seed(seed: int, step: int, rank: int) -> int:
     """The torch seed of rank ``rank`` > 0 at global step ``step``. Every rank but 0 reseeds its
-    generators so before each step: ranks that shared one stream would give rank r's image i
+    generators with it before each step: ranks that shared one stream would give rank r's image i
     the dropout mask of rank 0's image i, and a seed that is a function of (seed, step, rank)
     makes a resumed run draw what an uninterrupted one does. Rank 0 keeps the run's own stream
     (saved in each checkpoint), so a one-process run is unchanged."""
