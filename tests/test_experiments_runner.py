@@ -229,12 +229,17 @@ def test_threads_reach_the_trainer_and_zero_is_refused(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="stop"):
         mod.run_one(mod.CONFIGS / "sasa_k3.yaml", tmp_path / "data.zip", threads=2)
     assert seen[0][-3:] == ["--set", "train.threads=2", "--overwrite"]
+    _assert_refused(tmp_path, "--threads")
+
+
+def _assert_refused(tmp_path, flag: str) -> None:
+    """`run sasa_k3 FLAG 0` is one line, before anything runs."""
     data = tmp_path / "data.zip"
     data.write_bytes(b"")
-    r = subprocess.run([sys.executable, str(SCRIPT), "run", "sasa_k3", "--threads", "0",
+    r = subprocess.run([sys.executable, str(SCRIPT), "run", "sasa_k3", flag, "0",
                         "--data", str(data), "--runs", str(tmp_path)],
                        capture_output=True, text=True)  # fmt: skip
-    assert r.returncode != 0 and "--threads 0: must be at least 1" in r.stderr
+    assert r.returncode != 0 and f"{flag} 0: must be at least 1" in r.stderr
     assert not (tmp_path / "sasa_k3" / "metrics.csv").exists()
 
 
@@ -258,9 +263,4 @@ def test_procs_train_one_run_under_torchrun(tmp_path, monkeypatch):
     assert "torch.distributed.run --nproc-per-node 2" in log and "x2 process(es)" in log
     assert (out / "wall.json").exists()
     assert (out / "checkpoints" / "latest").read_text().strip() == "step-00000005"
-    data = tmp_path / "data.zip"
-    data.write_bytes(b"")
-    r = subprocess.run([sys.executable, str(SCRIPT), "run", "sasa_k3", "--procs", "0",
-                        "--data", str(data), "--runs", str(tmp_path)],
-                       capture_output=True, text=True)  # fmt: skip
-    assert r.returncode != 0 and "--procs 0: must be at least 1" in r.stderr
+    _assert_refused(tmp_path, "--procs")
