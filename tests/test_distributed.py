@@ -114,3 +114,24 @@ def test_torchrun_stop_mid_epoch_and_resume_match_one(setup):
     resumed = _weights(out)
     for k in single:
         torch.testing.assert_close(resumed[k], single[k], rtol=0, atol=1e-5)
+
+
+def test_a_worker_exits_with_its_code_and_flushed_streams_a_lone_process_returns():
+    """``exit_worker``: a process that joined a process group ends at once with the command's
+    code, its log and streams flushed (the interpreter's teardown aborted a gloo rank once in ~40
+    runs); one that never joined returns to its caller."""
+    from attnconv.train.distributed import exit_worker
+
+    assert exit_worker(0) is None  # this process never joined a group
+    code = (
+        "import logging, sys\n"
+        "import attnconv.train.distributed as d\n"
+        "logging.basicConfig(stream=sys.stderr, level=logging.INFO)\n"
+        "d._joined = True\n"
+        "print('saved', end='')\n"
+        "logging.getLogger('t').info('logged')\n"
+        "d.exit_worker(7)\n"
+        "print('never')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stdout) == (7, "saved") and "logged" in r.stderr, r

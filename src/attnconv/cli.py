@@ -48,6 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     from attnconv.progress import configure_logging
 
     configure_logging(-1 if args.quiet else 1 if args.verbose else 0)
+    code = _dispatch(args)
+    if (dist := sys.modules.get("attnconv.train.distributed")) is not None:
+        dist.exit_worker(code)  # a torchrun worker ends here (see there); other processes return
+    return code
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     try:
         return int(args._run(args) or 0)
     except (ValueError, OSError, KeyError, TypeError) as e:
