@@ -77,6 +77,7 @@ def sh(cmd: list[str], log: Path, every=None) -> float:
     with open(log, "a") as f:
         f.write(f"$ {' '.join(map(str, cmd))}\n")
         f.flush()
+        start = f.tell()  # this command's output begins here
         p = subprocess.Popen([str(c) for c in cmd], stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
         while True:
             try:
@@ -86,6 +87,11 @@ def sh(cmd: list[str], log: Path, every=None) -> float:
                 if every is not None:
                     every()
     if rc != 0:
+        with open(log, errors="replace") as f:  # a signal's stop (the trainer saved): say so
+            f.seek(start)
+            stops = [ln.strip() for ln in f if "stopped by SIG" in ln]
+        if stops:
+            raise SystemExit(f"{stops[-1]} (`run` resumes it)")
         raise SystemExit(f"command failed (exit {rc}), see {log}: {' '.join(map(str, cmd))}")
     return time.time() - t0
 

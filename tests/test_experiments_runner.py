@@ -264,3 +264,21 @@ def test_procs_train_one_run_under_torchrun(tmp_path, monkeypatch):
     assert (out / "wall.json").exists()
     assert (out / "checkpoints" / "latest").read_text().strip() == "step-00000005"
     _assert_refused(tmp_path, "--procs")
+
+
+def test_a_stopped_training_is_reported_as_stopped_a_failed_one_as_failed(tmp_path):
+    """`sh` on a command that exits non-zero: the trainer's "stopped by SIG..." line (a stop that
+    saved a resumable checkpoint, whatever the exit code: torchrun's agent exits 1) is what the
+    runner reports; any other exit is a failure that names the log. Only this command's output
+    counts: a stop logged by an earlier command is not this one's."""
+    mod = _module()
+    log = tmp_path / "experiment.log"
+    log.write_text("stopped by SIGINT at step 3/9; resumable checkpoint: old\n")
+    fail = [sys.executable, "-c", "import sys; print('boom'); sys.exit(2)"]
+    with pytest.raises(SystemExit, match=r"command failed \(exit 2\), see .*experiment.log"):
+        mod.sh(fail, log)
+    line = "stopped by SIGINT at step 5/10; resumable checkpoint: ck/step-5 (continue with -r)"
+    stop = [sys.executable, "-c", f"import sys; print({line!r}); sys.exit(1)"]
+    with pytest.raises(SystemExit) as e:
+        mod.sh(stop, log)
+    assert str(e.value) == f"{line} (`run` resumes it)"
