@@ -391,10 +391,9 @@ def train(cfg: Config, *, resume: bool = False, stop_at_step: int | None = None,
     cuda:N, mps (default: CUDA if available)."""
     tr = Trainer(cfg, resume=resume, stop_at_step=stop_at_step, overwrite=overwrite,
                  device=device)  # fmt: skip
-    # every rank past its last collective before gloo is torn down: a rank destroying the group
-    # while a peer's final all_reduce was in flight aborted under load ("terminate called without
-    # an active exception"), and a rank of a stopped run hung once in the teardown; on the
-    # success and stop paths only, so that a failing rank never waits on a peer stuck elsewhere
+    # every rank past its last collective before the group is unregistered (the group object
+    # itself lives on: D.wrap says why freeing it hung or aborted a rank); on the success and
+    # stop paths only, so that a failing rank never waits on a peer stuck elsewhere
     try:
         last = tr.fit()
     except Interrupted:  # a stop every rank agreed on (any_rank, stop_at_step): all are here
