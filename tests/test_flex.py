@@ -60,12 +60,19 @@ def test_flex_backend_on_device(positional, device):
                 torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-5)
 
 
-def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
-    """max |a - ref| over max |ref|, or the absolute error where the reference vanishes: at alpha
-    1e4 each head attends one pixel, and the query's gradient is 3e-201 in float64 (0/0 gave
-    NaN on CUDA, the only device with gradients here)."""
-    scale = ref.double().abs().max().item()
-    return ((a.double() - ref.double()).abs().max() / (scale if scale > 1e-30 else 1.0)).item()
+def _rel(a: torch.Tensor, ref: torch.Tensor, scale: float) -> float:
+    """max |a - ref| over ``scale`` (the reference's own max |.|, or another scale where it
+    vanishes)."""
+    return ((a.double() - ref.double()).abs().max() / scale).item()
+
+
+# A gradient that vanishes in float64 (alpha 1e4: each head attends one pixel, the query's
+# gradient is 3e-201) comes out of Flex's backward as float32 roundoff: dS = P (dP - delta),
+# delta = rowsum(dO O), cancels dO.v_j computed in two orders (H200: 3.8e-6, against a layer
+# input gradient of 4.7). The dense path's softmax backward cancels it exactly. Such a gradient
+# is measured over the layer input's gradient (the size of the cancelling terms) and allowed 64
+# units of float32 roundoff.
+VANISHING_FLOOR = 64 * torch.finfo(torch.float32).eps
 
 
 FLEX_PRECISION = [("quadratic", 16, 10.0), ("quadratic", 32, 1e4), ("relative_learned", 32, None)]
@@ -102,9 +109,13 @@ def test_flex_backend_is_as_exact_as_dense(positional, hw, alpha, autocast, devi
     ref = run(copy.deepcopy(plain).double(), x.double(), False)
     names = ["y", "x", "Wq", "encoding", "encoding"]
     for name, a, p, r in zip(names, run(fast, x, autocast), run(plain, x, autocast), ref):
-        e_a, e_p = _rel(a, r), _rel(p, r)
+        scale = r.abs().max().item()
+        vanishes = scale < 1e-30
+        scale = ref[1].abs().max().item() if vanishes else scale  # ref[1]: the input's gradient
+        e_a, e_p = _rel(a, r, scale), _rel(p, r, scale)
         # the encoding's gradients: a few scalars, sums of cancelling terms (test_precision.py)
         floor = 2e-6 if name == "encoding" and not autocast else 1e-12  # 1e-12: zero
+        floor = VANISHING_FLOOR if vanishes else floor
         assert name == "encoding" or e_p < (2e-2 if autocast else 1e-5), (name, e_p)
         assert e_a <= 2 * max(e_p, floor), (name, e_a, e_p)
 
