@@ -9,6 +9,7 @@ from pathlib import Path
 from experiments_runs import (
     CONFIGS,
     FIGS,
+    ROOT,
     kept,
     per_layer,
     planned_lr_sum,
@@ -107,6 +108,8 @@ def grid_run(lines: list[str], runs: Path, name: str, stem: str) -> list | None:
     fig = evolution_figure(evo, FIGS / f"{stem}_evolution.png")
     lines += ["", f"![{name} evolution](figures/{fig.name})", ""]
     grid_heads(lines, log, stem)
+    if name == "grid_long":
+        grid_pull(lines, lr_sum)
     return evo
 
 
@@ -153,6 +156,45 @@ def grid_heads(lines: list[str], log: Path, stem: str) -> None:
                      f"{moved} |")  # fmt: skip
     lines += ["", f"![grid centre trajectories](figures/{traj.name})", "",
               f"![grid mass contours](figures/{contours.name})", ""]
+
+
+PULLS = ROOT / "benchmarks" / "results"  # grid_width_checkpoint_<step>.json (grid_width.py)
+
+
+def grid_pull(lines: list[str], lr_sum, layer: int = 4, pulls: Path = PULLS) -> None:
+    """Where the loss pulls grid_long's centres at its milestones: the mean centre gradient of
+    each layer over 16,384 training images (benchmarks/grid_width.py --checkpoint), resolved
+    where above twice its error; per head of ``layer``, in (radial < 0) or out."""
+    import json
+    import re
+
+    rows = []
+    for f in pulls.glob("grid_width_checkpoint_*.json"):
+        for r in json.loads(f.read_text())["results"]:
+            m = re.search(r"grid_long/checkpoints/step-(\d+)", r["model"])
+            if m and r.get("heads", {}).get("layer") == layer:
+                rows.append((int(m.group(1)), r))
+    if not rows:
+        return
+    lines += [f"Where the loss pulls the centres, at the milestones measured (`python "
+              f"benchmarks/grid_width.py --batches 512 --heads {layer} --name "
+              "grid_width_checkpoint_N --checkpoint <run root>/grid_long/checkpoints/step-N`, "
+              "one file each in benchmarks/results/): the norm of each layer's mean centre "
+              "gradient over its error, the summed learning rate that moves a centre one token "
+              f"at that pull (momentum 0.9; '-' where within twice its error), and layer "
+              f"{layer}'s heads whose own pull is resolved, towards the query or away:", "",
+              f"| step | sum of lr | drift / its error, layer 1 -> 6 | summed lr per token | "
+              f"layer {layer}: heads pulled in / out / unresolved |", "|---|---|---|---|---|"]
+    for step, r in sorted(rows, key=lambda t: t[0]):
+        lay, heads = r["layers"], r["heads"]["rows"]
+        pulled = [h["radial"] for h in heads if h["resolved"]]
+        ratio = per_layer(x["drift"] / x["drift_error"] for x in lay)
+        speed = ", ".join(f"{x['summed_lr_per_token']:.0f}" if x["resolved"] else "-"
+                          for x in lay)  # fmt: skip
+        lines.append(f"| {step} | {lr_sum(step):.0f} | {ratio} | {speed} | "
+                     f"{sum(p < 0 for p in pulled)} / {sum(p >= 0 for p in pulled)} / "
+                     f"{len(heads) - len(pulled)} |")  # fmt: skip
+    lines.append("")
 
 
 GRID_RUNS = "grid5k_*.yaml"  # one change each from grid5k_base (_grid_5k.yaml)

@@ -201,6 +201,37 @@ def test_grid_heads_table_says_how_far_each_sharp_head_travelled(tmp_path, monke
     assert (tmp_path / "figs" / "t_center_trajectories.png").is_file()
 
 
+def test_grid_pull_table_reads_the_milestones_measured(tmp_path):
+    """grid_long's pull table: one row per grid_width_checkpoint_*.json of a grid_long
+    milestone, in step order; '-' where a layer's drift is within twice its error; layer 4's
+    resolved heads counted by the sign of their radial cosine."""
+    import json
+
+    import experiments_grid as grid
+
+    def result(step, drifts):
+        layers = [{"drift": d, "drift_error": 1.0, "resolved": d > 2.0,
+                   "summed_lr_per_token": 10.0 / d} for d in drifts]  # fmt: skip
+        heads = [{"resolved": True, "radial": -0.9}, {"resolved": True, "radial": 0.5},
+                 {"resolved": False, "radial": -0.1}]  # fmt: skip
+        return {"model": f"grid_long/checkpoints/step-{step:08d} (hidden 64)", "layers": layers,
+                "heads": {"layer": 4, "rows": heads}}
+
+    for step in (20000, 5000):
+        (tmp_path / f"grid_width_checkpoint_{step}.json").write_text(
+            json.dumps({"results": [result(step, [4.0, 1.0])]}))
+    (tmp_path / "grid_width.json").write_text(json.dumps({"results": [
+        {"model": "sa_quadratic (hidden 64)", "layers": [], "heads": {}}]}))  # not a milestone
+    lines: list[str] = []
+    grid.grid_pull(lines, lambda step: step / 10, pulls=tmp_path)
+    rows = [ln for ln in lines if ln[:3] == "| 5" or ln[:3] == "| 2"]
+    assert rows == ["| 5000 | 500 | 4.0, 1.0 | 2, - | 1 / 1 / 1 |",
+                    "| 20000 | 2000 | 4.0, 1.0 | 2, - | 1 / 1 / 1 |"]  # fmt: skip
+    lines = []
+    grid.grid_pull(lines, lambda step: 0.0, pulls=tmp_path / "none")
+    assert lines == []  # no milestone measured: no table
+
+
 def test_displacement_at_interpolates_a_run_at_a_summed_learning_rate():
     import experiments_grid as grid
 
