@@ -270,6 +270,14 @@ def grid_sensitivity(lines: list[str], runs: Path, known: dict[str, list], ref_l
                   f"still have {mean_of(pts[-1][1], 'travel3'):.2f} to go at its last logged "
                   f"step.",
                   ""]  # fmt: skip
+        end, d_end = pts[-1][0], mean_of(pts[-1][1], "displacement")
+        early = power_fit([p for p in pts if p[0] <= end / 4], lo=end / 16)
+        if early:  # the same extrapolation, made from a quarter of the run, against its end
+            a4, b4, lo4, hi4 = early
+            lines += [f"The method checked on {base} itself: the same fit over the last 4x of "
+                      f"its first quarter of S ({lo4:.0f} to {hi4:.0f}) projects "
+                      f"{a4 * end**b4:.2f} tokens at S = {end:.0f}; the run measured "
+                      f"{d_end:.2f}.", ""]  # fmt: skip
 
 
 def mean_of(layers: list[dict], key: str) -> float:
