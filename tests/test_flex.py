@@ -114,8 +114,8 @@ def test_flex_backend_is_as_exact_as_dense(positional, hw, alpha, autocast, devi
         scale = ref[1].abs().max().item() if vanishes else scale  # ref[1]: the input's gradient
         e_a, e_p = _rel(a, r, scale), _rel(p, r, scale)
         # the encoding's gradients: a few scalars, sums of cancelling terms (test_precision.py)
-        floor = 2e-6 if name == "encoding" and not autocast else 1e-12  # 1e-12: zero
-        floor = VANISHING_FLOOR if vanishes else floor
+        floor = (VANISHING_FLOOR if vanishes
+                 else 2e-6 if name == "encoding" and not autocast else 1e-12)  # 1e-12: zero
         assert name == "encoding" or e_p < (2e-2 if autocast else 1e-5), (name, e_p)
         assert e_a <= 2 * max(e_p, floor), (name, e_a, e_p)
 
