@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from .checks import check_tensor, positive_int
 from .encoding import POSITIONALS, build_encoding
 from .functional import check_impl, dropped_links
-from .kernels import KERNELS, plan
+from .kernels import KERNELS, plan, triton_axis
 from .kernels.position import dense_inputs, reference_probs
 from .positional import PositionalEncoding, check_size
 from .quadratic import axis_softmax, head_major, head_major_output
@@ -67,7 +67,7 @@ class MultiHeadSelfAttention2d(NotScriptable, nn.Module):
     (Nh, T, T) mask shared by the batch, the reference code's Gaussian layer, position-only
     attention only); impl ("auto" | "reference"); max_size (side of learned
     tables); bias (of the projections); backend (None: the plan's choice; "flex", "blocked",
-    "fused" or "fold" forces that family of kernels where it applies, kernels/plan.py).
+    "fused", "fold" or "triton" forces that family of kernels where it applies, kernels/plan.py).
     ``encoding_options`` go to the named encoding (encoding.build_encoding): hard,
     init_centers_std, init_alpha (quadratic); relative_terms, learned_r (relative, Dai eq. 8);
     rel_dim (r_delta width, relative encodings); head_keys (relative_learned: per-head keys read
@@ -144,6 +144,8 @@ class MultiHeadSelfAttention2d(NotScriptable, nn.Module):
     def backend(self, value: str | None) -> None:
         if value is not None and value not in plan.BACKENDS:
             raise ValueError(f"backend must be None or one of {plan.BACKENDS}, got {value!r}")
+        if value == "triton" and not triton_axis.INSTALLED:
+            raise ValueError("backend='triton' needs triton: pip install triton")
         self._backend = value
 
     @property

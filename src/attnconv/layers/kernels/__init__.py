@@ -26,6 +26,7 @@ KERNELS = {
     "shift": Kernel(position.shift, position.shift_probs, "head_major"),
     "separable": Kernel(position.separable, position.separable_probs, "head_major"),
     "shared": Kernel(position.shared, position.shared_probs),
+    "triton": Kernel(content.triton, content.content_probs),
     "fused": Kernel(content.fused, content.content_probs),
     "dense_dropout": Kernel(content.dense_dropout, content.content_probs),
     "flex_gaussian": Kernel(content.flex_gaussian, content.content_probs),

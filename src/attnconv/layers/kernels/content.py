@@ -10,6 +10,8 @@ the dtype each computes in precision.py's.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from ..blocked import axis_attention, gaussian_attention
@@ -17,6 +19,7 @@ from ..flex import axis_score_mod, flex_mod_attention, gaussian_score_mod
 from ..functional import dropped_links, scaled_dot_product_attention
 from ..precision import hi, kernel_dtype, no_autocast, softmax_f32, upcast
 from ..terms import AxisTerm, GaussianTerm
+from . import triton_axis
 from .fused import axis_attention_fused
 
 
@@ -109,6 +112,28 @@ def fused(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True):
         q = q.to(kernel_dtype(q.dtype))  # once: the axis logits and the kernel read it
         q_axis = term.q_axis(q)  # (B|1, Nh, T, h + w)
         y = axis_attention_fused(q, k, v, q_axis, grid.h, grid.w, scale, p_drop, per_image)
+    return y.to(grid.dtype)
+
+
+def triton(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True):
+    """softmax(scale q k^T + R[q1, k1] + C[q2, k2]) with the links of ``functional.dropped_links``
+    removed, times v: the flash-style Triton kernel of triton_axis.py (``backend="triton"``), q, k,
+    v in their (autocast) dtype, the axis logits in float32 at least. Inputs it cannot take fall
+    back to the dense kernels with a one-line reason."""
+    why = triton_axis.unsupported(q, v, grid.h, grid.w)
+    if why:
+        warnings.warn(f"attnconv: backend='triton' falls back to the dense kernel: {why}",
+                      stacklevel=2)  # fmt: skip
+        dense = dense_dropout if p_drop > 0 else fold
+        return dense(q, k, v, term, grid, scale, p_drop=p_drop, per_image=per_image)
+    b = v.shape[0]
+    with no_autocast(q.device.type):
+        q_axis = term.q_axis(hi(q))  # (B|1, Nh, T, h + w), float32 at least
+        if q_axis.stride(0) == 0:  # input-independent (quadratic): one copy for the batch
+            q_axis = q_axis[:1]
+        q, k = q.expand(b, *q.shape[1:]), k.expand(b, *k.shape[1:])
+        y = triton_axis.axis_attention_triton(q, k, v, q_axis, grid.h, grid.w, scale, p_drop,
+                                              per_image)  # fmt: skip
     return y.to(grid.dtype)
 
 

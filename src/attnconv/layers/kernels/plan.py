@@ -9,6 +9,7 @@ and the ``backend`` override of MultiHeadSelfAttention2d. First matching row win
 | separable        | Axis, position only    | CPU, no dropout (a GPU: shared, a few batched    |
 |                  |                        | launches instead of a loop over heads/blocks)    |
 | shared           | any, position only     | (computed once for the batch)                    |
+| triton           | Axis                   | backend="triton" (triton_axis.py; any dropout)   |
 | fused            | Axis                   | CPU, extension built (fused.py); dropout, or     |
 |                  |                        | training from BLOCKED_MIN_T, inference at 16^2   |
 |                  |                        | (to FUSED_INFERENCE_MAX_T) but not shared_bias's |
@@ -32,7 +33,7 @@ import torch
 from ..terms import AxisTerm, GaussianTerm, ShiftTerm, Term
 from . import fused
 
-BACKENDS = ("flex", "blocked", "fused", "fold")
+BACKENDS = ("flex", "blocked", "fused", "fold", "triton")
 FLEX = importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
 SHARED_BIAS_MAX_T = 64 * 64  # (Nh, T, T) float32 bias in inference: 64 MiB per head at 64^2
 BLOCKED_MIN_T = 16 * 16  # smaller images: the blocked kernel's Python loop costs its gain
@@ -103,6 +104,7 @@ TABLE = (
     ("shift", lambda c: c.position_only and isinstance(c.term, ShiftTerm) and c.p_drop == 0),
     ("separable", lambda c: c.position_only and _axis(c) and c.p_drop == 0 and c.device == "cpu"),
     ("shared", lambda c: c.position_only),
+    ("triton", lambda c: _axis(c) and c.backend == "triton"),
     ("fused", lambda c: _axis(c) and c.device == "cpu" and c.backend in (None, "fused")
                         and fused.available() and _fused_wins(c)),  # fmt: skip
     ("dense_dropout", lambda c: _axis(c) and c.device == "cpu" and c.p_drop > 0

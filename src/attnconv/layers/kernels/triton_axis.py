@@ -1,0 +1,343 @@
+"""Content attention with axis positional logits as one flash-style Triton kernel (a GPU's;
+``TRITON_INTERPRET=1`` runs the same source on CPU tensors, how the tests run it):
+
+    y = (softmax_k(scale q.k + R[q, row(k)] + C[q, col(k)]) o M / (1 - p)) v
+                                                   (Cordonnier et al. eq. 9, split by axis)
+
+R (B|1, Nh, T, H) and C (B|1, Nh, T, W) are the row and column logits of the quadratic and
+learned-relative encodings (``q_axis`` = [R, C], terms.AxisTerm). A program owns a block of
+BLOCK_M queries and walks the keys ROWS image rows at a time, so a key block's column logits
+are the query block's C (loaded once) and its row logits ROWS values per query: no (T, T)
+tensor in memory, no gather in the loop. Online softmax in forward (the log-sum-exp kept); the
+backward recomputes the probabilities in two kernels: one per key block (dK, dV) and one per
+query block (dQ and the gradients of R and C, reduced over the keys of each image row and
+column inside the program that owns the queries: no atomics). M is the counter hash of
+``functional.dropped_links``, redrawn in every kernel from (seed, row, key), so every path
+drops the same links under one seed. q, k, v in float32 (TF32 only where
+``torch.backends.cuda.matmul.allow_tf32`` opts in), bfloat16 or float16 with float32
+accumulation, float64 (gradcheck); R and C in float32 at least. The plain equations beside it:
+``fused.axis_attention_reference``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from ..first_order import first_order_only
+from ..functional import drop_threshold, dropout_seed
+from ..precision import backward_without_autocast, no_autocast
+
+INSTALLED = importlib.util.find_spec("triton") is not None
+MAX_WIDTH = 128  # a key block is at least one image row: wider rows would spill registers
+MAX_HEAD_DIM = 256
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def unsupported(q: torch.Tensor, v: torch.Tensor, h: int, w: int) -> str | None:
+    """Why the kernel cannot run these inputs (one line), or None when it can."""
+    if not INSTALLED:
+        return "triton is not installed (pip install triton)"
+    if q.device.type != "cuda" and not interpreted():
+        return f"the Triton kernel runs on CUDA (or under TRITON_INTERPRET=1), not {q.device.type}"
+    if q.dtype not in DTYPES:
+        return f"the Triton kernel takes float32/bfloat16/float16/float64, not {q.dtype}"
+    if w > MAX_WIDTH:
+        return f"the Triton kernel takes image rows up to {MAX_WIDTH} pixels, not {w}"
+    if max(q.shape[-1], v.shape[-1]) > MAX_HEAD_DIM:
+        return f"the Triton kernel takes head widths up to {MAX_HEAD_DIM}"
+    return None
+
+
+INTERPRET = interpreted()  # read once, as triton.jit reads it
+
+if INSTALLED:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _h32(x):  # functional._h32 / hash.h's h32, in uint32 arithmetic
+        x ^= x >> 16
+        x *= 0x21F0AAAD
+        x ^= x >> 15
+        x *= 0x735A2D97
+        x ^= x >> 15
+        return x
+
+    @triton.jit
+    def _kept(rng, row, key):
+        """(M, N) links kept by dropout: row (M,) int64 = (b Nh + h) T + i, key (N,) indices."""
+        seed = tl.load(rng).to(tl.uint32)
+        threshold = tl.load(rng + 1).to(tl.uint32)
+        k_row = _h32(_h32(row.to(tl.uint32) ^ seed) ^ (row >> 32).to(tl.uint32))
+        return _h32(k_row[:, None] ^ key.to(tl.uint32)[None, :]) >= threshold
+
+    @triton.jit
+    def _dot(a, b, PREC: tl.constexpr, ACC: tl.constexpr):
+        """a @ b accumulated in ACC; bfloat16/float16 operands multiply exactly in float32 (their
+        products fit): the same sum on a GPU's tensor cores and under the interpreter, whose
+        low-precision tl.dot misreads bfloat16."""
+        if INTERPRET and a.dtype != tl.float32 and a.dtype != tl.float64:
+            a, b = a.to(tl.float32), b.to(tl.float32)
+        return tl.dot(a, b, input_precision=PREC, out_dtype=ACC)
+
+    @triton.jit
+    def _logits(q, kt, r_blk, c_blk, scale, k_ok, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
+                N: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
+        """(M, N) scale q.k + R[q, row(k)] + C[q, col(k)]; keys outside the image at -inf."""
+        s = _dot(q, kt, PREC, ACC) * scale
+        s += tl.reshape(r_blk[:, :, None] + c_blk[:, None, :], (BLOCK_M, N))
+        return tl.where(k_ok[None, :], s, float("-inf"))
+
+    @triton.jit
+    def _fwd(Q, K, V, QA, Y, LSE, RNG, sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
+             sa_b, sa_h, sa_t, sy_b, sy_t, sy_h, NH, T, H, W, DK, DV, scale, inv_keep,
+             DKP: tl.constexpr, DVP: tl.constexpr, BLOCK_M: tl.constexpr, ROWS: tl.constexpr,
+             WP: tl.constexpr, DROP: tl.constexpr, PER_IMAGE: tl.constexpr,
+             PREC: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
+        N: tl.constexpr = ROWS * WP
+        bh = tl.program_id(1)
+        b, hd = bh // NH, bh % NH
+        i = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # queries
+        i_ok = i < T
+        dk, dv = tl.arange(0, DKP), tl.arange(0, DVP)
+        n = tl.arange(0, N)
+        nr, nc = n // WP, n % WP  # a key block: ROWS image rows of WP columns
+        c = tl.arange(0, WP)
+        qa = QA + b * sa_b + hd * sa_h + i[:, None] * sa_t  # (M, 1) pointers
+        q = tl.load(Q + b * sq_b + hd * sq_h + i[:, None] * sq_t + dk[None, :],
+                    mask=i_ok[:, None] & (dk[None, :] < DK), other=0.0)  # fmt: skip
+        c_blk = tl.load(qa + H + c[None, :], mask=i_ok[:, None] & (c[None, :] < W), other=0.0)
+        row = (bh if PER_IMAGE else hd).to(tl.int64) * T + i
+        m_i = tl.full((BLOCK_M,), float("-inf"), ACC)
+        l_i = tl.zeros((BLOCK_M,), ACC)
+        acc = tl.zeros((BLOCK_M, DVP), ACC)
+        for r0 in range(0, H, ROWS):
+            rr = r0 + tl.arange(0, ROWS)
+            r_blk = tl.load(qa + rr[None, :], mask=i_ok[:, None] & (rr[None, :] < H), other=0.0)
+            key = (r0 + nr) * W + nc
+            k_ok = (r0 + nr < H) & (nc < W)
+            kt = tl.load(K + b * sk_b + hd * sk_h + key[None, :] * sk_t + dk[:, None],
+                         mask=k_ok[None, :] & (dk[:, None] < DK), other=0.0)  # fmt: skip
+            s = _logits(q, kt, r_blk, c_blk, scale, k_ok, PREC, BLOCK_M, N, ACC)
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if DROP:
+                p = tl.where(_kept(RNG, row, key), p, 0.0)
+            vb = tl.load(V + b * sv_b + hd * sv_h + key[:, None] * sv_t + dv[None, :],
+                         mask=k_ok[:, None] & (dv[None, :] < DV), other=0.0)  # fmt: skip
+            acc = acc * alpha[:, None] + _dot(p.to(vb.dtype), vb, PREC, ACC)
+            m_i = m_new
+        y = acc * (inv_keep / l_i)[:, None]
+        tl.store(Y + b * sy_b + hd * sy_h + i[:, None] * sy_t + dv[None, :],
+                 y.to(Y.dtype.element_ty), mask=i_ok[:, None] & (dv[None, :] < DV))  # fmt: skip
+        tl.store(LSE + bh * T + i, m_i + tl.log(l_i), mask=i_ok)
+
+    @triton.jit
+    def _bwd_dq(Q, K, V, QA, DY, LSE, DELTA, DQ, DQA, RNG, sq_b, sq_h, sq_t, sk_b, sk_h, sk_t,
+                sv_b, sv_h, sv_t, sa_b, sa_h, sa_t, sy_b, sy_t, sy_h, NH, T, H, W, DK, DV,
+                scale, inv_keep, DKP: tl.constexpr, DVP: tl.constexpr, BLOCK_M: tl.constexpr,
+                ROWS: tl.constexpr, WP: tl.constexpr, DROP: tl.constexpr,
+                PER_IMAGE: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
+        """dQ, dR, dC of one query block: dS = P o (dP - rowsum(dY o Y)); dR, dC its sums over
+        the keys of each image row / column."""
+        N: tl.constexpr = ROWS * WP
+        bh = tl.program_id(1)
+        b, hd = bh // NH, bh % NH
+        i = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        i_ok = i < T
+        dk, dv = tl.arange(0, DKP), tl.arange(0, DVP)
+        n = tl.arange(0, N)
+        nr, nc = n // WP, n % WP
+        c = tl.arange(0, WP)
+        qa = QA + b * sa_b + hd * sa_h + i[:, None] * sa_t
+        q = tl.load(Q + b * sq_b + hd * sq_h + i[:, None] * sq_t + dk[None, :],
+                    mask=i_ok[:, None] & (dk[None, :] < DK), other=0.0)  # fmt: skip
+        dy = tl.load(DY + b * sy_b + hd * sy_h + i[:, None] * sy_t + dv[None, :],
+                     mask=i_ok[:, None] & (dv[None, :] < DV), other=0.0)  # fmt: skip
+        c_blk = tl.load(qa + H + c[None, :], mask=i_ok[:, None] & (c[None, :] < W), other=0.0)
+        lse = tl.load(LSE + bh * T + i, mask=i_ok, other=0.0)
+        delta = tl.load(DELTA + bh * T + i, mask=i_ok, other=0.0)
+        row = (bh if PER_IMAGE else hd).to(tl.int64) * T + i
+        dqa = DQA + bh * T * (H + W) + i[:, None] * (H + W)  # (B, Nh, T, H + W) contiguous
+        dq = tl.zeros((BLOCK_M, DKP), ACC)
+        dc = tl.zeros((BLOCK_M, WP), ACC)
+        for r0 in range(0, H, ROWS):
+            rr = r0 + tl.arange(0, ROWS)
+            r_blk = tl.load(qa + rr[None, :], mask=i_ok[:, None] & (rr[None, :] < H), other=0.0)
+            key = (r0 + nr) * W + nc
+            k_ok = (r0 + nr < H) & (nc < W)
+            kb = tl.load(K + b * sk_b + hd * sk_h + key[:, None] * sk_t + dk[None, :],
+                         mask=k_ok[:, None] & (dk[None, :] < DK), other=0.0)  # fmt: skip
+            vt = tl.load(V + b * sv_b + hd * sv_h + key[None, :] * sv_t + dv[:, None],
+                         mask=k_ok[None, :] & (dv[:, None] < DV), other=0.0)  # fmt: skip
+            s = _logits(q, tl.trans(kb), r_blk, c_blk, scale, k_ok, PREC, BLOCK_M, N, ACC)
+            p = tl.exp(s - lse[:, None])
+            dp = _dot(dy, vt, PREC, ACC)
+            if DROP:
+                dp = tl.where(_kept(RNG, row, key), dp * inv_keep, 0.0)
+            ds = p * (dp - delta[:, None])
+            dq += _dot(ds.to(kb.dtype), kb, PREC, ACC)
+            ds3 = tl.reshape(ds, (BLOCK_M, ROWS, WP))
+            tl.store(dqa + rr[None, :], tl.sum(ds3, 2), mask=i_ok[:, None] & (rr[None, :] < H))
+            dc += tl.sum(ds3, 1)
+        tl.store(DQ + bh * T * DK + i[:, None] * DK + dk[None, :], dq * scale,
+                 mask=i_ok[:, None] & (dk[None, :] < DK))  # fmt: skip
+        tl.store(dqa + H + c[None, :], dc, mask=i_ok[:, None] & (c[None, :] < W))
+
+    @triton.jit
+    def _bwd_dkdv(Q, K, V, QA, DY, LSE, DELTA, DK_, DV_, RNG, sq_b, sq_h, sq_t, sk_b, sk_h,
+                  sk_t, sv_b, sv_h, sv_t, sa_b, sa_h, sa_t, sy_b, sy_t, sy_h, NH, T, H, W, DK,
+                  DV, scale, inv_keep, DKP: tl.constexpr, DVP: tl.constexpr,
+                  BLOCK_M: tl.constexpr, ROWS: tl.constexpr, WP: tl.constexpr,
+                  DROP: tl.constexpr, PER_IMAGE: tl.constexpr, PREC: tl.constexpr,
+                  ACC: tl.constexpr):  # fmt: skip
+        """dK, dV of one key block (ROWS image rows), over every query block."""
+        N: tl.constexpr = ROWS * WP
+        bh = tl.program_id(1)
+        b, hd = bh // NH, bh % NH
+        r0 = tl.program_id(0) * ROWS
+        dk, dv = tl.arange(0, DKP), tl.arange(0, DVP)
+        n = tl.arange(0, N)
+        nr, nc = n // WP, n % WP
+        c = tl.arange(0, WP)
+        rr = r0 + tl.arange(0, ROWS)
+        key = (r0 + nr) * W + nc
+        k_ok = (r0 + nr < H) & (nc < W)
+        kb = tl.load(K + b * sk_b + hd * sk_h + key[:, None] * sk_t + dk[None, :],
+                     mask=k_ok[:, None] & (dk[None, :] < DK), other=0.0)  # fmt: skip
+        vb = tl.load(V + b * sv_b + hd * sv_h + key[:, None] * sv_t + dv[None, :],
+                     mask=k_ok[:, None] & (dv[None, :] < DV), other=0.0)  # fmt: skip
+        dk_acc = tl.zeros((N, DKP), ACC)
+        dv_acc = tl.zeros((N, DVP), ACC)
+        for m0 in range(0, T, BLOCK_M):
+            i = m0 + tl.arange(0, BLOCK_M)
+            i_ok = i < T
+            qa = QA + b * sa_b + hd * sa_h + i[:, None] * sa_t
+            q = tl.load(Q + b * sq_b + hd * sq_h + i[:, None] * sq_t + dk[None, :],
+                        mask=i_ok[:, None] & (dk[None, :] < DK), other=0.0)  # fmt: skip
+            dy = tl.load(DY + b * sy_b + hd * sy_h + i[:, None] * sy_t + dv[None, :],
+                         mask=i_ok[:, None] & (dv[None, :] < DV), other=0.0)  # fmt: skip
+            r_blk = tl.load(qa + rr[None, :], mask=i_ok[:, None] & (rr[None, :] < H), other=0.0)
+            c_blk = tl.load(qa + H + c[None, :], mask=i_ok[:, None] & (c[None, :] < W),
+                            other=0.0)  # fmt: skip
+            lse = tl.load(LSE + bh * T + i, mask=i_ok, other=0.0)
+            delta = tl.load(DELTA + bh * T + i, mask=i_ok, other=0.0)
+            s = _logits(q, tl.trans(kb), r_blk, c_blk, scale, k_ok, PREC, BLOCK_M, N, ACC)
+            p = tl.where(i_ok[:, None], tl.exp(s - lse[:, None]), 0.0)
+            dp = _dot(dy, tl.trans(vb), PREC, ACC)
+            if DROP:
+                kept = _kept(RNG, (bh if PER_IMAGE else hd).to(tl.int64) * T + i, key)
+                pd = tl.where(kept, p * inv_keep, 0.0)
+                dp = tl.where(kept, dp * inv_keep, 0.0)
+            else:
+                pd = p
+            dv_acc += _dot(tl.trans(pd.to(dy.dtype)), dy, PREC, ACC)
+            ds = p * (dp - delta[:, None])
+            dk_acc += _dot(tl.trans(ds.to(q.dtype)), q, PREC, ACC)
+        out_k = DK_ + bh * T * DK + key[:, None] * DK + dk[None, :]
+        tl.store(out_k, dk_acc * scale, mask=k_ok[:, None] & (dk[None, :] < DK))
+        out_v = DV_ + bh * T * DV + key[:, None] * DV + dv[None, :]
+        tl.store(out_v, dv_acc, mask=k_ok[:, None] & (dv[None, :] < DV))
+
+
+def _pow2(x: int, least: int = 1) -> int:
+    return max(least, 1 << max(0, x - 1).bit_length())
+
+
+def _meta(q, h: int, w: int, block_m: int | None) -> dict:
+    """The kernels' compile-time shape: a key block of ROWS rows of WP >= W columns (ROWS * WP
+    about 64 keys, at least 16 for tl.dot), head widths padded to 16 in registers only."""
+    wp = _pow2(w)
+    rows = max(1, 64 // wp)
+    if q.dtype == torch.float32:
+        prec = "tf32" if q.is_cuda and torch.backends.cuda.matmul.allow_tf32 else "ieee"
+    else:
+        prec = "ieee"  # bf16/fp16 multiply exactly in fp32; float64 stays
+    return dict(BLOCK_M=block_m or 64, ROWS=rows, WP=wp, PREC=prec,
+                ACC=tl.float64 if q.dtype == torch.float64 else tl.float32)  # fmt: skip
+
+
+def _strides(t: torch.Tensor) -> tuple[int, int, int]:
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+class _TritonAxis(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m):
+        b, nh, t, dk = q.shape
+        dv = v.shape[-1]
+        meta = _meta(q, h, w, block_m)
+        meta.update(DKP=_pow2(dk, 16), DVP=_pow2(dv, 16), DROP=p > 0, PER_IMAGE=per_image)
+        rng = torch.tensor([seed, drop_threshold(p)], dtype=torch.int64, device=q.device)
+        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+        # (B, T, Nh, Dv) in float32: the backward's rowsum(dY o Y) from a bfloat16 Y lost up to
+        # 3x the plain path's error in the positional gradients
+        y = torch.empty(b, t, nh, dv, dtype=acc, device=q.device)
+        lse = torch.empty(b, nh, t, dtype=acc, device=q.device)  # log-sum-exp of each query
+        args = (nh, t, h, w, dk, dv, scale, 1.0 / (1.0 - p))
+        grid = (triton.cdiv(t, meta["BLOCK_M"]), b * nh)
+        _fwd[grid](q, k, v, q_axis, y, lse, rng, *_strides(q), *_strides(k), *_strides(v),
+                   *_strides(q_axis), *_strides(y), *args, **meta)  # fmt: skip
+        ctx.save_for_backward(q, k, v, q_axis, y, lse, rng)
+        ctx.args, ctx.meta = args, meta
+        return y.to(q.dtype)
+
+    @staticmethod
+    @once_differentiable
+    @backward_without_autocast
+    def backward(ctx, dy):
+        q, k, v, q_axis, y, lse, rng = ctx.saved_tensors
+        nh, t, h, w, dk, dv = ctx.args[:6]
+        b = q.shape[0]
+        dy = dy.to(q.dtype).contiguous()
+        acc = lse.dtype
+        delta = (dy.to(acc) * y.to(acc)).sum(-1).transpose(1, 2).contiguous()  # (B, Nh, T)
+        dq = torch.empty(b, nh, t, dk, dtype=acc, device=q.device)
+        dqa = torch.empty(b, nh, t, h + w, dtype=acc, device=q.device)
+        dk_ = torch.empty(b, nh, t, dk, dtype=acc, device=q.device)
+        dv_ = torch.empty(b, nh, t, dv, dtype=acc, device=q.device)
+        common = (*_strides(q), *_strides(k), *_strides(v), *_strides(q_axis), *_strides(dy),
+                  *ctx.args)  # fmt: skip
+        meta = ctx.meta
+        _bwd_dq[(triton.cdiv(t, meta["BLOCK_M"]), b * nh)](
+            q, k, v, q_axis, dy, lse, delta, dq, dqa, rng, *common, **meta)
+        _bwd_dkdv[(triton.cdiv(h, meta["ROWS"]), b * nh)](
+            q, k, v, q_axis, dy, lse, delta, dk_, dv_, rng, *common, **meta)
+        grads = (dq.to(q.dtype), dk_.to(k.dtype), dv_.to(v.dtype), dqa.to(q_axis.dtype))
+        return (*grads, None, None, None, None, None, None, None)
+
+
+def axis_attention_triton(q, k, v, q_axis, h: int, w: int, scale: float, p: float = 0.0,
+                          per_image: bool = True, seed: int | None = None,
+                          block_m: int | None = None):  # fmt: skip
+    """q, k (B, Nh, T, dk), v (B, Nh, T, dv) (heads may share values: stride 0), q_axis
+    (B|1, Nh, T, H + W) -> (B, T, Nh, dv) in q's dtype (bfloat16/float16/float32/float64); the
+    logits q_axis in float32 at least; attention dropout p with the links of
+    ``dropped_links(Nh, T, B if per_image else None, p, seed=seed)`` (seed: drawn from the
+    default generator when None). First derivative only."""
+    b, nh, t = q.shape[:3]
+    if q_axis.shape[-2:] != (h * w, h + w) or t != h * w:
+        raise ValueError(f"q_axis {tuple(q_axis.shape)} must be (B, Nh, T={h * w}, H+W={h + w})")
+    why = unsupported(q, v, h, w)
+    if why:
+        raise RuntimeError(f"attnconv: {why}")
+    seed = (dropout_seed() if p > 0 else 0) if seed is None else seed
+    k, v = k.to(q.dtype), v.to(q.dtype)
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    q_axis = q_axis.to(torch.promote_types(q.dtype, torch.float32))
+    q_axis = q_axis.expand(b, nh, t, h + w)
+    if q_axis.stride(-1) != 1:
+        q_axis = q_axis.contiguous()
+    q, k, v, q_axis = first_order_only("the Triton axis attention", q, k, v, q_axis)
+    with no_autocast(q.device.type):
+        return _TritonAxis.apply(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m)
