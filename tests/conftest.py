@@ -11,6 +11,11 @@ from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# Where no GPU is, the Triton kernels run through Triton's interpreter on CPU tensors (the same
+# kernel source; set before anything imports attnconv: triton.jit reads it when a kernel is made).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 # Real CIFAR-10 JPEGs (train/<class>/*.jpg, test/<class>/*.jpg) at ../shared/data/ beside the
 # project (or beside any parent folder of it); override with ATTNCONV_CIFAR_ZIP.

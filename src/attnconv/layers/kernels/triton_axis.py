@@ -97,11 +97,11 @@ if INSTALLED:
         return tl.where(k_ok[None, :], s, float("-inf"))
 
     @triton.jit
-    def _fwd(Q, K, V, QA, Y, LSE, RNG, sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
+    def _fwd(Q, K, V, QA, Y, STATS, RNG, sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
              sa_b, sa_h, sa_t, sy_b, sy_t, sy_h, NH, T, H, W, DK, DV, scale, inv_keep,
              DKP: tl.constexpr, DVP: tl.constexpr, BLOCK_M: tl.constexpr, ROWS: tl.constexpr,
              WP: tl.constexpr, DROP: tl.constexpr, PER_IMAGE: tl.constexpr,
-             PREC: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
+             PREC: tl.constexpr, ACC: tl.constexpr, SPLIT_P: tl.constexpr):  # fmt: skip
         N: tl.constexpr = ROWS * WP
         bh = tl.program_id(1)
         b, hd = bh // NH, bh % NH
@@ -135,15 +135,21 @@ if INSTALLED:
                 p = tl.where(_kept(RNG, row, key), p, 0.0)
             vb = tl.load(V + b * sv_b + hd * sv_h + key[:, None] * sv_t + dv[None, :],
                          mask=k_ok[:, None] & (dv[None, :] < DV), other=0.0)  # fmt: skip
-            acc = acc * alpha[:, None] + _dot(p.to(vb.dtype), vb, PREC, ACC)
+            p_hi = p.to(vb.dtype)
+            acc = acc * alpha[:, None] + _dot(p_hi, vb, PREC, ACC)
+            if SPLIT_P:  # P = hi + lo in two low-precision products: Y as if P stayed float32
+                acc += _dot((p - p_hi.to(ACC)).to(vb.dtype), vb, PREC, ACC)
             m_i = m_new
         y = acc * (inv_keep / l_i)[:, None]
         tl.store(Y + b * sy_b + hd * sy_h + i[:, None] * sy_t + dv[None, :],
                  y.to(Y.dtype.element_ty), mask=i_ok[:, None] & (dv[None, :] < DV))  # fmt: skip
-        tl.store(LSE + bh * T + i, m_i + tl.log(l_i), mask=i_ok)
+        # P = exp(S - m) / l, each row's max and 1 / sum kept apart: a log-sum-exp m + log l
+        # rounds to the ulp of |m + log l| (a large axis logit), 3x the plain path's error in dQ
+        tl.store(STATS + bh * T + i, m_i, mask=i_ok)
+        tl.store(STATS + tl.num_programs(1) * T + bh * T + i, 1.0 / l_i, mask=i_ok)
 
     @triton.jit
-    def _bwd_dq(Q, K, V, QA, DY, LSE, DELTA, DQ, DQA, RNG, sq_b, sq_h, sq_t, sk_b, sk_h, sk_t,
+    def _bwd_dq(Q, K, V, QA, DY, STATS, DELTA, DQ, DQA, RNG, sq_b, sq_h, sq_t, sk_b, sk_h, sk_t,
                 sv_b, sv_h, sv_t, sa_b, sa_h, sa_t, sy_b, sy_t, sy_h, NH, T, H, W, DK, DV,
                 scale, inv_keep, DKP: tl.constexpr, DVP: tl.constexpr, BLOCK_M: tl.constexpr,
                 ROWS: tl.constexpr, WP: tl.constexpr, DROP: tl.constexpr,
@@ -165,7 +171,8 @@ if INSTALLED:
         dy = tl.load(DY + b * sy_b + hd * sy_h + i[:, None] * sy_t + dv[None, :],
                      mask=i_ok[:, None] & (dv[None, :] < DV), other=0.0)  # fmt: skip
         c_blk = tl.load(qa + H + c[None, :], mask=i_ok[:, None] & (c[None, :] < W), other=0.0)
-        lse = tl.load(LSE + bh * T + i, mask=i_ok, other=0.0)
+        m_i = tl.load(STATS + bh * T + i, mask=i_ok, other=0.0)
+        inv_l = tl.load(STATS + tl.num_programs(1) * T + bh * T + i, mask=i_ok, other=0.0)
         delta = tl.load(DELTA + bh * T + i, mask=i_ok, other=0.0)
         row = (bh if PER_IMAGE else hd).to(tl.int64) * T + i
         dqa = DQA + bh * T * (H + W) + i[:, None] * (H + W)  # (B, Nh, T, H + W) contiguous
@@ -181,7 +188,7 @@ if INSTALLED:
             vt = tl.load(V + b * sv_b + hd * sv_h + key[None, :] * sv_t + dv[:, None],
                          mask=k_ok[None, :] & (dv[:, None] < DV), other=0.0)  # fmt: skip
             s = _logits(q, tl.trans(kb), r_blk, c_blk, scale, k_ok, PREC, BLOCK_M, N, ACC)
-            p = tl.exp(s - lse[:, None])
+            p = tl.exp(s - m_i[:, None]) * inv_l[:, None]
             dp = _dot(dy, vt, PREC, ACC)
             if DROP:
                 dp = tl.where(_kept(RNG, row, key), dp * inv_keep, 0.0)
@@ -195,7 +202,7 @@ if INSTALLED:
         tl.store(dqa + H + c[None, :], dc, mask=i_ok[:, None] & (c[None, :] < W))
 
     @triton.jit
-    def _bwd_dkdv(Q, K, V, QA, DY, LSE, DELTA, DK_, DV_, RNG, sq_b, sq_h, sq_t, sk_b, sk_h,
+    def _bwd_dkdv(Q, K, V, QA, DY, STATS, DELTA, DK_, DV_, RNG, sq_b, sq_h, sq_t, sk_b, sk_h,
                   sk_t, sv_b, sv_h, sv_t, sa_b, sa_h, sa_t, sy_b, sy_t, sy_h, NH, T, H, W, DK,
                   DV, scale, inv_keep, DKP: tl.constexpr, DVP: tl.constexpr,
                   BLOCK_M: tl.constexpr, ROWS: tl.constexpr, WP: tl.constexpr,
@@ -230,10 +237,11 @@ if INSTALLED:
             r_blk = tl.load(qa + rr[None, :], mask=i_ok[:, None] & (rr[None, :] < H), other=0.0)
             c_blk = tl.load(qa + H + c[None, :], mask=i_ok[:, None] & (c[None, :] < W),
                             other=0.0)  # fmt: skip
-            lse = tl.load(LSE + bh * T + i, mask=i_ok, other=0.0)
+            m_i = tl.load(STATS + bh * T + i, mask=i_ok, other=0.0)
+            inv_l = tl.load(STATS + tl.num_programs(1) * T + bh * T + i, mask=i_ok, other=0.0)
             delta = tl.load(DELTA + bh * T + i, mask=i_ok, other=0.0)
             s = _logits(q, tl.trans(kb), r_blk, c_blk, scale, k_ok, PREC, BLOCK_M, N, ACC)
-            p = tl.where(i_ok[:, None], tl.exp(s - lse[:, None]), 0.0)
+            p = tl.where(i_ok[:, None], tl.exp(s - m_i[:, None]) * inv_l[:, None], 0.0)
             dp = _dot(dy, tl.trans(vb), PREC, ACC)
             if DROP:
                 kept = _kept(RNG, (bh if PER_IMAGE else hd).to(tl.int64) * T + i, key)
@@ -273,7 +281,7 @@ def _strides(t: torch.Tensor) -> tuple[int, int, int]:
 
 class _TritonAxis(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m):
+    def forward(ctx, q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, train):
         b, nh, t, dk = q.shape
         dv = v.shape[-1]
         meta = _meta(q, h, w, block_m)
@@ -283,12 +291,14 @@ class _TritonAxis(torch.autograd.Function):
         # (B, T, Nh, Dv) in float32: the backward's rowsum(dY o Y) from a bfloat16 Y lost up to
         # 3x the plain path's error in the positional gradients
         y = torch.empty(b, t, nh, dv, dtype=acc, device=q.device)
-        lse = torch.empty(b, nh, t, dtype=acc, device=q.device)  # log-sum-exp of each query
+        stats = torch.empty(2, b, nh, t, dtype=acc, device=q.device)  # each query's m, 1 / l
         args = (nh, t, h, w, dk, dv, scale, 1.0 / (1.0 - p))
         grid = (triton.cdiv(t, meta["BLOCK_M"]), b * nh)
-        _fwd[grid](q, k, v, q_axis, y, lse, rng, *_strides(q), *_strides(k), *_strides(v),
-                   *_strides(q_axis), *_strides(y), *args, **meta)  # fmt: skip
-        ctx.save_for_backward(q, k, v, q_axis, y, lse, rng)
+        # training in bfloat16/float16: Y's rowsum(dY o Y) in backward needs P unrounded
+        split = q.dtype in (torch.bfloat16, torch.float16) and train
+        _fwd[grid](q, k, v, q_axis, y, stats, rng, *_strides(q), *_strides(k), *_strides(v),
+                   *_strides(q_axis), *_strides(y), *args, SPLIT_P=split, **meta)  # fmt: skip
+        ctx.save_for_backward(q, k, v, q_axis, y, stats, rng)
         ctx.args, ctx.meta = args, meta
         return y.to(q.dtype)
 
@@ -296,11 +306,11 @@ class _TritonAxis(torch.autograd.Function):
     @once_differentiable
     @backward_without_autocast
     def backward(ctx, dy):
-        q, k, v, q_axis, y, lse, rng = ctx.saved_tensors
+        q, k, v, q_axis, y, stats, rng = ctx.saved_tensors
         nh, t, h, w, dk, dv = ctx.args[:6]
         b = q.shape[0]
         dy = dy.to(q.dtype).contiguous()
-        acc = lse.dtype
+        acc = stats.dtype
         delta = (dy.to(acc) * y.to(acc)).sum(-1).transpose(1, 2).contiguous()  # (B, Nh, T)
         dq = torch.empty(b, nh, t, dk, dtype=acc, device=q.device)
         dqa = torch.empty(b, nh, t, h + w, dtype=acc, device=q.device)
@@ -310,11 +320,11 @@ class _TritonAxis(torch.autograd.Function):
                   *ctx.args)  # fmt: skip
         meta = ctx.meta
         _bwd_dq[(triton.cdiv(t, meta["BLOCK_M"]), b * nh)](
-            q, k, v, q_axis, dy, lse, delta, dq, dqa, rng, *common, **meta)
+            q, k, v, q_axis, dy, stats, delta, dq, dqa, rng, *common, **meta)
         _bwd_dkdv[(triton.cdiv(h, meta["ROWS"]), b * nh)](
-            q, k, v, q_axis, dy, lse, delta, dk_, dv_, rng, *common, **meta)
+            q, k, v, q_axis, dy, stats, delta, dk_, dv_, rng, *common, **meta)
         grads = (dq.to(q.dtype), dk_.to(k.dtype), dv_.to(v.dtype), dqa.to(q_axis.dtype))
-        return (*grads, None, None, None, None, None, None, None)
+        return (*grads, None, None, None, None, None, None, None, None)
 
 
 def axis_attention_triton(q, k, v, q_axis, h: int, w: int, scale: float, p: float = 0.0,
@@ -340,4 +350,5 @@ def axis_attention_triton(q, k, v, q_axis, h: int, w: int, scale: float, p: floa
         q_axis = q_axis.contiguous()
     q, k, v, q_axis = first_order_only("the Triton axis attention", q, k, v, q_axis)
     with no_autocast(q.device.type):
-        return _TritonAxis.apply(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m)
+        train = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, q_axis))
+        return _TritonAxis.apply(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, train)

@@ -1,0 +1,202 @@
+"""The Triton kernel of content attention with axis logits (layers/kernels/triton_axis.py)
+against its plain equations (fused.axis_attention_reference: the dense logits, softmax,
+functional.dropped_links' mask). Without a GPU the same kernel source runs through Triton's
+interpreter on CPU tensors (conftest sets TRITON_INTERPRET=1 there): values and every gradient
+at random small odd shapes in float64, gradcheck, float32 and bfloat16 against a float64
+reference within 2x the plain path's error, the dropout mask link for link, the layer end to end,
+and the fallbacks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnconv.layers.functional import dropped_links
+from attnconv.layers.kernels import plan, triton_axis
+from attnconv.layers.kernels.fused import axis_attention_reference
+from attnconv.layers.kernels.triton_axis import axis_attention_triton
+from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(
+    not triton_axis.INSTALLED or (DEVICE == "cpu" and not triton_axis.interpreted()),
+    reason="needs triton (pip install triton) and a GPU or TRITON_INTERPRET=1",
+)
+
+
+def _inputs(b, nh, h, w, dk, dv, dtype, shared=False, batch_axis=False, gen=None):
+    t = h * w
+    q, k = (torch.randn(b, nh, t, dk, dtype=dtype, generator=gen) for _ in "qk")
+    v = torch.randn(b, 1 if shared else nh, t, dv, dtype=dtype, generator=gen)
+    qa = torch.randn(1 if batch_axis else b, nh, t, h + w, dtype=dtype, generator=gen) * 3
+    return [x.to(DEVICE).requires_grad_() for x in (q, k, v, qa)]
+
+
+def _run(f, q, k, v, qa, h, w, p, per_image, seed, scale=0.37, **kw):
+    v_all = v.expand(q.shape[0], q.shape[1], *v.shape[2:])  # shared values: stride 0 on heads
+    return f(q, k, v_all, qa, h, w, scale, p, per_image, seed=seed, **kw)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    b=st.integers(1, 2), nh=st.integers(1, 3), h=st.integers(1, 7), w=st.integers(1, 11),
+    dk=st.sampled_from([1, 4, 8, 17, 48]), dv=st.sampled_from([3, 8, 16]),
+    p=st.sampled_from([0.0, 0.1, 0.5]), per_image=st.booleans(), shared=st.booleans(),
+    batch_axis=st.booleans(), block_m=st.sampled_from([16, 64]), seed=st.integers(0, 2**32 - 1),
+)  # fmt: skip
+def test_triton_equals_plain_equations(b, nh, h, w, dk, dv, p, per_image, shared, batch_axis,
+                                       block_m, seed):  # fmt: skip
+    """float64: values and the gradients of q, k, v (shared by the heads or not) and the axis
+    logits (per image or one for the batch), with and without dropout under one seed."""
+    gen = torch.Generator().manual_seed(seed % 1000)
+    xs = _inputs(b, nh, h, w, dk, dv, torch.float64, shared, batch_axis, gen)
+    y = _run(axis_attention_triton, *xs, h, w, p, per_image, seed, block_m=block_m)
+    ref = _run(axis_attention_reference, *xs, h, w, p, per_image, seed)
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+    g = torch.randn(y.shape, dtype=y.dtype, generator=gen).to(DEVICE)
+    for a, r in zip(torch.autograd.grad(y, xs, g), torch.autograd.grad(ref, xs, g)):
+        torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
+
+
+@pytest.mark.parametrize("p, per_image", [(0.0, True), (0.3, True), (0.3, False)])
+def test_triton_gradcheck_float64(p, per_image):
+    """gradcheck's fast mode (random projections of the Jacobian: the interpreter runs a forward
+    in tens of ms, the full Jacobian would take ~1,800 of them)."""
+    xs = _inputs(2, 2, 3, 4, 5, 3, torch.float64, shared=True)
+    f = lambda *a: _run(axis_attention_triton, *a, 3, 4, p, per_image, seed=7)  # noqa: E731
+    assert torch.autograd.gradcheck(f, xs, fast_mode=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "b, nh, h, w, dk, p",
+    [(2, 3, 5, 7, 8, 0.0), (1, 1, 6, 10, 48, 0.2), (2, 2, 1, 12, 8, 0.0), (1, 2, 16, 16, 32, 0.1)],
+)
+def test_triton_precision_as_tight_as_plain(dtype, b, nh, h, w, dk, p):
+    """float32 inputs, or bfloat16 (as autocast hands them to the kernel: q, k, v rounded, the
+    axis logits in float32): the kernel's distance to the float64 equations, values and every
+    gradient, within 2x the plain equations' in float32, or in bfloat16 autocast. In bfloat16
+    both start from the same rounded q, k, v and output gradient (their rounding, 1e-2 here, is
+    no kernel's error), so the distance measures each path's own arithmetic. The distance is the
+    error's norm over the tensor (its max over a few hundred elements varies 2x between seeds)."""
+    low = dtype == torch.bfloat16
+    gen = torch.Generator().manual_seed(b + dk)
+    xs = _inputs(b, nh, h, w, dk, 16, torch.float64, shared=True, gen=gen)
+    if low:
+        xs = [x.detach().to(dtype).double().requires_grad_() for x in xs[:3]] + xs[3:]
+    exact = _run(axis_attention_reference, *xs, h, w, p, True, seed=11)
+    g = torch.randn_like(exact).to(dtype).double()
+    exact_g = torch.autograd.grad(exact, xs, g)
+    outs = {}
+    for name in ("triton", "plain"):
+        x32 = [x.detach().float().requires_grad_() for x in xs]
+        if name == "triton":  # the kernel's inputs as autocast gives them
+            qkv = [x.to(dtype) for x in x32[:3]]
+            y = _run(axis_attention_triton, *qkv, x32[3], h, w, p, True, seed=11)
+        else:
+            with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=low):
+                y = _run(axis_attention_reference, *x32, h, w, p, True, seed=11)
+        grads = torch.autograd.grad(y, x32, g.to(y.dtype))
+        outs[name] = [(y.double() - exact).norm().item()] + [
+            (a.double() - e).norm().item() for a, e in zip(grads, exact_g)
+        ]
+    for got, plain in zip(outs["triton"], outs["plain"]):
+        assert got <= 2 * plain, (outs["triton"], outs["plain"])
+
+
+def test_triton_dropout_mask_is_dropped_links():
+    """Uniform attention over one-hot values shows each link: y[i, j] > 0 exactly where
+    dropped_links keeps (i, j), per image and one mask for the batch."""
+    h, w, nh, b = 5, 7, 2, 2
+    t = h * w
+    q = torch.zeros(b, nh, t, 8, device=DEVICE)
+    v = torch.eye(t, device=DEVICE).expand(b, nh, t, t)
+    qa = torch.zeros(1, nh, t, h + w, device=DEVICE)
+    for per_image in (True, False):
+        y = axis_attention_triton(q, q, v, qa, h, w, 1.0, 0.3, per_image, seed=2024, block_m=16)
+        kept = ~dropped_links(nh, t, b if per_image else None, 0.3, DEVICE, seed=2024)
+        assert torch.equal(y.transpose(1, 2) > 0, kept.expand(b, nh, t, t))
+        torch.testing.assert_close(y.transpose(1, 2)[kept.expand(b, nh, t, t)].unique(),
+                                   torch.tensor([1 / (t * 0.7)], device=DEVICE))  # fmt: skip
+
+
+@pytest.mark.parametrize("positional", ["quadratic", "relative_learned"])
+@pytest.mark.parametrize("dropout", [0.0, 0.25])
+def test_layer_backend_triton_equals_reference(positional, dropout):
+    """MultiHeadSelfAttention2d(backend="triton") against impl="reference" in float64 under one
+    seed: the output and the gradients of the input and every parameter (projections, the
+    positional encoding's)."""
+    torch.manual_seed(0)
+    lay = MultiHeadSelfAttention2d(12, 12, num_heads=3, head_dim=8, positional=positional,
+                                   dropout=dropout).double().to(DEVICE).train()  # fmt: skip
+    x = torch.randn(2, 12, 5, 7, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    res = []
+    for backend, impl in (("triton", "auto"), (None, "reference")):
+        lay.backend, lay.impl = backend, impl
+        assert (lay.kernel(x) == "triton") == (backend == "triton")
+        torch.manual_seed(5)
+        y = lay(x)
+        res.append((y, *torch.autograd.grad(y.square().sum(), [x, *lay.parameters()])))
+    for a, r in zip(*res):
+        torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
+
+
+def test_layer_backend_triton_bf16_autocast_as_tight_as_plain():
+    """The layer under bfloat16 autocast: backend="triton" within 2x of the plain path's
+    (impl="reference" under the same autocast) distance to float64, output and gradients."""
+    torch.manual_seed(1)
+    lay = MultiHeadSelfAttention2d(16, 16, num_heads=2, head_dim=8,
+                                   positional="quadratic").to(DEVICE)  # fmt: skip
+    x = torch.randn(2, 16, 6, 10, device=DEVICE)
+    exact_lay = MultiHeadSelfAttention2d(16, 16, num_heads=2, head_dim=8, positional="quadratic",
+                                         impl="reference").double().to(DEVICE)  # fmt: skip
+    exact_lay.load_state_dict(lay.state_dict())
+    xd = x.double().requires_grad_()
+    ye = exact_lay(xd)
+    ge = torch.autograd.grad(ye.square().sum(), [xd, *exact_lay.parameters()])
+    errs = {}
+    for backend, impl in (("triton", "auto"), (None, "reference")):
+        lay.backend, lay.impl = backend, impl
+        xf = x.clone().requires_grad_()
+        with torch.autocast(DEVICE, dtype=torch.bfloat16):
+            y = lay(xf)
+        gs = torch.autograd.grad(y.float().square().sum(), [xf, *lay.parameters()])
+        errs[backend] = [(y.double() - ye).abs().max().item()] + [
+            (a.double() - e).abs().max().item() for a, e in zip(gs, ge)
+        ]
+    for got, plain in zip(errs["triton"], errs[None]):
+        assert got <= 2 * plain + 1e-6, (errs["triton"], errs[None])
+
+
+def test_unsupported_inputs_fall_back_with_one_line(monkeypatch):
+    """Rows wider than the kernel takes (and a CPU without the interpreter) run the dense path
+    with a one-line warning naming why: the same result, never a wrong one."""
+    lay = MultiHeadSelfAttention2d(8, 8, num_heads=2, positional="relative_learned",
+                                   backend="triton", max_size=160).double().to(DEVICE)  # fmt: skip
+    x = torch.randn(1, 8, 1, triton_axis.MAX_WIDTH + 3, dtype=torch.float64, device=DEVICE)
+    with pytest.warns(UserWarning, match="falls back to the dense kernel: .*rows up to"):
+        y = lay(x)
+    lay.backend, lay.impl = None, "reference"
+    torch.testing.assert_close(y, lay(x), rtol=1e-12, atol=1e-12)
+    if DEVICE == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        why = triton_axis.unsupported(x, x, 1, 8)
+        assert why is not None and "CUDA" in why and "\n" not in why
+
+
+def test_backend_triton_without_triton_names_the_install(monkeypatch):
+    monkeypatch.setattr(triton_axis, "INSTALLED", False)
+    with pytest.raises(ValueError, match="pip install triton"):
+        MultiHeadSelfAttention2d(8, 8, num_heads=2, positional="quadratic", backend="triton")
+
+
+def test_plan_picks_triton_only_for_content_axis_terms():
+    lay = MultiHeadSelfAttention2d(8, 8, num_heads=2, positional="quadratic", content=False,
+                                   backend="triton")  # fmt: skip
+    x = torch.randn(1, 8, 4, 4)
+    assert lay.kernel(x) != "triton"  # position only: the shared/separable kernels
+    lay.content = True
+    assert lay.kernel(x) == "triton"
+    assert "triton" in plan.BACKENDS
