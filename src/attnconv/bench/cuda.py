@@ -1,17 +1,20 @@
 """Issue 17 on a CUDA GPU: attnconv's layers against what a user would run there instead.
 
-`attnconv bench --suite cuda [--quick] [--repeats N] [-- --only content|local]`
+`attnconv bench --suite cuda [--quick] [--repeats N] [-- --only content|local|models]`
 
-Content attention (quadratic / learned-relative + content, 9 heads; train = fwd+bwd or
-inference; fp32 or bf16 autocast): attnconv (impl="auto": compiled FlexAttention with the
-row/column logits as a score_mod, flex.py), the dense anchor (SDPA with the (B, Nh, T, T) logits
-as a float ``attn_mask``, anchors.DenseSDPA) and FlashAttention-backed SDPA on the same q, k, v
-with NO positional term (what content-only attention of equal shapes costs: a floor, not an
-equal); "SDPA fold" is the layer's CPU kernels on the GPU (backend="fold": the exact fold
-through SDPA in training, the shared bias in inference).
+Content attention (quadratic / learned-relative + content, 9 heads, 16x16 to 64x64 tokens;
+train = fwd+bwd or inference; fp32 or bf16 autocast): attnconv (impl="auto": compiled
+FlexAttention with the row/column logits as a score_mod, flex.py), attnconv's Triton kernel
+(backend="triton", kernels/triton_axis.py, when triton is installed), the dense anchor (SDPA
+with the (B, Nh, T, T) logits as a float ``attn_mask``, anchors.DenseSDPA) and
+FlashAttention-backed SDPA on the same q, k, v with NO positional term (what content-only
+attention of equal shapes costs: a floor, not an equal); "SDPA fold" is the layer's CPU
+kernels on the GPU (backend="fold": the exact fold through SDPA in training, the shared bias in
+inference).
 SASA local attention (k = 7, relative row/column embeddings, 8 heads): attnconv
 (FlexAttention with a block mask), our window kernel (local_kernel.py, flex_backend=False), the
 unfold reference and NATTEN's fused kernels when the natten package is installed.
+The paper models' full training step (``--only models``): bench/cuda_models.py.
 
 Time: CUDA events around --inner calls, median of --repeats, after warm-up calls (compilation
 happens there). Memory: peak allocated bytes above the inputs during one call. Precision:
@@ -35,6 +38,7 @@ from attnconv.bench.common import (
     suite_parser,
     write_results,
 )
+from attnconv.layers.kernels import triton_axis
 from attnconv.layers.local import LocalSelfAttention2d
 from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
 
@@ -82,7 +86,7 @@ class Natten(torch.nn.Module):
 
 
 def content_cases(quick: bool) -> list[dict]:
-    shapes = [(2, 18, 8)] if quick else [(32, 144, 32), (32, 432, 32), (8, 144, 64)]
+    shapes = [(2, 18, 8)] if quick else [(64, 144, 16), (32, 144, 32), (32, 432, 32), (8, 144, 64)]
     return [dict(group="content", positional=p, train=t, dtype=d, b=b, c=c, hw=hw)
             for p in ("quadratic", "relative_learned") for (b, c, hw) in shapes
             for d in ("fp32", "bf16") for t in (True, False)]  # fmt: skip
@@ -104,6 +108,9 @@ def models_for(case: dict) -> dict[str, torch.nn.Module]:
         fold.backend = "fold"  # the CPU kernels: exact fold (train), shared bias (infer)
         models = {"attnconv": layer, "dense": DenseSDPA(layer), "flash": ContentOnlySDPA(layer),
                   "fold": fold}  # fmt: skip
+        if triton_axis.INSTALLED:
+            models["triton"] = copy.deepcopy(layer)
+            models["triton"].backend = "triton"
     else:
         layer = LocalSelfAttention2d(c, c, LOCAL_HEADS, KERNEL)
         window, unfold = copy.deepcopy(layer), copy.deepcopy(layer)
@@ -165,7 +172,7 @@ def precision(case: dict, models: dict) -> dict[str, float]:
     out = {}
     with torch.no_grad():
         y64 = ref(x.double())
-        for name in ("attnconv", "dense", "fold", "window"):
+        for name in ("attnconv", "triton", "dense", "fold", "window"):
             if name in models:
                 with torch.autocast("cuda", dtype=torch.bfloat16, enabled=case["dtype"] == "bf16"):
                     y = models[name](x).double()
@@ -188,6 +195,12 @@ def run(cases: list[dict], repeats: int, inner: int, save=None) -> list[dict]:
                 row[f"ratio_{k}"] = res[k]["ms"] / res["attnconv"]["ms"]
             if k != "attnconv" and case["train"] and "mb" in res[k] and "mb" in res["attnconv"]:
                 row[f"mem_{k}"] = res["attnconv"]["mb"] / res[k]["mb"]
+        if "ms" in res.get("triton", {}):  # the Triton kernel against the anchors
+            for k in ("dense", "flash"):
+                if "ms" in res.get(k, {}):
+                    row[f"triton_over_{k}"] = res[k]["ms"] / res["triton"]["ms"]
+            if "mb" in res.get("dense", {}) and res["dense"]["mb"] > 0:
+                row["triton_mem_dense"] = res["triton"]["mb"] / res["dense"]["mb"]
         row.update({f"err_{k}": v for k, v in precision(case, models).items()})
         rows.append(row)
         times = [f"{k} {row[f'{k}_ms']:.3f} ms" for k in res if f"{k}_ms" in row]
@@ -215,6 +228,12 @@ CONTENT_COLUMNS = [("name", "case", ""), ("attnconv_ms", "ours ms", ".3f"),
                    ("err_attnconv", "ours err vs f64", ".1e"),
                    ("err_dense", "dense err vs f64", ".1e"),
                    ("dense_error", "note", "")]  # fmt: skip
+TRITON_COLUMNS = [("name", "case", ""), ("triton_ms", "Triton ms", ".3f"),
+                  ("triton_over_dense", "dense SDPA+bias / Triton", ".2f"),
+                  ("triton_over_flash", "SDPA no positional term / Triton", ".2f"),
+                  ("triton_mem_dense", "Triton/dense memory", ".2f"),
+                  ("err_triton", "Triton err vs f64", ".1e"),
+                  ("triton_error", "note", "")]  # fmt: skip
 LOCAL_COLUMNS = [("name", "case", ""), ("attnconv_ms", "ours (Flex) ms", ".3f"),
                  ("ratio_window", "window kernel / ours", ".2f"),
                  ("ratio_unfold", "unfold / ours", ".2f"), ("ratio_natten", "NATTEN / ours", ".2f"),
@@ -237,21 +256,27 @@ def render(rows: list[dict], header: str) -> str:
         "Memory: peak allocated MB during one training call, attnconv over the anchor.\n",
     ]
     for group, title, cols in (("content", "Content attention", CONTENT_COLUMNS),
+                               ("content", "Content attention, the Triton kernel", TRITON_COLUMNS),
                                ("local", "SASA local attention", LOCAL_COLUMNS)):  # fmt: skip
-        part = [r for r in rows if r["group"] == group]
+        part = [r for r in rows if r["group"] == group and (cols is not TRITON_COLUMNS
+                                                             or "triton_ms" in r)]  # fmt: skip
         if part:
             md += [f"## {title}\n", markdown_table(part, cols), ""]
     return "\n".join(md)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = suite_parser("cuda", __doc__, ["content", "local"])
+    p = suite_parser("cuda", __doc__, ["content", "local", "models"])
     p.add_argument("--inner", type=int, default=10, help="calls per timed repeat (10)")
     args = p.parse_args(argv)
     out_dir = output_dir(args)
     if not torch.cuda.is_available():
         raise SystemExit("attnconv bench --suite cuda: no CUDA device (torch.cuda.is_available())")
     repeats = args.repeats or (1 if args.quick else 5)
+    if args.only == "models":
+        from attnconv.bench import cuda_models
+
+        return cuda_models.report(args, repeats, out_dir)
     cases = ([] if args.only == "local" else content_cases(args.quick)) + (
         [] if args.only == "content" else local_cases(args.quick))  # fmt: skip
 

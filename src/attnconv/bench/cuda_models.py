@@ -1,0 +1,172 @@
+"""The paper models' full training step on one CUDA GPU (Cordonnier et al. 2020, Table 1), the
+models group of the cuda suite:
+
+`attnconv bench --suite cuda [--quick] [--repeats N] -- --only models`
+
+Per model (sa_quadratic, sa_learned, sa_learned_content) at the paper configuration (hidden
+400, 6 layers, 9 heads, batch 100, the paper's dropout 0.1 on the attention probabilities and
+the hidden states), one step = forward, cross-entropy, backward, SGD with momentum, on a fixed
+random batch already on the GPU, five ways, interleaved round-robin in one process:
+
+- ``reference``: the reference code's algorithm (bench/reference_algo.py, checked equal to the
+  model before anything is timed) in float32, as the reference trains;
+- ``attnconv fp32`` and ``attnconv bf16`` (autocast): the plan's kernels;
+- ``attnconv bf16 triton``: content layers on the Triton kernel (backend="triton");
+- ``dense bf16``: the same model with each attention layer written as a user would on a GPU,
+  ``F.scaled_dot_product_attention`` with the dense positional logits as a float bias (softmax
+  of the bias @ v for position-only attention), dropout by SDPA's own ``dropout_p``.
+
+Reports img/s (median step), the peak memory allocated during one step above the model, and the
+hours that 300 epochs of CIFAR-10's 50,000 images (Table 1's schedule) take at that rate.
+"""
+
+from __future__ import annotations
+
+import copy
+import platform
+import statistics
+import types
+
+import torch
+import torch.nn.functional as F
+
+from attnconv.bench.common import markdown_table, suite_command, write_results
+from attnconv.bench.models import P_DROP, SA_MODELS, build
+from attnconv.layers.kernels import triton_axis
+from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
+
+EPOCHS, TRAIN_IMAGES = 300, 50_000  # Table 1's schedule (configs/sa_*.yaml)
+
+
+def dense_sdpa_forward(layer: MultiHeadSelfAttention2d):
+    """The layer's forward as a user writes it on a GPU: SDPA with the dense positional logits
+    (B|1, Nh, T, T) as a float bias and SDPA's dropout."""
+
+    def forward(self, x, return_attention=False):
+        b, _, h, w = x.shape
+        q, k, bias = self.dense(x)
+        v = self.project(x)[2]  # (B, Nh, T, Dv)
+        p = self.dropout if self.training else 0.0
+        if q.shape[-1] == 0:  # position only: softmax(bias) @ v
+            probs = torch.softmax(bias, -1, dtype=torch.promote_types(bias.dtype, torch.float32))
+            probs = F.dropout(probs, p).to(v.dtype)
+            y = probs @ v
+        else:
+            y = F.scaled_dot_product_attention(q, k, v.to(q.dtype), attn_mask=bias.to(q.dtype),
+                                               dropout_p=p, scale=self.scale)  # fmt: skip
+        y = self.out_proj(y.transpose(1, 2).reshape(b, h * w, -1))
+        return y.transpose(1, 2).reshape(b, -1, h, w)
+
+    layer.forward = types.MethodType(forward, layer)
+    return layer
+
+
+def variants(model: str) -> list[tuple[str, str, bool]]:
+    """(name, how, bf16) of each way a model is trained."""
+    out = [("reference", "reference", False), ("attnconv fp32", "attnconv", False),
+           ("attnconv bf16", "attnconv", True)]  # fmt: skip
+    if model == "sa_learned_content" and triton_axis.INSTALLED:
+        out.append(("attnconv bf16 triton", "triton", True))
+    return out + [("dense bf16", "dense", True)]
+
+
+def make_step(model: str, scale: str, batch: int, how: str, bf16: bool):
+    net = build(model, scale, "reference" if how == "reference" else "attnconv")
+    for m in net.modules():
+        if isinstance(m, MultiHeadSelfAttention2d):
+            if how == "dense":
+                dense_sdpa_forward(m)
+            elif how == "triton" and m.content:
+                m.backend = "triton"
+    net = net.cuda()
+    opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(batch, 3, 32, 32, generator=g).cuda()
+    y = torch.randint(0, 10, (batch,), generator=g).cuda()
+
+    def step() -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            logits = net(x)
+        loss = F.cross_entropy(logits.float(), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def measure(steps: dict, repeats: int) -> dict[str, dict]:
+    """Median seconds per step (CUDA events, interleaved) and the peak MB one step allocates."""
+    out: dict[str, dict] = {}
+    for name, step in list(steps.items()):
+        try:
+            for _ in range(2):
+                step()
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            step()
+            torch.cuda.synchronize()
+            out[name] = {"mb": (torch.cuda.max_memory_allocated() - base) / 2**20, "s": []}
+        except Exception as exc:  # noqa: BLE001 - a path that fails is a result
+            out[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"}
+            steps.pop(name)
+    for _ in range(repeats):
+        for name, step in steps.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            torch.cuda.synchronize()
+            out[name]["s"].append(start.elapsed_time(end) / 1e3)
+    return {k: dict(v, s=statistics.median(v["s"])) if "s" in v else v for k, v in out.items()}
+
+
+def run(models, scale: str, batch: int, repeats: int) -> list[dict]:
+    rows = []
+    for model in models:
+        specs = {name: (how, bf16) for name, how, bf16 in variants(model)}
+        steps = {name: make_step(model, scale, batch, how, bf16)
+                 for name, (how, bf16) in specs.items()}  # fmt: skip
+        res = measure(steps, repeats)
+        ref = res.get("reference", {}).get("s")
+        dense = res.get("dense bf16", {}).get("s")
+        for name, r in res.items():
+            row = dict(model=model, path=name, batch=batch, error=r.get("error", ""))
+            if "s" in r:
+                row.update(img_s=batch / r["s"], mb=r["mb"],
+                           hours=EPOCHS * TRAIN_IMAGES / (batch / r["s"]) / 3600)  # fmt: skip
+                row["x_ref"] = ref / r["s"] if ref else None
+                row["x_dense"] = dense / r["s"] if dense else None
+                if "mb" in res.get("reference", {}):
+                    row["mem_ref"] = r["mb"] / res["reference"]["mb"]
+            rows.append(row)
+            print(f"{model:<20} {name:<22} " + (f"{row['img_s']:.0f} img/s" if "s" in r
+                                                else row["error"]), flush=True)  # fmt: skip
+        del steps
+        torch.cuda.empty_cache()
+    return rows
+
+
+COLUMNS = [("model", "model", ""), ("path", "path", ""), ("img_s", "img/s", ".0f"),
+           ("x_ref", "x reference fp32", ".2f"), ("x_dense", "x dense SDPA+bias bf16", ".2f"),
+           ("mb", "peak MB", ".0f"), ("mem_ref", "memory / reference", ".2f"),
+           ("hours", "Table 1 hours (300 epochs)", ".1f"), ("error", "note", "")]  # fmt: skip
+
+
+def report(args, repeats: int, out_dir) -> int:
+    scale, batch = ("quick", 8) if args.quick else ("paper", 100)
+    torch.backends.cuda.matmul.allow_tf32 = False  # float32 as the reference trained
+    rows = run(SA_MODELS, scale, batch, repeats)
+    dev = torch.cuda.get_device_name()
+    command = suite_command("cuda", args)
+    header = (f"Command: `{command}`; {repeats} interleaved repeats (median step), CUDA events, "
+              f"batch {batch}, {scale} configuration, dropout {P_DROP}. Device: {dev}; torch "
+              f"{torch.__version__}; Python {platform.python_version()}.")  # fmt: skip
+    md = "\n".join(["# Paper models' training step on CUDA\n", header + "\n",
+                    markdown_table(rows, COLUMNS), ""])  # fmt: skip
+    path = write_results("cuda_models", dict(command=command, header=header, device=dev,
+                                             rows=copy.deepcopy(rows)), md, out_dir)  # fmt: skip
+    print(md)
+    print(f"wrote {path} and {path.with_suffix('.md')}")
+    return 0
