@@ -132,18 +132,6 @@ def test_model_layer_runs_fused_and_matches_dense():
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
-def test_a_killed_builds_lock_is_cleared_a_live_one_kept(tmp_path):
-    """torch's extension loader waits forever on the lock of a build that was killed (a session's
-    end, a timeout): one older than a build can take is removed, a fresh one is left alone."""
-    lock = tmp_path / "lock"
-    assert not fused.clear_stale_lock(tmp_path)  # no lock
-    lock.touch()
-    assert not fused.clear_stale_lock(tmp_path) and lock.exists()  # a build in progress
-    with pytest.warns(UserWarning, match="stale build lock"):
-        assert fused.clear_stale_lock(tmp_path, now=lock.stat().st_mtime + fused.STALE_LOCK_S)
-    assert not lock.exists()
-
-
 @settings(deadline=None, max_examples=15)
 @given(positional=st.sampled_from(["relative_learned", "quadratic"]), b=st.integers(1, 3),
        heads=st.integers(1, 3), h=st.integers(1, 7), w=st.integers(1, 7),

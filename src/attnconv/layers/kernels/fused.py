@@ -14,12 +14,7 @@ the plan (plan.py) runs ``dense_dropout`` otherwise. The plain equations beside 
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
-import sys
-import time
-import warnings
 from functools import cache
 from pathlib import Path
 
@@ -29,56 +24,23 @@ from torch.autograd.function import once_differentiable
 from ..first_order import first_order_only
 from ..functional import drop_threshold, dropout_seed, dropped_links
 from ..precision import backward_without_autocast, kernel_dtype
+from . import build
 
 SOURCES = [Path(__file__).with_name(f) for f in (
     "fused_axis.cpp", "fused_local.cpp", "dropout.cpp")]  # fmt: skip
 HEADERS = [Path(__file__).with_name("hash.h")]
 DISABLE = "ATTNCONV_NO_FUSED"  # set to 1: never build or run the fused kernel
-STALE_LOCK_S = 600  # a build takes about a minute; an older lock is a killed build's
-
-
-def clear_stale_lock(build_dir: Path, now: float | None = None) -> bool:
-    """Remove the build lock a killed build left behind (torch's loader waits on it forever);
-    True when one was removed."""
-    lock = build_dir / "lock"
-    try:
-        age = (time.time() if now is None else now) - lock.stat().st_mtime
-    except FileNotFoundError:
-        return False
-    if age < STALE_LOCK_S:
-        return False
-    warnings.warn(f"attnconv: removing a stale build lock ({age / 60:.0f} min old): {lock}",
-                  stacklevel=2)  # fmt: skip
-    lock.unlink(missing_ok=True)
-    return True
 
 
 @cache
 def extension():
-    """The compiled module (forward, backward), or None when it cannot be built: built once per
-    machine into torch's extension cache (about a minute), then loaded in a second."""
+    """The compiled module (forward, backward), or None when it cannot be built (one line says
+    why): built once per machine, CPU and version into torch's extension cache (build.py: never
+    a wait without bound, never a damaged build loaded), then imported in a second."""
     if os.environ.get(DISABLE) == "1":
         return None
-    try:
-        from torch.utils import cpp_extension
-
-        # rebuilt per torch and whenever a source or header changes (the loader hashes sources);
-        # the folder too: two checkouts would otherwise rebuild one cache entry in turn
-        files = b"".join(f.read_bytes() for f in SOURCES + HEADERS)
-        digest = hashlib.sha1(files + str(SOURCES[0].parent.resolve()).encode()).hexdigest()
-        name = "attnconv_fused_axis_" + re.sub(r"\W", "_", torch.__version__) + "_" + digest[:10]
-        build_dir = Path(cpp_extension._get_build_directory(name, False))
-        clear_stale_lock(build_dir)
-        built = build_dir / f"{name}.so"
-        if not built.exists():
-            print("attnconv: building the fused CPU attention kernel (once per machine, about a "
-                  "minute)", file=sys.stderr)  # fmt: skip
-        flags = ["-O3", "-march=native", "-fopenmp-simd"]
-        return cpp_extension.load(name=name, sources=[str(f) for f in SOURCES], extra_cflags=flags)
-    except Exception as e:  # no compiler, no ninja, headers missing: the plain kernels run
-        warnings.warn(f"attnconv: the fused CPU attention kernel did not build ({e}); "
-                      "using the dense kernel", stacklevel=2)  # fmt: skip
-        return None
+    return build.load("attnconv_fused_axis", SOURCES, HEADERS,
+                      ["-O3", "-march=native", "-fopenmp-simd"], DISABLE)  # fmt: skip
 
 
 def available() -> bool:

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The prepared script for a lent GPU (minutes at a time): under 8 minutes on one H100/H200, it
+# runs the CUDA tests of the GPU kernels, then the cuda suite's paper-model training step and its
+# content-attention group (the Triton kernel against Flex, dense SDPA + bias and no-bias SDPA),
+# each case saved as it finishes. Run from the repository root on the GPU machine, whose python3
+# holds torch and triton:  OUT=<folder> bash benchmarks/gpu_session.sh
+# Results: $OUT/gpu_session.log, $OUT/cuda_models.{json,md}, $OUT/cuda_layers_content.{json,md}
+# (or cuda_layers.partial.* when the time ran out); copy them to benchmarks/results/.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=src
+OUT=${OUT:-benchmarks/results}
+mkdir -p "$OUT"
+LOG="$OUT/gpu_session.log"
+py=python3
+{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  $py -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \
+  2>&1 | tee "$LOG"
+echo "== CUDA tests" | tee -a "$LOG"
+timeout 150 $py -m pytest -q -p no:cacheprovider tests/test_triton_axis.py \
+  tests/test_cuda_models_bench.py tests/test_cuda_backend.py 2>&1 | tail -40 | tee -a "$LOG"
+echo "== paper models, full training step" | tee -a "$LOG"
+timeout 170 $py -m attnconv.cli bench --suite cuda --repeats 5 --out-dir "$OUT" -- --only models \
+  2>&1 | tail -30 | tee -a "$LOG"
+echo "== content attention kernels" | tee -a "$LOG"
+timeout 200 $py -m attnconv.cli bench --suite cuda --repeats 3 --out-dir "$OUT" -- --only content \
+  --inner 5 2>&1 | tail -60 | tee -a "$LOG"
+echo "== done $(date -u)" | tee -a "$LOG"

@@ -1,0 +1,172 @@
+"""The C++ kernels' build cache, which never waits without bound and never loads a damaged build.
+
+- Key: the sources' digest, torch's version and the CPU's instruction set (the build targets
+  ``-march=native``: a home folder shared by an AVX2 and an AVX-512 machine keeps one build
+  each), not the checkout's path (every clone of the same sources shares one build).
+- Lock: ``fcntl.flock`` on the build folder's ``attnconv.lock``. The kernel releases it when its
+  holder dies (a kill -9, an out-of-memory kill, a job timeout), so a killed build leaves nothing
+  to wait on. A live build elsewhere is waited for ``LOCK_WAIT_S``, then this process runs the
+  dense kernels with one line, and builds next time. torch's own lock file (``lock``, on which its
+  loader waits forever) is removed while the flock is held: no live build of ours owns it.
+- Validity: a build counts once its ``.sha256`` stamp (written after the module imported, by an
+  atomic rename) matches the library's bytes. A half-written or damaged library is rebuilt, not
+  loaded (loading one dies by SIGBUS or SIGILL). A valid build loads directly, without torch's
+  loader or a lock: a read-only cache works.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.util
+import os
+import platform
+import re
+import shutil
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+import torch
+
+LOCK_WAIT_S = 20.0  # a live build elsewhere takes minutes: dense kernels this time instead
+LOCK = "attnconv.lock"
+
+
+@cache
+def cpu_key() -> str:
+    """A short digest of the CPU's instruction-set flags (what -march=native compiles for)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                flags = " ".join(sorted(line.split(":", 1)[1].split()))
+                return hashlib.sha1(flags.encode()).hexdigest()[:8]
+    except OSError:
+        pass
+    return platform.machine() or "cpu"
+
+
+def module_name(prefix: str, files: list[Path]) -> str:
+    """``prefix``_<torch version>_<digest of the sources and the CPU's instruction set>."""
+    digest = hashlib.sha1(b"".join(f.read_bytes() for f in files) + cpu_key().encode())
+    version = re.sub(r"\W", "_", torch.__version__)
+    return f"{prefix}_{version}_{digest.hexdigest()[:10]}"
+
+
+def compiler() -> str | None:
+    """The C++ compiler torch's loader would use, or None."""
+    return shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def valid(library: Path) -> bool:
+    """The library exists and its stamp matches its bytes."""
+    stamp = library.with_suffix(".sha256")
+    try:
+        return stamp.read_text().strip() == _digest(library)
+    except OSError:
+        return False
+
+
+def stamp(library: Path) -> None:
+    """Mark a library whose module imported as valid (an atomic rename of the stamp)."""
+    tmp = library.with_suffix(f".sha256.{os.getpid()}")
+    tmp.write_text(_digest(library))
+    os.replace(tmp, library.with_suffix(".sha256"))
+
+
+def import_library(name: str, library: Path):
+    """The extension module of a valid library, imported directly (no lock, nothing written)."""
+    spec = importlib.util.spec_from_file_location(name, library)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def locked_build(build_dir: Path, library: Path, build: Callable[[], object],
+                 wait_s: float = LOCK_WAIT_S) -> object | None:  # fmt: skip
+    """Run ``build()`` (which writes ``library``) under the build folder's flock and stamp what it
+    made; returns its result, or None when another live process held the lock for ``wait_s``
+    (``library`` is then not touched). A valid library found once the lock is held is not rebuilt
+    (returns True)."""
+    with open(build_dir / LOCK, "a") as f:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return None
+                time.sleep(0.2)
+        try:
+            if valid(library):  # another process built it while we waited
+                return True
+            for p in build_dir.iterdir():  # a killed or damaged build: start clean
+                if p.name != LOCK:
+                    shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+            out = build()
+            stamp(library)
+            return out
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+_said: set[str] = set()
+
+
+def say_once(message: str) -> None:
+    """One line per process: why the fused kernels are not used."""
+    if message not in _said:
+        _said.add(message)
+        warnings.warn(message, stacklevel=3)
+
+
+def load(prefix: str, sources: list[Path], headers: list[Path], flags: list[str],
+         disable_var: str):  # fmt: skip
+    """The compiled module of ``sources``, or None (with one line saying why, once per process):
+    a valid cached build is imported; otherwise built once per machine under the flock."""
+    from torch.utils import cpp_extension
+
+    name = module_name(prefix, sources + headers)
+    try:
+        build_dir = Path(cpp_extension._get_build_directory(name, False))
+    except OSError as e:
+        say_once(f"attnconv: no folder for the fused CPU kernels ({e}); using the dense kernels")
+        return None
+    library = build_dir / f"{name}.so"
+    if valid(library):
+        return import_library(name, library)
+    if compiler() is None:
+        say_once(f"attnconv: no C++ compiler on PATH: the fused CPU kernels are not built, the "
+                 f"dense kernels run (set {disable_var}=1 to skip the attempt)")  # fmt: skip
+        return None
+
+    def build():
+        print(f"attnconv: building the fused CPU kernels into {build_dir} (once per machine and "
+              "version; a few minutes; other processes use the dense kernels meanwhile)",
+              file=sys.stderr, flush=True)  # fmt: skip
+        t0 = time.monotonic()
+        module = cpp_extension.load(name=name, sources=[str(f) for f in sources],
+                                    extra_cflags=flags, build_directory=str(build_dir))  # fmt: skip
+        print(f"attnconv: built in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+        return module
+
+    try:
+        out = locked_build(build_dir, library, build)
+    except Exception as e:  # no ninja, headers missing, a compile error, a read-only cache
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        say_once(f"attnconv: the fused CPU kernels did not build ({first}); using the dense "
+                 f"kernels (set {disable_var}=1 to skip the attempt)")  # fmt: skip
+        return None
+    if out is None:
+        say_once(f"attnconv: another process is building the fused CPU kernels ({build_dir}); "
+                 "using the dense kernels this time")  # fmt: skip
+        return None
+    return import_library(name, library) if out is True else out
