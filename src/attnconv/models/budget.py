@@ -62,3 +62,30 @@ def probe_bytes(name: str, kwargs: dict, max_bytes: int, what: str) -> int:
     with torch.device("meta"), construction_budget(max_bytes, what) as seen:
         create_model(name, **kwargs)
     return seen["bytes"]
+
+
+def training_bytes(name: str, kwargs: dict, batch: int, state_per_param: int, max_bytes: int,
+                   what: str) -> int:  # fmt: skip
+    """A lower bound on the bytes one training step of ``create_model(name, **kwargs)`` holds at
+    ``batch``, measured on the meta device before anything is allocated: the parameters, their
+    gradients and ``state_per_param`` optimizer tensors each (SGD momentum 1, AdamW 2), and each
+    attention layer's output (B, T, Nh, Dv), which every kernel stores for the output
+    projection's backward (T from the model's img_size / downsample, where it declares them).
+    ValueError in one line past ``max_bytes``; the bytes otherwise."""
+    from ..layers.mhsa2d import MultiHeadSelfAttention2d
+    from .registry import create_model
+
+    with torch.device("meta"), construction_budget(max_bytes, what) as seen:
+        model = create_model(name, **kwargs)
+    params = seen["bytes"] * (2 + state_per_param)
+    cfg = getattr(model, "cfg", None)
+    tokens = (cfg.img_size // cfg.downsample) ** 2 if hasattr(cfg, "downsample") else 0
+    acts = sum(batch * tokens * m.num_heads * m.head_dim * 4 for m in model.modules()
+               if isinstance(m, MultiHeadSelfAttention2d))  # fmt: skip
+    if params + acts > max_bytes:
+        raise ValueError(
+            f"{what} needs at least {(params + acts) / 2**30:.1f} GiB to train at batch {batch} "
+            f"(parameters, gradients and optimizer state {params / 2**30:.1f} GiB, attention "
+            f"outputs {acts / 2**30:.1f} GiB); the bound here is {max_bytes / 2**30:.1f} GiB"
+        )
+    return params + acts

@@ -32,7 +32,7 @@ from attnconv.loading.checkpoint import (
 )
 from attnconv.memory import memory_bytes
 from attnconv.models import create_model
-from attnconv.models.budget import probe_bytes
+from attnconv.models.budget import training_bytes
 
 from . import distributed as D
 from .checkpoint import atomic_write, optimizer_from_tensors
@@ -70,10 +70,11 @@ class Trainer:
         self.cfg, self.stop_at_step = cfg, stop_at_step
         self.resume_note = ""
         t = cfg.train
-        # the declared model, measured on the meta device before the data or the model is
-        # allocated (a crafted width or depth is refused in seconds; models/budget.py)
-        probe_bytes(cfg.model.name, dict(cfg.model.kwargs), memory_bytes() // 2,
-                    f"model {cfg.model.name!r}")  # fmt: skip
+        # the declared model and what a training step of it holds, measured on the meta device
+        # before the data or the model is allocated (refused in seconds; models/budget.py)
+        state = (2 if cfg.optim.name == "adamw" else 1 if cfg.optim.momentum else 0)
+        training_bytes(cfg.model.name, dict(cfg.model.kwargs), t.batch_size, state,
+                       memory_bytes() // 2, f"model {cfg.model.name!r}")  # fmt: skip
         self.info = D.init_distributed(device)
         if t.threads:
             torch.set_num_threads(t.threads)
@@ -140,6 +141,7 @@ class Trainer:
         """The optimizer and the training state each checkpoint saves with it."""
         self.opt = build_optimizer(self.model, self.cfg.optim)
         self.step = 0
+        self.evaluated = -1  # the step of the last completed evaluation
         self.sums = dict.fromkeys(SUMS, 0.0)  # epoch and log-window metric sums
         self.win_before = 0.0  # images of the log window trained before a resume (not timed)
 
@@ -186,9 +188,12 @@ class Trainer:
             )
         torch.set_rng_state(rng)
         self.step = meta["state"]["step"]
+        self.evaluated = meta["state"].get("evaluated", self.step)  # older checkpoints: not said
         self.sums.update(meta["state"]["sums"])
         self.win_before = self.sums["win_n"]  # timed by the sitting that trained them
-        if self.step >= self.total:  # said, not a silent exit
+        if self.step >= self.total and self.evaluated < self.step:  # stopped during it
+            self.resume_note = "the final evaluation was interrupted: evaluating now"
+        elif self.step >= self.total:  # said, not a silent exit
             self.resume_note = "the run had already finished: nothing left to train"
 
     def save(self) -> Path | None:
@@ -205,7 +210,8 @@ class Trainer:
             )
         if self.info.is_main:
             state = {"step": self.step, "epoch": self.step // len(self.loader),
-                     "sums": self.sums, "total_steps": self.total}  # fmt: skip
+                     "sums": self.sums, "total_steps": self.total,
+                     "evaluated": self.evaluated}  # fmt: skip
             data = {"classes": self.classes, "mean": self.cfg.data.mean, "std": self.cfg.data.std,
                     "image_size": list(self.loader.ds.image_size)}  # fmt: skip
             _save(path, self.model, self.cfg.model.name, self.model_kwargs, optimizer=self.opt,
@@ -271,6 +277,9 @@ class Trainer:
             self.t0 = self.t_start = time.time()
             while self.step < self.total and not self.out_of_time:
                 self._epoch()
+            if self.step >= self.total and self.evaluated < self.step:  # resumed: redo it
+                self._evaluate(self.step // len(self.loader) - 1)
+                self.save()
             if D.any_rank(self.stop_signal is not None, self.info):  # during the last epoch's
                 self._interrupt()  # end: said and exited as stopped, never swallowed
         self.mon.close()
@@ -351,6 +360,7 @@ class Trainer:
             self.mon.message(f"evaluation at step {self.step} stopped by a signal (not logged)")
             self._interrupt()
         loss, acc = res
+        self.evaluated = self.step
         self.mon.row("eval", epoch + 1, self.step, self.lr, loss, acc, 0.0)
         self.last = {"eval_loss": loss, "eval_acc": acc, "step": self.step, "epoch": epoch + 1,
                      "seconds": time.time() - self.t_start}  # fmt: skip

@@ -101,8 +101,8 @@ def shared(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True):
     vs = v.transpose(1, 2)  # (B, T, Nh, Dv)
     if p_drop > 0 and not per_image:  # one mask: still shared by the batch
         probs = shared_dropout(probs, p_drop)
-    elif p_drop > 0:  # a mask per image: expand the shared probabilities, as the plain path does
-        p = F.dropout(probs.expand(b, -1, -1, -1), p_drop).to(dt)
+    elif p_drop > 0:  # a mask per image (dropped_links', as every path): the probabilities expanded
+        p = shared_dropout(probs.expand(b, -1, -1, -1), p_drop, per_image=True).to(dt)
         return torch.einsum("bhqk,bkhd->bqhd", p, vs)
     if probs.dtype != dt:  # lower-precision values: the probabilities' gradient in float32
         return _SharedMix.apply(probs[0], vs)

@@ -1,0 +1,104 @@
+"""Reliability, round four (issue 46): a training step's memory refused before any work, an
+interrupted final evaluation redone on --resume, position-only attention with dropout on the
+same counter-hash mask as every other path."""
+
+from __future__ import annotations
+
+import csv
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import attnconv
+from attnconv.models.budget import training_bytes
+from attnconv.train import loop
+from attnconv.train.config import config_from_dict
+from attnconv.train.loop import Interrupted, Trainer
+from train_helpers import ROOT, small, use_cache
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache(tmp_path_factory):
+    use_cache(tmp_path_factory.mktemp("cache"))
+
+
+def test_a_training_step_too_large_is_refused_before_work():
+    """65,536 heads at hidden 64: 6 GiB of parameters passes a parameter count, not a training
+    step (gradients, momentum, the (B, T, Nh, Dv) attention outputs)."""
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=r"needs at least .* GiB to train at batch 64") as e:
+        training_bytes("sa_quadratic", {"hidden_size": 64, "num_heads": 65536}, 64, 1,
+                       12 << 30, "model 'sa_quadratic'")  # fmt: skip
+    assert "\n" not in str(e.value) and time.perf_counter() - t0 < 30
+    small_cfg = {"hidden_size": 64, "num_layers": 6, "num_heads": 9, "ff_size": 128}
+    need = training_bytes("sa_quadratic", small_cfg, 64, 1, 12 << 30, "x")
+    params = sum(p.numel() * 4 for p in attnconv.create_model("sa_quadratic", **small_cfg)
+                 .parameters())  # fmt: skip
+    acts = 6 * 64 * 256 * 9 * 64 * 4  # layers x B x T x Nh x Dv (identity values) x float32
+    assert params * 3 + acts <= need <= params * 3 + acts + (1 << 20)
+
+
+@pytest.mark.slow
+def test_the_cli_refuses_it_in_seconds(tmp_path):
+    t0 = time.perf_counter()
+    cfg = str(ROOT / "configs" / "cpu" / "sa_quadratic.yaml")
+    r = subprocess.run([sys.executable, "-m", "attnconv.cli", "train", cfg, "--set",
+                        "model.kwargs={num_heads: 65536, hidden_size: 64}", "--out",
+                        str(tmp_path / "run")], capture_output=True, text=True,
+                       timeout=120)  # fmt: skip
+    assert r.returncode == 2 and "needs at least" in r.stderr.strip().splitlines()[-1]
+    assert time.perf_counter() - t0 < 60 and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_an_interrupted_final_evaluation_is_redone_on_resume(cifar_zip, tmp_path, monkeypatch):
+    """SIGTERM during the last evaluation, then --resume: the evaluation runs and is logged (not
+    "already finished" with no final row); a second --resume has nothing left."""
+    d = small(cifar_zip, tmp_path / "run", train={"epochs": 2, "checkpoint_every": 0})
+    real, trainers = loop.evaluate, []
+
+    def signalled(*args, **kw):  # the signal arrives as the final evaluation starts
+        tr = trainers[-1]
+        if tr.step == tr.total:
+            tr.stop_signal = signal.SIGTERM
+        return real(*args, **kw)
+
+    monkeypatch.setattr(loop, "evaluate", signalled)
+    trainers.append(Trainer(config_from_dict(d)))
+    with pytest.raises(Interrupted):
+        trainers[-1].fit()
+    monkeypatch.setattr(loop, "evaluate", real)
+    rows = list(csv.DictReader(open(tmp_path / "run" / "metrics.csv")))
+    total = trainers[-1].total
+    assert not [r for r in rows if r["kind"] == "eval" and int(r["step"]) == total]
+    again = Trainer(config_from_dict(d), resume=True)
+    assert "final evaluation was interrupted" in again.resume_note
+    last = again.fit()
+    assert last["step"] == total and 0 <= last["eval_acc"] <= 1
+    rows = list(csv.DictReader(open(tmp_path / "run" / "metrics.csv")))
+    assert [r for r in rows if r["kind"] == "eval" and int(r["step"]) == total]
+    done = Trainer(config_from_dict(d), resume=True)
+    assert "already finished" in done.resume_note
+    assert done.fit() == {}
+
+
+@pytest.mark.parametrize("positional", ["quadratic", "relative_learned"])
+def test_position_only_dropout_draws_dropped_links(positional):
+    """The shared kernel's per-image dropout equals the plain path's under one seed (it drew
+    F.dropout's mask before: 0.45 off on outputs of about 0.6)."""
+    lay = attnconv.MultiHeadSelfAttention2d(8, 8, num_heads=2, positional=positional,
+                                            content=False, dropout=0.3)  # fmt: skip
+    lay = lay.double().train()
+    x = torch.randn(2, 8, 5, 6, dtype=torch.float64, requires_grad=True)
+    outs = []
+    for impl in ("auto", "reference"):
+        lay.impl = impl
+        assert (lay.kernel(x) == "shared") == (impl == "auto")
+        torch.manual_seed(3)
+        y = lay(x)
+        outs.append((y, *torch.autograd.grad(y.square().sum(), [x, *lay.parameters()])))
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
