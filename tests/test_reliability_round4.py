@@ -102,3 +102,28 @@ def test_position_only_dropout_draws_dropped_links(positional):
         outs.append((y, *torch.autograd.grad(y.square().sum(), [x, *lay.parameters()])))
     for a, b in zip(*outs):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_resume_accepts_the_dataset_moved_not_another(cifar_zip, tmp_path):
+    from attnconv.train.resume import check_same_config
+
+    d = small(cifar_zip, tmp_path / "run")
+    meta = {"config": config_from_dict(d).to_dict()}
+    moved = {**d, "data": {**d["data"], "dataset": str(tmp_path / "elsewhere" / cifar_zip.name)}}
+    check_same_config(meta, config_from_dict(moved))
+    other = {**d, "data": {**d["data"], "dataset": str(tmp_path / "other.zip")}}
+    with pytest.raises(ValueError, match="differs from the checkpoint's in data.dataset"):
+        check_same_config(meta, config_from_dict(other))
+
+
+def test_a_checkpoint_with_nan_weights_is_not_evaluated(cifar_zip, tmp_path, capsys):
+    from attnconv.cli import main
+    from attnconv.train.checkpoint import save_checkpoint
+
+    model = attnconv.create_model("tiny_cnn", width=8)
+    with torch.no_grad():
+        next(model.parameters())[0] = float("nan")
+    save_checkpoint(tmp_path / "ck", model, "tiny_cnn", {"width": 8})
+    assert main(["eval", str(tmp_path / "ck"), "--data", str(cifar_zip)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "non-finite weights" in err[-1]

@@ -35,6 +35,12 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     log.info(f"eval: loading {args.checkpoint}")
     model, info = load_model(args.checkpoint)
+    bad = [n for n, t in model.state_dict().items()
+           if t.is_floating_point() and not bool(torch.isfinite(t).all())]  # fmt: skip
+    if bad:  # its "accuracy" would be a constant prediction's
+        raise ValueError(f"{info['path']}: the checkpoint holds non-finite weights "
+                         f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): nothing to "
+                         "evaluate; use an earlier checkpoint")  # fmt: skip
     cfg_data = (info.get("config") or {}).get("data", {})
     spec = args.data or cfg_data.get("dataset")
     if spec is None:

@@ -3,6 +3,8 @@ complete, well-formed training state. Anything else is one line naming the key o
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from attnconv.loading.checkpoint import CheckpointError
@@ -44,6 +46,10 @@ def check_same_config(meta: dict, cfg: Config) -> None:
     changed = sorted(
         k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in RESUME_FREE
     )
+    # the dataset may move (another machine's path to it), not change: the same file name
+    a, b = old.get("data.dataset"), new.get("data.dataset")
+    if a != b and Path(str(a)).name != Path(str(b)).name:
+        changed = sorted([*changed, "data.dataset"])
     if changed:
         raise ValueError(
             f"--resume: config differs from the checkpoint's in {', '.join(changed)} "
