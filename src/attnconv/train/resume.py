@@ -11,7 +11,9 @@ from attnconv.loading.checkpoint import CheckpointError
 
 from .config import Config
 
-# config keys that may change on --resume without breaking exactness
+# config keys that may change on --resume without changing the run. Not bit for bit in every
+# case: train.threads changes how CPU kernels split their sums (gradients differ in float32
+# roundoff, 3e-6 between 1 and 2 threads); data.dataset may name the same file at another path.
 RESUME_FREE = {
     "train.progress",
     "train.log_every",
