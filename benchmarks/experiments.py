@@ -27,6 +27,7 @@ for bit: the two round differently).
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import socket
@@ -41,6 +42,8 @@ import experiments_report as report_  # noqa: E402
 from experiments_runs import CONFIGS, ROOT, default_data, progress  # noqa: E402
 
 RUNS = Path(os.environ.get("ATTNCONV_RUNS") or ROOT.parent / "attnconv-runs")  # see --runs
+ARCHIVE_WHILE_TRAINING = True  # False for a --runs root given on the command line (scratch runs
+# must not replace the committed ones; `save` still archives on request)
 CLI = [sys.executable, "-m", "attnconv.cli"]
 
 
@@ -131,11 +134,21 @@ def busy(out: Path) -> bool:
 
 def run_one(cfg: Path, data: Path, threads: int | None = None, procs: int = 1) -> None:
     """Train one experiment to its end (resuming it), then its follow-ups. Two `run`s side by
-    side (one per core) share the queue: a folder another training holds is skipped.
+    side (one per core) share the queue: a folder another `run` holds (its flock, taken before
+    anything is decided, released when that process ends however it ends) is skipped.
     ``threads``: the trainer's threads instead of the config's; ``procs``: processes under
     torchrun (a resume may change both)."""
     out = RUNS / cfg.stem
     out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".runner.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SystemExit("skipped: another run is training it") from None
+        _run_one(cfg, out, data, threads, procs)
+
+
+def _run_one(cfg: Path, out: Path, data: Path, threads: int | None, procs: int) -> None:
     log = out / "experiment.log"
     done = out / "wall.json"
     if not done.exists() and busy(out):
@@ -152,7 +165,8 @@ def run_one(cfg: Path, data: Path, threads: int | None = None, procs: int = 1) -
         before = json.loads(partial.read_text())["train_seconds"] if partial.exists() else 0.0
         t0 = time.time()
         try:
-            sh(cmd, log, every=lambda: archive.save(RUNS, names=[cfg.stem]))
+            keep = lambda: archive.save(RUNS, names=[cfg.stem])  # noqa: E731
+            sh(cmd, log, every=keep if ARCHIVE_WHILE_TRAINING else None)
         finally:  # a sitting's time counts even when it is interrupted
             partial.write_text(json.dumps({"train_seconds": before + time.time() - t0}))
         done.write_text(partial.read_text())
@@ -213,7 +227,7 @@ def report(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    global RUNS
+    global RUNS, ARCHIVE_WHILE_TRAINING
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="train the experiments (all, or the NAMEs given)")
@@ -235,6 +249,7 @@ def main() -> None:
     args = p.parse_args()
     if args.runs:
         RUNS = Path(args.runs).resolve()
+        ARCHIVE_WHILE_TRAINING = False
     args.fn(args)
 
 

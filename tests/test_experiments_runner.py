@@ -313,3 +313,37 @@ def test_a_stopped_training_is_reported_as_stopped_a_failed_one_as_failed(tmp_pa
     with pytest.raises(SystemExit) as e:
         mod.sh(stop, log)
     assert str(e.value) == f"{line} (`run` resumes it)"
+
+
+def test_a_second_runner_is_kept_out_before_it_decides_anything(tmp_path, monkeypatch):
+    """Two `run`s started together: the second finds the first's flock (taken before either
+    looks at the folder, so no stale --overwrite), and skips; a killed runner's flock dies with
+    it and the experiment is free again."""
+    mod = _module()
+    monkeypatch.setattr(mod, "RUNS", tmp_path)
+    folder = tmp_path / "sasa_k3"
+    folder.mkdir()
+    hold = ("import fcntl, sys, time\nf = open(sys.argv[1], 'a')\n"
+            "fcntl.flock(f, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(60)")
+    p = subprocess.Popen([sys.executable, "-c", hold, str(folder / ".runner.lock")],
+                         stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert p.stdout.readline().strip() == "held"
+        with pytest.raises(SystemExit, match="another run is training it"):
+            mod.run_one(mod.CONFIGS / "sasa_k3.yaml", tmp_path / "data.zip")
+        assert not (folder / "experiment.log").exists()
+    finally:
+        p.kill()
+        p.wait()
+    calls = []
+    monkeypatch.setattr(mod, "_run_one", lambda *a: calls.append(a))
+    mod.run_one(mod.CONFIGS / "sasa_k3.yaml", tmp_path / "data.zip")
+    assert len(calls) == 1
+
+
+def test_scratch_run_roots_are_not_archived_while_training(tmp_path, monkeypatch):
+    mod = _module()
+    monkeypatch.setattr(sys, "argv", ["experiments.py", "status", "--runs", str(tmp_path)])
+    mod.main()
+    assert mod.RUNS == tmp_path.resolve() and mod.ARCHIVE_WHILE_TRAINING is False
+    assert _module().ARCHIVE_WHILE_TRAINING is True  # the default root is archived
