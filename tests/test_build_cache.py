@@ -162,3 +162,21 @@ def test_an_unbuildable_source_is_one_line(tmp_path, monkeypatch):
     lines = [str(w.message) for w in caught]
     assert len(lines) == 1 and "\n" not in lines[0] and "did not build" in lines[0]
     assert not list(tmp_path.rglob("*.sha256"))
+
+
+def test_build_kernels_command_says_ready_or_why_not(monkeypatch, capsys):
+    from attnconv.cli import main
+    from attnconv.layers.kernels import fused
+
+    if fused.available():  # built (or loaded) by an earlier test: the command says where
+        assert main(["build-kernels"]) == 0
+        assert "ready" in capsys.readouterr().out
+    monkeypatch.setenv(fused.DISABLE, "1")
+    fused.extension.cache_clear()
+    try:
+        assert main(["build-kernels"]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "ATTNCONV_NO_FUSED=1" in err[0]
+    finally:
+        monkeypatch.delenv(fused.DISABLE)
+        fused.extension.cache_clear()

@@ -10,7 +10,7 @@ import importlib
 import sys
 
 # name -> module under attnconv.commands (listed in the order `attnconv -h` shows them)
-COMMANDS = ("demo", "train", "eval", "convert", "analyze", "explore", "bench")
+COMMANDS = ("demo", "train", "eval", "convert", "analyze", "explore", "bench", "build-kernels")
 
 
 def _available() -> list[str]:
@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     loud.add_argument("-v", "--verbose", action="store_true", help="also debug messages")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _available():
-        mod = importlib.import_module(f"attnconv.commands.{name}")
+        mod = importlib.import_module(f"attnconv.commands.{name.replace('-', '_')}")
         p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
