@@ -10,8 +10,9 @@
 - ``bash`` blocks: every command line is matched against Runner below; a line no policy knows
   fails the test (a new documented command needs a decision here). Run, with small sizes
   appended so they take seconds: ``attnconv train configs/cpu/...``, its ``--resume`` and
-  ``--overwrite`` forms, ``attnconv eval`` and ``attnconv explore`` of that run. Checked but not
-  run, because a full run is too long, changes the environment, or is this very suite:
+  ``--overwrite`` forms, ``attnconv eval`` and ``attnconv explore`` of that run,
+  ``attnconv build-kernels``. Checked but not run, because a full run is too long, changes the
+  environment, or is this very suite:
   ``pip install`` (the extras it names exist), ``python -m pytest`` (the full run is what CI
   runs, the quick run is the default, named tests exist), ``mkdocs build`` (CI builds it),
   ``attnconv demo`` (2 minutes; run for real by tests/test_demo.py), the paper-scale ``train
@@ -183,6 +184,9 @@ class Runner:
         elif args.command == "train":  # paper scale: validate the config and overrides only
             load_config(args.config, args.overrides)
             self.done.append(f"loaded: {Path(args.config).name} {args.overrides}")
+        elif args.command == "build-kernels":  # the build the fused tests use anyway
+            assert main(argv) == 0, argv
+            self.done.append("ran: attnconv build-kernels")
         elif args.command in ("analyze", "explore") and getattr(args, "model", None):
             # pretrained weights the user has on disk: tests/test_vit_weights_cli.py runs these
             # commands on small saved models; here the registry name must exist
