@@ -58,6 +58,8 @@ def dense_sdpa_forward(layer: MultiHeadSelfAttention2d):
         return y.transpose(1, 2).reshape(b, -1, h, w)
 
     layer.forward = types.MethodType(forward, layer)
+    # the paper models call forward_tokens (H, W, B, C): through the dense forward too
+    layer.forward_tokens = lambda x: layer.forward(x.permute(2, 3, 0, 1)).permute(2, 3, 0, 1)
     return layer
 
 
