@@ -38,6 +38,7 @@ from . import distributed as D
 from .checkpoint import atomic_write, optimizer_from_tensors
 from .checkpoint import save_checkpoint as _save
 from .config import Config
+from .device import native_bf16
 from .evaluation import evaluate
 from .monitor import Monitor
 from .optim import build_optimizer, lr_at, set_lr
@@ -76,6 +77,9 @@ class Trainer:
         training_bytes(cfg.model.name, dict(cfg.model.kwargs), t.batch_size, state,
                        memory_bytes() // 2, f"model {cfg.model.name!r}")  # fmt: skip
         self.info = D.init_distributed(device)
+        # bf16 autocast where the hardware has bf16 arithmetic; on a CPU without it, float32
+        # (the summary says so): there bf16 ran 2-10x slower than float32
+        self.bf16 = t.bf16 and native_bf16(self.info.device)
         if t.threads:
             torch.set_num_threads(t.threads)
         if t.deterministic:
@@ -157,7 +161,7 @@ class Trainer:
         self.mon.summary(self.cfg, self.model, self.info,
                          (len(train_ds), len(self.eval_loader.ds), train_ds.num_classes),
                          len(self.loader), self.step if resume else None,
-                         self.resume_note)  # fmt: skip
+                         self.resume_note, bf16=self.bf16)  # fmt: skip
 
     # ---- checkpoints -------------------------------------------------------------------------
     def _saved(self) -> bool:
@@ -333,7 +337,7 @@ class Trainer:
         self._check_finite(torch.tensor(self.lr).float(), epoch, batch, "learning rate")
         set_lr(self.opt, self.lr)
         x, y = x.to(self.info.device), y.to(self.info.device)
-        with torch.autocast(self.info.device.type, dtype=torch.bfloat16, enabled=t.bf16):
+        with torch.autocast(self.info.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             logits = self.net(x)
         loss = F.cross_entropy(logits.float(), y, label_smoothing=t.label_smoothing)
         self._check_finite(loss, epoch, batch, "loss")
@@ -354,7 +358,7 @@ class Trainer:
     def _evaluate(self, epoch: int) -> None:
         """Evaluate, log the row, keep the metrics ``fit`` returns; a signal during evaluation
         stops now, not at its end."""
-        res = evaluate(self.model, self.eval_loader, self.info, self.cfg.train.bf16,
+        res = evaluate(self.model, self.eval_loader, self.info, self.bf16,
                        stop=lambda: self.stop_signal is not None)  # fmt: skip
         if res is None:
             self.mon.message(f"evaluation at step {self.step} stopped by a signal (not logged)")

@@ -23,7 +23,6 @@ import torch.nn as nn
 from attnconv.layers.centers import head_alphas, head_centers
 from attnconv.progress import Progress
 
-from .device import native_bf16
 from .runfolder import open_nofollow
 
 log = logging.getLogger(__name__)
@@ -168,7 +167,7 @@ class Monitor:
 
     def summary(self, cfg, model: nn.Module, info, data: tuple[int, int, int],
                 steps_per_epoch: int, resume_step: int | None,
-                resume_note: str = "") -> None:  # fmt: skip
+                resume_note: str = "", bf16: bool = False) -> None:  # fmt: skip
         """The start-up block, one aligned ``name  value`` line each: model and parameters,
         device, dtype, data (``data``: training images, evaluation images, classes), steps,
         run folder."""
@@ -180,9 +179,10 @@ class Monitor:
             ("model", f"{cfg.model.name}, {n_params / 1e6:.2f}M parameters"),
             ("device", f"{info.device} x{info.world_size} process(es), "
                        f"{torch.get_num_threads()} thread(s) each"),
-            ("dtype", "float32" if not t.bf16 else "bfloat16 autocast (float32 weights)" + (
-                "" if native_bf16(info.device) else "; this CPU has no native bf16 (no AVX-512 "
-                "BF16): it runs several times slower than float32 here, set train.bf16=false")),
+            ("dtype", "bfloat16 autocast (float32 weights)" if bf16 else "float32" + (
+                " (train.bf16 asks for bfloat16 autocast, which this CPU has no instructions for: "
+                "no AVX512-BF16 or AMX, where it ran 2-10x slower than float32)" if t.bf16
+                else "")),
             ("data", f"{d.dataset}: {data[0]} {d.train_split} images, {data[1]} "
                      f"{d.eval_split} images, {data[2]} classes"),
             ("steps", f"{self.total} ({t.epochs} epoch(s) of {steps_per_epoch} steps, batch "
