@@ -33,6 +33,7 @@ from .geometry import (
     low_rank_heads,
 )
 from .grouped import GroupedHeadProjection, grouped_head_mix
+from .head_conv import head_conv, one_step
 from .rules import SpecConv, check_conversion, conv_spec
 
 # the fast hard path concatenates the heads' inputs when Nh * Cin is at most this (measured on
@@ -116,7 +117,13 @@ class ConvAttention2d(NotScriptable, ConvAttributes, nn.Module):
         shifts = torch.round(layer.positional_encoding.centers.detach()).long().tolist()
         rows = [_kept(ah, oh, sh, hp, dr) for dr, _ in shifts]  # per head: slice or index list
         cols = [_kept(aw, ow, sw, wp, dc) for _, dc in shifts]
-        if isinstance(layer.out_proj, GroupedHeadProjection):  # block-diagonal W^(h), grouped
+        grouped = isinstance(layer.out_proj, GroupedHeadProjection)  # block-diagonal W^(h)
+        if one_step(rows) and one_step(cols):  # no clamped border: Lemma 1's sum is one conv
+            if grouped:
+                proj = layer.out_proj
+                return head_conv(xp, rows, cols, proj.kernel, proj.bias, proj.groups)
+            return head_conv(xp, rows, cols, *_head_matrices(layer, detach=False), 1)
+        if grouped:
             return grouped_head_mix(xp, rows, cols, layer.out_proj)
         heads, bias = _head_matrices(layer, detach=False)  # (Nh, Cout, Cin), (Cout,) | None
         nh, cout, cin = heads.shape

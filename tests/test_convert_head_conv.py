@@ -1,0 +1,68 @@
+"""Lemma 1's sum over hard heads as one convolution (convert/head_conv.py) against the plain
+per-head loop (sum_h SA_h(X) W^(h) + b, SA_h(X) a strided slice of the padded image): values and
+the gradients of the input, the heads' matrices and the bias, in float64 at random geometries
+(kernel, stride, dilation, groups, heads sharing a tap), and converted layers end to end."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnconv.convert import conv_to_attention
+from attnconv.convert.head_conv import head_conv
+
+
+def _per_head(xp, rows, cols, heads, bias, groups):
+    y = None
+    for h in range(heads.shape[0]):
+        xs = xp[:, :, rows[h], cols[h]]
+        t = F.conv2d(xs, heads[h][:, :, None, None], groups=groups)
+        y = t if y is None else y + t
+    return y if bias is None else y + bias[None, :, None, None]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    b=st.integers(1, 2), groups=st.sampled_from([1, 2, 4]), cin_g=st.integers(1, 3),
+    cout_g=st.integers(1, 3), nh=st.integers(1, 6), stride=st.integers(1, 3),
+    dil=st.integers(1, 3), hp=st.integers(0, 5), wp=st.integers(0, 5), bias=st.booleans(),
+    seed=st.integers(0, 10_000),
+)  # fmt: skip
+def test_head_conv_equals_the_per_head_sum(b, groups, cin_g, cout_g, nh, stride, dil, hp, wp,
+                                           bias, seed):  # fmt: skip
+    g = torch.Generator().manual_seed(seed)
+    hp, wp = hp + 2 * dil + 1, wp + 2 * dil + 1  # the padded image holds the 3x3 dilated grid
+    cin, cout = groups * cin_g, groups * cout_g
+    xp = torch.randn(b, cin, hp, wp, dtype=torch.float64, generator=g, requires_grad=True)
+    heads = torch.randn(nh, cout, cin_g, dtype=torch.float64, generator=g, requires_grad=True)
+    bb = torch.randn(cout, dtype=torch.float64, generator=g, requires_grad=True) if bias else None
+    # each head's tap on a dilated 3x3 grid (two heads may share one); its kept queries
+    taps = torch.randint(0, 3, (nh, 2), generator=g) * dil
+    n_r, n_c = (hp - 1 - 2 * dil) // stride + 1, (wp - 1 - 2 * dil) // stride + 1
+    rows = [slice(int(r), int(r) + (n_r - 1) * stride + 1, stride) for r, _ in taps]
+    cols = [slice(int(c), int(c) + (n_c - 1) * stride + 1, stride) for _, c in taps]
+    y = head_conv(xp, rows, cols, heads, bb, groups)
+    ref = _per_head(xp, rows, cols, heads, bb, groups)
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+    ins = [t for t in (xp, heads, bb) if t is not None]
+    gy = torch.randn(y.shape, dtype=y.dtype, generator=g)
+    for a, r in zip(torch.autograd.grad(y, ins, gy), torch.autograd.grad(ref, ins, gy)):
+        torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-12)
+
+
+def test_converted_depthwise_dense_and_dilated_layers_equal_their_convs():
+    torch.manual_seed(0)
+    for conv in (torch.nn.Conv2d(12, 12, 7, padding=3, groups=12),
+                 torch.nn.Conv2d(8, 16, 3, stride=2, padding=1),
+                 torch.nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=2)):  # fmt: skip
+        conv = conv.double()
+        att = conv_to_attention(conv)
+        x = torch.randn(2, conv.in_channels, 13, 11, dtype=torch.float64, requires_grad=True)
+        y, ref = att(x), conv(x)
+        torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(att.forward_layer(x), ref, rtol=1e-10, atol=1e-10)
+        gx = torch.autograd.grad(y.square().sum(), x)[0]
+        torch.testing.assert_close(gx, torch.autograd.grad(ref.square().sum(), x)[0],
+                                   rtol=1e-12, atol=1e-12)  # fmt: skip
