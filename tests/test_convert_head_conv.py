@@ -28,14 +28,19 @@ def _per_head(xp, rows, cols, heads, bias, groups):
     b=st.integers(1, 2), groups=st.sampled_from([1, 2, 4]), cin_g=st.integers(1, 3),
     cout_g=st.integers(1, 3), nh=st.integers(1, 6), stride=st.integers(1, 3),
     dil=st.integers(1, 3), hp=st.integers(0, 5), wp=st.integers(0, 5), bias=st.booleans(),
-    seed=st.integers(0, 10_000),
+    pads=st.lists(st.integers(0, 2), min_size=4, max_size=4), seed=st.integers(0, 10_000),
 )  # fmt: skip
 def test_head_conv_equals_the_per_head_sum(b, groups, cin_g, cout_g, nh, stride, dil, hp, wp,
-                                           bias, seed):  # fmt: skip
+                                           bias, pads, seed):  # fmt: skip
+    """The padded image given whole, or as its inside with (top, left) for the conv to pad
+    (the zeros padding of a converted conv: before, after, or both sides of the image)."""
     g = torch.Generator().manual_seed(seed)
     hp, wp = hp + 2 * dil + 1, wp + 2 * dil + 1  # the padded image holds the 3x3 dilated grid
+    left, right, top, bottom = pads
     cin, cout = groups * cin_g, groups * cout_g
-    xp = torch.randn(b, cin, hp, wp, dtype=torch.float64, generator=g, requires_grad=True)
+    inner = (b, cin, hp - top - bottom, wp - left - right)
+    x = torch.randn(inner, dtype=torch.float64, generator=g, requires_grad=True)
+    xp = F.pad(x, (left, right, top, bottom))
     heads = torch.randn(nh, cout, cin_g, dtype=torch.float64, generator=g, requires_grad=True)
     bb = torch.randn(cout, dtype=torch.float64, generator=g, requires_grad=True) if bias else None
     # each head's tap on a dilated 3x3 grid (two heads may share one); its kept queries
@@ -43,10 +48,12 @@ def test_head_conv_equals_the_per_head_sum(b, groups, cin_g, cout_g, nh, stride,
     n_r, n_c = (hp - 1 - 2 * dil) // stride + 1, (wp - 1 - 2 * dil) // stride + 1
     rows = [slice(int(r), int(r) + (n_r - 1) * stride + 1, stride) for r, _ in taps]
     cols = [slice(int(c), int(c) + (n_c - 1) * stride + 1, stride) for _, c in taps]
-    y = head_conv(xp, rows, cols, heads, bb, groups)
+    y = head_conv(x, rows, cols, heads, bb, groups, pad=(top, left))
     ref = _per_head(xp, rows, cols, heads, bb, groups)
     torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
-    ins = [t for t in (xp, heads, bb) if t is not None]
+    torch.testing.assert_close(head_conv(xp, rows, cols, heads, bb, groups), ref, rtol=1e-12,
+                               atol=1e-12)  # fmt: skip
+    ins = [t for t in (x, heads, bb) if t is not None]
     gy = torch.randn(y.shape, dtype=y.dtype, generator=g)
     for a, r in zip(torch.autograd.grad(y, ins, gy), torch.autograd.grad(ref, ins, gy)):
         torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-12)

@@ -34,14 +34,24 @@ def head_kernel(starts_r: list[int], starts_c: list[int], heads: torch.Tensor):
 
 
 def head_conv(xp: torch.Tensor, rows: list[slice], cols: list[slice], heads: torch.Tensor,
-              bias: torch.Tensor | None, groups: int) -> torch.Tensor:  # fmt: skip
-    """sum_h SA_h(X) W^(h) + b for hard heads: xp (B, Cin, Hp, Wp) the padded input, head h
-    reading xp[:, :, rows[h], cols[h]] (slices of one step, the conv's stride) -> (B, Cout, Ho,
-    Wo)."""
+              bias: torch.Tensor | None, groups: int,
+              pad: tuple[int, int] = (0, 0)) -> torch.Tensor:  # fmt: skip
+    """sum_h SA_h(X) W^(h) + b for hard heads: head h reads pixel (rows[h], cols[h]) (slices of
+    one step, the conv's stride) of the padded input, which is xp (B, Cin, Hp, Wp) preceded by
+    ``pad`` = (top, left) rows and columns of zeros (the conv adds them: no padded copy)
+    -> (B, Cout, Ho, Wo)."""
     sh, sw = rows[0].step, cols[0].step
-    oh, ow = len(range(xp.shape[2])[rows[0]]), len(range(xp.shape[3])[cols[0]])
+    oh, ow = len(range(rows[0].stop)[rows[0]]), len(range(cols[0].stop)[cols[0]])
     weight, (r0, c0), dil = head_kernel([r.start for r in rows], [c.start for c in cols], heads)
-    y = F.conv2d(xp[:, :, r0:, c0:], weight, bias, stride=(sh, sw), dilation=dil, groups=groups)
+    r0, c0 = r0 - pad[0], c0 - pad[1]  # the origin in xp
+    xs = xp[:, :, max(r0, 0):, max(c0, 0):]  # reads before xp's first row are the conv's zeros
+    front = (max(-r0, 0), max(-c0, 0))  # the conv pads both sides by these
+    need = [(n - 1) * s + (k - 1) * d + 1 for n, s, k, d in
+            zip((oh, ow), (sh, sw), weight.shape[2:], dil)]  # fmt: skip
+    short = [max(0, m - (xs.shape[2 + i] + 2 * front[i])) for i, m in enumerate(need)]
+    if any(short):  # more zeros after the image than before it (an asymmetric pad)
+        xs = F.pad(xs, (0, short[1], 0, short[0]))
+    y = F.conv2d(xs, weight, bias, stride=(sh, sw), padding=front, dilation=dil, groups=groups)
     return y[:, :, :oh, :ow]
 
 

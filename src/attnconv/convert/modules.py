@@ -90,18 +90,18 @@ class ConvAttention2d(NotScriptable, ConvAttributes, nn.Module):
     def _forward2d(self, x: torch.Tensor, return_attention: bool, shift: bool = True):
         h, w = x.shape[-2:]
         self.geometry.output_size(h, w)  # ValueError if the image is smaller than the kernel
-        xp = self.geometry.pad_input(x)  # (B, Cin, Hp, Wp), padded exactly as the conv pads
         tracing = torch.compiler.is_exporting()  # the shift reads its indices as Python ints
         if shift and self.hard and self.attention.impl == "auto" and not (
             return_attention or tracing
         ):
-            return self._forward_shift(xp, h, w)
+            return self._forward_shift(x, h, w)
+        xp = self.geometry.pad_input(x)  # (B, Cin, Hp, Wp), padded exactly as the conv pads
         out = self.attention(xp, return_attention=return_attention)
         y, attn = out if return_attention else (out, None)  # y (B, Cout, Hp, Wp)
         y = self.geometry.crop(y, h, w)  # (B, Cout, Ho, Wo): anchor + o * stride
         return (y, attn) if return_attention else y
 
-    def _forward_shift(self, xp: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    def _forward_shift(self, x: torch.Tensor, h: int, w: int) -> torch.Tensor:
         """Fast hard path: the layer's one-hot attention evaluated at the kept queries only.
 
         Head h reads pixel clamp(q + round(Delta_h)) of the padded image (the layer's
@@ -113,16 +113,19 @@ class ConvAttention2d(NotScriptable, ConvAttributes, nn.Module):
         """
         g, layer = self.geometry, self.attention
         oh, ow = g.output_size(h, w)
-        (ah, aw), (sh, sw), (hp, wp) = g.anchor, g.stride, xp.shape[-2:]
+        (ah, aw), (sh, sw), (hp, wp) = g.anchor, g.stride, g.padded_size(h, w)
         shifts = torch.round(layer.positional_encoding.centers.detach()).long().tolist()
         rows = [_kept(ah, oh, sh, hp, dr) for dr, _ in shifts]  # per head: slice or index list
         cols = [_kept(aw, ow, sw, wp, dc) for _, dc in shifts]
         grouped = isinstance(layer.out_proj, GroupedHeadProjection)  # block-diagonal W^(h)
         if one_step(rows) and one_step(cols):  # no clamped border: Lemma 1's sum is one conv
-            if grouped:
-                proj = layer.out_proj
-                return head_conv(xp, rows, cols, proj.kernel, proj.bias, proj.groups)
-            return head_conv(xp, rows, cols, *_head_matrices(layer, detach=False), 1)
+            zeros = g.padding_mode == "zeros"  # then the conv pads, not a padded copy
+            xp, pad = (x, g.pad_for(h, w)[2::-2]) if zeros else (g.pad_input(x), (0, 0))
+            p = layer.out_proj
+            heads, bias, groups = ((p.kernel, p.bias, p.groups) if grouped
+                                   else (*_head_matrices(layer, detach=False), 1))  # fmt: skip
+            return head_conv(xp, rows, cols, heads, bias, groups, pad)
+        xp = g.pad_input(x)
         if grouped:
             return grouped_head_mix(xp, rows, cols, layer.out_proj)
         heads, bias = _head_matrices(layer, detach=False)  # (Nh, Cout, Cin), (Cout,) | None
