@@ -37,6 +37,7 @@ def test_head_conv_equals_the_per_head_sum(b, groups, cin_g, cout_g, nh, stride,
     g = torch.Generator().manual_seed(seed)
     hp, wp = hp + 2 * dil + 1, wp + 2 * dil + 1  # the padded image holds the 3x3 dilated grid
     left, right, top, bottom = pads
+    bottom, right = min(bottom, hp - 1 - top), min(right, wp - 1 - left)  # a non-empty image
     cin, cout = groups * cin_g, groups * cout_g
     inner = (b, cin, hp - top - bottom, wp - left - right)
     x = torch.randn(inner, dtype=torch.float64, generator=g, requires_grad=True)
@@ -73,3 +74,28 @@ def test_converted_depthwise_dense_and_dilated_layers_equal_their_convs():
         gx = torch.autograd.grad(y.square().sum(), x)[0]
         torch.testing.assert_close(gx, torch.autograd.grad(ref.square().sum(), x)[0],
                                    rtol=1e-12, atol=1e-12)  # fmt: skip
+
+
+def test_the_inference_plan_follows_every_change_of_the_weights():
+    """No gradient asked: the conv's plan is kept, and rebuilt after an optimizer step, a
+    load_state_dict, a dtype change or another input size."""
+    torch.manual_seed(1)
+    conv = torch.nn.Conv2d(6, 6, 3, padding=1, groups=3)
+    att = conv_to_attention(conv)
+    x = torch.randn(2, 6, 9, 9)
+    with torch.no_grad():
+        torch.testing.assert_close(att(x), conv(x), rtol=1e-5, atol=1e-6)
+    opt = torch.optim.SGD(att.parameters(), lr=0.1)
+    y = att(x)
+    y.square().sum().backward()  # a training step through the same layer
+    opt.step()
+    with torch.no_grad():
+        fresh = conv_to_attention(torch.nn.Conv2d(6, 6, 3, padding=1, groups=3))
+        fresh.load_state_dict(att.state_dict())
+        torch.testing.assert_close(att(x), fresh.forward_layer(x), rtol=1e-4, atol=1e-5)
+        att.load_state_dict(conv_to_attention(conv).state_dict())  # back to the conv's weights
+        torch.testing.assert_close(att(x), conv(x), rtol=1e-5, atol=1e-6)
+        x2 = torch.randn(1, 6, 5, 7)
+        torch.testing.assert_close(att(x2), conv(x2), rtol=1e-5, atol=1e-6)
+        att64, conv64 = att.double(), conv.double()
+        torch.testing.assert_close(att64(x.double()), conv64(x.double()), rtol=1e-12, atol=1e-12)

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from attnconv.layers.checks import check_tensor
 from attnconv.layers.scripting import NotScriptable
 
+from . import head_conv as hc
 from .attributes import ConvAttributes
 from .geometry import (
     ConvGeometry,
@@ -33,7 +34,6 @@ from .geometry import (
     low_rank_heads,
 )
 from .grouped import GroupedHeadProjection, grouped_head_mix
-from .head_conv import head_conv, one_step
 from .rules import SpecConv, check_conversion, conv_spec
 
 # the fast hard path concatenates the heads' inputs when Nh * Cin is at most this (measured on
@@ -102,29 +102,34 @@ class ConvAttention2d(NotScriptable, ConvAttributes, nn.Module):
         return (y, attn) if return_attention else y
 
     def _forward_shift(self, x: torch.Tensor, h: int, w: int) -> torch.Tensor:
-        """Fast hard path: the layer's one-hot attention evaluated at the kept queries only.
-
-        Head h reads pixel clamp(q + round(Delta_h)) of the padded image (the layer's
-        ``hard_indices``), so SA_h(X) is a strided slice of X; Lemma 1's sum_h X_{q+f(h)} W^(h)
-        is then a channel mix (W^(h) as a 1x1 conv, channels-last): of the concatenated heads
-        when Nh * Cin is small, else one per head, summed; grouped / depthwise W^(h) go to
-        ``grouped_head_mix``. Equals the reference path (the layer's own forward on every
-        query, then ``geometry.crop``).
-        """
+        """Fast hard path: head h reads pixel clamp(q + round(Delta_h)) of the padded image, so
+        Lemma 1's sum_h X_{q+f(h)} W^(h) is one convolution (head_conv.py; its plan kept in
+        inference while no parameter changes); with a clamped border, channel mixes of strided
+        slices (grouped / depthwise: ``grouped_head_mix``). Equals the reference path (the
+        layer's own forward on every query, then ``geometry.crop``)."""
         g, layer = self.geometry, self.attention
+        zeros = g.padding_mode == "zeros"  # then the conv pads, not a padded copy
+        key = None
+        if not torch.is_grad_enabled():  # inference: the conv's plan kept while nothing changes
+            key = (h, w, self.hard, *((p.data_ptr(), p._version) for p in self.parameters()))
+            cached = self.__dict__.get("_plan")
+            if cached is not None and cached[0] == key:
+                return hc.run(x if zeros else g.pad_input(x), cached[1])
         oh, ow = g.output_size(h, w)
         (ah, aw), (sh, sw), (hp, wp) = g.anchor, g.stride, g.padded_size(h, w)
         shifts = torch.round(layer.positional_encoding.centers.detach()).long().tolist()
         rows = [_kept(ah, oh, sh, hp, dr) for dr, _ in shifts]  # per head: slice or index list
         cols = [_kept(aw, ow, sw, wp, dc) for _, dc in shifts]
         grouped = isinstance(layer.out_proj, GroupedHeadProjection)  # block-diagonal W^(h)
-        if one_step(rows) and one_step(cols):  # no clamped border: Lemma 1's sum is one conv
-            zeros = g.padding_mode == "zeros"  # then the conv pads, not a padded copy
-            xp, pad = (x, g.pad_for(h, w)[2::-2]) if zeros else (g.pad_input(x), (0, 0))
+        if hc.one_step(rows) and hc.one_step(cols):  # no clamped border: Lemma 1's sum, one conv
             p = layer.out_proj
             heads, bias, groups = ((p.kernel, p.bias, p.groups) if grouped
                                    else (*_head_matrices(layer, detach=False), 1))  # fmt: skip
-            return head_conv(xp, rows, cols, heads, bias, groups, pad)
+            plan = hc.plan(rows, cols, heads, bias, groups, g.pad_for(h, w)[2::-2] if zeros
+                           else (0, 0))  # fmt: skip
+            if key is not None:
+                self.__dict__["_plan"] = (key, plan)
+            return hc.run(x if zeros else g.pad_input(x), plan)
         xp = g.pad_input(x)
         if grouped:
             return grouped_head_mix(xp, rows, cols, layer.out_proj)
