@@ -68,7 +68,9 @@ def test_a_model_reading_its_convolutions_runs_after_conversion():
     x = torch.randn(2, 3, 16, 16, dtype=torch.float64)
     want = model(x)
     converted = convert_model(model)
-    assert not isinstance(converted.conv, nn.Conv2d)  # it is attention now
+    from attnconv.convert import ConvAttention
+
+    assert isinstance(converted.conv, ConvAttention)  # attention now (still an nn.Conv2d)
     got = converted(x)
     assert torch.allclose(got, want, rtol=0, atol=1e-12)
 
@@ -77,3 +79,27 @@ def test_soft_layer_has_no_equivalent_kernel():
     att = conv_to_attention(nn.Conv2d(3, 4, 3, padding=1), alpha=5.0)
     assert att.in_channels == 3
     assert not hasattr(att, "weight")  # no equivalent kernel: code probing for one sees none
+
+
+def test_a_converted_conv_is_an_instance_of_its_conv_class():
+    """Code that checks types (timm's reparameterize_model asserts isinstance(conv, nn.Conv2d))
+    accepts a converted conv, reads the conv attributes it expects, and convert_model does not
+    convert a converted conv again."""
+    from attnconv.convert import ConvAttention
+
+    c2, c1 = conv_to_attention(nn.Conv2d(4, 6, 3, padding=1)), conv_to_attention(nn.Conv1d(4, 6, 3))
+    assert isinstance(c2, nn.Conv2d) and not isinstance(c2, nn.Conv1d)
+    assert isinstance(c1, nn.Conv1d) and not isinstance(c1, nn.Conv2d)
+    assert isinstance(c1, ConvAttention) and isinstance(c2, ConvAttention)
+    for m in (c1, c2):
+        assert m.transposed is False and m.output_padding == (0,) * len(m.kernel_size)
+        assert "weight" not in dict(m.named_parameters())  # no parameter of nn.Conv2d's own
+    net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU())
+    once = convert_model(net)
+    twice = convert_model(once)
+    assert type(twice[0]) is type(once[0])
+    assert len(list(twice.modules())) == len(list(once.modules()))
+    x = torch.randn(1, 3, 5, 5)
+    torch.testing.assert_close(twice(x), net(x), rtol=1e-5, atol=1e-6)
+    with pytest.raises(TypeError, match="already a converted convolution"):
+        conv_to_attention(c2)

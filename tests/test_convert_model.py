@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 from attnconv.cli import main
-from attnconv.convert import ConvAttention2d, convert_model, converted_layers
+from attnconv.convert import ConvAttention, ConvAttention2d, convert_model, converted_layers
 from attnconv.convert.report import compare_predictions, layer_report, lemma2_sweep
 from attnconv.data import Loader, load_dataset
 from attnconv.models import create_model
@@ -37,7 +37,8 @@ def test_convert_model_resnet18_identical_predictions(cifar_zip):
     model = _trained_bn(create_model("resnet18_cifar", **NARROW))
     conv_count = sum(isinstance(m, nn.Conv2d) for m in model.modules())
     converted = convert_model(model).eval()
-    assert not any(isinstance(m, nn.Conv2d) for m in converted.modules())  # all-attention
+    plain = [m for m in converted.modules() if isinstance(m, nn.Conv2d)]
+    assert all(isinstance(m, ConvAttention) for m in plain)  # all-attention
     assert len(converted_layers(converted)) == conv_count == 20
     assert any(isinstance(m, nn.Conv2d) for m in model.modules())  # original untouched
     ds = load_dataset(str(cifar_zip), "test", max_per_class=6)  # 60 real test images

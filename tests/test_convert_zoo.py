@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 
 from attnconv.convert import (
+    ConvAttention,
     ConvAttention2d,
     UnsupportedConv,
     conv_spec,
@@ -32,7 +33,7 @@ def test_zoo_network_converts_exactly(size):
     conv = convert_model(net).eval()
     assert unconverted_layers(conv) == []
     n_convs = sum(isinstance(m, nn.Conv2d | nn.Conv1d) for m in net.modules())
-    n_attn = sum(isinstance(m, ConvAttention2d) for m in conv.modules())
+    n_attn = sum(isinstance(m, ConvAttention) for m in conv.modules())
     assert n_convs == n_attn == 21
     x = torch.randn(2, 3, *size)
     with torch.no_grad():
@@ -154,7 +155,7 @@ def test_cli_convert_saves_a_model_that_loads_converted(tmp_path, capsys):
     assert "saved the converted model" in capsys.readouterr().out
     model, info = load_model(out)
     assert info["converted"]["alpha"] is None and info["model"] == "resnet18_cifar"
-    assert sum(isinstance(m, ConvAttention2d) for m in model.modules()) == 20
+    assert sum(isinstance(m, ConvAttention) for m in model.modules()) == 20
     torch.manual_seed(0)  # the CLI's random weights for a registry name
     ref = create_model("resnet18_cifar").eval()
     x = torch.randn(2, 3, 32, 32)

@@ -64,7 +64,7 @@ def _timings(fns: dict, x: torch.Tensor, repeats: int) -> tuple[dict, dict]:
 
 
 def bench_speed(batch: int, repeats: int, widths: tuple[int, ...] | None) -> dict:
-    from attnconv.convert import ConvAttention2d, convert_model
+    from attnconv.convert import ConvAttention, convert_model
     from attnconv.models import create_model
 
     torch.manual_seed(0)
@@ -73,7 +73,7 @@ def bench_speed(batch: int, repeats: int, widths: tuple[int, ...] | None) -> dic
     fast = convert_model(model).eval()
     gather = convert_model(model).eval()  # the layer's own hard attention (a gather) + crop
     for m in gather.modules():
-        if isinstance(m, ConvAttention2d):
+        if isinstance(m, ConvAttention):
             m.forward = m.forward_layer  # this instance runs the layer path (a benchmark copy)
     x = _real_images(batch)
     with torch.no_grad():

@@ -9,6 +9,7 @@
 from .geometry import ConvGeometry, conv_geometry, heads_to_kernel, kernel_to_heads, low_rank_heads
 from .model import convert_model, converted_layers, unconverted_layers
 from .modules import (
+    ConvAttention,
     ConvAttention1d,
     ConvAttention2d,
     attention_to_conv,
@@ -24,6 +25,7 @@ __all__ = [
     "conv_spec",
     "register_conv_rule",
     "unconverted_layers",
+    "ConvAttention",
     "ConvAttention1d",
     "ConvAttention2d",
     "ConvGeometry",

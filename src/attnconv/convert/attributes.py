@@ -58,6 +58,14 @@ class ConvAttributes:
         return self.geometry.padding_mode
 
     @property
+    def transposed(self) -> bool:
+        return False
+
+    @property
+    def output_padding(self) -> tuple[int, ...]:
+        return (0,) * self.geometry.ndim
+
+    @property
     def bias(self) -> torch.Tensor | None:
         """The conv's bias: b_out + sum_h Wout_h b_val^(h) (one-hot rows sum to 1)."""
         from .modules import _head_matrices

@@ -11,7 +11,7 @@ import torch.nn as nn
 
 from attnconv.progress import Progress
 
-from .modules import ConvAttention2d, conv_to_attention
+from .modules import ConvAttention, conv_to_attention
 from .rules import UnsupportedConv
 
 ON_UNSUPPORTED = ("error", "keep")
@@ -56,19 +56,19 @@ def convert_model(
             kept.append((path, type(conv).__name__, str(e)))
             return conv
 
-    if isinstance(model, (nn.Conv1d, nn.Conv2d)):  # the root itself cannot be swapped in place
+    if _convertible(model):  # the root itself cannot be swapped in place
         out = convert("", model)
         out.attnconv_unconverted = kept
         return out
     converted: dict[int, nn.Module] = {}  # id(conv) -> module (a shared conv stays shared)
     names = {id(m): n for n, m in model.named_modules()}
-    n_convs = len({id(m) for m in model.modules() if isinstance(m, (nn.Conv1d, nn.Conv2d))})
+    n_convs = len({id(m) for m in model.modules() if _convertible(m)})
     bar = Progress(n_convs, "convert", unit="layer", leave=False, enabled=progress)
     with warnings.catch_warnings(), bar:
         warnings.simplefilter("ignore")  # one summary warning below instead of one per layer
         for parent in list(model.modules()):
             for child_name, child in list(parent._modules.items()):  # shared convs repeat here
-                if isinstance(child, (nn.Conv1d, nn.Conv2d)):
+                if _convertible(child):
                     if id(child) not in converted:
                         path = ".".join(p for p in (names.get(id(parent), ""), child_name) if p)
                         converted[id(child)] = convert(path, child)
@@ -76,7 +76,7 @@ def convert_model(
                     setattr(parent, child_name, converted[id(child)])
     model.attnconv_unconverted = kept
     worst = max(
-        (m.rank_error for m in converted.values() if isinstance(m, ConvAttention2d)), default=0.0
+        (m.rank_error for m in converted.values() if isinstance(m, ConvAttention)), default=0.0
     )
     if worst > 0:
         warnings.warn(
@@ -99,6 +99,11 @@ def unconverted_layers(model: nn.Module) -> list[tuple[str, str, str]]:
     return list(getattr(model, "attnconv_unconverted", []))
 
 
-def converted_layers(model: nn.Module) -> list[tuple[str, ConvAttention2d]]:
+def converted_layers(model: nn.Module) -> list[tuple[str, ConvAttention]]:
     """(name, module) of every ConvAttention2d/1d in a converted model, in module order."""
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, ConvAttention2d)]
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, ConvAttention)]
+
+
+def _convertible(m: nn.Module) -> bool:
+    """A convolution not converted yet (a converted one is an nn.Conv1d/Conv2d too)."""
+    return isinstance(m, (nn.Conv1d, nn.Conv2d)) and not isinstance(m, ConvAttention)

@@ -47,8 +47,8 @@ def _mhsa_cls():
     return MultiHeadSelfAttention2d
 
 
-class ConvAttention2d(NotScriptable, ConvAttributes, nn.Module):
-    """An nn.Conv2d computed by multi-head self-attention (Theorem 1).
+class ConvAttention(NotScriptable, ConvAttributes, nn.Module):
+    """A convolution computed by multi-head self-attention (Theorem 1): ConvAttention2d/1d.
 
     ``attention`` is a position-only quadratic ``MultiHeadSelfAttention2d`` over the padded input;
     ``geometry`` holds the conv's padding, stride and dilation. NCHW in, NCHW out, same shapes as
@@ -56,11 +56,14 @@ class ConvAttention2d(NotScriptable, ConvAttributes, nn.Module):
     its one-hot attention at the kept queries only (a shift, ``_forward_shift``); ``forward_layer``
     runs the layer's own forward on every padded pixel, then the crop (what the shift equals).
     It answers the conv's attributes (``weight``, ``bias``, ``in_channels``, ``kernel_size``,
-    ``stride``, ``padding``, ``dilation``, ``groups``; attributes.py).
+    ``stride``, ``padding``, ``dilation``, ``groups``; attributes.py), and the 2-D / 1-D
+    subclasses pass ``isinstance(m, nn.Conv2d)`` / ``nn.Conv1d`` (model code that checks types,
+    e.g. timm's re-parametrization, accepts them; nn.Conv2d's __init__ is not run: no weight
+    parameter of its own).
     """
 
     def __init__(self, geometry: ConvGeometry, attention: nn.Module, rank_error: float = 0.0):
-        super().__init__()
+        nn.Module.__init__(self)  # not nn.Conv2d's: the weight is read from the heads
         self.geometry = geometry
         self.attention = attention
         self.rank_error = rank_error  # ||W - W_r||_F / ||W||_F of the kernel (0 = exact)
@@ -153,6 +156,19 @@ class ConvAttention2d(NotScriptable, ConvAttributes, nn.Module):
             y = y + bias[None, :, None, None]
         return y
 
+    def extra_repr(self) -> str:
+        g = self.geometry
+        s = (
+            f"{g.in_channels}, {g.out_channels}, kernel_size={g.kernel}, stride={g.stride}, "
+            f"pad={g.pad}, dilation={g.dilation}, groups={g.groups}, "
+            f"padding_mode={g.padding_mode!r}, hard={self.hard}"
+        )
+        return s + (f", rank_error={self.rank_error:.3g}" if self.rank_error else "")
+
+
+class ConvAttention2d(ConvAttention, nn.Conv2d):
+    """An nn.Conv2d computed by multi-head self-attention (Theorem 1); see ConvAttention."""
+
     def forward(self, x: torch.Tensor, return_attention: bool = False):
         """x (B, Cin, H, W) -> conv(x) (B, Cout, Ho, Wo); with return_attention also the
         attention probabilities over the padded image (B or 1, Nh, Hp*Wp, Hp*Wp)."""
@@ -165,17 +181,8 @@ class ConvAttention2d(NotScriptable, ConvAttributes, nn.Module):
         self._check(x, 2)
         return self._forward2d(x, False, shift=False)
 
-    def extra_repr(self) -> str:
-        g = self.geometry
-        s = (
-            f"{g.in_channels}, {g.out_channels}, kernel_size={g.kernel}, stride={g.stride}, "
-            f"pad={g.pad}, dilation={g.dilation}, groups={g.groups}, "
-            f"padding_mode={g.padding_mode!r}, hard={self.hard}"
-        )
-        return s + (f", rank_error={self.rank_error:.3g}" if self.rank_error else "")
 
-
-class ConvAttention1d(ConvAttention2d):
+class ConvAttention1d(ConvAttention, nn.Conv1d):
     """An nn.Conv1d computed by self-attention: the 2-D layer on a (1, L) image, K heads, row 0."""
 
     def forward(self, x: torch.Tensor, return_attention: bool = False):
@@ -209,6 +216,8 @@ def conv_to_attention(
     module when exact, else the plain convolution it was built from); ``UnsupportedConv`` (a
     ValueError) when they differ or the module cannot be read as a convolution.
     """
+    if isinstance(conv, ConvAttention):
+        raise TypeError(f"{type(conv).__name__} is already a converted convolution")
     if not isinstance(conv, (nn.Conv1d, nn.Conv2d)):
         raise TypeError(
             f"expected nn.Conv1d or nn.Conv2d, got {type(conv).__name__} "
@@ -342,7 +351,7 @@ def attention_to_conv(module: nn.Module) -> nn.Conv2d | nn.Conv1d:
     (a round trip gives the same weights). Soft (finite alpha) or non-integer centres ->
     ValueError. For a bare ``MultiHeadSelfAttention2d`` use ``mhsa_to_conv``.
     """
-    if not isinstance(module, ConvAttention2d):
+    if not isinstance(module, ConvAttention):
         raise TypeError(
             f"attention_to_conv expects a ConvAttention2d/1d, got {type(module).__name__} "
             "(use mhsa_to_conv for a bare MultiHeadSelfAttention2d)"

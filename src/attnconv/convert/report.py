@@ -9,7 +9,7 @@ from collections.abc import Iterable
 import torch
 import torch.nn as nn
 
-from .modules import ConvAttention2d, conv_to_attention
+from .modules import ConvAttention, conv_to_attention
 
 
 @torch.no_grad()
@@ -21,7 +21,8 @@ def layer_report(
 
     One dict per conv: name, kernel, stride, heads, head_dim, hard, max_abs_diff, max_abs_out.
     """
-    convs = {n: m for n, m in model.named_modules() if isinstance(m, (nn.Conv1d, nn.Conv2d))}
+    convs = {n: m for n, m in model.named_modules()
+             if isinstance(m, (nn.Conv1d, nn.Conv2d)) and not isinstance(m, ConvAttention)}
     seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def hook(name: str):
@@ -41,7 +42,7 @@ def layer_report(
         if name not in seen:
             continue  # a conv the forward never calls
         att = converted.get_submodule(name)
-        if not isinstance(att, ConvAttention2d):
+        if not isinstance(att, ConvAttention):
             raise TypeError(f"{name}: expected a ConvAttention module, got {type(att).__name__}")
         x, ref = seen[name]
         y = att(x)
