@@ -196,3 +196,12 @@ def test_console_script_is_the_same_entry_point():
     proc = subprocess.run([str(script), "frobnicate"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "invalid choice: 'frobnicate'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_eval_of_a_config_file_says_it_is_a_config(capsys):
+    from attnconv.cli import main
+
+    cfg = str(ROOT / "configs" / "cpu" / "sa_quadratic.yaml")
+    assert main(["eval", cfg]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "a training config, not a checkpoint" in last and "attnconv train" in last

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -87,8 +88,11 @@ def test_demo_refuses_an_occupied_folder_and_overwrite_replaces_it(tmp_path):
     first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
     before = (out / "metrics.csv").read_text()
+    t0 = time.perf_counter()
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert again.returncode != 0 and "--overwrite" in again.stderr.strip().splitlines()[-1]
+    last = again.stderr.strip().splitlines()[-1]
+    assert again.returncode != 0 and "--overwrite" in last and "--resume" not in last
+    assert time.perf_counter() - t0 < 30  # refused before any work (it took 20 s of it before)
     assert (out / "metrics.csv").read_text() == before  # refused: nothing touched
     (out / "checkpoints" / "step-99999999").mkdir()  # a checkpoint only the old run has
     over = subprocess.run([*cmd, "--overwrite"], env=env, capture_output=True, text=True,

@@ -32,8 +32,11 @@ def test_registry_lists_models_and_rejects_unknown():
     names = list_models()
     for n in MINE + ("transformer_base", "transformer_small", "sa_quadratic", "sa_learned"):
         assert n in names
-    with pytest.raises(ValueError, match="known models: .*resnet18_cifar"):
+    with pytest.raises(ValueError, match="did you mean .*resnet18_cifar") as e:
         create_model("resnet19_cifar")
+    assert len(str(e.value)) < 200  # the closest few, not every registered name
+    with pytest.raises(ValueError, match=r"e\.g\. .*models in all: attnconv\.list_models\(\)"):
+        create_model("zzzz")
     with pytest.raises(ValueError, match="unknown option.*depth_x.*known: .*depth"):
         create_model("vit_tiny_cifar", depth_x=3)
     assert attnconv.create_model is create_model

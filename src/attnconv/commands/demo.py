@@ -138,6 +138,9 @@ def run(args: argparse.Namespace) -> int:
     t_start = time.time()
     data = args.data or default_data()
     out = Path(args.out or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
+    if out.exists() and any(out.iterdir()) and not args.overwrite:  # before any work
+        raise ValueError(f"--out {out}: a run is already there; choose another --out, or pass "
+                         "--overwrite to replace it")  # fmt: skip
     base = {
         "model": {"name": "sa_quadratic", "kwargs": dict(MODEL)},
         "data": {"dataset": data, "eval_max_per_class": 100},

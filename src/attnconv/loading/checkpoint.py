@@ -91,6 +91,9 @@ def find_checkpoint(path: str | Path) -> Path:
                 f"{p}: pickle checkpoint (torch.save format); attnconv never unpickles files "
                 f"(unsafe) - re-save the weights as an attnconv safetensors checkpoint"
             )
+        if p.suffix in (".yaml", ".yml"):
+            raise CheckpointError(f"{p}: a training config, not a checkpoint (train it: "
+                                  f"attnconv train {p})")  # fmt: skip
         raise CheckpointError(f"{p}: foreign checkpoint (expected a folder with {META}, {WEIGHTS})")
     for sub in (p / "checkpoints", p):
         if (sub / LATEST).exists() and not (sub / META).exists():

@@ -26,9 +26,11 @@ def check_model_args(name: str, kwargs: dict) -> None:
     """ValueError for an unknown model name (with close matches) or a size that is not a
     positive int: a clear error here, not a crash in a constructor."""
     if name not in _MODELS:
-        close = difflib.get_close_matches(name, list(_MODELS), n=3)
-        hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        raise ValueError(f"unknown model {name!r}{hint}; known models: {', '.join(list_models())}")
+        close = difflib.get_close_matches(name, list(_MODELS), n=3, cutoff=0.5)
+        some = close or list_models()[:3]
+        hint = f"did you mean {', '.join(some)}?" if close else f"e.g. {', '.join(some)};"
+        raise ValueError(f"unknown model {name!r} ({hint} {len(_MODELS)} models in all: "
+                         "attnconv.list_models())")
     for key, val in kwargs.items():
         if key in _SIZES and val is not None:
             if not isinstance(val, int) or isinstance(val, bool) or val < 1:
