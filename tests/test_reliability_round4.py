@@ -127,3 +127,25 @@ def test_a_checkpoint_with_nan_weights_is_not_evaluated(cifar_zip, tmp_path, cap
     assert main(["eval", str(tmp_path / "ck"), "--data", str(cifar_zip)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "non-finite weights" in err[-1]
+
+
+def test_run_folders_follow_the_umask(cifar_zip, tmp_path):
+    """Colleagues on a shared machine can read a run: checkpoints, config.yaml and their folders
+    get the modes a plain open()/mkdir() gives under the umask (mkstemp/mkdtemp give 0600/0700)."""
+    import os
+    import stat
+
+    d = small(cifar_zip, tmp_path / "run", train={"epochs": 1})
+    old = os.umask(0o022)
+    try:
+        Trainer(config_from_dict(d)).fit()
+    finally:
+        os.umask(old)
+    run = tmp_path / "run"
+    files = [run / "config.yaml", run / "metrics.csv", *run.glob("checkpoints/step-*/*")]
+    folders = [run / "checkpoints", *run.glob("checkpoints/step-*")]
+    assert len(files) > 3 and len(folders) > 1
+    for f in files:
+        assert stat.S_IMODE(f.stat().st_mode) == 0o644, (f, oct(f.stat().st_mode))
+    for f in folders:
+        assert stat.S_IMODE(f.stat().st_mode) == 0o755, (f, oct(f.stat().st_mode))

@@ -54,11 +54,27 @@ def _fsync_dir(d: Path) -> None:
         os.close(fd)
 
 
+def umask() -> int:
+    """The process's umask (read, not changed: /proc where it says, else set and restored)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temp file in the same folder, fsync, rename."""
+    """Write ``data`` to ``path`` through a temp file in the same folder, fsync, rename; the
+    file's mode follows the umask, as a plain open() would (mkstemp's is 0600)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -144,6 +160,7 @@ def save_checkpoint(
         st_tensors.update(t)
     st_tensors = _plain(st_tensors)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    os.chmod(tmp, 0o777 & ~umask())  # as mkdir would (mkdtemp's is 0700)
     try:
         files = {WEIGHTS: st_save(weights)}
         if st_tensors:
