@@ -166,3 +166,14 @@ def test_analyze_and_explore_a_converted_cnn(tmp_path, cifar_zip, capsys):
     assert main(args + ["--average", "2"]) == 0
     data = json.loads(page.read_text().split('id="explorer-data">')[1].split("</script>")[0])
     assert [L["name"] for L in data["layers"]] == ["conv1", "conv2"]
+
+
+@pytest.mark.slow
+def test_a_cnn_converted_from_a_model_name_is_analyzed_without_data(tmp_path):
+    """`attnconv convert NAME --out DIR` records the data it checked the model on (the embedded
+    sample), so `analyze DIR` needs no --data."""
+    conv = tmp_path / "converted"
+    assert main(["convert", "tiny_cnn", "--num-images", "2", "--out", str(conv)]) == 0
+    out = tmp_path / "an"
+    assert main(["analyze", str(conv), "--out", str(out), "--num-images", "2"]) == 0
+    assert (out / "report.json").is_file()

@@ -45,10 +45,12 @@ def normalization(info: dict) -> tuple[list[float], list[float]]:
 
 
 def data_spec(data: str | None, info: dict) -> str:
-    """``--data`` or, if not given, the dataset the checkpoint was trained on."""
+    """``--data`` or, if not given, the dataset the checkpoint was trained on (a converted
+    model's: the data ``attnconv convert`` checked it on)."""
     if data:
         return data
     spec = ((info.get("config") or {}).get("data") or {}).get("dataset")
+    spec = spec or (info.get("data") or {}).get("dataset")
     if not spec:
         raise ValueError("no --data given and the checkpoint does not name its dataset")
     return str(spec)

@@ -145,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
                       "on_unsupported": "keep" if kept else "error", "source": label}  # fmt: skip
         path = save_checkpoint(
             args.out, converted.cpu(), info["model"], info.get("model_kwargs", {}),
-            config=info.get("config"), extra={"converted": conversion, "data": data_info},
+            config=info.get("config"),
+            extra={"converted": conversion, "data": {"dataset": spec, **data_info}},
         )  # fmt: skip
         print(f"saved the converted model to {path}")
     return 0
