@@ -17,8 +17,9 @@
   runs, the quick run is the default, named tests exist), ``mkdocs build`` (CI builds it),
   ``attnconv demo`` (2 minutes; run for real by tests/test_demo.py), the paper-scale ``train
   configs/sa_*.yaml`` (300 epochs; its config and overrides are loaded and validated),
-  ``torchrun`` (run for real by tests/test_distributed.py). Every ``attnconv`` line, run or
-  not, is first parsed by the real argument parser.
+  ``torchrun`` (run for real by tests/test_distributed.py), ``hf download`` (the network: its
+  form is checked, the folder it makes is built offline by tests/test_vit_weights_cli.py).
+  Every ``attnconv`` line, run or not, is first parsed by the real argument parser.
 - Blocks without a language (the layout in docs/development.md): every path they name exists.
 - Inline ``attnconv ...`` code spans in the prose: every subcommand and option they use exists.
 """
@@ -136,6 +137,12 @@ class Runner:
             self.done.append("parsed: torchrun ... attnconv train")
         elif prog == "attnconv":
             self.attnconv(self.subst(rest))
+        elif prog == "hf":  # Hugging Face's download (network): its form only; the folder it
+            # makes is what tests/test_vit_weights_cli.py builds offline and analyzes
+            assert rest[0] == "download" and "--local-dir" in rest, rest
+            repo, folder = rest[1], rest[rest.index("--local-dir") + 1]
+            assert repo.startswith("google/vit-") and Path(folder).name == repo.split("/")[1]
+            self.done.append(f"checked: hf download {repo}")
         else:
             raise AssertionError(f"documented command with no test policy: {shlex.join(argv)}")
 
