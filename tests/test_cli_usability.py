@@ -226,3 +226,28 @@ def test_bf16_on_a_cpu_without_native_bf16_says_so(native, files, capsys, monkey
         assert "bfloat16 autocast (float32 weights)" in line, line
     else:
         assert line.split()[1] == "float32" and "no AVX512-BF16 or AMX" in line, line
+
+
+def test_one_vocabulary_across_commands(files, capsys):
+    """--json [PATH] (printed, or written to PATH) in eval and convert; --num-images (images
+    averaged) in analyze and explore; --out (a folder) in bench too; the old spellings kept."""
+    import json
+
+    from attnconv.cli import build_parser
+
+    tmp, ck = files["tmp"], files["ckpt"]
+    assert main(["eval", ck, "--data", "sample", "--max-per-class", "1", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main(["eval", ck, "--data", "sample", "--max-per-class", "1", "--json",
+                 str(tmp / "e.json")]) == 0  # fmt: skip
+    assert json.loads((tmp / "e.json").read_text())["accuracy"] == printed["accuracy"]
+    assert main(["convert", ck, "--num-images", "2", "--json"]) == 0
+    out = capsys.readouterr().out
+    report = json.loads(out[out.index("{"): out.rindex("}") + 1])
+    assert isinstance(report, dict) and report
+    parser = build_parser()
+    for argv in (["explore", ck, "--out", "p", "--num-images", "3"],
+                 ["explore", ck, "--out", "p", "--average", "3"]):
+        assert parser.parse_args(argv).average == 3
+    for argv in (["bench", "--out", "d"], ["bench", "--out-dir", "d"]):
+        assert parser.parse_args(argv).out_dir == "d"

@@ -50,8 +50,9 @@ MALLOC_POLICIES = {
 
 def add_output_options(p: argparse.ArgumentParser) -> None:
     """``--out-dir`` and ``--update-results``, the same for every suite (see output_dir)."""
-    p.add_argument("--out-dir", default=None,
-                   help=f"folder for the results (default: ./{DEFAULT_OUT_DIR}/)")  # fmt: skip
+    p.add_argument("--out", "--out-dir", dest="out_dir", default=None,
+                   help=f"folder for the results (default: ./{DEFAULT_OUT_DIR}/; --out-dir: the "
+                   "older spelling)")  # fmt: skip
     p.add_argument("--update-results", action="store_true",
                    help="rewrite benchmarks/results/ of a source checkout")  # fmt: skip
 

@@ -31,7 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head-dim", type=int, default=None,
                    help="rank-limited heads (default: exact, head_dim = in_channels)")  # fmt: skip
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
-    p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    p.add_argument("--json", nargs="?", const="-", metavar="PATH",
+                   help="also the report as JSON: written to PATH, or printed without one")
     p.add_argument("--out", metavar="DIR", help="save the converted model as a checkpoint folder "
                    "(safetensors + JSON) that eval / analyze / convert load")  # fmt: skip
     p.add_argument("--keep-unsupported", action="store_true",
@@ -135,7 +136,9 @@ def run(args: argparse.Namespace) -> int:
               f"diff| {res['max_abs_logit_diff']:.2e}; time {res['seconds_before']:.1f} s -> "
               f"{res['seconds_after']:.1f} s")  # fmt: skip
         report["test_set"] = res
-    if args.json:
+    if args.json == "-":
+        print(json.dumps(report, indent=1))
+    elif args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=1))
     if args.out:

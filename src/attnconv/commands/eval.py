@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from pathlib import Path
 
 from .options import add_device
 
@@ -19,7 +20,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", default="test", help="split of --data to use (default: test)")
     p.add_argument("--batch-size", type=int, default=500, help="images per batch (500)")
     p.add_argument("--max-per-class", type=int, default=None, help="evaluate on a subset")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--json", nargs="?", const="-", metavar="PATH",
+                   help="the result as JSON: printed, or written to PATH (as convert --json)")
     add_device(p)
 
 
@@ -70,9 +72,12 @@ def run(args: argparse.Namespace) -> int:
         "accuracy": acc,
         "loss": loss,
     }
-    if args.json:
+    if args.json == "-":
         print(json.dumps(res))
     else:
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(res, indent=1))
         print(
             f"{info['model']} ({info['path']}) on {spec}:{args.split}, {len(ds)} images: "
             f"accuracy {100 * acc:.2f}%, loss {loss:.4f}"

@@ -20,7 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", default="test", help="split of --data to use (default: test)")
     p.add_argument("--images", type=int, default=4, help="test images shown (default 4)")
     p.add_argument(
-        "--average", type=int, default=25, help="images of the average view (default 25; 0 = off)"
+        "--num-images", "--average", dest="average", type=int, default=25,
+        help="images averaged in the average view (default 25; 0 = off; --average: the older "
+        "spelling; analyze's --num-images)"
     )
     p.add_argument(
         "--max-queries",
