@@ -3,7 +3,7 @@
 // threshold, the kept ones scaled by 1 / (1 - p) in the opmath type (float for bfloat16 and
 // float16), one pass, no mask stored: backward is the same call on the gradient with the same
 // seed. The plain equations: dropout.py's hash_dropout_reference.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 
 #include "hash.h"
 

@@ -26,9 +26,11 @@ from ..functional import drop_threshold, dropout_seed, dropped_links
 from ..precision import backward_without_autocast, kernel_dtype
 from . import build
 
-SOURCES = [Path(__file__).with_name(f) for f in (
-    "fused_axis.cpp", "fused_local.cpp", "dropout.cpp")]  # fmt: skip
-HEADERS = [Path(__file__).with_name("hash.h")]
+# two translation units compiled side by side: the Python bindings, and the three kernels as
+# one unit (kernels.cpp includes them: ATen's headers parsed once)
+SOURCES = [Path(__file__).with_name(f) for f in ("bindings.cpp", "kernels.cpp")]
+HEADERS = [Path(__file__).with_name(f) for f in (
+    "fused_axis.cpp", "fused_local.cpp", "dropout.cpp", "hash.h")]  # fmt: skip
 DISABLE = "ATTNCONV_NO_FUSED"  # set to 1: never build or run the fused kernel
 
 

@@ -10,7 +10,7 @@
 // mask) run from cache, the products are BLAS calls on strided views (no layout copies).
 // Backward recomputes the probabilities from the saved row max and 1 / sum (flash-attention
 // style) and redraws the same mask: nothing (T, T) is kept between forward and backward.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 
 #include "hash.h"
 
@@ -219,25 +219,4 @@ std::vector<at::Tensor> backward(at::Tensor dy, at::Tensor q, at::Tensor k, at::
     });
   });
   return {dq, dk, dv, dqa};
-}
-
-// SASA's local window attention (fused_local.cpp)
-std::vector<at::Tensor> local_forward(at::Tensor q, std::optional<at::Tensor> k, at::Tensor v,
-                                      std::optional<at::Tensor> mix,
-                                      std::optional<at::Tensor> qr_row,
-                                      std::optional<at::Tensor> qr_col, int64_t ks, bool mask);
-std::vector<at::Tensor> local_backward(at::Tensor gy, at::Tensor q, std::optional<at::Tensor> k,
-                                       at::Tensor v, std::optional<at::Tensor> mix,
-                                       at::Tensor probs, int64_t ks, bool rel);
-
-// hidden dropout with the counter-hash mask (dropout.cpp)
-at::Tensor hash_dropout(const at::Tensor& x, double p, int64_t seed, int64_t threshold,
-                        int64_t offset);
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("forward", &forward, "fused axis attention forward");
-  m.def("backward", &backward, "fused axis attention backward");
-  m.def("local_forward", &local_forward, "fused local window attention forward");
-  m.def("local_backward", &local_backward, "fused local window attention backward");
-  m.def("hash_dropout", &hash_dropout, "dropout with the counter-hash mask");
 }

@@ -10,7 +10,7 @@
 // stem's spatially-aware values v_ab = sum_m mix[(a-i, b-j), m] v^m_ab (M = 1 and no mix: plain
 // values); qr_row / qr_col (B, nh, k, H, W) the relative logits q . rel_row[a-i], q . rel_col[b-j]. Keys outside the image: masked (out of
 // the softmax) or zeros (a zero key and value that keeps its relative logit), as local_kernel.py.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 
 #include <ATen/Parallel.h>
 
