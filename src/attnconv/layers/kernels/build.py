@@ -150,8 +150,8 @@ def load(prefix: str, sources: list[Path], headers: list[Path], flags: list[str]
 
     def build():
         print(f"attnconv: building the fused CPU kernels into {build_dir} (once per machine and "
-              "version; under a minute on 2 cores; other processes use the dense kernels meanwhile)",
-              file=sys.stderr, flush=True)  # fmt: skip
+              "version; under a minute on 2 cores; other processes run the dense kernels "
+              "meanwhile)", file=sys.stderr, flush=True)  # fmt: skip
         t0 = time.monotonic()
         module = cpp_extension.load(name=name, sources=[str(f) for f in sources],
                                     extra_cflags=flags, build_directory=str(build_dir))  # fmt: skip
