@@ -58,20 +58,34 @@ def _head_dims(cin: int, cout: int, nh: int, head_dim, qk_dim, value: str) -> tu
 class MultiHeadSelfAttention2d(NotScriptable, nn.Module):
     """Multi-head self-attention on NCHW images: (B, in_channels, H, W) -> (B, out_channels, H, W).
 
-    Args: in_channels, out_channels, num_heads; positional (a ``PositionalEncoding``, or its
-    string shorthand, one of POSITIONALS); content (add the content-content term); head_dim (value
-    width per head, default out_channels // num_heads; = in_channels when ``value="identity"``);
-    qk_dim (query/key width per head, default head_dim); value ("linear": Linear(in, Nh*head_dim)
-    values; "identity": each head attends over the raw input, the reference code's layout);
-    dropout (on attention probabilities); dropout_mask ("sample": a mask per image; "batch": one
-    (Nh, T, T) mask shared by the batch, the reference code's Gaussian layer, position-only
-    attention only); impl ("auto" | "reference"); max_size (side of learned
-    tables); bias (of the projections); backend (None: the plan's choice; "flex", "blocked",
-    "fused", "fold" or "triton" forces that family of kernels where it applies, kernels/plan.py).
-    ``encoding_options`` go to the named encoding (encoding.build_encoding): hard,
-    init_centers_std, init_alpha (quadratic); relative_terms, learned_r (relative, Dai eq. 8);
-    rel_dim (r_delta width, relative encodings); head_keys (relative_learned: per-head keys read
-    the tables, with content too; relative.py).
+    Args:
+        in_channels: channels of the input image (Cin).
+        out_channels: channels of the output image (Cout).
+        num_heads: attention heads (Nh).
+        positional: a ``PositionalEncoding``, or its string shorthand, one of ``POSITIONALS``.
+        content: add the content-content term ``q k^T / sqrt(Dk)``.
+        head_dim: value width per head; default ``out_channels // num_heads``, and
+            ``in_channels`` when ``value="identity"``.
+        qk_dim: query/key width per head; default ``head_dim``.
+        value: ``"linear"`` (values ``Linear(Cin, Nh * head_dim)``) or ``"identity"`` (each head
+            attends over the raw input, the reference code's layout).
+        dropout: dropout on the attention probabilities.
+        dropout_mask: ``"sample"`` (a mask per image) or ``"batch"`` (one ``(Nh, T, T)`` mask
+            shared by the batch, the reference code's Gaussian layer; position-only attention
+            only).
+        impl: ``"auto"`` (the fastest exact kernel) or ``"reference"`` (the plain equations).
+        max_size: side of learned tables.
+        bias: biases of the projections.
+        backend: None (the plan's choice) or ``"flex"``, ``"blocked"``, ``"fused"``,
+            ``"fold"``, ``"triton"``: that family of kernels where it applies (kernels/plan.py).
+        **encoding_options: go to the named encoding (``encoding.build_encoding``): ``hard``,
+            ``init_centers_std``, ``init_alpha`` (quadratic); ``relative_terms``, ``learned_r``
+            (relative, Dai eq. 8); ``rel_dim`` (r_delta width, relative encodings);
+            ``head_keys`` (relative_learned: per-head keys read the tables, with content too).
+
+    Shapes:
+        ``forward(x)``: x ``(B, Cin, H, W)`` -> ``(B, Cout, H, W)``; with
+        ``return_attention=True`` also the probabilities ``(B or 1, Nh, H * W, H * W)``.
     """
 
     def __init__(
