@@ -122,14 +122,27 @@ class LocalSelfAttention2d(NotScriptable, nn.Module):
     """SASA local self-attention layer (Ramachandran et al., NeurIPS 2019, eq. 2-3), NCHW.
 
     Replaces a k x k convolution: 1x1 projections W_Q, W_K, W_V (no output projection), heads
-    split ``out_channels``, every pixel attends its own centred k x k window. ``positional``:
-    "relative" (learned rel_row/rel_col tables, concat = r_{a-i,b-j}), "absolute" (fixed 2D
-    sinusoid added to the keys: q^T (k_ab + p_ab)) or "none". ``logits``: "qk+qr" (eq. 3),
-    "qk" (content only: positional "none") or "qr" (position only, no W_K). Queries are scaled
-    by 1/sqrt(d_h).
-    ``stride`` s: s x s average pooling after the attention (output ceil(H/s) x ceil(W/s)).
-    ``backend``: None (the table's choice, ``kernel``), "flex", "fused" or "window"
-    (``flex_backend`` True / False: "flex" / "window").
+    split ``out_channels``, every pixel attends its own centred k x k window; queries are scaled
+    by ``1 / sqrt(d_h)``.
+
+    Args:
+        in_channels: channels of the input image.
+        out_channels: channels of the output, split over the heads.
+        num_heads: attention heads.
+        kernel_size: side k of each pixel's window.
+        stride: s; an s x s average pooling after the attention (output ``ceil(H / s)`` x
+            ``ceil(W / s)``).
+        positional: ``"relative"`` (learned rel_row/rel_col tables, concatenated:
+            ``r_{a-i, b-j}``), ``"absolute"`` (a fixed 2-D sinusoid added to the keys:
+            ``q^T (k_ab + p_ab)``) or ``"none"``.
+        logits: ``"qk+qr"`` (eq. 3), ``"qk"`` (content only: positional ``"none"``) or ``"qr"``
+            (position only, no W_K); default from ``positional``.
+        padding: windows at the border: ``"mask"`` (pixels outside the image take no part) or
+            ``"zeros"`` (they are zero keys and values, as a zero-padded convolution reads).
+        impl: ``"auto"`` (the fastest exact kernel) or ``"reference"`` (unfold, the plain
+            equations).
+        backend: None (the table's choice, ``kernel``), ``"flex"``, ``"fused"`` or ``"window"``
+            (``flex_backend`` True / False: ``"flex"`` / ``"window"``).
     """
 
     def __init__(
