@@ -42,6 +42,8 @@ def test_demo_writes_checkpoint_metrics_centres_and_figures(tmp_path):
     # what it achieved, in words (no raw dict); the schedule was sized to finish, and did
     assert "{" not in r.stdout and "Test accuracy:" in r.stdout and "The demo took" in r.stdout
     assert "followed its cosine schedule to the end" in r.stdout, r.stdout
+    # what to expect of the heads: how far the centres moved, where the grid is shown
+    assert "The Gaussian centres moved" in r.stdout and "thousands of steps" in r.stdout
     assert "measuring this machine's speed" in r.stderr and "planned" in r.stderr
     train_rows = [x.split(",") for x in rows if x.startswith("train,")]
     assert int(train_rows[-1][2]) == info["state"]["total_steps"] == info["state"]["step"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import logging
 import math
 import os
@@ -127,6 +128,17 @@ def _last_lr(metrics: Path) -> float | None:
     return float(rows[-1]["lr"]) if rows else None
 
 
+def _centres_moved(path: Path) -> float | None:
+    """Mean distance (tokens) each head's centre travelled, first to last line of centers.jsonl."""
+    try:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        first, last = rows[0]["layers"], rows[-1]["layers"]
+    except (OSError, ValueError, IndexError, KeyError):
+        return None
+    d = [math.dist(a, b) for la, lb in zip(first, last) for a, b in zip(la, lb)]
+    return sum(d) / len(d) if d else None
+
+
 def run(args: argparse.Namespace) -> int:
     from attnconv.data import load_dataset
     from attnconv.train.config import apply_overrides, config_from_dict
@@ -233,6 +245,11 @@ def run(args: argparse.Namespace) -> int:
         f"Test accuracy: {100 * last.get('eval_acc', 0):.1f}% on {n_eval} test images "
         f"(chance: {100 / train_ds.num_classes:.0f}%)."
     )
+    moved = _centres_moved(out / "centers.jsonl")
+    if moved is not None:
+        print(f"The Gaussian centres moved {moved:.2f} tokens on average (each head's centre, "
+              "start to end). The grid of the paper's fig. 3 forms over thousands of steps, not "
+              "minutes: docs/experiments.md shows it in a 150,000-step run (grid_long).")
     print(f"\nrun folder: {out.resolve()}")
     print(f"  checkpoint  {out / 'checkpoints'} (attnconv eval {out})")
     print(f"  metrics     {out / 'metrics.csv'}, head centres per epoch {out / 'centers.jsonl'}")
