@@ -233,7 +233,7 @@ class LocalSelfAttention2d(NotScriptable, nn.Module):
         self, x: torch.Tensor, return_attention: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x (B, C_in, H, W) -> (B, C_out, H/s, W/s); with ``return_attention`` also the window
-        probabilities (B, nh, H*W, k*k) at the input resolution (see ``local_to_dense``)."""
+        probabilities ``(B, nh, H * W, k * k)`` at the input resolution (see ``local_to_dense``)."""
         check_tensor(x, self.query.weight.dtype)  # a non-empty float of the parameters' dtype
         if x.dim() != 4 or x.shape[1] != self.in_channels:
             raise ValueError(

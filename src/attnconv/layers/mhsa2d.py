@@ -237,7 +237,7 @@ class MultiHeadSelfAttention2d(NotScriptable, nn.Module):
         return dense_inputs(*self.project(x), term, Grid(h, w, x.dtype))
 
     def attention_probs(self, x: torch.Tensor) -> torch.Tensor:
-        """Softmax probabilities (B or 1, Nh, H*W, H*W), rows = queries in row-major order."""
+        """Softmax probabilities ``(B or 1, Nh, H * W, H * W)``, rows: queries, row-major."""
         _, h, w = self._check_input(x)
         term = self.positional_encoding.term(h, w, content=self.content)
         return reference_probs(*self.project(x), term, Grid(h, w, x.dtype), self.scale)
