@@ -83,8 +83,11 @@ if INSTALLED:
     def _dot(a, b, PREC: tl.constexpr, ACC: tl.constexpr):
         """a @ b accumulated in ACC; bfloat16/float16 operands multiply exactly in float32 (their
         products fit): the same sum on a GPU's tensor cores and under the interpreter, whose
-        low-precision tl.dot misreads bfloat16."""
-        if INTERPRET and a.dtype != tl.float32 and a.dtype != tl.float64:
+        low-precision tl.dot misreads bfloat16. float64 (gradcheck) multiplies in registers, in
+        small blocks (``_meta``)."""
+        if ACC == tl.float64:  # no float64 tl.dot on NVIDIA GPUs: the products summed here
+            return tl.sum(a.to(tl.float64)[:, :, None] * b.to(tl.float64)[None, :, :], axis=1)
+        if INTERPRET and a.dtype != tl.float32:
             a, b = a.to(tl.float32), b.to(tl.float32)
         return tl.dot(a, b, input_precision=PREC, out_dtype=ACC)
 
@@ -266,12 +269,13 @@ def _meta(q, h: int, w: int, block_m: int | None) -> dict:
     """The kernels' compile-time shape: a key block of ROWS rows of WP >= W columns (ROWS * WP
     about 64 keys, at least 16 for tl.dot), head widths padded to 16 in registers only."""
     wp = _pow2(w)
-    rows = max(1, 64 // wp)
+    f64 = q.dtype == torch.float64  # products held in registers (_dot): small blocks
+    rows = max(1, (16 if f64 else 64) // wp)
     if q.dtype == torch.float32:
         prec = "tf32" if q.is_cuda and torch.backends.cuda.matmul.allow_tf32 else "ieee"
     else:
         prec = "ieee"  # bf16/fp16 multiply exactly in fp32; float64 stays
-    return dict(BLOCK_M=block_m or 64, ROWS=rows, WP=wp, PREC=prec,
+    return dict(BLOCK_M=block_m or (16 if f64 else 64), ROWS=rows, WP=wp, PREC=prec,
                 ACC=tl.float64 if q.dtype == torch.float64 else tl.float32)  # fmt: skip
 
 
