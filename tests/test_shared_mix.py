@@ -26,13 +26,16 @@ def test_equals_plain_einsum_values_and_gradients(b, nh, t, d, heads_share, seed
     v = torch.randn(b, t, 1 if heads_share else nh, d, generator=g)
     dy = torch.randn(b, t, nh, d, generator=g)
     outs = []
-    for f in (_SharedMix.apply, _plain):
-        p, v0 = probs.clone().requires_grad_(), v.clone().requires_grad_()
+    for f, dt in ((_SharedMix.apply, torch.float32), (_plain, torch.float32), (_plain, F64)):
+        p, v0 = probs.to(dt).requires_grad_(), v.to(dt).requires_grad_()
         vs = v0.expand(b, t, nh, d)  # stride 0 over heads when they share values
         y = f(p, vs)
-        outs.append((y, *torch.autograd.grad(y, (p, v0), dy)))
-    for a, e in zip(*outs):
-        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+        outs.append((y, *torch.autograd.grad(y, (p, v0), dy.to(dt))))
+    # float32 roundoff, not the order of the sums, separates the two: each against float64,
+    # the kernel within 2x of the plain einsum's error (a fixed atol flaked at 1.4e-6)
+    for a, e, ref in zip(*outs):
+        err, plain = (a.double() - ref).abs().max(), (e.double() - ref).abs().max()
+        assert err <= 2 * plain + 2e-7, (err, plain)
 
 
 def test_gradcheck_float64():

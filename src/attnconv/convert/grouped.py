@@ -16,6 +16,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from attnconv.layers.precision import no_autocast
+
 
 class GroupedHeadProjection(nn.Module):
     """Wout of a converted grouped conv: ``kernel`` (Nh, Cout, Cin/g) holds each head's
@@ -114,7 +116,7 @@ def grouped_flat_mix(xp: torch.Tensor, rows: list, cols: list, kernel: torch.Ten
     wg = kernel.reshape(nh, groups, cout // groups, cin_g)  # (Nh, g, Cout/g, Cin/g)
     xf = xf.to(torch.promote_types(xf.dtype, wg.dtype))  # autocast: sum the heads in fp32,
     y = None  # as a conv accumulates its taps (the in-place sum is not autocast)
-    with torch.autocast(xp.device.type, enabled=False):
+    with no_autocast(xp.device.type):
         for h in range(nh):
             v = xf[:, :, phase[h], offs[h] : offs[h] + m]  # SA_h(X), every query: (g, Cin/g, m)
             y = torch.bmm(wg[h], v) if y is None else y.baddbmm_(wg[h], v)  # (g, Cout/g, m)

@@ -30,7 +30,7 @@ from torch.autograd.function import once_differentiable
 from .encoding_base import pixel_coords
 from .first_order import first_order_only
 from .gaussian import gaussian_offset_logits
-from .precision import backward_without_autocast, kernel_dtype
+from .precision import backward_without_autocast, kernel_dtype, no_autocast
 
 _FLOOR = -60.0  # exp(-60) = 8.8e-27: products with gradients stay normal float32
 _BLOCK_ELEMS = 1 << 19  # logits per block, Nh * Bq * T: 2 MiB of float32, one core's L2 + L3 share
@@ -121,7 +121,7 @@ def axis_attention(q, k, v, q_axis, h: int, w: int, scale: float,
     dt = kernel_dtype(q.dtype)
     q, k, v, q_axis = (t.to(dt).contiguous() for t in (q, k, v, q_axis))
     q, k, v, q_axis = first_order_only("the blocked axis attention (impl='auto')", q, k, v, q_axis)
-    with torch.autocast(q.device.type, enabled=False):
+    with no_autocast(q.device.type):
         bq = block or query_block(q.shape[1], q.shape[2])
         return _AxisAttention.apply(q, k, v, q_axis, h, w, scale, bq)
 
@@ -212,7 +212,7 @@ def gaussian_attention(q, k, v, centers, precision, h: int, w: int, scale: float
     q, k, v, centers, precision = first_order_only(
         "the blocked Gaussian attention (impl='auto')", q, k, v, centers, precision)
     coords = pixel_coords(h, w, q.device, dt)  # (T, 2)
-    with torch.autocast(q.device.type, enabled=False):
+    with no_autocast(q.device.type):
         bq = block or query_block(2 * q.shape[1], q.shape[2])  # e = d - Delta: 2 values a link
         return _GaussianAttention.apply(q, k, v, centers, precision, coords, scale, bq, drop,
                                         p_drop)  # fmt: skip

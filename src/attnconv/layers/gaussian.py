@@ -10,7 +10,7 @@ import torch.nn as nn
 
 from .checks import finite_float
 from .encoding_base import PositionalEncoding, pixel_coords
-from .precision import hi
+from .precision import hi, no_autocast
 from .terms import (
     AxisTerm,
     GaussianTerm,
@@ -79,7 +79,7 @@ class GaussianEncoding(PositionalEncoding):
         the final probabilities are rounded. Returned in float64: the softmax runs there too,
         so that its backward's dlogits meet the fold's large key terms without float32
         rounding (callers cast the probabilities)."""
-        with torch.autocast(self.centers.device.type, enabled=False):
+        with no_autocast(self.centers.device.type):
             q_pos, k_pos = self.position_fold(h, w, torch.float64)  # (Nh, T, r), (T, r)
             lg = q_pos @ k_pos.t()
             return lg - lg.amax(-1, keepdim=True).detach()

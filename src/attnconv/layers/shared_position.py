@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from .first_order import MESSAGE, HigherOrderGradError
 from .functional import dropped_links
+from .precision import no_autocast
 
 __all__ = [
     "dropped_links",
@@ -105,7 +106,7 @@ def position_attention(r: torch.Tensor, c: torch.Tensor, x: torch.Tensor,
     # P x - (P o 1_D) x in x's dtype, autocast off: in bfloat16 the difference of the two rounded
     # products measured twice the plain path's error. The sparse term has negated weights and is
     # added in place to y itself (not a view): the backward neither copies nor negates.
-    with torch.autocast(x.device.type, enabled=False):
+    with no_autocast(x.device.type):
         y = separable_tokens(r, c, x.reshape(g, h, w, b * ch))
         y = y.add_(dropped_product(r, c, x, drop, sign=-1.0).view(y.shape))
     return y.view(nh, h, w, b, ch)
@@ -156,7 +157,7 @@ def head_sum_linear(heads: torch.Tensor, weight: torch.Tensor,
     else:
         weight = weight.to(heads.dtype)
         bias = None if bias is None else bias.to(heads.dtype)
-    with torch.autocast(dev, enabled=False):
+    with no_autocast(dev):
         return _HeadSumLinear.apply(heads.contiguous(), weight, bias)
 
 
@@ -266,7 +267,7 @@ def separable_head_sum(r: torch.Tensor, c: torch.Tensor, x: torch.Tensor, weight
     dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
     r, c, x, weight = (t.to(dt) for t in (r, c, x, weight))
     bias = None if bias is None else bias.to(dt)
-    with torch.autocast(dev, enabled=False):
+    with no_autocast(dev):
         return _SeparableHeadSum.apply(r, c, x, weight, bias)
 
 

@@ -23,7 +23,7 @@ from torch.autograd.function import once_differentiable
 
 from ..first_order import first_order_only
 from ..functional import drop_threshold, dropout_seed, dropped_links
-from ..precision import backward_without_autocast, kernel_dtype
+from ..precision import backward_without_autocast, kernel_dtype, no_autocast
 from . import build
 
 # two translation units compiled side by side: the Python bindings, and the three kernels as
@@ -85,7 +85,7 @@ def axis_attention_fused(q, k, v, q_axis, h: int, w: int, scale: float, p: float
     q, k, v = (x.to(dt) for x in (q, k, v))
     q_axis = q_axis.to(dt).expand(b, nh, t, h + w).contiguous()
     q, k, v, q_axis = first_order_only("the fused axis attention (impl='auto')", q, k, v, q_axis)
-    with torch.autocast(q.device.type, enabled=False):
+    with no_autocast(q.device.type):
         return _FusedAxis.apply(q, k, v, q_axis, h, w, scale, p, seed, per_image)
 
 

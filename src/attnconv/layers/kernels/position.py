@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ..functional import attention_probs, scaled_dot_product_attention, shared_dropout
+from ..precision import no_autocast
 from ..quadratic import axis_softmax, outer_probs, separable_attention, shift_gather
 from ..quadratic import separable_probs as axis_probs
 from ..terms import AxisTerm, GaussianTerm
@@ -84,7 +85,7 @@ class _SharedMix(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         p, vs = ctx.saved_tensors
-        with torch.autocast(dy.device.type, enabled=False):
+        with no_autocast(dy.device.type):
             dp = dv = None
             if ctx.needs_input_grad[0]:  # dP = sum_b dy v^T, accumulated and kept in P's dtype
                 pdt = ctx.probs_dtype
