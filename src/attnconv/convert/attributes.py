@@ -13,6 +13,7 @@ centres have no equivalent kernel: ``weight`` is then absent (AttributeError, ``
 from __future__ import annotations
 
 import torch
+import torch.nn as nn
 
 from .geometry import heads_to_kernel
 from .grouped import GroupedHeadProjection
@@ -68,15 +69,11 @@ class ConvAttributes:
     @property
     def bias(self) -> torch.Tensor | None:
         """The conv's bias: b_out + sum_h Wout_h b_val^(h) (one-hot rows sum to 1)."""
-        from .modules import _head_matrices
-
-        return _head_matrices(self.attention, detach=False)[1]
+        return head_matrices(self.attention, detach=False)[1]
 
     @property
     def weight(self) -> torch.Tensor:
         """(Cout, Cin/g, Kh, Kw) (Conv1d: (Cout, Cin/g, K)), the equivalent kernel (Lemma 1)."""
-        from .modules import _head_matrices
-
         layer, g = self.attention, self.geometry
         enc = layer.positional_encoding
         if not enc.hard:
@@ -88,5 +85,27 @@ class ConvAttributes:
             nh, cout, cin_g = out.kernel.shape  # the kernel's own entries, no dense matrix
             w = out.kernel.reshape(g.kernel[0], g.kernel[1], cout, cin_g).permute(2, 3, 0, 1)
             return w.squeeze(2) if g.ndim == 1 else w
-        heads, _ = _head_matrices(layer, detach=False)
+        heads, _ = head_matrices(layer, detach=False)
         return heads_to_kernel(heads, g.kernel, g.groups, g.ndim)
+
+
+def head_matrices(
+    layer: nn.Module, detach: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """W^(h) = Wval^(h) Wout_h of an MHSA2d layer as (Nh, Cout, Cin) (Lemma 1), and the output
+    bias b_out + sum_h Wout_h b_val^(h) (one-hot attention rows sum to 1, so b_val passes)."""
+    nh = layer.num_heads
+    out_w = layer.out_proj.weight  # (Cout, Nh*Dh)
+    bias = layer.out_proj.bias
+    cout = out_w.shape[0]
+    out_h = out_w.reshape(cout, nh, -1).permute(1, 0, 2)  # (Nh, Cout, Dh)
+    vp = getattr(layer, "value_proj", None)
+    heads = out_h
+    if vp is not None:
+        heads = out_h @ vp.weight.reshape(nh, -1, vp.weight.shape[1])  # (Nh, Cout, Cin)
+        if vp.bias is not None:
+            vb = (out_h @ vp.bias.reshape(nh, -1, 1)).sum(0)[:, 0]  # (Cout,)
+            bias = vb if bias is None else bias + vb
+    if detach:
+        return heads.detach(), None if bias is None else bias.detach()
+    return heads, bias

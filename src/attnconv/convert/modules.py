@@ -26,7 +26,7 @@ from attnconv.layers.checks import check_tensor
 from attnconv.layers.scripting import NotScriptable
 
 from . import head_conv as hc
-from .attributes import ConvAttributes
+from .attributes import ConvAttributes, head_matrices
 from .geometry import (
     ConvGeometry,
     heads_to_kernel,
@@ -127,7 +127,7 @@ class ConvAttention(NotScriptable, ConvAttributes, nn.Module):
         if hc.one_step(rows) and hc.one_step(cols):  # no clamped border: Lemma 1's sum, one conv
             p = layer.out_proj
             heads, bias, groups = ((p.kernel, p.bias, p.groups) if grouped
-                                   else (*_head_matrices(layer, detach=False), 1))  # fmt: skip
+                                   else (*head_matrices(layer, detach=False), 1))  # fmt: skip
             plan = hc.plan(rows, cols, heads, bias, groups, g.pad_for(h, w)[2::-2] if zeros
                            else (0, 0))  # fmt: skip
             if key is not None:
@@ -136,7 +136,7 @@ class ConvAttention(NotScriptable, ConvAttributes, nn.Module):
         xp = g.pad_input(x)
         if grouped:
             return grouped_head_mix(xp, rows, cols, layer.out_proj)
-        heads, bias = _head_matrices(layer, detach=False)  # (Nh, Cout, Cin), (Cout,) | None
+        heads, bias = head_matrices(layer, detach=False)  # (Nh, Cout, Cin), (Cout,) | None
         nh, cout, cin = heads.shape
         if nh == 1:  # a 1x1 conv: one head reading one (strided) pixel, one channel mix in place
             xs = _take(_take(xp, 2, rows[0]), 3, cols[0])  # SA(X), no layout copy
@@ -322,28 +322,6 @@ def _take(x: torch.Tensor, dim: int, idx: list[int] | slice) -> torch.Tensor:
     return x.index_select(dim, torch.tensor(idx, device=x.device))
 
 
-def _head_matrices(
-    layer: nn.Module, detach: bool = True
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """W^(h) = Wval^(h) Wout_h of an MHSA2d layer as (Nh, Cout, Cin) (Lemma 1), and the output
-    bias b_out + sum_h Wout_h b_val^(h) (one-hot attention rows sum to 1, so b_val passes)."""
-    nh = layer.num_heads
-    out_w = layer.out_proj.weight  # (Cout, Nh*Dh)
-    bias = layer.out_proj.bias
-    cout = out_w.shape[0]
-    out_h = out_w.reshape(cout, nh, -1).permute(1, 0, 2)  # (Nh, Cout, Dh)
-    vp = getattr(layer, "value_proj", None)
-    heads = out_h
-    if vp is not None:
-        heads = out_h @ vp.weight.reshape(nh, -1, vp.weight.shape[1])  # (Nh, Cout, Cin)
-        if vp.bias is not None:
-            vb = (out_h @ vp.bias.reshape(nh, -1, 1)).sum(0)[:, 0]  # (Cout,)
-            bias = vb if bias is None else bias + vb
-    if detach:
-        return heads.detach(), None if bias is None else bias.detach()
-    return heads, bias
-
-
 def attention_to_conv(module: nn.Module) -> nn.Conv2d | nn.Conv1d:
     """The reverse of ``conv_to_attention`` for a hard module on integer shifts.
 
@@ -365,7 +343,7 @@ def attention_to_conv(module: nn.Module) -> nn.Conv2d | nn.Conv1d:
     centers = layer.positional_encoding.centers.detach()
     if not torch.equal(centers.round().long().cpu(), g.centers()):
         raise ValueError("the heads' centres are no longer the kernel's shifts")
-    heads, bias = _head_matrices(layer)
+    heads, bias = head_matrices(layer)
     weight = heads_to_kernel(heads, g.kernel, g.groups, g.ndim)
     cls = nn.Conv2d if g.ndim == 2 else nn.Conv1d
     size = g.kernel if g.ndim == 2 else g.kernel[1]
@@ -396,7 +374,7 @@ def mhsa_to_conv(layer: nn.Module) -> nn.Conv2d:
     if not getattr(pe, "hard", False):
         raise ValueError("mhsa_to_conv needs hard heads (alpha -> inf); this layer is soft")
     shifts = pe.centers.detach().round().long().cpu()  # (Nh, 2)
-    heads, bias = _head_matrices(layer)  # (Nh, Cout, Cin), (Cout,) | None
+    heads, bias = head_matrices(layer)  # (Nh, Cout, Cin), (Cout,) | None
     nh, cout, cin = heads.shape
     ph, pw = (int(v) for v in shifts.abs().amax(dim=0))
     weight = heads.new_zeros(cout, cin, 2 * ph + 1, 2 * pw + 1)
