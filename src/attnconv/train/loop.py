@@ -78,7 +78,7 @@ class Trainer:
                        memory_bytes() // 2, f"model {cfg.model.name!r}")  # fmt: skip
         self.info = D.init_distributed(device)
         # bf16 autocast where the hardware has bf16 arithmetic; on a CPU without it, float32
-        # (the summary says so): there bf16 ran 2-10x slower than float32
+        # (the summary says so): there bf16 runs several times slower (docs/benchmarks.md)
         self.bf16 = t.bf16 and native_bf16(self.info.device)
         if t.threads:
             torch.set_num_threads(t.threads)

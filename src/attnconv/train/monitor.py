@@ -181,7 +181,7 @@ class Monitor:
                        f"{torch.get_num_threads()} thread(s) each"),
             ("dtype", "bfloat16 autocast (float32 weights)" if bf16 else "float32" + (
                 " (train.bf16 asks for bfloat16 autocast, which this CPU has no instructions for: "
-                "no AVX512-BF16 or AMX, where it ran 2-10x slower than float32)" if t.bf16
+                "no AVX512-BF16 or AMX, where it runs several times slower than float32)" if t.bf16
                 else "")),
             ("data", f"{d.dataset}: {data[0]} {d.train_split} images, {data[1]} "
                      f"{d.eval_split} images, {data[2]} classes"),

@@ -46,7 +46,7 @@ def flex(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True, in_kernel=Fa
 def flex_gaussian(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True):
     """``flex`` with eq. 9 computed in the kernel (inference). Training gathers: compiled Flex
     reduces a captured per-head scalar's gradient over every (query, key) pair with atomics on
-    Nh addresses, 11-47x slower on an H100 (bench --suite cuda)."""
+    Nh addresses, many times slower on an H100 (docs/benchmarks.md, bench --suite cuda)."""
     return flex(q, k, v, term, grid, scale, in_kernel=True)
 
 

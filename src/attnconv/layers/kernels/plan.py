@@ -37,8 +37,8 @@ BACKENDS = ("flex", "blocked", "fused", "fold", "triton")
 FLEX = importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
 SHARED_BIAS_MAX_T = 64 * 64  # (Nh, T, T) float32 bias in inference: 64 MiB per head at 64^2
 BLOCKED_MIN_T = 16 * 16  # smaller images: the blocked kernel's Python loop costs its gain
-FUSED_INFERENCE_MAX_T = 16 * 16  # inference: fused 1.3-1.6x blocked at 16^2, even at 20-28^2,
-# 0.7-1.0x from 32^2 (relative_learned + content, C=64, 8 heads, 1-2 threads)
+FUSED_INFERENCE_MAX_T = 16 * 16  # inference: fused beats blocked at 16^2, not from 32^2
+# (docs/benchmarks.md, benchmarks/results/fused_inference.md)
 
 
 class Case(NamedTuple):
@@ -88,8 +88,9 @@ def _fused_wins(c: Case) -> bool:
     """Where the fused C++ kernel runs (forced, or measured faster by benchmarks/layers_ab.py):
     with dropout (the others store or redraw the mask), from BLOCKED_MIN_T in training (no
     Python loop over blocks), and in inference up to FUSED_INFERENCE_MAX_T unless the shared
-    bias applies (layers_ab.py --inference: 1.5-1.6x the blocked kernel on sa_learned_content's
-    forward; the shared bias measured faster with quadratic logits)."""
+    bias applies (layers_ab.py --inference, benchmarks/results/fused_inference.md: faster than
+    the blocked kernel on sa_learned_content's forward; the shared bias measured faster with
+    quadratic logits)."""
     if c.tracing:  # a compiler cannot trace into the extension (an opaque C++ call)
         return False
     if c.backend == "fused" or c.p_drop > 0:

@@ -147,7 +147,7 @@ if INSTALLED:
         tl.store(Y + b * sy_b + hd * sy_h + i[:, None] * sy_t + dv[None, :],
                  y.to(Y.dtype.element_ty), mask=i_ok[:, None] & (dv[None, :] < DV))  # fmt: skip
         # P = exp(S - m) / l, each row's max and 1 / sum kept apart: a log-sum-exp m + log l
-        # rounds to the ulp of |m + log l| (a large axis logit), 3x the plain path's error in dQ
+        # rounds to the ulp of |m + log l| (a large axis logit; docs/benchmarks.md)
         tl.store(STATS + bh * T + i, m_i, mask=i_ok)
         tl.store(STATS + tl.num_programs(1) * T + bh * T + i, 1.0 / l_i, mask=i_ok)
 
@@ -292,8 +292,8 @@ class _TritonAxis(torch.autograd.Function):
         meta.update(DKP=_pow2(dk, 16), DVP=_pow2(dv, 16), DROP=p > 0, PER_IMAGE=per_image)
         rng = torch.tensor([seed, drop_threshold(p)], dtype=torch.int64, device=q.device)
         acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-        # (B, T, Nh, Dv) in float32: the backward's rowsum(dY o Y) from a bfloat16 Y lost up to
-        # 3x the plain path's error in the positional gradients
+        # (B, T, Nh, Dv) in float32: the backward's rowsum(dY o Y) from a bfloat16 Y lost
+        # precision in the positional gradients (docs/benchmarks.md)
         y = torch.empty(b, t, nh, dv, dtype=acc, device=q.device)
         stats = torch.empty(2, b, nh, t, dtype=acc, device=q.device)  # each query's m, 1 / l
         args = (nh, t, h, w, dk, dv, scale, 1.0 / (1.0 - p))
