@@ -4,6 +4,8 @@ only asks the encoding for its typed term (terms.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .checks import positive_int
 from .positional import (
     AbsolutePositionalEncoding2d,
@@ -14,15 +16,24 @@ from .positional import (
 )
 from .relative import RELATIVE_TERMS, LearnedRelativeEncoding, RelativeEncoding
 
-POSITIONALS = (
-    "none",
-    "absolute_learned",
-    "absolute_sinusoidal",
-    "relative",
-    "relative_learned",
-    "quadratic",
-    "quadratic_generalized",
-)
+# name -> (builder, the options it reads): one registry, filled by @register_encoding below
+ENCODINGS: dict[str, tuple[Callable[..., PositionalEncoding], frozenset[str]]] = {}
+# the options with a default that another encoding must leave as it is (``init_centers_std`` and
+# ``init_alpha`` are not among them: a model passes its configuration whole)
+DEFAULTS = {"hard": False, "learned_r": False, "relative_terms": RELATIVE_TERMS,
+            "rel_dim": None, "head_keys": None}  # fmt: skip
+
+
+def register_encoding(*names: str, options: tuple[str, ...] = ()):
+    """Register ``builder(num_heads=, in_channels=, qk_dim=, content=, max_size=, **options,
+    name=)`` under ``names`` (the string shorthand of configs and the CLI)."""
+
+    def add(builder):
+        for name in names:
+            ENCODINGS[name] = (builder, frozenset(options))
+        return builder
+
+    return add
 
 
 def build_encoding(
@@ -62,42 +73,64 @@ def build_encoding(
     return enc
 
 
-def _from_name(positional: str, *, num_heads, in_channels, qk_dim, content, max_size, hard,
-               init_centers_std, init_alpha, relative_terms, learned_r, rel_dim,
-               head_keys):  # fmt: skip
-    if positional not in POSITIONALS:
+def _from_name(positional: str, *, num_heads, in_channels, qk_dim, content, max_size,
+               **options):  # fmt: skip
+    if positional not in ENCODINGS:
         raise ValueError(f"positional must be one of {POSITIONALS}, got {positional!r}")
-    bad = [t for t in relative_terms if t not in RELATIVE_TERMS]
+    builder, owned = ENCODINGS[positional]
+    options["relative_terms"] = tuple(options["relative_terms"])  # a config's list too
+    bad = [t for t in options["relative_terms"] if t not in RELATIVE_TERMS]
     if bad:
         raise ValueError(f"unknown relative_terms {bad}; choose from {RELATIVE_TERMS}")
-    if hard and positional != "quadratic":
-        raise ValueError("hard=True is only defined for positional='quadratic'")
-    if learned_r and positional != "relative":
-        raise ValueError("learned_r only applies to positional='relative'")
-    if tuple(relative_terms) != RELATIVE_TERMS and positional != "relative":
-        raise ValueError("relative_terms only applies to positional='relative'")
-    if rel_dim is not None and positional not in ("relative", "relative_learned"):
-        raise ValueError("rel_dim only applies to positional='relative' or 'relative_learned'")
-    if rel_dim is not None:
-        positive_int("rel_dim", rel_dim)
-    if head_keys is not None and positional != "relative_learned":
-        raise ValueError("head_keys only applies to positional='relative_learned'")
-    if positional == "none":
-        return NoEncoding(num_heads)
-    if positional.startswith("absolute"):
-        learned = positional == "absolute_learned"
-        return AbsolutePositionalEncoding2d(in_channels, learned=learned, max_size=max_size)
-    if positional == "relative":
-        terms = set(relative_terms) - (set() if content else {"content_content"})
-        if not terms:
-            raise ValueError("positional='relative' with no term left (relative_terms/content)")
-        terms = tuple(t for t in RELATIVE_TERMS if t in terms)
-        return RelativeEncoding(num_heads, qk_dim, rel_dim or qk_dim, terms, learned=learned_r,
-                                max_size=max_size)  # fmt: skip
-    if positional == "relative_learned":
-        return LearnedRelativeEncoding(num_heads, qk_dim, rel_dim or qk_dim, content=content,
-                                       head_keys=head_keys, max_size=max_size)  # fmt: skip
-    if positional == "quadratic":
-        return QuadraticEncoding(num_heads, hard=hard, init_centers_std=init_centers_std,
-                                 init_alpha=init_alpha)  # fmt: skip
+    for opt, default in DEFAULTS.items():  # an option of another encoding is an error
+        if opt not in owned and options[opt] != default:
+            owners = [n for n, (_, o) in ENCODINGS.items() if opt in o]
+            where = " or ".join(repr(n) for n in owners)
+            what = "hard=True is only defined for" if opt == "hard" else f"{opt} only applies to"
+            raise ValueError(f"{what} positional={where}")
+    if options["rel_dim"] is not None:
+        positive_int("rel_dim", options["rel_dim"])
+    kept = {k: v for k, v in options.items() if k in owned}
+    return builder(num_heads=num_heads, in_channels=in_channels, qk_dim=qk_dim, content=content,
+                   max_size=max_size, name=positional, **kept)  # fmt: skip
+
+
+@register_encoding("none")
+def _none(*, num_heads, **_):
+    return NoEncoding(num_heads)
+
+
+@register_encoding("absolute_learned", "absolute_sinusoidal")
+def _absolute(*, in_channels, max_size, name, **_):
+    return AbsolutePositionalEncoding2d(in_channels, learned=name == "absolute_learned",
+                                        max_size=max_size)  # fmt: skip
+
+
+@register_encoding("relative", options=("relative_terms", "learned_r", "rel_dim"))
+def _relative(*, num_heads, qk_dim, content, max_size, relative_terms, learned_r, rel_dim, **_):
+    terms = set(relative_terms) - (set() if content else {"content_content"})
+    if not terms:
+        raise ValueError("positional='relative' with no term left (relative_terms/content)")
+    terms = tuple(t for t in RELATIVE_TERMS if t in terms)
+    return RelativeEncoding(num_heads, qk_dim, rel_dim or qk_dim, terms, learned=learned_r,
+                            max_size=max_size)  # fmt: skip
+
+
+@register_encoding("relative_learned", options=("rel_dim", "head_keys"))
+def _relative_learned(*, num_heads, qk_dim, content, max_size, rel_dim, head_keys, **_):
+    return LearnedRelativeEncoding(num_heads, qk_dim, rel_dim or qk_dim, content=content,
+                                   head_keys=head_keys, max_size=max_size)  # fmt: skip
+
+
+@register_encoding("quadratic", options=("hard", "init_centers_std", "init_alpha"))
+def _quadratic(*, num_heads, hard, init_centers_std, init_alpha, **_):
+    return QuadraticEncoding(num_heads, hard=hard, init_centers_std=init_centers_std,
+                             init_alpha=init_alpha)  # fmt: skip
+
+
+@register_encoding("quadratic_generalized", options=("init_centers_std",))
+def _quadratic_generalized(*, num_heads, init_centers_std, **_):
     return GeneralizedQuadraticEncoding(num_heads, init_centers_std=init_centers_std)
+
+
+POSITIONALS = tuple(ENCODINGS)  # the names, in registration order
