@@ -242,15 +242,16 @@ class MultiHeadSelfAttention2d(NotScriptable, nn.Module):
         term = self.positional_encoding.term(h, w, content=self.content)
         return reference_probs(*self.project(x), term, Grid(h, w, x.dtype), self.scale)
 
-    def kernel(self, x: torch.Tensor, p_drop: float | None = None,
-               device: str | None = None) -> str:  # fmt: skip
+    def kernel(self, x: torch.Tensor, p_drop: float | None = None, device: str | None = None,
+               why: bool = False) -> str:  # fmt: skip
         """The kernel (kernels.KERNELS) ``forward`` runs on x (B, Cin, H, W): the plan's choice,
         with attention dropout ``p_drop`` (default: the layer's in its mode) on ``device``
-        (default: x's)."""
+        (default: x's); ``why=True``: each row of the plan passed over and what it needs, then
+        the one chosen (plan.explain)."""
         _, h, w = self._check_input(x)
         p = (self.dropout if self.training else 0.0) if p_drop is None else p_drop
         term = self.positional_encoding.term(h, w, content=self.content)
-        return plan.for_layer(self, x, term, p, device)
+        return plan.for_layer(self, x, term, p, device, why=why)
 
     # ------------------------------------------------------------------ forward
     def forward(self, x: torch.Tensor, return_attention: bool = False):

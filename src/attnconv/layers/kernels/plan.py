@@ -26,6 +26,7 @@ and the ``backend`` override of MultiHeadSelfAttention2d. First matching row win
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -100,31 +101,65 @@ def _fused_wins(c: Case) -> bool:
     return BLOCKED_MIN_T <= c.t <= FUSED_INFERENCE_MAX_T and not _shared_bias(c)
 
 
+class Row(NamedTuple):
+    """A row of TABLE: the kernel's name, the predicate that picks it, and in words the terms it
+    takes and when (the docstring's table, tested equal)."""
+
+    name: str
+    when: Callable[[Case], bool]
+    term: str
+    rule: str
+
+
 TABLE = (
-    ("reference", lambda c: c.impl == "reference"),
-    ("shift", lambda c: c.position_only and isinstance(c.term, ShiftTerm) and c.p_drop == 0),
-    ("separable", lambda c: c.position_only and _axis(c) and c.p_drop == 0 and c.device == "cpu"),
-    ("shared", lambda c: c.position_only),
-    ("triton", lambda c: _axis(c) and c.backend == "triton"),
-    ("fused", lambda c: _axis(c) and c.device == "cpu" and c.backend in (None, "fused")
-                        and fused.available() and _fused_wins(c)),  # fmt: skip
-    ("dense_dropout", lambda c: _axis(c) and c.device == "cpu" and c.p_drop > 0
-                                and c.backend != "fold"),  # fmt: skip
-    ("flex_gaussian", lambda c: _axis(c) and c.flex and c.p_drop == 0
-                                and c.term.gaussian is not None and not c.pos_grad),  # fmt: skip
-    ("flex", lambda c: _axis(c) and c.flex and c.p_drop == 0),
-    ("shared_bias", _shared_bias),
-    ("blocked", lambda c: _axis(c) and c.p_drop == 0 and c.cpu_blocked
-                          and (c.t >= BLOCKED_MIN_T or c.backend == "blocked")),  # fmt: skip
-    ("blocked_gaussian", lambda c: isinstance(c.term, GaussianTerm) and c.cpu_blocked
-                                   and (c.backend is not None or not c.tracing)),  # fmt: skip
-    ("fold", lambda c: True),
-)
+    Row("reference", lambda c: c.impl == "reference", "any", 'impl="reference"'),
+    Row("shift", lambda c: c.position_only and isinstance(c.term, ShiftTerm) and c.p_drop == 0,
+        "Shift, position only", "no dropout"),
+    Row("separable", lambda c: c.position_only and _axis(c) and c.p_drop == 0
+        and c.device == "cpu", "Axis, position only", "CPU, no dropout (a GPU: shared, a few "
+        "batched launches instead of a loop over heads/blocks)"),
+    Row("shared", lambda c: c.position_only, "any, position only",
+        "(computed once for the batch)"),
+    Row("triton", lambda c: _axis(c) and c.backend == "triton", "Axis",
+        'backend="triton" (triton_axis.py; any dropout)'),
+    Row("fused", lambda c: _axis(c) and c.device == "cpu" and c.backend in (None, "fused")
+        and fused.available() and _fused_wins(c), "Axis", "CPU, extension built (fused.py); "
+        "dropout, or training from BLOCKED_MIN_T, inference at 16^2 (to FUSED_INFERENCE_MAX_T) "
+        "but not shared_bias's"),
+    Row("dense_dropout", lambda c: _axis(c) and c.device == "cpu" and c.p_drop > 0
+        and c.backend != "fold", "Axis", 'CPU, dropout, backend != "fold"'),
+    Row("flex_gaussian", lambda c: _axis(c) and c.flex and c.p_drop == 0
+        and c.term.gaussian is not None and not c.pos_grad, "Axis with a Gaussian",
+        "Flex, no dropout, no grad to the encoding"),
+    Row("flex", lambda c: _axis(c) and c.flex and c.p_drop == 0, "Axis",
+        'Flex (CUDA, or backend="flex"), no dropout'),
+    Row("shared_bias", _shared_bias, "Axis, fixed logits",
+        "no grad, no dropout, T <= SHARED_BIAS_MAX_T"),
+    Row("blocked", lambda c: _axis(c) and c.p_drop == 0 and c.cpu_blocked
+        and (c.t >= BLOCKED_MIN_T or c.backend == "blocked"), "Axis",
+        'CPU, T >= BLOCKED_MIN_T (or "blocked"), no drop. (inference past '
+        "FUSED_INFERENCE_MAX_T; no C++)"),
+    Row("blocked_gaussian", lambda c: isinstance(c.term, GaussianTerm) and c.cpu_blocked
+        and (c.backend is not None or not c.tracing), "Gaussian",
+        'CPU, not traced (or "blocked")'),
+    Row("fold", lambda c: True, "any", "otherwise: folded into q/k, the fused SDPA"),
+)  # fmt: skip
 
 
 def choose(case: Case) -> str:
     """The kernel's name (kernels.KERNELS) for ``case``: the first row of TABLE that matches."""
-    return next(name for name, when in TABLE if when(case))
+    return next(row.name for row in TABLE if row.when(case))
+
+
+def explain(case: Case) -> str:
+    """Why ``choose(case)`` picked its kernel: each earlier row passed over with what it needs,
+    then the one chosen (as NATTEN's backend chooser reports), one line each."""
+    lines = []
+    for row in TABLE:
+        if row.when(case):
+            return "\n".join([*lines, f"chosen: {row.name} ({row.term}: {row.rule})"])
+        lines.append(f"passed over: {row.name} (needs {row.term}: {row.rule})")
+    raise AssertionError("the last row of TABLE matches every case")
 
 
 def tracing() -> bool:
@@ -132,9 +167,11 @@ def tracing() -> bool:
     return torch.compiler.is_compiling() or torch.compiler.is_exporting()
 
 
-def for_layer(layer, x: torch.Tensor, term: Term, p_drop: float, device: str | None = None) -> str:
-    """``choose`` for MultiHeadSelfAttention2d ``layer`` on x (B, Cin, H, W); the gradient facts are
-    read only for the rows that ask (an AxisTerm with content)."""
+def for_layer(layer, x: torch.Tensor, term: Term, p_drop: float, device: str | None = None,
+              why: bool = False) -> str:  # fmt: skip
+    """``choose`` for MultiHeadSelfAttention2d ``layer`` on x (B, Cin, H, W) (``why``: ``explain``
+    instead); the gradient facts are read only for the rows that ask (an AxisTerm with
+    content)."""
     grad = pos_grad = True
     if isinstance(term, AxisTerm) and layer.input_dependent and layer.impl == "auto" and not p_drop:
         on = torch.is_grad_enabled()
@@ -142,5 +179,6 @@ def for_layer(layer, x: torch.Tensor, term: Term, p_drop: float, device: str | N
         grad = on and (x.requires_grad or any(p.requires_grad for p in layer.parameters()))
     traced = isinstance(term, GaussianTerm | AxisTerm) and layer.impl == "auto" and tracing()
     device = device or x.device.type
-    return choose(Case(term, layer.content, layer.impl, layer.backend, device, grad,
-                       pos_grad, p_drop, x.shape[-2] * x.shape[-1], traced))  # fmt: skip
+    case = Case(term, layer.content, layer.impl, layer.backend, device, grad, pos_grad, p_drop,
+                x.shape[-2] * x.shape[-1], traced)  # fmt: skip
+    return explain(case) if why else choose(case)
