@@ -69,19 +69,19 @@ def test_triton_gradcheck_float64(p, per_image):
     assert torch.autograd.gradcheck(f, xs, fast_mode=True)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(
     "b, nh, h, w, dk, p",
     [(2, 3, 5, 7, 8, 0.0), (1, 1, 6, 10, 48, 0.2), (2, 2, 1, 12, 8, 0.0), (1, 2, 16, 16, 32, 0.1)],
 )
 def test_triton_precision_as_tight_as_plain(dtype, b, nh, h, w, dk, p):
-    """float32 inputs, or bfloat16 (as autocast hands them to the kernel: q, k, v rounded, the
-    axis logits in float32): the kernel's distance to the float64 equations, values and every
-    gradient, within 2x the plain equations' in float32, or in bfloat16 autocast. In bfloat16
+    """float32 inputs, or bfloat16 / float16 (as autocast hands them to the kernel: q, k, v
+    rounded, the axis logits in float32): the kernel's distance to the float64 equations, values
+    and every gradient, within 2x the plain equations' in float32, or in that dtype's autocast. In bfloat16
     both start from the same rounded q, k, v and output gradient (their rounding, 1e-2 here, is
     no kernel's error), so the distance measures each path's own arithmetic. The distance is the
     error's norm over the tensor (its max over a few hundred elements varies 2x between seeds)."""
-    low = dtype == torch.bfloat16
+    low = dtype != torch.float32
     gen = torch.Generator().manual_seed(b + dk)
     xs = _inputs(b, nh, h, w, dk, 16, torch.float64, shared=True, gen=gen)
     if low:
@@ -96,7 +96,7 @@ def test_triton_precision_as_tight_as_plain(dtype, b, nh, h, w, dk, p):
             qkv = [x.to(dtype) for x in x32[:3]]
             y = _run(axis_attention_triton, *qkv, x32[3], h, w, p, True, seed=11)
         else:
-            with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=low):
+            with torch.autocast(DEVICE, dtype=dtype, enabled=low):
                 y = _run(axis_attention_reference, *x32, h, w, p, True, seed=11)
         grads = torch.autograd.grad(y, x32, g.to(y.dtype))
         outs[name] = [(y.double() - exact).norm().item()] + [
