@@ -30,11 +30,20 @@ def convert_model(
     """Replace every convolution (nn.Conv1d / nn.Conv2d and their subclasses) of ``model`` by
     its attention equivalent, each checked against the module's own forward (rules.py).
 
-    Returns the converted model (a deep copy unless ``inplace``): an all-attention network whose
-    outputs equal the original's (exactly for ``alpha=None, head_dim=None``). A convolution the
-    conversion cannot reproduce raises one ValueError naming its path and class
-    (``on_unsupported="error"``), or stays as it is (``"keep"``): ``unconverted_layers(model)``
-    lists those, with the reason. ``progress``: show a bar over the layers (attnconv.progress).
+    Args:
+        model: the network; a convolution already converted is left as it is.
+        alpha: as ``conv_to_attention``'s (None: hard, exact).
+        head_dim: as ``conv_to_attention``'s (None: exact).
+        impl: as ``conv_to_attention``'s.
+        inplace: convert ``model`` itself instead of a deep copy.
+        on_unsupported: ``"error"`` (a convolution the conversion cannot reproduce raises one
+            ValueError naming its path and class) or ``"keep"`` (it stays as it is;
+            ``unconverted_layers(model)`` lists those, with the reason).
+        progress: show a bar over the layers (attnconv.progress).
+
+    Returns:
+        The converted model: an all-attention network whose outputs equal the original's
+        (exactly for ``alpha=None, head_dim=None``).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"convert_model expects an nn.Module, got {type(model).__name__}")

@@ -207,14 +207,24 @@ def conv_to_attention(
     check: bool = True,
 ) -> ConvAttention2d:
     """Turn an ``nn.Conv2d`` / ``nn.Conv1d`` (or a subclass: see rules.py) into an equivalent
-    self-attention module.
+    self-attention module (Theorem 1).
 
-    alpha: None = hard (alpha -> inf, exact), a float > 0 = Lemma 2's soft layer.
-    head_dim: None = exact (value="identity", Dh = Cin); an int = rank-limited W^(h) via
-    truncated SVD (exact when >= every head's rank; else warns, error in ``.rank_error``).
-    check: compare with ``conv``'s own forward on probe inputs before returning (the converted
-    module when exact, else the plain convolution it was built from); ``UnsupportedConv`` (a
-    ValueError) when they differ or the module cannot be read as a convolution.
+    Args:
+        conv: the convolution.
+        alpha: None for hard heads (alpha -> inf, exact), a float > 0 for Lemma 2's soft layer.
+        head_dim: None for the exact layer (``value="identity"``, Dh = Cin); an int for
+            rank-limited W^(h) by truncated SVD (exact when >= every head's rank; else a
+            warning, and the error in ``.rank_error``).
+        impl: the attention layer's ``impl`` (``"auto"`` or ``"reference"``).
+        check: compare with ``conv``'s own forward on probe inputs before returning (the
+            converted module when exact, else the plain convolution it was built from).
+
+    Returns:
+        A ``ConvAttention2d`` (``ConvAttention1d`` for a Conv1d), an instance of the conv's class.
+
+    Raises:
+        UnsupportedConv: (a ValueError) the module cannot be read as a convolution, or the
+            converted module differs from it.
     """
     if isinstance(conv, ConvAttention):
         raise TypeError(f"{type(conv).__name__} is already a converted convolution")
