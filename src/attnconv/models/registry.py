@@ -38,8 +38,17 @@ def check_model_args(name: str, kwargs: dict) -> None:
 
 
 def create_model(name: str, **kwargs) -> nn.Module:
-    """The model ``name`` built with ``kwargs``, freshly initialised. Weights (``checkpoint=``)
-    are loaded by ``attnconv.create_model`` (``attnconv.loading``)."""
+    """The model ``name`` built with ``kwargs``, freshly initialised.
+
+    Args:
+        name: a registered model (``list_models()``).
+        **kwargs: the model's options (e.g. ``num_classes``, sizes); an unknown name or option is
+            one ValueError naming the closest ones. Weights (``checkpoint=``) are loaded by
+            ``attnconv.create_model`` (``attnconv.loading``).
+
+    Returns:
+        The model, an ``nn.Module``.
+    """
     if "checkpoint" in kwargs:
         raise TypeError(
             "attnconv.models.create_model builds untrained models; load weights with "

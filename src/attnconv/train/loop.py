@@ -400,9 +400,19 @@ class Trainer:
 
 def train(cfg: Config, *, resume: bool = False, stop_at_step: int | None = None,
           overwrite: bool = False, device: str | None = None) -> dict:  # fmt: skip
-    """Build everything from ``cfg`` and train; see :class:`Trainer`. ``overwrite``: replace a
-    run already in the folder (refused otherwise, unless ``resume``). ``device``: cpu, cuda,
-    cuda:N, mps (default: CUDA if available)."""
+    """Build everything from ``cfg`` and train; see :class:`Trainer`.
+
+    Args:
+        cfg: the run's configuration (``attnconv.train.config``).
+        resume: continue from the run folder's newest checkpoint.
+        stop_at_step: stop (resumably) once this step is reached.
+        overwrite: replace a run already in the folder (refused otherwise, unless ``resume``).
+        device: cpu, cuda, cuda:N, mps (default: CUDA if available).
+
+    Returns:
+        The last evaluation's metrics (``eval_loss``, ``eval_acc``, ``step``, ``epoch``,
+        ``seconds``).
+    """
     tr = Trainer(cfg, resume=resume, stop_at_step=stop_at_step, overwrite=overwrite,
                  device=device)  # fmt: skip
     # every rank past its last collective before the group is unregistered (the group object
