@@ -77,9 +77,10 @@ def test_triton_gradcheck_float64(p, per_image):
 def test_triton_precision_as_tight_as_plain(dtype, b, nh, h, w, dk, p):
     """float32 inputs, or bfloat16 / float16 (as autocast hands them to the kernel: q, k, v
     rounded, the axis logits in float32): the kernel's distance to the float64 equations, values
-    and every gradient, within 2x the plain equations' in float32, or in that dtype's autocast. In bfloat16
-    both start from the same rounded q, k, v and output gradient (their rounding, 1e-2 here, is
-    no kernel's error), so the distance measures each path's own arithmetic. The distance is the
+    and every gradient, within 2x the plain equations' in float32, or in that dtype's autocast.
+    In low precision both start from the same rounded q, k, v and output gradient (their
+    rounding, 1e-2 here, is no kernel's error), so the distance measures each path's own
+    arithmetic. The distance is the
     error's norm over the tensor (its max over a few hundred elements varies 2x between seeds)."""
     low = dtype != torch.float32
     gen = torch.Generator().manual_seed(b + dk)
