@@ -347,3 +347,20 @@ def test_scratch_run_roots_are_not_archived_while_training(tmp_path, monkeypatch
     mod.main()
     assert mod.RUNS == tmp_path.resolve() and mod.ARCHIVE_WHILE_TRAINING is False
     assert _module().ARCHIVE_WHILE_TRAINING is True  # the default root is archived
+
+
+def test_a_runs_training_time_counts_every_sitting(tmp_path):
+    """The trainer's clock restarts at every resume: the report sums the sittings (wall.json
+    once kept only the last: grid_long's 4.0 h of 23.8)."""
+    import experiments_report as report
+
+    run = tmp_path / "r"
+    run.mkdir()
+    rows = ["kind,epoch,step,lr,loss,acc,images_per_s,seconds",
+            "train,1,50,0.1,2.0,0.1,10.0,100.0", "train,1,100,0.1,2.0,0.1,10.0,200.0",
+            "train,2,150,0.1,2.0,0.1,10.0,90.0", "eval,2,150,0.1,2.0,0.1,0.0,120.0"]  # fmt: skip
+    (run / "metrics.csv").write_text("\n".join(rows) + "\n")
+    (run / "wall.json").write_text('{"train_seconds": 130.0}')
+    assert report.train_seconds(run) == 320.0  # 200 + 120
+    (run / "wall.json").write_text('{"train_seconds": 400.0}')
+    assert report.train_seconds(run) == 400.0  # the runner's clock where it is larger
