@@ -111,6 +111,8 @@ def test_sa_quadratic_run_centres_contours_and_trajectories(cifar_zip, tmp_path,
     figs = rep["figures"]
     assert {"mass_contours", "center_trajectories", "center_trajectories_gif"} <= set(figs)
     assert "position_similarity" not in figs and "attention_single_zoom" not in figs
+    # position-only attention is the same for every image: no single-image copy of the average
+    assert rep["same_for_every_image"] and "attention_single" not in figs
     for name in figs.values():
         if name.endswith(".png"):
             png_ok(out / name)

@@ -96,23 +96,29 @@ def render_report(
     if res.has_attention:
         single, avg, names = res.single, res.average, res.layer_names
         where = f"query pixel {res.query_pixel} (token {qtok})"
-        draw(figs, "attention_single", lambda: F.plot_query_maps(
-            single, qtok, grid, out / "attention_single.png", image=image,
-            title=f"attention of every head for {where}, {label}", names=names,
-        ))  # fmt: skip
+        # position-only attention is the same for every image: one figure, not a copy of it
+        same = all(torch.allclose(s.float(), a.float(), rtol=1e-4, atol=1e-6)
+                   for s, a in zip(single, avg))  # fmt: skip
+        report["same_for_every_image"] = same
+        if not same:
+            draw(figs, "attention_single", lambda: F.plot_query_maps(
+                single, qtok, grid, out / "attention_single.png", image=image,
+                title=f"attention of every head for {where}, {label}", names=names,
+            ))  # fmt: skip
+        every = "the same for every image (position only)" if same else f"averaged over {n} images"
         draw(figs, "attention_average", lambda: F.plot_query_maps(
             avg, qtok, grid, out / "attention_average.png",
-            title=f"attention of every head for {where}, averaged over {n} images", names=names,
+            title=f"attention of every head for {where}, {every}", names=names,
         ))  # fmt: skip
         if zoom and any(max(m.shape[-2:]) > zoom for m in avg):
-            draw(figs, "attention_single_zoom", lambda: F.plot_query_maps(
-                single, qtok, grid, out / "attention_single_zoom.png", image=image, zoom=zoom,
-                title=f"{zoom}x{zoom} keys around {where}, {label}", names=names,
-            ))  # fmt: skip
+            if not same:
+                draw(figs, "attention_single_zoom", lambda: F.plot_query_maps(
+                    single, qtok, grid, out / "attention_single_zoom.png", image=image,
+                    zoom=zoom, title=f"{zoom}x{zoom} keys around {where}, {label}", names=names,
+                ))  # fmt: skip
             draw(figs, "attention_average_zoom", lambda: F.plot_query_maps(
                 avg, qtok, grid, out / "attention_average_zoom.png", zoom=zoom,
-                title=f"{zoom}x{zoom} keys around {where}, averaged over {n} images",
-                names=names,
+                title=f"{zoom}x{zoom} keys around {where}, {every}", names=names,
             ))  # fmt: skip
         use_c = res.centers if len(res.centers) == len(avg) else None
         draw(figs, "mass_contours", lambda: C.plot_mass_contours(
