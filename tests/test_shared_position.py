@@ -318,9 +318,9 @@ def test_image_blocks_off_a_cpu_is_the_whole_batch():
 _FOR_LAYER = mhsa2d.plan.for_layer
 
 
-def _on_cuda_plan(layer, x, term, p_drop, device=None):
+def _on_cuda_plan(layer, x, term, p_drop, device=None, why=False):
     """plan.for_layer as on a GPU, for tensors on this CPU: the kernel a CUDA device gets."""
-    return _FOR_LAYER(layer, x, term, p_drop, "cuda")
+    return _FOR_LAYER(layer, x, term, p_drop, "cuda", why=why)
 
 
 @pytest.mark.parametrize("name", ["sa_quadratic", "sa_learned"])
