@@ -1,0 +1,58 @@
+"""benchmarks/gpu_session.sh, the prepared run for a lent GPU (minutes at a time, rarely), stays
+runnable: the test files it names exist, and every `attnconv` command in it parses with the real
+parsers, its suite options included (nothing here needs a GPU)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from attnconv.bench import cuda
+from attnconv.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = (ROOT / "benchmarks" / "gpu_session.sh").read_text()
+
+
+def _commands() -> list[list[str]]:
+    text = SCRIPT.replace("\\\n", " ")
+    out = []
+    for line in text.splitlines():
+        if "-m attnconv.cli" in line:
+            words = shlex.split(line.split("-m attnconv.cli", 1)[1].split("2>&1")[0])
+            out.append([w.replace("$OUT", "out") for w in words])
+    return out
+
+
+def test_the_tests_it_runs_exist():
+    named = re.findall(r"tests/[\w/]+\.py", SCRIPT)
+    assert named and all((ROOT / n).is_file() for n in named), named
+
+
+def test_its_commands_parse(monkeypatch):
+    from attnconv.commands.bench import suite_argv
+
+    cmds = _commands()
+    assert len(cmds) >= 2
+    parser = build_parser()
+    real = argparse.ArgumentParser.parse_args
+
+    class Parsed(Exception):
+        pass
+
+    def capture(self, a=None, namespace=None):  # the suite's own parser, stopped after parsing
+        raise Parsed(real(self, a, namespace))
+
+    for argv in cmds:
+        args = parser.parse_args(argv)
+        assert args.command == "bench" and args.suite == "cuda"
+        monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
+        with pytest.raises(Parsed) as e:
+            cuda.main(suite_argv(args))  # what `attnconv bench` hands the suite
+        monkeypatch.setattr(argparse.ArgumentParser, "parse_args", real)
+        ns = e.value.args[0]
+        assert ns.only in ("models", "content") and ns.out_dir == "out"
