@@ -279,7 +279,23 @@ def explore_model(
     max_queries: int = 256,
     batch_size: int = 25,
 ) -> Path:
-    """Compute the attention of ``model`` on ``images`` (uint8) and write the explorer page."""
+    """Compute the attention of ``model`` on ``images`` and write the explorer page.
+
+    Args:
+        model: a model whose forward takes ``return_attention=True`` (the registry's).
+        images: uint8 ``(N, 3, H, W)`` images shown one by one.
+        out: the page's path (one self-contained HTML file).
+        average_images: uint8 images of the average view (None: no average view).
+        labels: the images' class names.
+        mean: the normalization's per-channel mean (the checkpoint's).
+        std: the normalization's per-channel std.
+        title: the page's title.
+        max_queries: the most query pixels kept per layer (a grid subsampled past it).
+        batch_size: images per forward.
+
+    Returns:
+        The page's path.
+    """
     single, avg, n, grids, shared = collect_attention(
         model, images, average_images, mean=mean, std=std, max_queries=max_queries,
         batch_size=batch_size,

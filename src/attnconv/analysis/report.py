@@ -49,10 +49,24 @@ def analyze_model(
     title: str = "",
     batch_size: int = 25,
 ) -> dict:
-    """Write the figures for ``model`` on ``images`` (uint8 (N, 3, H, W)) into ``out_dir``.
+    """Write the papers' figures of ``model``'s heads on ``images`` into ``out_dir``.
 
-    ``query`` is a pixel (row, col) of the image (default: the centre); ``image_index`` picks the
-    image of the single-image figures. Returns the report (also written as report.json).
+    Args:
+        model: a model whose forward takes ``return_attention=True`` (the registry's).
+        images: uint8 ``(N, 3, H, W)`` test images; the averages run over all of them.
+        out_dir: the folder for the figures, report.json, index.md and index.html.
+        mean: the normalization's per-channel mean (the checkpoint's).
+        std: the normalization's per-channel std.
+        labels: the images' class names, for the figures' titles.
+        query: a pixel (row, col) of the image (default: the centre).
+        image_index: the image of the single-image figures.
+        zoom: the side of the zoomed figures' key window (None or 0: none).
+        center_log: a run's centers.jsonl, for the centres' trajectories.
+        title: the report's title.
+        batch_size: images per forward.
+
+    Returns:
+        The report (also written as report.json): the figures' files and the tables.
     """
     res = measure_model(
         model, images, mean=mean, std=std, query=query, image_index=image_index,
