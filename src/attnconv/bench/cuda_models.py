@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import copy
 import platform
-import statistics
 import types
 
 import torch
 import torch.nn.functional as F
 
+from attnconv.bench import cuda
 from attnconv.bench.common import markdown_table, suite_command, write_results
-from attnconv.bench.models import P_DROP, SA_MODELS, build
+from attnconv.bench.models import P_DROP, SA_MODELS, build, training_step
 from attnconv.layers.kernels import triton_axis
 from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
 
@@ -80,48 +80,14 @@ def make_step(model: str, scale: str, batch: int, how: str, bf16: bool):
                 dense_sdpa_forward(m)
             elif how == "triton" and m.content:
                 m.backend = "triton"
-    net = net.cuda()
-    opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(batch, 3, 32, 32, generator=g).cuda()
-    y = torch.randint(0, 10, (batch,), generator=g).cuda()
-
-    def step() -> None:
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
-            logits = net(x)
-        loss = F.cross_entropy(logits.float(), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
-    return step
+    return training_step(net.cuda(), batch, bf16, "cuda")
 
 
 def measure(steps: dict, repeats: int) -> dict[str, dict]:
-    """Median seconds per step (CUDA events, interleaved) and the peak MB one step allocates."""
-    out: dict[str, dict] = {}
-    for name, step in list(steps.items()):
-        try:
-            for _ in range(2):
-                step()
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-            step()
-            torch.cuda.synchronize()
-            out[name] = {"mb": (torch.cuda.max_memory_allocated() - base) / 2**20, "s": []}
-        except Exception as exc:  # noqa: BLE001 - a path that fails is a result
-            out[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"}
-            steps.pop(name)
-    for _ in range(repeats):
-        for name, step in steps.items():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            torch.cuda.synchronize()
-            out[name]["s"].append(start.elapsed_time(end) / 1e3)
-    return {k: dict(v, s=statistics.median(v["s"])) if "s" in v else v for k, v in out.items()}
+    """Median seconds per step (cuda.time_and_memory: CUDA events, interleaved, one step per
+    repeat) and the peak MB one step allocates."""
+    res = cuda.time_and_memory(steps, repeats, inner=1)
+    return {k: dict(v, s=v.pop("ms") / 1e3) if "ms" in v else v for k, v in res.items()}
 
 
 def run(models, scale: str, batch: int, repeats: int) -> list[dict]:

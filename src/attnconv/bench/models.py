@@ -109,13 +109,19 @@ def make_step(model: str, scale: str, batch: int, impl: str = "attnconv", bf16: 
               compiled: bool = False):  # fmt: skip
     """One case: returns step(), a full training step on a fixed random batch."""
     net = build(model, scale, impl)
-    net = torch.compile(net) if compiled else net
+    return training_step(torch.compile(net) if compiled else net, batch, bf16)
+
+
+def training_step(net, batch: int, bf16: bool, device: str = "cpu"):
+    """step(): forward (bf16 autocast if ``bf16``), cross-entropy, backward and an SGD step
+    (momentum 0.9) of ``net`` on a fixed random batch of 32x32 images on ``device``."""
     opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(batch, 3, 32, 32, generator=g), torch.randint(0, 10, (batch,), generator=g)
+    x, y = x.to(device), y.to(device)
 
     def step() -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
             logits = net(x)
         loss = F.cross_entropy(logits.float(), y)
         opt.zero_grad(set_to_none=True)

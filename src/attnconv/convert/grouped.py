@@ -18,6 +18,8 @@ import torch.nn.functional as F
 
 from attnconv.layers.precision import no_autocast
 
+from .head_conv import one_step
+
 
 class GroupedHeadProjection(nn.Module):
     """Wout of a converted grouped conv: ``kernel`` (Nh, Cout, Cin/g) holds each head's
@@ -58,7 +60,7 @@ def grouped_head_mix(xp: torch.Tensor, rows: list, cols: list, proj) -> torch.Te
     dense hard path's). Equals ``grouped_head_mix_reference`` (values and gradients).
     """
     nh, cout, cin_g = proj.kernel.shape
-    slices = _one_step(rows) and _one_step(cols)  # strided views with the conv's stride
+    slices = one_step(rows) and one_step(cols)  # strided views with the conv's stride
     if cin_g == 1 and proj.groups == cout == xp.shape[1]:  # depthwise: W^(h) diagonal
         y = depthwise_mix(xp, rows, cols, proj.kernel[:, :, 0])
     elif nh > 1 and slices:
@@ -135,10 +137,6 @@ def grouped_head_mix_reference(xp: torch.Tensor, rows: list, cols: list, proj) -
     if proj.bias is not None:
         y = y + proj.bias[None, :, None, None]
     return y
-
-
-def _one_step(idx: list) -> bool:
-    return all(isinstance(i, slice) and i.step == idx[0].step for i in idx)
 
 
 def _take(x: torch.Tensor, dim: int, idx: slice | list[int]) -> torch.Tensor:
