@@ -99,3 +99,29 @@ def test_the_inference_plan_follows_every_change_of_the_weights():
         torch.testing.assert_close(att(x2), conv(x2), rtol=1e-5, atol=1e-6)
         att64, conv64 = att.double(), conv.double()
         torch.testing.assert_close(att64(x.double()), conv64(x.double()), rtol=1e-12, atol=1e-12)
+
+
+def test_converted_convs_under_bf16_autocast_as_tight_as_the_conv():
+    """bf16 autocast: the converted module's distance to the float64 conv, output and input
+    gradient, within 2x of the original conv's own under the same autocast (the one-conv path,
+    and the per-head paths of a clamped border)."""
+    torch.manual_seed(2)
+    replicate = torch.nn.Conv2d(8, 8, 3, padding=1, groups=4, padding_mode="replicate")
+    for conv in (torch.nn.Conv2d(12, 12, 7, padding=3, groups=12),
+                 torch.nn.Conv2d(8, 16, 3, stride=2, padding=1), replicate):  # fmt: skip
+        att = conv_to_attention(conv)
+        x = torch.randn(2, conv.in_channels, 13, 11)
+        x64 = x.double().requires_grad_()
+        ref = conv.double()(x64)
+        g = torch.randn_like(ref)
+        gref = torch.autograd.grad(ref, x64, g)[0]
+        conv.float()
+        errs = {}
+        for name, m in (("converted", att), ("conv", conv)):
+            xf = x.clone().requires_grad_()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = m(xf)
+            gx = torch.autograd.grad(y.float(), xf, g.float())[0]
+            errs[name] = [(y.double() - ref).norm().item(), (gx.double() - gref).norm().item()]
+        for got, plain in zip(errs["converted"], errs["conv"]):
+            assert got <= 2 * plain, (conv, errs)
