@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.autograd import gradcheck
 
-from attnconv.layers.blocked import axis_attention, axis_attention_reference
 from attnconv.layers.first_order import HigherOrderGradError
 from attnconv.layers.kernels import fused
+from attnconv.layers.kernels.blocked import axis_attention, axis_attention_reference
 from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
 
 F64 = torch.float64

@@ -13,9 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnconv.bench.cuda import render
-from attnconv.layers.flex import MIN_HEAD_DIM, flex_mod_attention
+from attnconv.layers.encodings import QuadraticEncoding
 from attnconv.layers.kernels.content import score_mod
-from attnconv.layers.positional import QuadraticEncoding
+from attnconv.layers.kernels.flex import MIN_HEAD_DIM, flex_mod_attention
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

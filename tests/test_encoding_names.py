@@ -1,6 +1,6 @@
 """Issue 29: no string comparison on positional-encoding names outside the factories. The
 layers and models read the type (or a property) of the encoding they built; only the factories
-turn a name into an encoding: ``layers/encoding.py`` (Dai's eq. 8 vocabulary, the global
+turn a name into an encoding: ``layers/encodings/registry.py`` (Dai's eq. 8 vocabulary, the global
 layers), ``models/vit.py``'s constructor (its own ``pos_embed``); ``layers/local.py``'s
 ``SasaPositional.from_name`` (SASA's) looks its name up in a table. Read from the source with
 ``ast``, every file of the package (the benchmarks too)."""
@@ -10,14 +10,14 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from attnconv.layers.encoding import POSITIONALS
+from attnconv.layers.encodings import POSITIONALS
 from attnconv.layers.local import SASA_POSITIONALS
 from attnconv.models.vit import POS_EMBEDS
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "attnconv"
 NAMES = set(POSITIONALS) | set(SASA_POSITIONALS) | set(POS_EMBEDS)
 # file -> the one function there that may compare names (None: the whole file)
-FACTORIES = {"layers/encoding.py": None, "models/vit.py": "__init__"}
+FACTORIES = {"layers/encodings/registry.py": None, "models/vit.py": "__init__"}
 SUBJECTS = ("positional", "pos_embed")  # what an encoding's name is called
 
 

@@ -17,7 +17,7 @@ from attnconv.analysis.evolution import (
     read_evolution,
 )
 from attnconv.analysis.grid import grid_scores, grid_travel
-from attnconv.layers.centers import head_alphas, head_centers
+from attnconv.layers.encodings.centers import head_alphas, head_centers
 from attnconv.models import create_model
 
 

@@ -13,7 +13,7 @@ import torch
 from torch.export import Dim, export
 
 from attnconv.convert import convert_model
-from attnconv.layers.encoding import POSITIONALS
+from attnconv.layers.encodings import POSITIONALS
 from attnconv.layers.feedforward import FeedForward
 from attnconv.layers.local import LocalSelfAttention2d
 from attnconv.layers.mha import MultiHeadAttention, SinusoidalPositionalEncoding

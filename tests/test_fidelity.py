@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import attnconv
-from attnconv.layers.positional import GeneralizedQuadraticEncoding, QuadraticEncoding
+from attnconv.layers.encodings import GeneralizedQuadraticEncoding, QuadraticEncoding
 from attnconv.train.config import ScheduleConfig
 from attnconv.train.optim import lr_at, no_decay_names, param_groups
 

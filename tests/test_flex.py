@@ -1,4 +1,4 @@
-"""The FlexAttention backend of content attention (layers/flex.py), issue 17: the quadratic and
+"""The FlexAttention backend of content attention (kernels/flex.py), issue 17: the quadratic and
 learned-relative logits as a score_mod equal the dense reference. On CPU Flex runs eagerly
 (forward only); on CUDA (when present) the layer routes there by itself, and gradients are
 checked too."""
@@ -12,7 +12,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attnconv.layers.flex import flex_axis_attention
+from attnconv.layers.kernels.flex import flex_axis_attention
 from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -184,8 +184,8 @@ def test_flex_local_on_device(device):
 def test_gaussian_score_mod_is_the_dense_logits_to_the_bit(dtype):
     """Eq. 9's isotropic logit is written once (terms.isotropic_energy): the Flex score_mod on
     the whole index grid gives the quadratic encoding's dense logits bit for bit."""
-    from attnconv.layers.flex import gaussian_score_mod
-    from attnconv.layers.positional import QuadraticEncoding
+    from attnconv.layers.encodings import QuadraticEncoding
+    from attnconv.layers.kernels.flex import gaussian_score_mod
 
     torch.manual_seed(0)
     enc = QuadraticEncoding(3).to(dtype)

@@ -1,5 +1,5 @@
 """The C++ local window kernel (kernels/fused_local.cpp) against the Python window kernel of
-local_kernel.py (itself tested against the unfold reference in test_local.py): values, returned
+kernels/window.py (itself tested against the unfold reference in test_local.py): values, returned
 probabilities and every gradient in float64 at random shapes, gradcheck, float32 and bf16
 precision against float64, the layer's choice and the fallback without the extension."""
 
@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from torch.autograd import gradcheck
 
 from attnconv.layers.kernels import fused
+from attnconv.layers.kernels.window import local_attention
 from attnconv.layers.local import LocalSelfAttention2d
-from attnconv.layers.local_kernel import local_attention
 
 pytestmark = pytest.mark.skipif(not fused.available(), reason="the C++ extension did not build")
 

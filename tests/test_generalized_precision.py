@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnconv.layers.blocked import gaussian_attention, gaussian_attention_reference
+from attnconv.layers.kernels.blocked import gaussian_attention, gaussian_attention_reference
 from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
 
 

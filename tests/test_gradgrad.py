@@ -13,11 +13,11 @@ import torch.nn as nn
 from torch.autograd import gradgradcheck
 
 from attnconv.convert.modules import conv_to_attention
-from attnconv.layers.encoding import POSITIONALS
+from attnconv.layers.encodings import POSITIONALS
 from attnconv.layers.feedforward import FeedForward
 from attnconv.layers.first_order import HigherOrderGradError
+from attnconv.layers.kernels.window import local_attention
 from attnconv.layers.local import LocalSelfAttention2d
-from attnconv.layers.local_kernel import local_attention
 from attnconv.layers.mha import MultiHeadAttention, SinusoidalPositionalEncoding
 from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
 from attnconv.layers.stem import AttentionStem2d

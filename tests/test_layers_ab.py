@@ -13,11 +13,11 @@ import layers_ab  # noqa: E402
 
 
 def test_after_patch_sets_the_module_constant():
-    from attnconv.layers import shared_position
+    from attnconv.layers.kernels import shared_position
 
     before = shared_position.BLOCK_MAX_THREADS
     try:
-        exec(layers_ab.patch_lines(["attnconv.layers.shared_position:BLOCK_MAX_THREADS=8"]))
+        exec(layers_ab.patch_lines(["attnconv.layers.kernels.shared_position:BLOCK_MAX_THREADS=8"]))
         assert shared_position.BLOCK_MAX_THREADS == 8
     finally:
         shared_position.BLOCK_MAX_THREADS = before
@@ -52,9 +52,26 @@ def test_kernel_ab_times_both_backends_and_refuses_a_bad_case(capsys):
 def test_inference_run_times_every_layer_forward():
     """--inference runs the child with an eval-mode forward under inference_mode: every
     positional encoding, with and without content, gets a time."""
-    from attnconv.layers.encoding import POSITIONALS
+    from attnconv.layers.encodings import POSITIONALS
 
     root = Path(__file__).resolve().parents[1]
     out = layers_ab.run_tree(root, [4], inference=True)
     assert sorted(out) == sorted(f"{p}{c} 4x4" for p in POSITIONALS for c in (" +content", ""))
     assert all(t > 0 for t in out.values())
+
+
+def test_layers_equal_reports_every_kind_of_difference(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    import layers_equal
+
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    save_file({"c/y": torch.zeros(2), "c/dx": torch.ones(2)}, a)
+    save_file({"c/y": torch.zeros(2), "c/dx": torch.tensor([1.0, 1.0 + 2**-20])}, b)
+    meta_a = {"c": {"keys": ["w"]}, "d": {"error": "ValueError: x"}, "e": {"keys": []}}
+    meta_b = {"c": {"keys": ["w"]}, "d": {"error": "ValueError: y"}}
+    diffs = layers_equal.compare((a, meta_a), (b, meta_b))
+    assert diffs == ["case only in one tree: e", "d: {'error': 'ValueError: x'} != "
+                     "{'error': 'ValueError: y'}", "unequal: c/dx"]  # fmt: skip
+    assert layers_equal.compare((a, meta_a), (a, meta_a)) == []

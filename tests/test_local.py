@@ -8,14 +8,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnconv.layers.kernels import fused
-from attnconv.layers.local import LocalSelfAttention2d
-from attnconv.layers.local_kernel import (
+from attnconv.layers.kernels.window import (
     _LocalAttention,
     local_attention,
     local_to_dense,
     window_pad,
     window_valid,
 )
+from attnconv.layers.local import LocalSelfAttention2d
 
 MODES = [
     ("relative", "qk+qr"),

@@ -251,8 +251,8 @@ def test_returned_maps_are_the_fast_paths_own(h, w, seed):
 def test_typed_encoding_equals_the_string_shorthand():
     """positional= takes a PositionalEncoding (the typed form) as well as its name; the layer
     asks it what it can do (no name comparison), so both give the same layer."""
-    from attnconv.layers.positional import PositionalEncoding, QuadraticEncoding
-    from attnconv.layers.relative import LearnedRelativeEncoding
+    from attnconv.layers.encodings import PositionalEncoding, QuadraticEncoding
+    from attnconv.layers.encodings.relative import LearnedRelativeEncoding
 
     torch.manual_seed(0)
     typed = MultiHeadSelfAttention2d(8, 8, 2, positional=QuadraticEncoding(2, init_alpha=2.0),

@@ -93,3 +93,34 @@ def test_models_and_layers_never_import_training_or_loading():
         wrong = sorted(p for p in graph[low] if p.startswith(HIGH))
         assert not wrong, f"{low} imports {', '.join(wrong)}"
     assert "attnconv.models" not in graph["attnconv.layers"]
+
+
+# the rooms of attnconv.layers, bottom up: a room imports only from the rooms before it
+FOUNDATION = {"checks", "first_order", "functional", "precision", "scripting"}
+ROOMS = ("foundation", "encodings", "kernels", "layers")
+
+
+def _room(module: str) -> str:
+    """attnconv.layers.<room>: ``encodings``/``kernels`` (the subpackages), ``foundation`` (the
+    modules every room uses) or ``layers`` (the layer modules on top)."""
+    part = module.split(".")[2] if module.count(".") >= 2 else ""
+    if part in ("encodings", "kernels"):
+        return part
+    return "foundation" if part in FOUNDATION or not part else "layers"
+
+
+def test_the_layers_rooms_import_downward_only():
+    """encodings/ never imports kernels/ or a layer; kernels/ never imports a layer; the
+    foundation imports no room (the import graph of attnconv.layers, module by module)."""
+    modules = {_module(p) for p in (SRC / "attnconv" / "layers").rglob("*.py")}
+    assert {_room(m) for m in modules} == set(ROOMS)
+    up = []
+    for path in (SRC / "attnconv" / "layers").rglob("*.py"):
+        src = _module(path)
+        for m in _imports(path):
+            while m not in modules and "." in m:
+                m = m.rsplit(".", 1)[0]
+            if m.startswith("attnconv.layers") and m != "attnconv.layers":
+                if ROOMS.index(_room(m)) > ROOMS.index(_room(src)):
+                    up.append(f"{src} -> {m}")
+    assert not up, "an import up the rooms: " + "; ".join(sorted(up))

@@ -10,10 +10,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from attnconv.layers.encodings import QuadraticEncoding
+from attnconv.layers.encodings.sinusoidal import sinusoid_1d, sinusoid_2d, sinusoid_rotation_1d
+from attnconv.layers.kernels.separable import separable_probs
 from attnconv.layers.mhsa2d import POSITIONALS, MultiHeadSelfAttention2d
-from attnconv.layers.positional import QuadraticEncoding
-from attnconv.layers.quadratic import separable_probs
-from attnconv.layers.sinusoidal import sinusoid_1d, sinusoid_2d, sinusoid_rotation_1d
 
 
 def test_sinusoid_values_follow_vaswani():

@@ -16,10 +16,12 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from attnconv.layers.encodings.base import pixel_coords
+from attnconv.layers.encodings.gaussian import shifted_axis
 from attnconv.layers.functional import scaled_dot_product_attention
 from attnconv.layers.kernels.content import folded_qkv
 from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
-from attnconv.layers.positional import hi, pixel_coords, shifted_axis
+from attnconv.layers.precision import hi
 
 
 def _layers(hw_alpha: float, heads: int, seed: int = 0):

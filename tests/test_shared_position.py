@@ -1,4 +1,4 @@
-"""Separable position-only attention on (H, W, B, C) tokens (layers/shared_position.py), the paper
+"""Separable position-only attention on (H, W, B, C) tokens (kernels/shared_position.py), the paper
 models' training path: every kernel against the dense equation with the same dropped links
 (values and gradients, random shapes), gradcheck in float64, the layer's ``forward_tokens``
 against its plain NCHW reference path, and precision in float32 / bf16 autocast against float64
@@ -14,15 +14,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import attnconv
-from attnconv.layers import mhsa2d, shared_position
+from attnconv.layers import mhsa2d
 from attnconv.layers.functional import dropped_links
-from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
-from attnconv.layers.shared_position import (
+from attnconv.layers.kernels import shared_position
+from attnconv.layers.kernels.shared_position import (
     head_sum_linear,
     plain_attention,
     position_attention,
     separable_head_sum,
 )
+from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
 from same_step import assert_same_training_step
 
 F64 = torch.float64

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import yaml
 
-from attnconv.layers.centers import center_layers
+from attnconv.layers.encodings.centers import center_layers
 from attnconv.train.config import Config, ScheduleConfig, load_config
 from attnconv.train.optim import lr_at, no_decay_names
 from train_helpers import ROOT

@@ -1,4 +1,4 @@
-"""Old checkpoints of the quadratic encodings load through one table (layers/upgrade.py): a
+"""Old checkpoints of the quadratic encodings load through one table (encodings/upgrade.py): a
 whole model's state dict with the old names loads with plain ``load_state_dict`` and through
 ``upgrade_state_dict`` alike; the hook survives pickling."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import attnconv
-from attnconv.layers.upgrade import UPGRADES, upgrade_state_dict
+from attnconv.layers.encodings.upgrade import UPGRADES, upgrade_state_dict
 
 SMALL = dict(hidden_size=12, num_layers=2, num_heads=3, ff_size=8, img_size=8)
 
@@ -47,7 +47,7 @@ def test_a_whole_model_loads_its_old_names(name):
 
 
 def test_the_hook_survives_pickling_and_copies():
-    from attnconv.layers.positional import QuadraticEncoding
+    from attnconv.layers.encodings import QuadraticEncoding
 
     enc = QuadraticEncoding(3)
     buf = io.BytesIO()

@@ -21,14 +21,14 @@ _EXPORTS = {
     "create_model": "attnconv.loading",
     "list_models": "attnconv.models",
     "scaled_dot_product_attention": "attnconv.layers.functional",
-    # the typed positional encodings (encoding.py gathers positional.py and relative.py)
-    "PositionalEncoding": "attnconv.layers.encoding",
-    "NoEncoding": "attnconv.layers.encoding",
-    "AbsolutePositionalEncoding2d": "attnconv.layers.encoding",
-    "QuadraticEncoding": "attnconv.layers.encoding",
-    "GeneralizedQuadraticEncoding": "attnconv.layers.encoding",
-    "RelativeEncoding": "attnconv.layers.encoding",
-    "LearnedRelativeEncoding": "attnconv.layers.encoding",
+    # the typed positional encodings (layers/encodings/, one module each)
+    "PositionalEncoding": "attnconv.layers.encodings",
+    "NoEncoding": "attnconv.layers.encodings",
+    "AbsolutePositionalEncoding2d": "attnconv.layers.encodings",
+    "QuadraticEncoding": "attnconv.layers.encodings",
+    "GeneralizedQuadraticEncoding": "attnconv.layers.encodings",
+    "RelativeEncoding": "attnconv.layers.encodings",
+    "LearnedRelativeEncoding": "attnconv.layers.encodings",
     # checkpoint loading: its home is this one line
     "load_model": "attnconv.loading",
 }

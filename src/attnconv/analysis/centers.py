@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnconv.layers.centers import head_centers
+from attnconv.layers.encodings.centers import head_centers
 
 __all__ = ["head_centers", "mass_level", "mass_region", "contour_lines", "read_center_log"]
 

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from attnconv.bench.common import run_case
-from attnconv.layers.flex import flex_axis_attention
+from attnconv.layers.kernels.flex import flex_axis_attention
 from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
 
 HEADS = 9

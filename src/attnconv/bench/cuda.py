@@ -12,7 +12,7 @@ attention of equal shapes costs: a floor, not an equal); "SDPA fold" is the laye
 kernels on the GPU (backend="fold": the exact fold through SDPA in training, the shared bias in
 inference).
 SASA local attention (k = 7, relative row/column embeddings, 8 heads): attnconv
-(FlexAttention with a block mask), our window kernel (local_kernel.py, flex_backend=False), the
+(FlexAttention with a block mask), our window kernel (kernels/window.py, flex_backend=False), the
 unfold reference and NATTEN's fused kernels when the natten package is installed.
 The paper models' full training step (``--only models``): bench/cuda_models.py.
 

@@ -33,11 +33,11 @@ from attnconv.bench.common import (
     suite_parser,
     write_results,
 )
-from attnconv.layers.encoding import build_encoding
+from attnconv.layers.encodings import build_encoding
+from attnconv.layers.encodings.relative import LearnedRelativeEncoding, RelativeEncoding
 from attnconv.layers.functional import scaled_dot_product_attention
 from attnconv.layers.kernels.content import folded_qkv
 from attnconv.layers.mhsa2d import POSITIONALS, MultiHeadSelfAttention2d
-from attnconv.layers.relative import LearnedRelativeEncoding, RelativeEncoding
 
 FACTORY = "attnconv.bench.layers:make_step"
 KERNEL_FACTORY = "attnconv.bench.layers:make_kernel_step"

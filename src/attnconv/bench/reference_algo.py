@@ -38,8 +38,8 @@ import math
 import torch
 import torch.nn as nn
 
-from ..layers.gaussian import QuadraticEncoding
-from ..layers.relative import LearnedRelativeEncoding
+from ..layers.encodings.gaussian import QuadraticEncoding
+from ..layers.encodings.relative import LearnedRelativeEncoding
 from ..models.reference_port import to_reference
 from ..models.sa_cifar import SelfAttentionCifar
 

@@ -7,7 +7,7 @@ window N_k(i, j) centred on every pixel (not blocked halo attention), heads spli
 channels and 1x1 projections, so the weights do not grow with k (only the k x d_h relative
 tables do). Stride s = s x s average pooling after the attention (sec. 3.1).
 
-The kernel (fast path and plain reference) is local_kernel.py.
+The kernel (fast path and plain reference) is kernels/window.py.
 """
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .checks import check_tensor, positive_int
-from .flex import flex_local_attention
+from .encodings.sinusoidal import sinusoid_2d
 from .functional import check_impl
 from .kernels import fused
+from .kernels.flex import flex_local_attention
 from .kernels.plan import tracing
-from .local_kernel import (  # noqa: F401  (re-exported: the kernel's public names)
+from .kernels.window import (  # noqa: F401  (re-exported: the kernel's public names)
     PADDINGS,
     local_attention,
     local_to_dense,
@@ -32,13 +33,12 @@ from .local_kernel import (  # noqa: F401  (re-exported: the kernel's public nam
     window_valid,
 )
 from .scripting import NotScriptable
-from .sinusoidal import sinusoid_2d
 
 
 @dataclass(frozen=True)
 class SasaPositional:
-    """One of SASA's positional encodings (sec. 4.3; not Dai's eq. 8 names, encoding.py): what
-    it adds to the logits and what it needs of the head dim, decided once at construction."""
+    """One of SASA's positional encodings (sec. 4.3; not Dai's eq. 8 names, encodings/registry.py):
+    what it adds to the logits and what it needs of the head dim, decided once at construction."""
 
     name: str
     tables: bool  # learned r_{a-i} (rel_row), r_{b-j} (rel_col), d_h / 2 each: q^T r_{a-i,b-j}

@@ -13,9 +13,9 @@ import torch
 import torch.nn as nn
 
 from .checks import check_tensor, positive_int
+from .encodings.sinusoidal import sinusoid_1d, sinusoid_rotation_1d
 from .functional import check_impl, scaled_dot_product_attention
 from .scripting import NotScriptable
-from .sinusoidal import sinusoid_1d, sinusoid_rotation_1d
 
 __all__ = ["MultiHeadAttention", "SinusoidalPositionalEncoding", "sinusoidal_encoding"]
 

@@ -21,15 +21,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .checks import check_tensor, positive_int
-from .encoding import POSITIONALS, build_encoding
+from .encodings.base import PositionalEncoding, check_size
+from .encodings.registry import POSITIONALS, build_encoding
+from .encodings.terms import Grid
 from .functional import check_impl, dropped_links
 from .kernels import KERNELS, plan, triton_axis
 from .kernels.position import dense_inputs, reference_probs
-from .positional import PositionalEncoding, check_size
-from .quadratic import axis_softmax, head_major, head_major_output
+from .kernels.separable import axis_softmax, head_major, head_major_output
+from .kernels.shared_position import head_sum_linear, position_attention, separable_head_sum
 from .scripting import NotScriptable
-from .shared_position import head_sum_linear, position_attention, separable_head_sum
-from .terms import Grid
 
 __all__ = ["DROPOUT_MASKS", "MultiHeadSelfAttention2d", "POSITIONALS", "VALUES"]
 VALUES = ("linear", "identity")

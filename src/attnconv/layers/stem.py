@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from .checks import check_tensor, positive_int
 from .functional import check_impl
 from .kernels.plan import tracing
+from .kernels.window import PADDINGS, local_attention
 from .local import LocalCase, choose_local
-from .local_kernel import PADDINGS, local_attention
 from .scripting import NotScriptable
 
 

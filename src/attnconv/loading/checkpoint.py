@@ -27,7 +27,7 @@ from safetensors.torch import load as st_load
 
 from attnconv import __version__
 from attnconv.convert import convert_model
-from attnconv.layers.upgrade import upgrade_state_dict
+from attnconv.layers.encodings.upgrade import upgrade_state_dict
 from attnconv.memory import memory_bytes
 from attnconv.models import create_model, list_models
 from attnconv.models.budget import construction_budget

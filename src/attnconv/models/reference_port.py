@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from ..layers.relative import LearnedRelativeEncoding
+from ..layers.encodings.relative import LearnedRelativeEncoding
 from .sa_cifar import SelfAttentionCifar
 
 _LAYER = {  # reference suffix -> attnconv suffix, inside encoder.layer.{i}. / layers.{i}.

@@ -92,7 +92,7 @@ class SALayer(nn.Module):
     def __init__(self, cfg: SACifarConfig, max_size: int) -> None:
         super().__init__()
         D = cfg.hidden_size
-        # the Gaussian's initial values go whole: the factory (layers/encoding.py) gives them
+        # the Gaussian's initial values go whole: the factory (encodings/registry.py) gives them
         # to the encodings that have them
         extra = {"init_centers_std": cfg.init_centers_std, "init_alpha": cfg.init_alpha}
         if cfg.head_keys is not None:  # relative_learned only (build_encoding checks)

@@ -27,10 +27,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..layers.attention_map import AttentionMap
+from ..layers.encodings.sinusoidal import sinusoid_2d
 from ..layers.feedforward import FeedForward
 from ..layers.functional import check_impl
 from ..layers.mha import MultiHeadAttention
-from ..layers.sinusoidal import sinusoid_2d
 from ._common import build_config, check_images
 from .registry import register_model
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from attnconv.layers.centers import head_alphas, head_centers
+from attnconv.layers.encodings.centers import head_alphas, head_centers
 from attnconv.progress import Progress
 
 from .runfolder import open_nofollow

@@ -14,12 +14,12 @@ import warnings
 
 import torch
 
-from ..blocked import axis_attention, gaussian_attention
-from ..flex import axis_score_mod, flex_mod_attention, gaussian_score_mod
+from ..encodings.terms import AxisTerm, GaussianTerm
 from ..functional import dropped_links, scaled_dot_product_attention
 from ..precision import hi, kernel_dtype, no_autocast, softmax_f32, upcast
-from ..terms import AxisTerm, GaussianTerm
 from . import triton_axis
+from .blocked import axis_attention, gaussian_attention
+from .flex import axis_score_mod, flex_mod_attention, gaussian_score_mod
 from .fused import axis_attention_fused
 
 

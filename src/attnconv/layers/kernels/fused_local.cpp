@@ -1,5 +1,5 @@
 // SASA's local k x k window attention (Ramachandran et al. 2019, eq. 2-3), fused per image and
-// head (CPU): the C++ twin of local_kernel.py's window kernel, the same loops over the k^2
+// head (CPU): the C++ twin of kernels/window.py's window kernel, the same loops over the k^2
 // offsets on shifted rows of the keys and values, but one (image, head) at a time so that its
 // q, k, v (d x H x W) and probabilities (k^2 x H x W) stay in the core's cache, where the Python
 // kernel streams the whole batch through memory once per offset and operation.
@@ -9,7 +9,7 @@
 // q, k (B, nh, dk, H, W), v (B, nh, M, dv, H, W) contiguous, with ``mix`` (k^2, M) the attention
 // stem's spatially-aware values v_ab = sum_m mix[(a-i, b-j), m] v^m_ab (M = 1 and no mix: plain
 // values); qr_row / qr_col (B, nh, k, H, W) the relative logits q . rel_row[a-i], q . rel_col[b-j]. Keys outside the image: masked (out of
-// the softmax) or zeros (a zero key and value that keeps its relative logit), as local_kernel.py.
+// the softmax) or zeros (a zero key and value that keeps its relative logit), as kernels/window.py.
 #include <ATen/ATen.h>
 
 #include <ATen/Parallel.h>

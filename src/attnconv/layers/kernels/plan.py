@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..terms import AxisTerm, GaussianTerm, ShiftTerm, Term
+from ..encodings.terms import AxisTerm, GaussianTerm, ShiftTerm, Term
 from . import fused
 
 BACKENDS = ("flex", "blocked", "fused", "fold", "triton")

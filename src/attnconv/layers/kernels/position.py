@@ -3,7 +3,7 @@
 
 - ``reference``: dense (B, Nh, T, T) logits for every batch element, softmax, matmul;
 - ``shared``: position-only attention computed once per forward, shared by the batch;
-- ``separable`` / ``shift``: a row then a column operator (quadratic.py), or the hard shift, in
+- ``separable`` / ``shift``: a row then a column operator (separable.py), or the hard shift, in
   the head-major layout: v (Nh|1, D, H, B, W) -> (Nh, D, H, B, W), never T x T.
 
 Token-layout kernels return (B, T, Nh, Dv); q, k (B|1, Nh, T, dk) or None (no query/key
@@ -15,11 +15,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..encodings.terms import AxisTerm, GaussianTerm
 from ..functional import attention_probs, scaled_dot_product_attention, shared_dropout
 from ..precision import no_autocast
-from ..quadratic import axis_softmax, outer_probs, separable_attention, shift_gather
-from ..quadratic import separable_probs as axis_probs
-from ..terms import AxisTerm, GaussianTerm
+from .separable import axis_softmax, outer_probs, separable_attention, shift_gather
+from .separable import separable_probs as axis_probs
 
 
 def dense_inputs(q, k, v, term, grid):

@@ -1,19 +1,15 @@
 """The one place that maps the string shorthand of a positional encoding (configs, CLI) and its
-options to a ``PositionalEncoding`` (positional.py, gaussian.py, relative.py); the attention layer
-only asks the encoding for its typed term (terms.py)."""
+options to a ``PositionalEncoding`` (absolute.py, gaussian.py, relative.py); the attention
+layer only asks the encoding for its typed term (terms.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from .checks import positive_int
-from .positional import (
-    AbsolutePositionalEncoding2d,
-    GeneralizedQuadraticEncoding,
-    NoEncoding,
-    PositionalEncoding,
-    QuadraticEncoding,
-)
+from ..checks import positive_int
+from .absolute import AbsolutePositionalEncoding2d, NoEncoding
+from .base import PositionalEncoding
+from .gaussian import GeneralizedQuadraticEncoding, QuadraticEncoding
 from .relative import RELATIVE_TERMS, LearnedRelativeEncoding, RelativeEncoding
 
 # name -> (builder, the options it reads): one registry, filled by @register_encoding below

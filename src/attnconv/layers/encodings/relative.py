@@ -28,11 +28,37 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .encoding_base import PositionalEncoding, relative_index
-from .positional import RelativeTables2d
+from .base import PositionalEncoding, check_size, relative_index
+from .sinusoidal import sinusoid_1d
 from .terms import AxisTerm, FoldTerm, Term, axis_fold, expand_fold
 
 RELATIVE_TERMS = ("content_content", "content_position", "global_content", "global_position")
+
+
+class RelativeTables2d(nn.Module):
+    """r_row(delta1) (dim_row) and r_col(delta2) (dim_col) for delta in [-(n-1), n-1]:
+    learned tables of 2*max_size-1 rows, or fixed sinusoids of the offset."""
+
+    def __init__(self, dim_row: int, dim_col: int, *, learned: bool, max_size: int = 64):
+        super().__init__()
+        self.dim_row, self.dim_col = dim_row, dim_col
+        self.learned, self.max_size = learned, max_size
+        if learned:
+            self.rel_row = nn.Parameter(torch.randn(2 * max_size - 1, dim_row))
+            self.rel_col = nn.Parameter(torch.randn(2 * max_size - 1, dim_col))
+        # no state: follows .to(device) so the fixed sinusoids are made where the layer lives
+        self.register_buffer("device_anchor", torch.empty(0), persistent=False)
+
+    def forward(self, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(2h-1, dim_row), (2w-1, dim_col); entry d + n - 1 holds offset d."""
+        if not self.learned:
+            dev = self.device_anchor.device
+            dr = torch.arange(-(h - 1), h, dtype=torch.float32, device=dev)
+            dc = torch.arange(-(w - 1), w, dtype=torch.float32, device=dev)
+            return sinusoid_1d(dr, self.dim_row), sinusoid_1d(dc, self.dim_col)
+        check_size(h, w, self.max_size, "relative positional")
+        m = self.max_size
+        return self.rel_row[m - h : m + h - 1], self.rel_col[m - w : m + w - 1]
 
 
 def rel_gather(full: torch.Tensor, n: int, pos: torch.Tensor) -> torch.Tensor:

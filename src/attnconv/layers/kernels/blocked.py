@@ -27,10 +27,10 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from .encoding_base import pixel_coords
-from .first_order import first_order_only
-from .gaussian import gaussian_offset_logits
-from .precision import backward_without_autocast, kernel_dtype, no_autocast
+from ..encodings.base import pixel_coords
+from ..encodings.gaussian import gaussian_offset_logits
+from ..first_order import first_order_only
+from ..precision import backward_without_autocast, kernel_dtype, no_autocast
 
 _FLOOR = -60.0  # exp(-60) = 8.8e-27: products with gradients stay normal float32
 _BLOCK_ELEMS = 1 << 19  # logits per block, Nh * Bq * T: 2 MiB of float32, one core's L2 + L3 share

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .precision import softmax_f32
+from ..precision import softmax_f32
 
 axis_softmax = softmax_f32  # row-wise, in at least float32
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .checks import finite_float
-from .encoding_base import PositionalEncoding, pixel_coords
-from .precision import hi, no_autocast
+from ..checks import finite_float
+from ..precision import hi, no_autocast
+from .base import PositionalEncoding, pixel_coords
 from .terms import (
     AxisTerm,
     GaussianTerm,

@@ -20,7 +20,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from .terms import isotropic_energy
+from ..encodings.terms import isotropic_energy
 
 MIN_HEAD_DIM = 16  # compiled FlexAttention: "embedding dimension ... must be at least 16"
 
@@ -104,7 +104,7 @@ def window_block_mask(kernel_size: int, h: int, w: int, device: str):
     outside the image do not exist. Built once per shape and device (cached)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    from .local_kernel import window_pad
+    from .window import window_pad
 
     before, after = window_pad(kernel_size)
 
@@ -124,7 +124,7 @@ def flex_local_attention(
     a block mask for the k x k window (keys outside the image simply do not exist), the
     relative logits q . r_{a-i,b-j} as a score_mod. q (already scaled), k (B, nh, d, H, W) or
     None, v (B, nh, d, H, W), qr_row/qr_col (B, nh, k, H, W) -> (B, nh, d, H, W)."""
-    from .local_kernel import window_pad
+    from .window import window_pad
 
     b, nh, d, h, w = q.shape
     before, after = window_pad(kernel_size)

@@ -17,7 +17,7 @@ from typing import ClassVar, NamedTuple
 
 import torch
 
-from .precision import hi
+from ..precision import hi
 
 Tensor = torch.Tensor
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .functional import check_impl, scaled_dot_product_attention
-from .kernels.fused import available, extension
-from .precision import backward_without_autocast
+from ..functional import check_impl, scaled_dot_product_attention
+from ..precision import backward_without_autocast
+from .fused import available, extension
 
 PADDINGS = ("mask", "zeros")
 

@@ -1,7 +1,7 @@
 """Separable position-only attention on sequence-first tokens, attention dropout included.
 
 For the encodings whose softmax factorizes per head (quadratic eq. 9, learned relative row +
-column tables; see quadratic.py), P_h = R_h (x) C_h, and the layer (eq. 1-2) is
+column tables; see kernels/separable.py), P_h = R_h (x) C_h, and the layer (eq. 1-2) is
 
     MHSA(X) = sum_h Dropout(P_h) X Wval^(h) Wout^(h) + bout.
 
@@ -29,9 +29,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .first_order import MESSAGE, HigherOrderGradError
-from .functional import dropped_links
-from .precision import no_autocast
+from ..first_order import MESSAGE, HigherOrderGradError
+from ..functional import dropped_links
+from ..precision import no_autocast
 
 __all__ = [
     "dropped_links",
