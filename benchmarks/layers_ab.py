@@ -7,7 +7,7 @@ the trees alternated ``--rounds`` times so both see the same machine load; media
     python benchmarks/layers_ab.py --before /tmp/before --after . [--rounds 3] [--sizes 16 32]
 
 ``--after-patch MOD:NAME=VALUE`` sets a module constant in the after runs only (a tuning
-A/B within one tree: ``--before . --after . --after-patch attnconv.layers.shared_position:
+A/B within one tree: ``--before . --after . --after-patch attnconv.layers.kernels.shared_position:
 BLOCK_MAX_THREADS=8``).
 
 ``--config CFG`` times instead one training step (forward, backward, SGD) of the model a training
@@ -32,8 +32,7 @@ CHILD = """
 import json, statistics, sys, time, torch
 torch.set_num_threads(THREADS)
 PATCHES
-from attnconv.layers.encoding import POSITIONALS
-from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
+from attnconv.layers.mhsa2d import POSITIONALS, MultiHeadSelfAttention2d  # in both trees
 out = {}
 for s in SIZES:
     for pos in POSITIONALS:
