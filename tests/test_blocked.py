@@ -78,7 +78,7 @@ def test_layer_routes_to_blocked_kernel_from_16x16_on_cpu():
             assert (layer.kernel(x, 0.0) == big) == on
         assert (layer.kernel(x, 0.0) == big) == on
         assert layer.kernel(x, 0.1) != "blocked"
-    layer.blocked_backend = False
+    layer.backend = "fold"
     assert layer.kernel(x, 0.0) not in ("blocked", "fused")
     layer.backend = None  # the plan's choice
     with torch.no_grad():
@@ -115,7 +115,7 @@ def test_layer_blocked_path_equals_reference(positional, b, heads, h, w, seed):
     """The layer's blocked kernel (forced on: by default it starts at 16^2) equals
     impl="reference" in float64, output and every gradient."""
     fast, plain = (m.double() for m in _pair(positional, 6, heads, seed))
-    fast.blocked_backend = True
+    fast.backend = "blocked"
     x = torch.randn(b, 6, h, w, dtype=F64, requires_grad=True)
     assert fast.kernel(x, 0.0) == "blocked"
     outs = []

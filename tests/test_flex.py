@@ -28,7 +28,7 @@ def _pair(positional: str, heads: int, dtype, device, seed: int):
     ref = MultiHeadSelfAttention2d(6, 6, heads, positional=positional, content=True,
                                    max_size=8, impl="reference").to(device, dtype)  # fmt: skip
     ref.load_state_dict(fast.state_dict())
-    fast.flex_backend = True
+    fast.backend = "flex"
     return fast, ref
 
 
@@ -93,7 +93,7 @@ def test_flex_backend_is_as_exact_as_dense(positional, hw, alpha, autocast, devi
             fast.positional_encoding.set_alpha(alpha)
             fast.positional_encoding.centers.uniform_(-4.0, 4.0)
     plain = copy.deepcopy(fast)
-    plain.impl, fast.flex_backend = "reference", True
+    plain.backend, fast.backend = "reference", "flex"
     x = torch.randn(1, 16, hw, hw, device=device)
     grad = device.type == "cuda"
 
@@ -122,7 +122,7 @@ def test_flex_backend_is_as_exact_as_dense(positional, hw, alpha, autocast, devi
 
 def test_cpu_layer_keeps_the_fused_sdpa_path_by_default():
     layer = MultiHeadSelfAttention2d(4, 4, 2, positional="quadratic", content=True)
-    assert layer.flex_backend is None
+    assert layer.backend is None
     x, flex = torch.randn(1, 4, 3, 3), ("flex", "flex_gaussian")
     assert layer.kernel(x, 0.0) not in flex
     assert layer.kernel(x, 0.0, "cuda") in flex and layer.kernel(x, 0.1, "cuda") not in flex
@@ -153,7 +153,7 @@ def test_flex_local_equals_reference_cpu(variant, ks, b, h, w, seed):
     with torch.no_grad():
         lay.impl = "reference"
         ref = lay(x)
-        lay.impl, lay.flex_backend = "auto", True
+        lay.backend = "flex"
         torch.testing.assert_close(lay(x), ref, rtol=1e-9, atol=1e-11)
 
 
@@ -165,7 +165,7 @@ def test_flex_local_on_device(device):
     torch.manual_seed(0)
     lay = LocalSelfAttention2d(4, 8, 2, kernel_size=3).to(device)
     if device.type == "cpu":
-        lay.flex_backend = True
+        lay.backend = "flex"
     assert lay.kernel(device) == "flex"
     x = torch.randn(2, 4, 6, 5, device=device, requires_grad=True)
     with torch.set_grad_enabled(device.type == "cuda"):

@@ -138,7 +138,6 @@ def test_no_extension_call_while_a_compiler_traces():
     """torch.compile / torch.export cannot trace into the extension: both kernel tables leave
     the fused kernels while a compiler traces (content: the blocked kernel; local: the window)."""
     from attnconv.layers.kernels import plan
-    from attnconv.layers.local import LocalCase, choose_local
     from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
 
     layer = MultiHeadSelfAttention2d(8, 8, 2, positional="relative_learned", content=True)
@@ -146,8 +145,8 @@ def test_no_extension_call_while_a_compiler_traces():
     assert plan.choose(case) == "fused" and plan.choose(case._replace(p_drop=0.1)) == "fused"
     assert plan.choose(case._replace(tracing=True)) == "blocked"
     assert plan.choose(case._replace(tracing=True, p_drop=0.1)) == "dense_dropout"
-    assert choose_local(LocalCase()) == "fused"
-    assert choose_local(LocalCase(tracing=True)) == "window"
+    assert plan.choose(plan.LocalCase(), plan.LOCAL_TABLE) == "fused"
+    assert plan.choose(plan.LocalCase(tracing=True), plan.LOCAL_TABLE) == "window"
 
 
 def test_stem_runs_the_fused_kernel_and_equals_the_window():

@@ -255,23 +255,27 @@ def test_positional_vocabulary_is_typed_once():
 
 
 def test_kernel_table_and_backend_override():
-    """One table picks the local kernel: reference for impl="reference", Flex on CUDA with
-    masked borders and no returned maps, the C++ window kernel on CPU where it built, else the
-    window function; ``backend`` (or its switch ``flex_backend``) overrides the default."""
+    """One table picks the local kernel: reference for backend="reference" (impl="reference",
+    its older spelling), Flex on CUDA with masked borders and no returned maps, the C++ window
+    kernel on CPU where it built, else the window function; ``backend`` overrides the default."""
     m = LocalSelfAttention2d(4, 8, 2, 3)
-    assert m.backend is None and m.flex_backend is None
+    assert m.backend is None and m.impl == "auto"
     cpu = "fused" if fused.available() else "window"
     assert m.kernel("cpu") == cpu and m.kernel("cuda") == "flex"
     assert m.kernel("cpu", return_attention=True) == cpu
     assert m.kernel("cuda", return_attention=True) == "window"
-    m.flex_backend = True
-    assert m.backend == "flex" and m.kernel("cpu") == "flex"
+    m.backend = "flex"
+    assert m.kernel("cpu") == "flex"
     m.padding = "zeros"
     assert m.kernel("cpu") == "window"
-    m.padding, m.flex_backend = "mask", False
-    assert m.backend == "window" and m.kernel("cuda") == "window"
+    m.padding, m.backend = "mask", "window"
+    assert m.kernel("cuda") == "window"
     m.impl = "reference"
-    assert m.kernel("cuda") == "reference"
-    assert LocalSelfAttention2d(4, 8, 2, 3, backend="flex").flex_backend is True
+    assert m.backend == "reference" and m.kernel("cuda") == "reference"
+    m.impl = "auto"
+    assert m.backend is None and m.kernel("cuda") == "flex"
+    assert LocalSelfAttention2d(4, 8, 2, 3, backend="reference").impl == "reference"
+    with pytest.raises(ValueError, match="name two kernels"):
+        LocalSelfAttention2d(4, 8, 2, 3, impl="reference", backend="flex")
     with pytest.raises(ValueError, match="backend must be None or one of"):
         LocalSelfAttention2d(4, 8, 2, 3, backend="fold")

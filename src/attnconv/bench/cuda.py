@@ -12,7 +12,7 @@ attention of equal shapes costs: a floor, not an equal); "SDPA fold" is the laye
 kernels on the GPU (backend="fold": the exact fold through SDPA in training, the shared bias in
 inference).
 SASA local attention (k = 7, relative row/column embeddings, 8 heads): attnconv
-(FlexAttention with a block mask), our window kernel (kernels/window.py, flex_backend=False), the
+(FlexAttention with a block mask), our window kernel (kernels/window.py, backend="window"), the
 unfold reference and NATTEN's fused kernels when the natten package is installed.
 The paper models' full training step (``--only models``): bench/cuda_models.py.
 
@@ -114,7 +114,7 @@ def models_for(case: dict) -> dict[str, torch.nn.Module]:
     else:
         layer = LocalSelfAttention2d(c, c, LOCAL_HEADS, KERNEL)
         window, unfold = copy.deepcopy(layer), copy.deepcopy(layer)
-        window.flex_backend, unfold.impl = False, "reference"
+        window.backend, unfold.backend = "window", "reference"
         models = {"attnconv": layer, "window": window, "unfold": unfold}
         try:
             models["natten"] = Natten(layer)
@@ -166,9 +166,7 @@ def precision(case: dict, models: dict) -> dict[str, float]:
     layer = models["attnconv"]
     x = torch.randn(1, case["c"], case["hw"], case["hw"], device="cuda")
     ref = copy.deepcopy(layer).double()
-    ref.impl = "reference"
-    if hasattr(ref, "flex_backend"):
-        ref.flex_backend = False
+    ref.backend = "reference"
     out = {}
     with torch.no_grad():
         y64 = ref(x.double())

@@ -23,6 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from attnconv.layers.checks import check_tensor
+from attnconv.layers.kernels import plan
 from attnconv.layers.scripting import NotScriptable
 
 from . import head_conv as hc
@@ -52,8 +53,9 @@ class ConvAttention(NotScriptable, ConvAttributes, nn.Module):
 
     ``attention`` is a position-only quadratic ``MultiHeadSelfAttention2d`` over the padded input;
     ``geometry`` holds the conv's padding, stride and dilation. NCHW in, NCHW out, same shapes as
-    the original conv. One path switch, the layer's ``impl``: with "auto" a hard layer evaluates
-    its one-hot attention at the kept queries only (a shift, ``_forward_shift``); ``forward_layer``
+    the original conv. Its path is kernels/plan.py's CONVERTED_TABLE: a hard layer (unless its
+    ``backend="reference"``) evaluates its one-hot attention at the kept queries only (a shift,
+    ``_forward_shift``: one conv, or channel mixes at a clamped border); ``forward_layer``
     runs the layer's own forward on every padded pixel, then the crop (what the shift equals).
     It answers the conv's attributes (``weight``, ``bias``, ``in_channels``, ``kernel_size``,
     ``stride``, ``padding``, ``dilation``, ``groups``; attributes.py), and the 2-D / 1-D
@@ -93,10 +95,9 @@ class ConvAttention(NotScriptable, ConvAttributes, nn.Module):
     def _forward2d(self, x: torch.Tensor, return_attention: bool, shift: bool = True):
         h, w = x.shape[-2:]
         self.geometry.output_size(h, w)  # ValueError if the image is smaller than the kernel
-        tracing = torch.compiler.is_exporting()  # the shift reads its indices as Python ints
-        if shift and self.hard and self.attention.impl == "auto" and not (
-            return_attention or tracing
-        ):
+        case = plan.ConvertedCase(self.hard and shift, self.attention.backend, return_attention,
+                                  torch.compiler.is_exporting())  # fmt: skip
+        if plan.choose(case, plan.CONVERTED_TABLE) != "attention":  # the hard heads' shift
             return self._forward_shift(x, h, w)
         xp = self.geometry.pad_input(x)  # (B, Cin, Hp, Wp), padded exactly as the conv pads
         out = self.attention(xp, return_attention=return_attention)
@@ -124,15 +125,17 @@ class ConvAttention(NotScriptable, ConvAttributes, nn.Module):
         rows = [_kept(ah, oh, sh, hp, dr) for dr, _ in shifts]  # per head: slice or index list
         cols = [_kept(aw, ow, sw, wp, dc) for _, dc in shifts]
         grouped = isinstance(layer.out_proj, GroupedHeadProjection)  # block-diagonal W^(h)
-        if hc.one_step(rows) and hc.one_step(cols):  # no clamped border: Lemma 1's sum, one conv
+        clamped = not (hc.one_step(rows) and hc.one_step(cols))
+        case = plan.ConvertedCase(hard=True, clamped=clamped)
+        if plan.choose(case, plan.CONVERTED_TABLE) == "one_conv":  # Lemma 1's sum, one conv
             p = layer.out_proj
             heads, bias, groups = ((p.kernel, p.bias, p.groups) if grouped
                                    else (*head_matrices(layer, detach=False), 1))  # fmt: skip
-            plan = hc.plan(rows, cols, heads, bias, groups, g.pad_for(h, w)[2::-2] if zeros
+            conv = hc.plan(rows, cols, heads, bias, groups, g.pad_for(h, w)[2::-2] if zeros
                            else (0, 0))  # fmt: skip
             if key is not None:
-                self.__dict__["_plan"] = (key, plan)
-            return hc.run(x if zeros else g.pad_input(x), plan)
+                self.__dict__["_plan"] = (key, conv)
+            return hc.run(x if zeros else g.pad_input(x), conv)
         xp = g.pad_input(x)
         if grouped:
             return grouped_head_mix(xp, rows, cols, layer.out_proj)

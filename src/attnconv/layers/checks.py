@@ -12,6 +12,8 @@ import math
 
 import torch
 
+from .functional import check_impl
+
 
 def finite_float(name: str, val, *, positive: bool = False) -> float:
     """``val`` as a float if it is a finite real number (> 0 with ``positive``, else >= 0),
@@ -49,3 +51,45 @@ def check_tensor(
             f"{name} dtype {x.dtype} differs from the layer's parameters ({dtype}); cast the "
             f"input (x.to({dtype})) or the layer (layer.to({x.dtype}))"
         )
+
+
+def backend_of(impl: str, backend: str | None, backends: tuple[str, ...]) -> str | None:
+    """An image layer's one knob, ``backend`` (None: its plan's choice): ``impl="reference"``,
+    the older spelling, is ``backend="reference"``; both naming different kernels is an error."""
+    if check_impl(impl) == "reference" and backend not in (None, "reference"):
+        raise ValueError(f"impl='reference' and backend={backend!r} name two kernels: "
+                         "pass backend='reference' alone")  # fmt: skip
+    backend = "reference" if impl == "reference" else backend
+    if backend is not None and backend not in backends:
+        raise ValueError(f"backend must be None or one of {backends}, got {backend!r}")
+    return backend
+
+
+class BackendKnob:
+    """The one kernel knob of an image layer: ``backend`` (None: the plan's choice, kernels/
+    plan.py; ``"reference"``: the plain equations; else one of ``BACKENDS``), and ``impl``, its
+    older spelling, read from it (``"reference"`` or ``"auto"``)."""
+
+    BACKENDS: tuple[str, ...] = ("reference",)
+
+    @property
+    def backend(self) -> str | None:
+        return self._backend
+
+    @backend.setter
+    def backend(self, value: str | None) -> None:
+        self._backend = self.check_backend(backend_of("auto", value, self.BACKENDS))
+
+    def check_backend(self, value: str | None) -> str | None:
+        """A layer's own refusal of a valid name (MultiHeadSelfAttention2d: triton missing)."""
+        return value
+
+    @property
+    def impl(self) -> str:
+        return "reference" if self.backend == "reference" else "auto"
+
+    @impl.setter
+    def impl(self, value: str) -> None:
+        keep = None if self.backend == "reference" else self.backend
+        self.backend = backend_of(value, None if value == "reference" else keep, self.BACKENDS)
+

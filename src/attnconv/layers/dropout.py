@@ -20,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .functional import drop_threshold, dropout_seed, dropped_elements
-from .kernels import fused
+from .kernels import fused, plan
 
 __all__ = ["HashDropout", "hash_dropout", "hash_dropout_reference"]
 
@@ -59,7 +59,7 @@ def hash_dropout(x: torch.Tensor, p: float, training: bool = True, seed: int | N
     if not training or p == 0.0:
         return x
     seed = dropout_seed() if seed is None else seed
-    if x.device.type == "cpu" and fused.available():
+    if plan.choose(plan.DropoutCase(x.device.type), plan.DROPOUT_TABLE) == "fused":
         return _HashDropout.apply(x, p, seed, offset)
     return hash_dropout_reference(x, p, seed, offset)
 
@@ -76,6 +76,7 @@ class HashDropout(nn.Dropout):
         super().__init__(p)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cpu":  # torch's fused kernel (see the module docstring)
+        case = plan.DropoutCase(x.device.type, module=True)
+        if plan.choose(case, plan.DROPOUT_TABLE) == "torch":  # see the module docstring
             return F.dropout(x, self.p, self.training)
         return hash_dropout(x, self.p, self.training)

@@ -30,6 +30,7 @@ def check_impl(impl: str) -> str:
     return impl
 
 
+
 def _check_args(q, k, v, bias, mask, dropout_p: float = 0.0) -> None:
     """One-line TypeError/ValueError for arguments the kernels would reject deep inside PyTorch:
     non-tensors, integer or mixed dtypes (any floating mix under autocast), a non-bool mask,

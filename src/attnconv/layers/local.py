@@ -19,12 +19,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .checks import check_tensor, positive_int
+from .checks import BackendKnob, backend_of, check_tensor, positive_int
 from .encodings.sinusoidal import sinusoid_2d
-from .functional import check_impl
-from .kernels import fused
+from .kernels import plan
 from .kernels.flex import flex_local_attention
-from .kernels.plan import tracing
 from .kernels.window import (  # noqa: F401  (re-exported: the kernel's public names)
     PADDINGS,
     local_attention,
@@ -83,42 +81,7 @@ LOGITS_KINDS = {"qk+qr": SasaLogits(True, True), "qk": SasaLogits(True, False),
                 "qr": SasaLogits(False, True)}  # fmt: skip
 LOGITS = tuple(LOGITS_KINDS)  # ("qk+qr", "qk", "qr")
 
-# The local layer's kernel choice, in the style of kernels/plan.py: the first matching row wins.
-# "reference", "fused" and "window" are local_kernel.local_attention (impl "reference" / "auto":
-# the unfold reference; the C++ window kernel of kernels/fused_local.cpp, on CPU where the
-# extension built; the Python window function), "flex" flex.flex_local_attention (masked
-# borders, no returned maps). ``backend`` overrides the device's default ("flex" on CUDA).
-LOCAL_BACKENDS = ("flex", "fused", "window")
-
-
-class LocalCase(NamedTuple):
-    impl: str = "auto"
-    backend: str | None = None
-    device: str = "cpu"
-    padding: str = "mask"
-    maps: bool = False  # return_attention
-    tracing: bool = False  # a compiler traces the forward: no C++ extension call
-
-    @property
-    def flex(self) -> bool:
-        return self.device == "cuda" if self.backend is None else self.backend == "flex"
-
-
-LOCAL_TABLE = (
-    ("reference", lambda c: c.impl == "reference"),
-    ("flex", lambda c: c.flex and c.padding == "mask" and not c.maps),
-    ("fused", lambda c: c.device == "cpu" and c.backend in (None, "fused") and not c.tracing
-                        and fused.available()),  # fmt: skip
-    ("window", lambda c: True),
-)
-
-
-def choose_local(case: LocalCase) -> str:
-    """The local layer's kernel for ``case``: the first row of LOCAL_TABLE that matches."""
-    return next(name for name, when in LOCAL_TABLE if when(case))
-
-
-class LocalSelfAttention2d(NotScriptable, nn.Module):
+class LocalSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
     """SASA local self-attention layer (Ramachandran et al., NeurIPS 2019, eq. 2-3), NCHW.
 
     Replaces a k x k convolution: 1x1 projections W_Q, W_K, W_V (no output projection), heads
@@ -139,10 +102,10 @@ class LocalSelfAttention2d(NotScriptable, nn.Module):
             (position only, no W_K); default from ``positional``.
         padding: windows at the border: ``"mask"`` (pixels outside the image take no part) or
             ``"zeros"`` (they are zero keys and values, as a zero-padded convolution reads).
-        impl: ``"auto"`` (the fastest exact kernel) or ``"reference"`` (unfold, the plain
-            equations).
-        backend: None (the table's choice, ``kernel``), ``"flex"``, ``"fused"`` or ``"window"``
-            (``flex_backend`` True / False: ``"flex"`` / ``"window"``).
+        impl: the older spelling of ``backend="reference"``: ``"auto"`` or ``"reference"``.
+        backend: None (the plan's choice, ``kernel``; kernels/plan.py's LOCAL_TABLE),
+            ``"reference"`` (unfold, the plain equations), ``"flex"``, ``"fused"`` or
+            ``"window"``.
     """
 
     def __init__(
@@ -174,7 +137,6 @@ class LocalSelfAttention2d(NotScriptable, nn.Module):
                              f"{positional!r} (content only: positional='none')")
         if padding not in PADDINGS:
             raise ValueError(f"padding must be one of {PADDINGS}, got {padding!r}")
-        check_impl(impl)
         if num_heads < 1 or out_channels % num_heads:
             raise ValueError(f"out_channels={out_channels} not divisible by num_heads={num_heads}")
         if kernel_size < 1 or stride < 1:
@@ -184,10 +146,10 @@ class LocalSelfAttention2d(NotScriptable, nn.Module):
         self.in_channels, self.out_channels = in_channels, out_channels
         self.num_heads, self.head_dim = num_heads, dh
         self.kernel_size, self.stride = kernel_size, stride
-        self.positional, self.logits, self.padding, self.impl = positional, logits, padding, impl
+        self.positional, self.logits, self.padding = positional, logits, padding
         self.encoding = encoding  # SasaPositional: what the forward adds, decided once
         self.scale = dh**-0.5
-        self.backend = backend  # None: LOCAL_TABLE's own choice (Flex on CUDA)
+        self.backend = backend_of(impl, backend, plan.LOCAL_BACKENDS)  # None: the plan's
         self.query = nn.Conv2d(in_channels, out_channels, 1, bias=False)  # W_Q
         keys = LOGITS_KINDS[logits].keys
         self.key = nn.Conv2d(in_channels, out_channels, 1, bias=False) if keys else None
@@ -199,31 +161,13 @@ class LocalSelfAttention2d(NotScriptable, nn.Module):
             self.register_parameter("rel_row", None)
             self.register_parameter("rel_col", None)
 
-    @property
-    def backend(self) -> str | None:
-        return self._backend
-
-    @backend.setter
-    def backend(self, value: str | None) -> None:
-        if value is not None and value not in LOCAL_BACKENDS:
-            raise ValueError(f"backend must be None or one of {LOCAL_BACKENDS}, got {value!r}")
-        self._backend = value
-
-    @property
-    def flex_backend(self) -> bool | None:
-        """The backend override as a switch: True = "flex", False = "window", None = the
-        table's choice."""
-        return {"flex": True, "window": False}.get(self.backend)
-
-    @flex_backend.setter
-    def flex_backend(self, on: bool | None) -> None:
-        self.backend = None if on is None else ("flex" if on else "window")
+    BACKENDS = plan.LOCAL_BACKENDS
 
     def kernel(self, device: torch.device | str, return_attention: bool = False) -> str:
-        """The kernel (LOCAL_TABLE) ``forward`` runs on ``device``."""
+        """The kernel (plan.LOCAL_TABLE) ``forward`` runs on ``device``."""
         device = torch.device(device).type
-        return choose_local(LocalCase(self.impl, self.backend, device, self.padding,
-                                      return_attention, tracing()))  # fmt: skip
+        case = plan.LocalCase(self.backend, device, self.padding, return_attention, plan.tracing())
+        return plan.choose(case, plan.LOCAL_TABLE)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, nh, dh, H, W)
         b, _, h, w = x.shape
@@ -256,7 +200,8 @@ class LocalSelfAttention2d(NotScriptable, nn.Module):
         else:
             out = local_attention(
                 q, k, v, kernel_size=self.kernel_size, rel_row=rel_row, rel_col=rel_col,
-                padding=self.padding, impl=self.impl, return_attention=return_attention,
+                padding=self.padding, impl="reference" if kernel == "reference" else "auto",
+                return_attention=return_attention,
                 fused=kernel == "fused",
             )  # fmt: skip
         y, attn = out if return_attention else (out, None)

@@ -7,8 +7,8 @@ Layers" (ICLR 2020), eq. 1-9.
 with A^(h) the content term X Wq Wk^T X^T / sqrt(Dk) (``content=True``) plus the positional
 term of ``positional``. The forward reads: project (q, k, v), term (the encoding's positional
 logits, typed: terms.py), plan (kernels/plan.py, one table: term x device x grad x dropout x
-size, ``backend=`` overrides it), kernel (kernels/). ``impl="reference"`` runs the plain
-equations (dense (B, Nh, T, T) logits); ``impl="auto"`` the fastest exact kernel: position-only
+size, ``backend=`` overrides it), kernel (kernels/). ``backend="reference"`` runs the plain
+equations (dense (B, Nh, T, T) logits); the plan's choice is the fastest exact kernel: position-only
 attention shared by the batch or, separable, a row then a column operator (never T x T); with
 content, FlexAttention on CUDA, the query-blocked kernel on CPU, or every positional term folded
 into augmented q/k for the fused ``scaled_dot_product_attention``.
@@ -20,11 +20,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .checks import check_tensor, positive_int
+from .checks import BackendKnob, backend_of, check_tensor, positive_int
 from .encodings.base import PositionalEncoding, check_size
 from .encodings.registry import POSITIONALS, build_encoding
 from .encodings.terms import Grid
-from .functional import check_impl, dropped_links
+from .functional import dropped_links
 from .kernels import KERNELS, plan, triton_axis
 from .kernels.position import dense_inputs, reference_probs
 from .kernels.separable import axis_softmax, head_major, head_major_output
@@ -55,7 +55,7 @@ def _head_dims(cin: int, cout: int, nh: int, head_dim, qk_dim, value: str) -> tu
     return positive_int("head_dim", head_dim), positive_int("qk_dim", qk_dim)
 
 
-class MultiHeadSelfAttention2d(NotScriptable, nn.Module):
+class MultiHeadSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
     """Multi-head self-attention on NCHW images: (B, in_channels, H, W) -> (B, out_channels, H, W).
 
     Args:
@@ -73,11 +73,12 @@ class MultiHeadSelfAttention2d(NotScriptable, nn.Module):
         dropout_mask: ``"sample"`` (a mask per image) or ``"batch"`` (one ``(Nh, T, T)`` mask
             shared by the batch, the reference code's Gaussian layer; position-only attention
             only).
-        impl: ``"auto"`` (the fastest exact kernel) or ``"reference"`` (the plain equations).
+        impl: the older spelling of ``backend="reference"``: ``"auto"`` or ``"reference"``.
         max_size: side of learned tables.
         bias: biases of the projections.
-        backend: None (the plan's choice) or ``"flex"``, ``"blocked"``, ``"fused"``,
-            ``"fold"``, ``"triton"``: that family of kernels where it applies (kernels/plan.py).
+        backend: None (the plan's choice: the fastest exact kernel), ``"reference"`` (the plain
+            equations) or ``"flex"``, ``"blocked"``, ``"fused"``, ``"fold"``, ``"triton"``: that
+            family of kernels where it applies (kernels/plan.py).
         **encoding_options: go to the named encoding (``encoding.build_encoding``): ``hard``,
             ``init_centers_std``, ``init_alpha`` (quadratic); ``relative_terms``, ``learned_r``
             (relative, Dai eq. 8); ``rel_dim`` (r_delta width, relative encodings);
@@ -121,8 +122,8 @@ class MultiHeadSelfAttention2d(NotScriptable, nn.Module):
         self.in_channels, self.out_channels, self.num_heads = in_channels, out_channels, num_heads
         self.head_dim, self.qk_dim, self.value = head_dim, qk_dim, value
         self.content, self.dropout, self.max_size = bool(content), dropout, max_size
-        self.impl, self.scale = check_impl(impl), qk_dim**-0.5
-        self.backend = backend  # None: the plan's own choice (kernels/plan.py)
+        self.scale = qk_dim**-0.5
+        self.backend = backend_of(impl, backend, plan.BACKENDS)  # None: the plan's choice
         self.positional_encoding = build_encoding(
             positional, num_heads=num_heads, in_channels=in_channels, qk_dim=qk_dim,
             content=self.content, max_size=max_size, **encoding_options,
@@ -150,35 +151,12 @@ class MultiHeadSelfAttention2d(NotScriptable, nn.Module):
             )
         return self.positional_encoding.centers.detach().clone()
 
-    @property
-    def backend(self) -> str | None:
-        return self._backend
+    BACKENDS = plan.BACKENDS
 
-    @backend.setter
-    def backend(self, value: str | None) -> None:
-        if value is not None and value not in plan.BACKENDS:
-            raise ValueError(f"backend must be None or one of {plan.BACKENDS}, got {value!r}")
+    def check_backend(self, value: str | None) -> str | None:
         if value == "triton" and not triton_axis.INSTALLED:
             raise ValueError("backend='triton' needs triton: pip install triton")
-        self._backend = value
-
-    @property
-    def flex_backend(self) -> bool | None:
-        """The backend override as a switch: True = "flex", False = "fold", None = the plan's."""
-        return {"flex": True, "fold": False, "blocked": False}.get(self.backend)
-
-    @flex_backend.setter
-    def flex_backend(self, on: bool | None) -> None:
-        self.backend = None if on is None else ("flex" if on else "fold")
-
-    @property
-    def blocked_backend(self) -> bool | None:
-        """The backend override as a switch: True = "blocked", False = "fold", None otherwise."""
-        return {"blocked": True, "fold": False}.get(self.backend)
-
-    @blocked_backend.setter
-    def blocked_backend(self, on: bool | None) -> None:
-        self.backend = None if on is None else ("blocked" if on else "fold")
+        return value
 
     @property
     def separable(self) -> bool:

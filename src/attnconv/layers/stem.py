@@ -20,20 +20,34 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .checks import check_tensor, positive_int
-from .functional import check_impl
-from .kernels.plan import tracing
+from .checks import BackendKnob, backend_of, check_tensor, positive_int
+from .kernels import plan
 from .kernels.window import PADDINGS, local_attention
-from .local import LocalCase, choose_local
 from .scripting import NotScriptable
 
 
-class AttentionStem2d(NotScriptable, nn.Module):
+class AttentionStem2d(NotScriptable, BackendKnob, nn.Module):
     """Attention stem: local attention with spatially-aware values, then BN, ReLU, max pool.
 
     x (B, C_in, H, W) -> (B, C_out, H/pool, W/pool). ``mixtures`` M value matrices per head,
     ``kernel_size`` k the window (4 in the paper; even k covers offsets -(k-1)//2 .. k//2).
+
+    Args:
+        in_channels: channels of the input image (C_in).
+        out_channels: channels of the output (C_out), split over the heads.
+        num_heads: attention heads.
+        kernel_size: side k of each pixel's window.
+        mixtures: M, the value matrices W_V^m mixed per position (sec. 3.2).
+        pool: side of the max pooling after BN and ReLU (1: none).
+        norm: batch normalization before the ReLU.
+        padding: windows at the border: ``"mask"`` (outside pixels take no part) or
+            ``"zeros"`` (zero keys and values).
+        impl: the older spelling of ``backend="reference"``: ``"auto"`` or ``"reference"``.
+        backend: None (the plan's choice; kernels/plan.py's LOCAL_TABLE), ``"reference"``
+            (unfold, the plain equations), ``"fused"`` or ``"window"``.
     """
+
+    BACKENDS = plan.STEM_BACKENDS
 
     def __init__(
         self,
@@ -46,9 +60,9 @@ class AttentionStem2d(NotScriptable, nn.Module):
         norm: bool = True,
         padding: str = "mask",
         impl: str = "auto",
+        backend: str | None = None,
     ):
         super().__init__()
-        check_impl(impl)
         if padding not in PADDINGS:
             raise ValueError(f"padding must be one of {PADDINGS}, got {padding!r}")
         for name, val in (("in_channels", in_channels), ("out_channels", out_channels),
@@ -64,7 +78,8 @@ class AttentionStem2d(NotScriptable, nn.Module):
         self.in_channels, self.out_channels = in_channels, out_channels
         self.num_heads, self.head_dim = num_heads, out_channels // num_heads
         self.kernel_size, self.mixtures, self.pool = kernel_size, mixtures, pool
-        self.padding, self.impl = padding, impl
+        self.padding = padding
+        self.backend = backend_of(impl, backend, plan.STEM_BACKENDS)  # None: the plan's
         self.scale = self.head_dim**-0.5
         self.query = nn.Conv2d(in_channels, out_channels, 1, bias=False)  # W_Q
         self.key = nn.Conv2d(in_channels, out_channels, 1, bias=False)  # W_K
@@ -97,6 +112,7 @@ class AttentionStem2d(NotScriptable, nn.Module):
         q = self.query(x).view(bsz, nh, dh, h, w) * self.scale  # (B, nh, dh, H, W)
         k = self.key(x).view(bsz, nh, dh, h, w)
         v = self.value(x).view(bsz, nh, nm, dh, h, w)  # (B, nh, M, dh, H, W): W_V^m x
+        kernel = self.kernel(x.device, return_attention)
         out = local_attention(
             q,
             k,
@@ -106,7 +122,7 @@ class AttentionStem2d(NotScriptable, nn.Module):
             padding=self.padding,
             impl=self.impl,
             return_attention=return_attention,
-            fused=self.kernel(x.device, return_attention) == "fused",
+            fused=kernel == "fused",
         )
         y, attn = out if return_attention else (out, None)
         y = F.relu(self.norm(y.reshape(bsz, self.out_channels, h, w)))
@@ -115,12 +131,13 @@ class AttentionStem2d(NotScriptable, nn.Module):
         return (y, attn) if return_attention else y
 
     def kernel(self, device: torch.device | str, return_attention: bool = False) -> str:
-        """The window kernel ``forward`` runs on ``device`` (local.LOCAL_TABLE; the stem has no
+        """The window kernel ``forward`` runs on ``device`` (plan.LOCAL_TABLE; the stem has no
         Flex path: "flex" there means the window function)."""
-        case = LocalCase(self.impl, None, torch.device(device).type, self.padding,
-                         return_attention, tracing())  # fmt: skip
-        kernel = choose_local(case)
+        case = plan.LocalCase(self.backend, torch.device(device).type, self.padding,
+                              return_attention, plan.tracing())  # fmt: skip
+        kernel = plan.choose(case, plan.LOCAL_TABLE)
         return "window" if kernel == "flex" else kernel
+
 
     def extra_repr(self) -> str:
         return (

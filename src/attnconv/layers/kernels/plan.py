@@ -1,10 +1,19 @@
-"""The one place that picks the attention kernel: term type x device x grad x dropout x size,
-with the thresholds the benchmarks measured (bench/anchors.py on CPU, bench/cuda.py on a GPU)
-and the ``backend`` override of MultiHeadSelfAttention2d. First matching row wins.
+"""The one place that picks every layer's kernel, each by a table of named rows whose first match
+wins (``choose``; ``explain`` says why each earlier row was passed over):
+
+- ``TABLE``: MultiHeadSelfAttention2d's attention, term type x device x grad x dropout x size,
+  with the thresholds the benchmarks measured (bench/anchors.py on CPU, bench/cuda.py on a GPU);
+- ``LOCAL_TABLE``: the k x k window attention of LocalSelfAttention2d and the attention stem;
+- ``DROPOUT_TABLE``: the hidden dropout's mask (dropout.py);
+- ``CONVERTED_TABLE``: a converted convolution's forward (convert/modules.py).
+
+A layer's ``backend`` argument overrides the choice ("reference": the plain equations).
+
+TABLE:
 
 | kernel           | term                   | when                                             |
 |------------------|------------------------|--------------------------------------------------|
-| reference        | any                    | impl="reference"                                 |
+| reference        | any                    | backend="reference"                              |
 | shift            | Shift, position only   | no dropout                                       |
 | separable        | Axis, position only    | CPU, no dropout (a GPU: shared, a few batched    |
 |                  |                        | launches instead of a loop over heads/blocks)    |
@@ -34,7 +43,9 @@ import torch
 from ..encodings.terms import AxisTerm, GaussianTerm, ShiftTerm, Term
 from . import fused
 
-BACKENDS = ("flex", "blocked", "fused", "fold", "triton")
+BACKENDS = ("reference", "flex", "blocked", "fused", "fold", "triton")  # MHSA2d's
+LOCAL_BACKENDS = ("reference", "flex", "fused", "window")  # the window attention's
+STEM_BACKENDS = ("reference", "fused", "window")  # the attention stem's (no Flex path)
 FLEX = importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
 SHARED_BIAS_MAX_T = 64 * 64  # (Nh, T, T) float32 bias in inference: 64 MiB per head at 64^2
 BLOCKED_MIN_T = 16 * 16  # smaller images: the blocked kernel's Python loop costs its gain
@@ -43,14 +54,13 @@ FUSED_INFERENCE_MAX_T = 16 * 16  # inference: fused beats blocked at 16^2, not f
 
 
 class Case(NamedTuple):
-    """What the choice reads: the term, the layer's impl and backend override, the device, whether
+    """What the choice reads: the term, the layer's backend override, the device, whether
     gradients reach the layer (``grad``) or the encoding's parameters (``pos_grad``), attention
     dropout, the number of pixels, and whether a compiler is tracing (no blocked Gaussian loop,
     no C++ extension then)."""
 
     term: Term
     content: bool = True
-    impl: str = "auto"
     backend: str | None = None
     device: str = "cpu"
     grad: bool = True
@@ -112,7 +122,7 @@ class Row(NamedTuple):
 
 
 TABLE = (
-    Row("reference", lambda c: c.impl == "reference", "any", 'impl="reference"'),
+    Row("reference", lambda c: c.backend == "reference", "any", 'backend="reference"'),
     Row("shift", lambda c: c.position_only and isinstance(c.term, ShiftTerm) and c.p_drop == 0,
         "Shift, position only", "no dropout"),
     Row("separable", lambda c: c.position_only and _axis(c) and c.p_drop == 0
@@ -146,20 +156,21 @@ TABLE = (
 )  # fmt: skip
 
 
-def choose(case: Case) -> str:
-    """The kernel's name (kernels.KERNELS) for ``case``: the first row of TABLE that matches."""
-    return next(row.name for row in TABLE if row.when(case))
+def choose(case: NamedTuple, table: tuple[Row, ...] = TABLE) -> str:
+    """The kernel's name for ``case``: the first row of ``table`` that matches (TABLE: a name of
+    kernels.KERNELS)."""
+    return next(row.name for row in table if row.when(case))
 
 
-def explain(case: Case) -> str:
-    """Why ``choose(case)`` picked its kernel: each earlier row passed over with what it needs,
-    then the one chosen (as NATTEN's backend chooser reports), one line each."""
+def explain(case: NamedTuple, table: tuple[Row, ...] = TABLE) -> str:
+    """Why ``choose(case, table)`` picked its kernel: each earlier row passed over with what it
+    needs, then the one chosen (as NATTEN's backend chooser reports), one line each."""
     lines = []
-    for row in TABLE:
+    for row in table:
         if row.when(case):
             return "\n".join([*lines, f"chosen: {row.name} ({row.term}: {row.rule})"])
         lines.append(f"passed over: {row.name} (needs {row.term}: {row.rule})")
-    raise AssertionError("the last row of TABLE matches every case")
+    raise AssertionError("the last row of a table matches every case")
 
 
 def tracing() -> bool:
@@ -173,12 +184,75 @@ def for_layer(layer, x: torch.Tensor, term: Term, p_drop: float, device: str | N
     instead); the gradient facts are read only for the rows that ask (an AxisTerm with
     content)."""
     grad = pos_grad = True
-    if isinstance(term, AxisTerm) and layer.input_dependent and layer.impl == "auto" and not p_drop:
+    auto = layer.backend != "reference"
+    if isinstance(term, AxisTerm) and layer.input_dependent and auto and not p_drop:
         on = torch.is_grad_enabled()
         pos_grad = on and any(p.requires_grad for p in layer.positional_encoding.parameters())
         grad = on and (x.requires_grad or any(p.requires_grad for p in layer.parameters()))
-    traced = isinstance(term, GaussianTerm | AxisTerm) and layer.impl == "auto" and tracing()
+    traced = isinstance(term, GaussianTerm | AxisTerm) and auto and tracing()
     device = device or x.device.type
-    case = Case(term, layer.content, layer.impl, layer.backend, device, grad, pos_grad, p_drop,
+    case = Case(term, layer.content, layer.backend, device, grad, pos_grad, p_drop,
                 x.shape[-2] * x.shape[-1], traced)  # fmt: skip
     return explain(case) if why else choose(case)
+
+
+class LocalCase(NamedTuple):
+    """What LOCAL_TABLE reads: the backend override, the device, the border, whether the maps
+    are returned, whether a compiler traces the forward (no C++ extension call then)."""
+
+    backend: str | None = None
+    device: str = "cpu"
+    padding: str = "mask"
+    maps: bool = False
+    tracing: bool = False
+
+
+# kernels/window.py's local_attention ("reference": unfold; "fused": the C++ window kernel of
+# fused_local.cpp; "window": the Python window function) or flex.flex_local_attention
+LOCAL_TABLE = (
+    Row("reference", lambda c: c.backend == "reference", "any", 'backend="reference": unfold'),
+    Row("flex", lambda c: (c.device == "cuda" if c.backend is None else c.backend == "flex")
+        and c.padding == "mask" and not c.maps, 'padding="mask"',
+        'CUDA (or backend="flex"), no returned maps'),
+    Row("fused", lambda c: c.device == "cpu" and c.backend in (None, "fused") and not c.tracing
+        and fused.available(), "any", "CPU, extension built, not traced"),
+    Row("window", lambda c: True, "any", "otherwise: the Python window kernel"),
+)  # fmt: skip
+
+
+class DropoutCase(NamedTuple):
+    """What DROPOUT_TABLE reads: the device, and whether the module HashDropout asks (it keeps
+    torch's own dropout off the CPU) or the function hash_dropout (the hash on every device)."""
+
+    device: str = "cpu"
+    module: bool = False
+
+
+DROPOUT_TABLE = (
+    Row("torch", lambda c: c.module and c.device != "cpu", "HashDropout",
+        "off the CPU: torch's fused dropout (the hash's integer passes cost more there)"),
+    Row("fused", lambda c: c.device == "cpu" and fused.available(), "any",
+        "CPU, extension built (dropout.cpp)"),
+    Row("reference", lambda c: True, "any", "otherwise: hash_dropout_reference"),
+)  # fmt: skip
+
+
+class ConvertedCase(NamedTuple):
+    """What CONVERTED_TABLE reads: hard heads (one-hot attention), the attention's backend, the
+    maps returned, an export tracing the forward (the shift reads indices as Python ints), and
+    whether a head's shift clamps at the border (only known for hard heads)."""
+
+    hard: bool = False
+    backend: str | None = None
+    maps: bool = False
+    exporting: bool = False
+    clamped: bool = False
+
+
+CONVERTED_TABLE = (
+    Row("attention", lambda c: not c.hard or c.backend == "reference" or c.maps or c.exporting,
+        "any", 'soft heads, backend="reference", returned maps, or an export'),
+    Row("one_conv", lambda c: not c.clamped, "hard heads",
+        "no clamped border: Lemma 1's sum as one convolution (head_conv.py)"),
+    Row("head_mix", lambda c: True, "hard heads", "otherwise: channel mixes of shifted slices"),
+)  # fmt: skip

@@ -1,0 +1,64 @@
+"""kernels/plan.py picks every layer's kernel by a table whose first matching row wins: the
+window attention's, the hidden dropout's and a converted convolution's, beside MHSA2d's; one
+``backend`` knob per layer ("reference" among them, ``impl`` its older spelling)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnconv import AttentionStem2d, LocalSelfAttention2d, MultiHeadSelfAttention2d
+from attnconv.layers.kernels import fused, plan
+
+TABLES = {"mhsa": (plan.TABLE, plan.Case), "local": (plan.LOCAL_TABLE, plan.LocalCase),
+          "dropout": (plan.DROPOUT_TABLE, plan.DropoutCase),
+          "converted": (plan.CONVERTED_TABLE, plan.ConvertedCase)}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(TABLES))
+def test_every_table_names_its_rows_once_and_ends_in_a_catch_all(name):
+    table, _ = TABLES[name]
+    names = [row.name for row in table]
+    assert len(set(names)) == len(names) and all(row.term and row.rule for row in table)
+    assert table[-1].when(None) if name != "mhsa" else table[-1].name == "fold"
+
+
+def test_dropout_table():
+    choose = lambda *a, **k: plan.choose(plan.DropoutCase(*a, **k), plan.DROPOUT_TABLE)  # noqa: E731
+    assert choose("cuda", module=True) == "torch"  # HashDropout keeps torch's dropout off the CPU
+    assert choose("cuda") == "reference"  # hash_dropout hashes on every device
+    assert choose("cpu", module=True) == choose("cpu") == ("fused" if fused.available()
+                                                           else "reference")  # fmt: skip
+
+
+def test_converted_table_and_why():
+    choose = lambda **k: plan.choose(plan.ConvertedCase(**k), plan.CONVERTED_TABLE)  # noqa: E731
+    assert choose(hard=False) == "attention"
+    assert choose(hard=True) == "one_conv" and choose(hard=True, clamped=True) == "head_mix"
+    assert choose(hard=True, backend="reference") == choose(hard=True, maps=True) == "attention"
+    why = plan.explain(plan.ConvertedCase(hard=True, clamped=True), plan.CONVERTED_TABLE)
+    assert why.splitlines()[0].startswith("passed over: attention (needs any:")
+    assert why.splitlines()[-1].startswith("chosen: head_mix (hard heads:")
+
+
+@pytest.mark.parametrize("make", [
+    lambda **k: MultiHeadSelfAttention2d(4, 4, 2, positional="quadratic", **k),
+    lambda **k: LocalSelfAttention2d(4, 4, 2, 3, **k),
+    lambda **k: AttentionStem2d(3, 8, 2, kernel_size=3, **k),
+])  # fmt: skip
+def test_one_knob_backend_with_impl_its_older_spelling(make):
+    """backend="reference" and impl="reference" build the same layer, give the same output and
+    read back the same; naming two kernels is one line; a bad name lists the layer's backends."""
+    torch.manual_seed(0)
+    a = make(backend="reference")
+    torch.manual_seed(0)
+    b = make(impl="reference")
+    assert a.backend == b.backend == "reference" and a.impl == b.impl == "reference"
+    x = torch.randn(2, a.in_channels, 8, 8)
+    assert torch.equal(a.eval()(x), b.eval()(x))
+    b.impl = "auto"
+    assert b.backend is None and b.impl == "auto"
+    with pytest.raises(ValueError, match="name two kernels: pass backend='reference' alone"):
+        make(impl="reference", backend="fused")
+    with pytest.raises(ValueError, match=r"backend must be None or one of \('reference',"):
+        make(backend="nope")
