@@ -50,21 +50,33 @@ def anchor_cases(quick: bool) -> list[dict]:
     return [dict(zip(keys, row)) for row in rows]
 
 
+def dense_sdpa(layer: MultiHeadSelfAttention2d, x: torch.Tensor) -> torch.Tensor:
+    """The layer's forward as a user writes it: its own q, k, v and dense positional logits
+    (B|1, Nh, T, T) as a float ``attn_mask`` of ``F.scaled_dot_product_attention``, with SDPA's
+    dropout in training; x (B, Cin, H, W) -> (B, Cout, H, W)."""
+    b, _, h, w = x.shape
+    q, k, bias = layer.dense(x)
+    v = layer.project(x)[2]  # (B, Nh, T, Dv)
+    p = layer.dropout if layer.training else 0.0
+    if q.shape[-1] == 0:  # position only: softmax(bias) @ v
+        probs = torch.softmax(bias, -1, dtype=torch.promote_types(bias.dtype, torch.float32))
+        y = F.dropout(probs, p).to(v.dtype) @ v
+    else:
+        y = F.scaled_dot_product_attention(q, k, v.to(q.dtype), attn_mask=bias.to(q.dtype),
+                                           dropout_p=p, scale=layer.scale)  # fmt: skip
+    y = layer.out_proj(y.transpose(1, 2).reshape(b, h * w, -1))
+    return y.transpose(1, 2).reshape(b, -1, h, w)
+
+
 class DenseSDPA(torch.nn.Module):
-    """The anchor: the layer's own q, k, v and dense positional logits (B|1, Nh, T, T) as a float
-    ``attn_mask`` of ``F.scaled_dot_product_attention``."""
+    """The anchor: ``dense_sdpa`` of the layer."""
 
     def __init__(self, layer: MultiHeadSelfAttention2d):
         super().__init__()
         self.layer = layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        lay, (b, _, h, w) = self.layer, x.shape
-        q, k, bias = lay.dense(x)
-        v = lay.project(x)[2]  # (B, Nh, T, Dv)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), scale=lay.scale)
-        y = lay.out_proj(y.transpose(1, 2).reshape(b, h * w, -1))
-        return y.transpose(1, 2).reshape(b, -1, h, w)
+        return dense_sdpa(self.layer, x)
 
 
 class CompiledFlex(torch.nn.Module):

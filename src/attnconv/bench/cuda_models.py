@@ -27,9 +27,9 @@ import platform
 import types
 
 import torch
-import torch.nn.functional as F
 
 from attnconv.bench import cuda
+from attnconv.bench.anchors import dense_sdpa
 from attnconv.bench.common import markdown_table, suite_command, write_results
 from attnconv.bench.models import P_DROP, SA_MODELS, build, training_step
 from attnconv.layers.kernels import triton_axis
@@ -39,23 +39,11 @@ EPOCHS, TRAIN_IMAGES = 300, 50_000  # Table 1's schedule (configs/sa_*.yaml)
 
 
 def dense_sdpa_forward(layer: MultiHeadSelfAttention2d):
-    """The layer's forward as a user writes it on a GPU: SDPA with the dense positional logits
-    (B|1, Nh, T, T) as a float bias and SDPA's dropout."""
+    """The layer with its forward replaced by ``anchors.dense_sdpa``: SDPA with the dense
+    positional logits (B|1, Nh, T, T) as a float bias and SDPA's dropout (a user's GPU code)."""
 
     def forward(self, x, return_attention=False):
-        b, _, h, w = x.shape
-        q, k, bias = self.dense(x)
-        v = self.project(x)[2]  # (B, Nh, T, Dv)
-        p = self.dropout if self.training else 0.0
-        if q.shape[-1] == 0:  # position only: softmax(bias) @ v
-            probs = torch.softmax(bias, -1, dtype=torch.promote_types(bias.dtype, torch.float32))
-            probs = F.dropout(probs, p).to(v.dtype)
-            y = probs @ v
-        else:
-            y = F.scaled_dot_product_attention(q, k, v.to(q.dtype), attn_mask=bias.to(q.dtype),
-                                               dropout_p=p, scale=self.scale)  # fmt: skip
-        y = self.out_proj(y.transpose(1, 2).reshape(b, h * w, -1))
-        return y.transpose(1, 2).reshape(b, -1, h, w)
+        return dense_sdpa(self, x)
 
     layer.forward = types.MethodType(forward, layer)
     # the paper models call forward_tokens (H, W, B, C): through the dense forward too

@@ -19,6 +19,14 @@ Grid = tuple[int, int]
 
 @dataclass(frozen=True)
 class AttentionMap:
+    """One layer's attention probabilities and the token grid they live on (validated).
+
+    Args:
+        probs: (B or 1, Nh, T, T) softmax rows (queries) over keys, T = num_prefix_tokens + h*w.
+        grid: (h, w) of the spatial tokens, row-major after the prefix tokens.
+        num_prefix_tokens: tokens before the grid (a ViT's class or distillation token).
+    """
+
     probs: torch.Tensor  # (B or 1, Nh, T, T), T = num_prefix_tokens + h*w
     grid: Grid  # (h, w) of the spatial tokens, row-major
     num_prefix_tokens: int = 0

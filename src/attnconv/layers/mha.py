@@ -171,6 +171,12 @@ class SinusoidalPositionalEncoding(NotScriptable, nn.Module):
     ``forward(x)`` returns dropout(x + PE[:T]); ``encoding(T)`` the (T, dim) table.
     For a fixed offset k, PE(pos + k) = R(k) PE(pos) with R(k) block-diagonal, one 2x2
     rotation by the angle w_i * k per (sin, cos) pair: ``rotation(k)`` returns R(k).
+
+    Args:
+        dim: channels C of the tokens (even).
+        max_len: longest sequence T the table is made for.
+        dropout: dropout after the addition.
+        base: the wavelength base (sec. 3.5): w_i = base^(-2i / dim).
     """
 
     def __init__(

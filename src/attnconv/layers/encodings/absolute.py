@@ -18,7 +18,11 @@ from .terms import AxisTerm, NoTerm
 
 class NoEncoding(PositionalEncoding):
     """``positional="none"``: no positional term (position-only: uniform attention, a
-    separable one of zero row and column logits)."""
+    separable one of zero row and column logits).
+
+    Args:
+        num_heads: Nh (the shape of the zero logits).
+    """
 
     def __init__(self, num_heads: int):
         super().__init__()
@@ -26,9 +30,8 @@ class NoEncoding(PositionalEncoding):
 
     def term(self, h: int, w: int, *, content: bool) -> AxisTerm | NoTerm:
         if content:
-            return NoTerm(dense=self.dense(h, w))
-        return AxisTerm(dense=self.dense(h, w), h=h, w=w,
-                        axes=lambda dtype=None: self.axis_logits(h, w, dtype))  # fmt: skip
+            return NoTerm(owner=self, h=h, w=w)
+        return AxisTerm(owner=self, h=h, w=w)
 
     def axis_logits(self, h: int, w: int, dtype=None):
         dt, nh = dtype or torch.float32, self.num_heads
@@ -36,7 +39,14 @@ class NoEncoding(PositionalEncoding):
 
 
 class AbsolutePositionalEncoding2d(PositionalEncoding):
-    """P (h*w, C) of eq. 7: learned row/column tables or fixed 2D sinusoids."""
+    """P (h*w, C) of eq. 7: learned row/column tables or fixed 2D sinusoids.
+
+    Args:
+        channels: C, the width of P (the layer's input channels): half encode the row, half
+            the column.
+        learned: learned tables (else fixed 2D sinusoids).
+        max_size: side of the learned tables (images up to max_size x max_size).
+    """
 
     adds_to_input = True
 

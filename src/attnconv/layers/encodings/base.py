@@ -57,11 +57,7 @@ class PositionalEncoding(nn.Module):
         """ValueError if the encoding cannot serve a layer with(out) ``content``."""
 
     def term(self, h: int, w: int, *, content: bool) -> Term:
-        return NoTerm(dense=self.dense(h, w))
-
-    def dense(self, h: int, w: int):
-        """``dense_bias`` at this size: (q, k, dtype) -> (B|1, Nh, T, T) or None."""
-        return lambda q, k, dtype: self.dense_bias(q, k, h, w, dtype)
+        return NoTerm(owner=self, h=h, w=w)
 
     def dense_bias(self, q, k, h: int, w: int, dtype) -> torch.Tensor | None:
         return None

@@ -61,12 +61,7 @@ class GaussianEncoding(PositionalEncoding):
     no_weight_decay = ("centers", "spread")  # geometry, never decayed (reference code)
 
     def gaussian(self, h: int, w: int) -> GaussianTerm:
-        return GaussianTerm(
-            dense=self.dense(h, w), centers=self.centers, spread=self.spread,
-            position_fold=lambda: self.position_fold(h, w),
-            position_logits=lambda: self.position_logits(h, w),
-            dense_logits=lambda: self.dense_logits(h, w),
-        )  # fmt: skip
+        return GaussianTerm(owner=self, h=h, w=w, centers=self.centers, spread=self.spread)
 
     def dense_bias(self, q, k, h: int, w: int, dtype) -> torch.Tensor:
         return self.dense_logits(h, w)[None]  # float32 at least
@@ -95,6 +90,13 @@ class QuadraticEncoding(GaussianEncoding):
     sharpens). Init s = sqrt(2 init_alpha) (1 + N(0, init_spread_std^2)): 1 + N(0, 0.01^2) at
     the default alpha 0.5, as in the reference. ``hard=True`` is the alpha -> infinity limit:
     one-hot on pixel clamp(q + round(Delta_h)) per axis.
+
+    Args:
+        num_heads: Nh, one centre and one spread per head.
+        hard: one-hot heads (alpha -> infinity), position only.
+        init_centers_std: standard deviation of the centres' initial N(0, std^2 I), in pixels.
+        init_alpha: the initial alpha (a head's sharpness).
+        init_spread_std: relative noise on the initial spreads.
     """
 
     name = "quadratic"
@@ -132,11 +134,9 @@ class QuadraticEncoding(GaussianEncoding):
         row and column logits against the key's (and, in-kernel, eq. 9 from the offsets)."""
         self.check(content)
         if self.hard:
-            return ShiftTerm(dense=self.dense(h, w), rows=(ix := self.hard_indices(h, w))[0],
-                             cols=ix[1])  # fmt: skip
-        return AxisTerm(dense=self.dense(h, w), h=h, w=w,
-                        axes=lambda dtype=None: self.axis_logits(h, w, dtype),
-                        gaussian=self.gaussian(h, w))  # fmt: skip
+            rows, cols = self.hard_indices(h, w)
+            return ShiftTerm(owner=self, h=h, w=w, rows=rows, cols=cols)
+        return AxisTerm(owner=self, h=h, w=w, gaussian=self.gaussian(h, w))
 
     @torch.no_grad()
     def set_alpha(self, alpha) -> None:
@@ -193,7 +193,13 @@ class GeneralizedQuadraticEncoding(GaussianEncoding):
     Sigma_h^-1 = A_h A_h^T positive semi-definite, A = ``spread`` (Nh, 2, 2), Sigma^-1/2 up to a
     rotation, init I + N(0, 0.01^2) (the reference code's ``attention_spreads``, same product).
     As a relative encoding, r_delta = (d1^2, d2^2, d1 d2, d1, d2): Dp = 5. Checkpoints of the
-    former ``precision_factor`` L (Sigma^-1 = L^T L) load as A = L^T."""
+    former ``precision_factor`` L (Sigma^-1 = L^T L) load as A = L^T.
+
+    Args:
+        num_heads: Nh, one centre and one (2, 2) spread per head.
+        init_centers_std: standard deviation of the centres' initial N(0, std^2 I), in pixels.
+        hard: not defined for this encoding (an error if True).
+    """
 
     name = "quadratic_generalized"
 

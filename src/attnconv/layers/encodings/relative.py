@@ -92,7 +92,16 @@ def fold_axis_scores(row_full, col_full, h: int, w: int, batch: int, scale: floa
 
 class RelativeEncoding(PositionalEncoding):
     """Dai et al. eq. 8 (see module docstring). ``key_pos_proj`` = What_k, ``content_bias`` = u,
-    ``position_bias`` = v; r_delta width ``rel_dim`` (half rows, half columns)."""
+    ``position_bias`` = v; r_delta width ``rel_dim`` (half rows, half columns).
+
+    Args:
+        num_heads: Nh.
+        qk_dim: Dk, the query/key width per head (What_k projects r_delta to it).
+        rel_dim: Dp, the width of r_delta (half rows, half columns).
+        terms: the eq. 8 terms that are on, a subset of ``RELATIVE_TERMS``.
+        learned: learned r_row / r_col tables (else fixed sinusoids of the offset).
+        max_size: side of the learned tables (images up to max_size x max_size).
+    """
 
     name = "relative"
 
@@ -119,10 +128,8 @@ class RelativeEncoding(PositionalEncoding):
         otherwise extra query/key columns (``fold``)."""
         qk = "content_content" in self.terms
         if not (self.reads_q or content):
-            return AxisTerm(dense=self.dense(h, w), qk=qk, h=h, w=w,
-                            axes=lambda dtype=None: self.axis_logits(h, w, dtype))  # fmt: skip
-        return FoldTerm(dense=self.dense(h, w), qk=qk,
-                        columns=lambda q, k: self.fold(q, k, h, w))  # fmt: skip
+            return AxisTerm(owner=self, h=h, w=w, qk=qk)
+        return FoldTerm(owner=self, h=h, w=w, qk=qk)
 
     def head_tables(self, h: int, w: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """What_k r_row (2h-1, Nh, dk) and What_k r_col (2w-1, Nh, dk)."""
@@ -184,7 +191,16 @@ class LearnedRelativeEncoding(PositionalEncoding):
     """Cordonnier sec. 4.3 (see module docstring): learned row and column tables of offsets,
     read by per-head keys (``head_keys``, default without content) or by the query (default
     with content). Per-head keys give input-independent, separable row + column logits, added
-    unscaled to the layer's q.k / sqrt(Dk) when it has content."""
+    unscaled to the layer's q.k / sqrt(Dk) when it has content.
+
+    Args:
+        num_heads: Nh.
+        qk_dim: Dk; the query reads the tables with its two halves.
+        rel_dim: width of the row and column tables together (half each).
+        content: whether the layer has the content term (sets the default of ``head_keys``).
+        head_keys: per-head keys read the tables (default: without content only).
+        max_size: side of the learned tables (images up to max_size x max_size).
+    """
 
     name = "relative_learned"
 
@@ -214,10 +230,8 @@ class LearnedRelativeEncoding(PositionalEncoding):
         coherently in dq, dk (dense: softmax's backward in float32); at 224^2 it measured 2-3x
         the dense path's gradient error (tests/test_precision.py)."""
         if self.query_reads:
-            return AxisTerm(dense=self.dense(h, w), h=h, w=w,
-                            read=lambda q: self.read_axis(q, h, w))  # fmt: skip
-        return AxisTerm(dense=self.dense(h, w), h=h, w=w,
-                        axes=lambda dtype=None: self.axis_logits(h, w, dtype))  # fmt: skip
+            return AxisTerm(owner=self, h=h, w=w, query_reads=True)
+        return AxisTerm(owner=self, h=h, w=w)
 
     def axis_logits(self, h: int, w: int, dtype=None):
         r_row, r_col = self.tables(h, w)

@@ -3,17 +3,17 @@
 
     logits = scale q.k (when ``qk``) + the term                  (Cordonnier et al., eq. 1-9)
 
-Each term knows its logits in the forms its kernels use; the parts that read the queries, or
-whose precision depends on the kernel that runs them, are functions the kernel calls inside its
-own precision policy (precision.py). Every term also carries ``dense(q, k, dtype)``: the plain
-equations' (B|1, Nh, T, T) bias, or None (the reference kernel).
+Each term knows its logits in the forms its kernels use. It holds the image size and its
+``owner``, the encoding that made it: the parts that read the queries, or whose precision depends
+on the kernel that runs them, are the owner's named methods, which the term's own methods call at
+the kernel's request, inside the kernel's precision policy (precision.py). Every term answers
+``dense(q, k, dtype)``: the plain equations' (B|1, Nh, T, T) bias, or None (the reference kernel).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
@@ -33,10 +33,18 @@ class Grid(NamedTuple):
 
 @dataclass(frozen=True, kw_only=True)
 class Term:
+    """The positional logits of ``owner`` (a PositionalEncoding) on an h x w image."""
+
     large_logits: ClassVar[bool] = False  # logits that bfloat16 would round (precision.py)
-    dense: Callable[[Tensor | None, Tensor | None, torch.dtype], Tensor | None]
+    owner: Any  # the encoding: its methods named below give the logits
+    h: int
+    w: int
     qk: bool = True  # the layer's scale q.k is part of the logits
     reads_q: bool = False  # the term reads the queries/keys (attention depends on the input)
+
+    def dense(self, q: Tensor | None, k: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+        """The plain equations' (B|1, Nh, T, T) bias (``owner.dense_bias``), or None."""
+        return self.owner.dense_bias(q, k, self.h, self.w, dtype)
 
     def fold(self, q: Tensor, k: Tensor) -> tuple[list, list]:
         """Extra query/key columns (B, Nh, T, r) whose products are the term's logits."""
@@ -52,20 +60,22 @@ class NoTerm(Term):
 class AxisTerm(Term):
     """R[q, k1] + C[q, k2]: each query's row logits against the key's row and column logits
     against its column (quadratic eq. 9, learned relative sec. 4.3). ``axes(dtype)``: the fixed
-    row (Nh, h, h) and column (Nh, w, w) logits; ``read(q)``: q_axis when the query reads its
-    tables; ``gaussian``: the same logits from pixel offsets (quadratic)."""
+    row (Nh, h, h) and column (Nh, w, w) logits (``owner.axis_logits``), unless
+    ``query_reads``: then the query reads its tables (``owner.read_axis``); ``gaussian``: the same
+    logits from pixel offsets (quadratic)."""
 
     large_logits: ClassVar[bool] = True
-    h: int
-    w: int
-    axes: Callable[[torch.dtype | None], tuple[Tensor, Tensor]] | None = None
-    read: Callable[[Tensor], Tensor] | None = None
+    query_reads: bool = False
     gaussian: GaussianTerm | None = None
+
+    def axes(self, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+        """The fixed row (Nh, h, h) and column (Nh, w, w) logits (not when ``query_reads``)."""
+        return self.owner.axis_logits(self.h, self.w, dtype)
 
     def q_axis(self, q: Tensor) -> Tensor:
         """(B|1, Nh, T, h + w) row then column logits of every query, in q's dtype."""
-        if self.read is not None:
-            return self.read(q)
+        if self.query_reads:
+            return self.owner.read_axis(q, self.h, self.w)
         return expand_fold(axis_fold(*self.axes(q.dtype)), q)[0][0]
 
     def fold(self, q: Tensor, k: Tensor) -> tuple[list, list]:
@@ -87,16 +97,23 @@ class ShiftTerm(Term):
 @dataclass(frozen=True, kw_only=True)
 class GaussianTerm(Term):
     """-1/2 (d - Delta)^T S (d - Delta), d = key - query pixel (eq. 9): centres Delta (Nh, 2) and
-    the spread, s (Nh,) with S = s^2 I (alpha = s^2 / 2), or A (Nh, 2, 2) with S = A A^T.
-    ``position_fold(dtype)``: its rank-5 bilinear form (q_pos (Nh, T, 5), k_pos (T, 5));
-    ``position_logits()``: the float64 position-only logits; ``dense_logits()``: (Nh, T, T)."""
+    the spread, s (Nh,) with S = s^2 I (alpha = s^2 / 2), or A (Nh, 2, 2) with S = A A^T."""
 
     large_logits: ClassVar[bool] = True
     centers: Tensor
     spread: Tensor
-    position_fold: Callable | None = None
-    position_logits: Callable | None = None
-    dense_logits: Callable | None = None
+
+    def position_fold(self) -> tuple[Tensor, Tensor]:
+        """Its rank-5 bilinear form: q_pos (Nh, T, 5), k_pos (T, 5)."""
+        return self.owner.position_fold(self.h, self.w)
+
+    def position_logits(self) -> Tensor:
+        """The position-only logits (Nh, T, T), each query's maximum shifted to 0."""
+        return self.owner.position_logits(self.h, self.w)
+
+    def dense_logits(self) -> Tensor:
+        """The logits (Nh, T, T), float32 at least."""
+        return self.owner.dense_logits(self.h, self.w)
 
     @property
     def alpha(self) -> Tensor:
@@ -113,13 +130,12 @@ class GaussianTerm(Term):
 @dataclass(frozen=True, kw_only=True)
 class FoldTerm(Term):
     """Extra query/key columns whose products are the logits (Dai et al. eq. 8):
-    ``columns(q, k)`` -> ([q columns], [k columns]), each (B, Nh, T, r)."""
+    ``fold(q, k)`` -> ([q columns], [k columns]), each (B, Nh, T, r) (``owner.fold``)."""
 
-    columns: Callable[[Tensor, Tensor], tuple[list, list]]
     reads_q: bool = True
 
     def fold(self, q: Tensor, k: Tensor) -> tuple[list, list]:
-        return self.columns(q, k)
+        return self.owner.fold(q, k, self.h, self.w)
 
 
 def spread_alpha(spread: Tensor) -> Tensor:

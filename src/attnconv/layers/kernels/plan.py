@@ -91,7 +91,7 @@ def _axis(c: Case) -> bool:
 
 def _shared_bias(c: Case) -> bool:
     """Fixed positional logits (no q in them) in inference: one (Nh, T, T) bias for the batch."""
-    return (_axis(c) and c.term.axes is not None and not c.grad and c.p_drop == 0
+    return (_axis(c) and not c.term.query_reads and not c.grad and c.p_drop == 0
             and c.t <= SHARED_BIAS_MAX_T)  # fmt: skip
 
 

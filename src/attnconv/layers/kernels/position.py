@@ -63,7 +63,7 @@ def shared_probs(q, k, v, term, grid, scale, dtype=None) -> torch.Tensor:
     otherwise)."""
     if isinstance(term, GaussianTerm):
         return axis_softmax(term.position_logits())[None].to(dtype or grid.dtype)
-    if isinstance(term, AxisTerm) and term.axes is not None and term.gaussian is None:
+    if isinstance(term, AxisTerm) and not term.query_reads and term.gaussian is None:
         return separable_probs(q, k, v, term, grid, scale).to(dtype or grid.dtype)
     probs = reference_probs(q, k, v, term, grid, scale)
     return probs if dtype is None else probs.to(dtype)
