@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from attnconv.layers.precision import no_autocast
+from attnconv.layers.precision import autocast_dtype, no_autocast
 
 from .head_conv import one_step
 
@@ -69,10 +69,8 @@ def grouped_head_mix(xp: torch.Tensor, rows: list, cols: list, proj) -> torch.Te
         return grouped_head_mix_reference(xp, rows, cols, proj)
     if proj.bias is not None:
         y = y + proj.bias[None, :, None, None]
-    dev = xp.device.type
-    if torch.is_autocast_enabled(dev):  # heads summed in fp32, the output in the autocast
-        y = y.to(torch.get_autocast_dtype(dev))  # dtype, as a conv's
-    return y
+    # heads summed in fp32, the output in the autocast dtype, as a conv's
+    return y.to(autocast_dtype(xp.device.type, y.dtype))
 
 
 def depthwise_mix(xp: torch.Tensor, rows: list, cols: list, w: torch.Tensor) -> torch.Tensor:

@@ -43,6 +43,13 @@ def upcast(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return tuple(t.float() for t in ts) if ts[0].dtype in LOW else ts
 
 
+def autocast_dtype(device_type: str, default: torch.dtype) -> torch.dtype:
+    """The dtype a matmul (``F.linear``, a conv) computes in on ``device_type``: autocast's when
+    it is on, ``default`` otherwise (kernels that sum in float32 return in this dtype)."""
+    on = torch.is_autocast_enabled(device_type)
+    return torch.get_autocast_dtype(device_type) if on else default
+
+
 def no_autocast(device_type: str, off: bool = True):
     """Autocast disabled on ``device_type`` (when ``off``): the kernel's own dtypes hold."""
     return torch.autocast(device_type, enabled=False) if off else nullcontext()

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from ..first_order import MESSAGE, HigherOrderGradError
 from ..functional import dropped_links
-from ..precision import no_autocast
+from ..precision import autocast_dtype, no_autocast
 
 __all__ = [
     "dropped_links",
@@ -151,7 +151,7 @@ def head_sum_linear(heads: torch.Tensor, weight: torch.Tensor,
     the autocast dtype, as ``F.linear`` would."""
     dev = heads.device.type
     if torch.is_autocast_enabled(dev):
-        dt = torch.get_autocast_dtype(dev)
+        dt = autocast_dtype(dev, heads.dtype)
         heads, weight = heads.to(dt), weight.to(dt)
         bias = None if bias is None else bias.to(dt)
     else:
@@ -264,7 +264,7 @@ def separable_head_sum(r: torch.Tensor, c: torch.Tensor, x: torch.Tensor, weight
     Nh*D) -> (H*W*B, Dout); ``head_sum_linear(position_attention(r, c, x), ...)`` one head at a
     time (_SeparableHeadSum). Under autocast it runs in the autocast dtype, as ``F.linear``."""
     dev = x.device.type
-    dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+    dt = autocast_dtype(dev, x.dtype)
     r, c, x, weight = (t.to(dt) for t in (r, c, x, weight))
     bias = None if bias is None else bias.to(dt)
     with no_autocast(dev):

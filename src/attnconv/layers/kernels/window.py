@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..functional import check_impl, scaled_dot_product_attention
-from ..precision import backward_without_autocast
+from ..precision import LOW, backward_without_autocast
 from .fused import available, extension
 
 PADDINGS = ("mask", "zeros")
@@ -278,7 +278,7 @@ def local_attention(
     nm = v.shape[2]
     if mix is not None and tuple(mix.shape) != (ks * ks, nm):
         raise ValueError(f"mix must be ({ks * ks}, {nm}) for {nm} value maps, got {mix.shape}")
-    if q.dtype in (torch.float16, torch.bfloat16):  # softmax and sums in float32, cast back
+    if q.dtype in LOW:  # softmax and sums in float32, cast back
 
         def up(t):
             return None if t is None else t.float()
