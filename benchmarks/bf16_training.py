@@ -27,7 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from attnconv.bench.models import replace_block
+from attnconv.bench.models_report import replace_block
 from experiments_runs import default_data  # beside this file
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from attnconv.bench import models as bench_models
+from attnconv.bench import models_report
 from attnconv.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,13 +56,13 @@ def test_cpu_scale_is_the_experiments_geometry():
 
 def test_docs_block_is_replaced_in_place(tmp_path):
     path = tmp_path / "benchmarks.md"
-    b, e = bench_models.BEGIN, bench_models.END
+    b, e = models_report.BEGIN, models_report.END
     path.write_text(f"intro\n{b}\nold table\n{e}\nrest\n")
-    bench_models.replace_block("new table", path)
+    models_report.replace_block("new table", path)
     assert path.read_text() == f"intro\n{b}\nnew table\n{e}\nrest\n"
     path.write_text("no markers\n")
     with pytest.raises(ValueError, match="benchmarks.md has no .* block"):
-        bench_models.replace_block("x", path)
+        models_report.replace_block("x", path)
     assert path.read_text() == "no markers\n"  # nothing lost
 
 
