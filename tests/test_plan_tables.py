@@ -62,3 +62,9 @@ def test_one_knob_backend_with_impl_its_older_spelling(make):
         make(impl="reference", backend="fused")
     with pytest.raises(ValueError, match=r"backend must be None or one of \('reference',"):
         make(backend="nope")
+
+
+def test_local_layer_says_why():
+    why = LocalSelfAttention2d(4, 4, 2, 3, backend="window").kernel("cpu", why=True)
+    assert why.splitlines()[-1] == "chosen: window (any: otherwise: the Python window kernel)"
+    assert why.splitlines()[0].startswith("passed over: reference (needs any: backend=")

@@ -163,11 +163,13 @@ class LocalSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
 
     BACKENDS = plan.LOCAL_BACKENDS
 
-    def kernel(self, device: torch.device | str, return_attention: bool = False) -> str:
-        """The kernel (plan.LOCAL_TABLE) ``forward`` runs on ``device``."""
+    def kernel(self, device: torch.device | str, return_attention: bool = False,
+               why: bool = False) -> str:  # fmt: skip
+        """The kernel (plan.LOCAL_TABLE) ``forward`` runs on ``device`` (``why``: each earlier
+        row passed over, then the one chosen, ``plan.explain``)."""
         device = torch.device(device).type
         case = plan.LocalCase(self.backend, device, self.padding, return_attention, plan.tracing())
-        return plan.choose(case, plan.LOCAL_TABLE)
+        return (plan.explain if why else plan.choose)(case, plan.LOCAL_TABLE)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, nh, dh, H, W)
         b, _, h, w = x.shape
