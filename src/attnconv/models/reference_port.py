@@ -3,7 +3,7 @@ epfml/attention-cnn's ``BertImage`` (models/bert.py), so a reference checkpoint 
 
 Reference names (``encoder.layer.{i}.`` prefix inside layers) -> attnconv (``layers.{i}.``):
 
-- ``features_upscale`` (Linear(ds*ds*3, D)) -> ``embed``, input columns permuted (below)
+- ``features_upscale`` (``Linear(ds*ds*3, D)``) -> ``embed``, input columns permuted (below)
 - ``attention.self.attention_centers`` (Nh, 2) -> ``attn.positional_encoding.centers``
 - ``attention.self.attention_spreads``: isotropic (Nh,) = s -> ``...spread`` (alpha = s^2 / 2);
   full (Nh, 2, 2) = A -> ``...spread`` too (Sigma^-1 = A A^T in both)
