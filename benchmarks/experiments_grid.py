@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import experiments_captions as captions
 from experiments_runs import (
     CONFIGS,
     FIGS,
@@ -106,16 +107,17 @@ def grid_run(lines: list[str], runs: Path, name: str, stem: str) -> list | None:
         )
     FIGS.mkdir(parents=True, exist_ok=True)
     fig = evolution_figure(evo, FIGS / f"{stem}_evolution.png")
-    lines += ["", f"![{name} evolution](figures/{fig.name})", ""]
-    grid_heads(lines, log, stem)
+    lines += ["", f"![{name} evolution](figures/{fig.name})", "",
+              *captions.grid_evolution(name, evo)]  # fmt: skip
+    grid_heads(lines, log, stem, name)
     if name == "grid_long":
         grid_pull(lines, lr_sum)
     return evo
 
 
-def grid_heads(lines: list[str], log: Path, stem: str) -> None:
+def grid_heads(lines: list[str], log: Path, stem: str, name: str | None = None) -> None:
     """The grid run's heads: every centre's path (fig. 3), the mass contours at the last logged
-    step, and per layer where its sharp heads sit."""
+    step, and per layer where its sharp heads sit; ``name``: the run (default: the log's folder)."""
     import numpy as np
 
     from attnconv.analysis.center_figures import plot_center_trajectories, plot_mass_contours
@@ -154,8 +156,11 @@ def grid_heads(lines: list[str], log: Path, stem: str) -> None:
         held = ", ".join(f"({r}, {c}) {p:.2f} ({t:.2f})" for (r, c), p, t in sharp) or "-"
         lines.append(f"| {li} | {held} | {', '.join(f'{p:.2f}' for p in rest) or '-'} | "
                      f"{moved} |")  # fmt: skip
+    name = name or log.parent.name
     lines += ["", f"![grid centre trajectories](figures/{traj.name})", "",
-              f"![grid mass contours](figures/{contours.name})", ""]
+              *captions.grid_trajectories(name, int(steps[-1])),
+              f"![grid mass contours](figures/{contours.name})", "",
+              *captions.grid_contours(name, step)]  # fmt: skip
 
 
 PULLS = ROOT / "benchmarks" / "results"  # grid_width_checkpoint_<step>.json (grid_width.py)
@@ -247,6 +252,7 @@ def grid_sensitivity(lines: list[str], runs: Path, known: dict[str, list], ref_l
     fit = power_fit(pts, lo=pts[-1][0] / 4) if pts else None  # the last 4x of S: the local law
     whole = power_fit(pts) if pts else None
     fig = sensitivity_figure(curves, FIGS / "grid_sensitivity.png", fit, ref_lr, base)
+    cap = captions.grid_sensitivity(list(curves), base if fit and ref_lr else None)
     lines += [SENSITIVITY_TITLE, "",
               "Per layer (1 -> 6) at the run's last logged step: centre displacement from step 0 "
               "and its mean over the 54 heads (in brackets: grid_long's at the same summed "
@@ -256,7 +262,8 @@ def grid_sensitivity(lines: list[str], runs: Path, known: dict[str, list], ref_l
               "mean (grid_long) | mean distance | travel left to a 3x3 grid | sharp heads | "
               "3x3 grid | test acc. |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, "",
-              f"![grid sensitivity](figures/{fig.name})", ""]  # fmt: skip
+              f"![grid sensitivity](figures/{fig.name})", "",
+              *cap]  # fmt: skip
     if fit and whole:
         (a, b, lo, hi), (a1, b1, lo1, _) = fit, whole
         lines += [f"Projection (a fit, not a measurement; `grid_long` measures it): a power law "

@@ -11,6 +11,7 @@ import platform
 import shutil
 from pathlib import Path
 
+import experiments_captions as captions
 from experiments_grid import grid_formation
 from experiments_runs import CONFIGS, FIGS, RESULTS, ROOT, kept, mean_std, per_layer, run_cells
 
@@ -226,7 +227,8 @@ def analysis(lines: list[str]) -> None:
         lines.append("")
         for key in INLINE_FIGURES:  # the ones shown inline
             if key in figs:
-                lines += [f"![{key}](figures/{name}/{figs[key]})", ""]
+                lines += [f"![{key}](figures/{name}/{figs[key]})", "",
+                          *captions.analysis_figure(key, name, steps, r)]  # fmt: skip
 
 
 def conversion(lines: list[str]) -> None:
@@ -249,9 +251,12 @@ def conversion(lines: list[str]) -> None:
     if png.exists():  # shown from docs/figures/, beside the page
         FIGS.mkdir(parents=True, exist_ok=True)
         shutil.copy(png, FIGS / png.name)
+        bench = png.with_name("convert.json")  # the sweep's conv and images
+        sweep = json.loads(bench.read_text()).get("lemma2", {}) if bench.exists() else {}
         lines += ["Lemma 2, error of the soft conversion against alpha (from `attnconv bench "
                   "--suite convert --update-results`):", "",
-                  f"![lemma2](figures/{png.name})", ""]  # fmt: skip
+                  f"![lemma2](figures/{png.name})", "",
+                  *captions.lemma2(sweep.get("conv"), sweep.get("images"))]  # fmt: skip
 
 
 def report(runs: Path) -> None:

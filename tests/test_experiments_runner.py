@@ -198,7 +198,22 @@ def test_grid_heads_table_says_how_far_each_sharp_head_travelled(tmp_path, monke
     row = next(ln for ln in lines if ln.startswith("| 1 |"))
     assert "(-1, 0) 1.00 (0.54)" in row  # sqrt(0.5^2 + 0.2^2) = 0.54 tokens travelled
     assert row.endswith("| 1.41 -> 5.00 |")  # the broad head moved out, from sqrt 2 to 5
+    figures = [i for i, ln in enumerate(lines) if ln.startswith("![")]
+    assert len(figures) == 2 and all(lines[i + 2].startswith("*") for i in figures)
+    assert "to step 500 (arrowhead)" in lines[figures[0] + 2]  # the log's last step
     assert (tmp_path / "figs" / "t_center_trajectories.png").is_file()
+
+
+def test_every_figure_of_the_experiments_page_has_a_caption():
+    """Each figure of docs/experiments.md is followed by its caption: an italic paragraph that
+    says which run it shows (the report writes them: benchmarks/experiments_captions.py)."""
+    lines = (ROOT / "docs" / "experiments.md").read_text().splitlines()
+    figures = [i for i, ln in enumerate(lines) if ln.startswith("![")]
+    assert len(figures) >= 10
+    for i in figures:
+        cap = lines[i + 2]
+        assert lines[i + 1] == "" and cap.startswith("*") and cap.endswith("*"), lines[i]
+        assert "`" in cap or "Conv2d" in cap, cap  # names its run (or the converted conv)
 
 
 def test_grid_pull_table_reads_the_milestones_measured(tmp_path):

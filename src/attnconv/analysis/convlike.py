@@ -78,7 +78,10 @@ def kernel_of(offsets: list[tuple[int, int]]) -> tuple[int, int]:
 
 
 class ConvLikeness:
-    """Accumulates one layer's ``AttentionMap`` over batches; then ``result()``."""
+    """Accumulates one layer's ``AttentionMap`` over batches; then ``result()``.
+
+    Takes no arguments: the layer's grid is read from the first map ``update`` gets.
+    """
 
     def __init__(self) -> None:
         self.lgrid: Grid | None = None
@@ -88,6 +91,13 @@ class ConvLikeness:
         self.count = 0
 
     def update(self, attn: AttentionMap, batch: int | None = None) -> None:
+        """Add one batch's maps (every one on the same grid as the first).
+
+        Args:
+            attn: one layer's ``AttentionMap`` for a batch of images.
+            batch: the images a shared (1, Nh, T, T) map (position-only attention) stands for;
+                None: the map's own batch size.
+        """
         attn = as_map(attn)
         if self.lgrid is None:
             self.lgrid = attn.grid
@@ -113,6 +123,12 @@ class ConvLikeness:
         self.count += n
 
     def result(self) -> LayerConvLikeness:
+        """The layer's conv-likeness over every image added so far.
+
+        Returns:
+            Per head its modal offset, score, stability and peak; the layer's mean score, and
+            ``kernel`` K when the modal offsets fill a K x K grid (else 0).
+        """
         if not self.count:
             raise ValueError("no attention maps were accumulated")
         h, w = self.lgrid

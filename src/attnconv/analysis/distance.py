@@ -36,6 +36,10 @@ class MeanDistance:
 
     ``pixels_per_token`` is the token size on the model grid ``grid``; a layer on a coarser grid
     (its ``AttentionMap.grid``) has proportionally larger tokens.
+
+    Args:
+        grid: the model grid (h, w), in tokens.
+        pixels_per_token: a token's size (rows, cols) in image pixels on ``grid``.
     """
 
     def __init__(self, grid: Grid, pixels_per_token: Sequence[float] = (1.0, 1.0)):
@@ -46,6 +50,13 @@ class MeanDistance:
         self.count = 0
 
     def update(self, attn: AttentionMap, batch: int | None = None) -> None:
+        """Add one batch's maps to the running mean.
+
+        Args:
+            attn: one layer's ``AttentionMap`` for a batch of images.
+            batch: the images a shared (1, Nh, T, T) map (position-only attention) stands for;
+                None: the map's own batch size.
+        """
         attn = as_map(attn)
         if self.dist is None:
             lg = attn.grid
@@ -65,6 +76,11 @@ class MeanDistance:
         self.count += n
 
     def result(self) -> torch.Tensor:
+        """The mean over every image added so far.
+
+        Returns:
+            (Nh,) each head's mean attention distance, in pixels.
+        """
         if not self.count:
             raise ValueError("no attention maps were accumulated")
         return (self.sum / self.count).float()
@@ -78,7 +94,17 @@ def mean_attention_distance(
     pixels_per_token: Sequence[float] = (1.0, 1.0),
 ) -> torch.Tensor:
     """Mean attention distance (Nh,) in pixels of one layer's ``AttentionMap`` on the model grid
-    ``grid`` (a bare (B, Nh, T, T) tensor must be on ``grid`` after its prefix tokens)."""
+    ``grid`` (a bare (B, Nh, T, T) tensor must be on ``grid`` after its prefix tokens).
+
+    Args:
+        attn: one layer's ``AttentionMap``, or its bare (B, Nh, T, T) probabilities.
+        grid: the model grid (h, w), in tokens.
+        num_prefix_tokens: a bare tensor's leading tokens without a position (the class token).
+        pixels_per_token: a token's size (rows, cols) in image pixels on ``grid``.
+
+    Returns:
+        (Nh,) each head's mean attention distance, in pixels.
+    """
     acc = MeanDistance(grid, pixels_per_token)
     acc.update(as_map(attn, grid, num_prefix_tokens))
     return acc.result()

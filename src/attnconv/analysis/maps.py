@@ -55,6 +55,15 @@ def query_maps(
 
     ``image=None`` averages over the batch; otherwise picks that batch element (a batch of 1,
     position-only attention, is shared by every image).
+
+    Args:
+        maps: every layer's ``AttentionMap``, input -> output.
+        grid: the model grid (h, w), in tokens.
+        query: the query (row, col) on ``grid``, scaled to each layer's grid.
+        image: the batch element to show; None for the batch mean.
+
+    Returns:
+        Per layer, an (Nh, h, w) tensor on that layer's grid (prefix keys dropped).
     """
     out = []
     for m in maps:
@@ -101,6 +110,21 @@ def iter_attention(
     of maps (and at most ``batch_size`` images). A model without
     attention maps raises ValueError, or with ``allow_empty`` yields nothing. Progress (images
     done) is shown as ``desc``.
+
+    Args:
+        model: a model whose forward takes ``return_attention=True``; set to eval mode.
+        images: the (N, C, H, W) input, moved batch by batch to the model's device.
+        batch_size: the most images in one batch.
+        budget: the most bytes of attention maps in one batch.
+        allow_empty: yield nothing (instead of raising) for a model without attention maps.
+        desc: the progress bar's label.
+
+    Yields:
+        ``(start, stop, maps)``: the batch ``images[start:stop]`` and its maps (one
+        ``AttentionMap`` per layer, on the CPU).
+
+    Raises:
+        ValueError: ``images`` is not 4-D, ``batch_size`` < 1, or the model returned no maps.
     """
     if images.dim() != 4:
         raise ValueError(f"images must have shape (N, C, H, W), got {tuple(images.shape)}")
@@ -137,6 +161,10 @@ class MapAverage:
 
     ``result()`` -> list per layer of (Nh, Q, h*w) mean spatial probabilities (prefix keys dropped).
     Queries are (row, col) on the model grid and are scaled to each layer's grid.
+
+    Args:
+        grid: the model grid (h, w), in tokens.
+        queries: the queries (row, col) on ``grid``; None for every query of each layer.
     """
 
     def __init__(self, grid: Grid, queries: Sequence[Sequence[int]] | None = None):
@@ -147,6 +175,13 @@ class MapAverage:
         self.count = 0
 
     def update(self, maps: Sequence[AttentionMap], batch: int | None = None) -> None:
+        """Add one batch's maps to the running mean.
+
+        Args:
+            maps: every layer's ``AttentionMap`` for a batch of images, input -> output.
+            batch: the images the batch holds (a shared (1, Nh, T, T) map stands for them all);
+                None: the largest batch size of the maps.
+        """
         maps = [as_map(m) for m in maps]
         n = batch if batch is not None else max(m.shape[0] for m in maps)
         if self.sums is None:
@@ -166,6 +201,12 @@ class MapAverage:
         self.count += n
 
     def result(self) -> list[torch.Tensor]:
+        """The mean over every image added so far.
+
+        Returns:
+            Per layer, (Nh, Q, h*w) mean probabilities of the Q queries over the layer's keys
+            (prefix keys dropped; Q = h*w when every query is kept).
+        """
         if not self.count:
             raise ValueError("no attention maps were accumulated")
         return [s / self.count for s in self.sums]  # type: ignore[union-attr]

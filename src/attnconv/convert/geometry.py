@@ -1,8 +1,8 @@
 """The pure parts of Theorem 1 (Cordonnier et al., ICLR 2020, sec. 3): conv geometry <-> heads.
 
 Lemma 1: with Nh = Kh*Kw heads and a bijection f from heads to the kernel's shifts, head h
-attending only to pixel q + f(h) gives MHSA(X)_q = sum_h X_{q+f(h)} W^(h) + b_out, where
-W^(h) = Wval^(h) Wout[h-th block]. Choosing W^(h) = the kernel at shift f(h) gives the conv.
+attending only to pixel q + f(h) gives ``MHSA(X)_q = sum_h X_{q+f(h)} W^(h) + b_out``, where
+``W^(h) = Wval^(h) Wout[h-th block]``. Choosing W^(h) = the kernel at shift f(h) gives the conv.
 
 Borders: the input is padded exactly as the conv pads it; attention runs on the
 padded image; the stride-1 "valid" result is the attention output cropped by the anchor, and a
@@ -27,7 +27,21 @@ PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
 
 @dataclass(frozen=True)
 class ConvGeometry:
-    """Everything about a Conv1d/Conv2d except its weights, in 2-D form ((1, K) for Conv1d)."""
+    """Everything about a Conv1d/Conv2d except its weights, in 2-D form ((1, K) for Conv1d).
+
+    Args:
+        in_channels: the conv's input channels, Cin.
+        out_channels: its output channels, Cout.
+        kernel: (Kh, Kw); (1, K) for a Conv1d.
+        stride: (rows, cols).
+        dilation: (rows, cols).
+        pad: the input padding in ``F.pad`` order (left, right, top, bottom).
+        padding_mode: "zeros", "reflect", "replicate" or "circular".
+        groups: the conv's groups.
+        ndim: 1 for a Conv1d, 2 for a Conv2d.
+        padding: the conv's own ``padding`` argument (int, tuple, "same" or "valid").
+        dynamic_same: TensorFlow's "SAME" padding, recomputed for every input size.
+    """
 
     in_channels: int
     out_channels: int
@@ -56,7 +70,8 @@ class ConvGeometry:
         )
 
     def centers(self) -> torch.Tensor:
-        """(Nh, 2) integer (row, col) shifts f(h) = (kh*dh - ah, kw*dw - aw), h = kh*Kw + kw."""
+        """(Nh, 2) integer (row, col) shifts ``f(h) = (kh*dh - ah, kw*dw - aw)``, head
+        ``h = kh*Kw + kw``."""
         kh = torch.arange(self.kernel[0]).repeat_interleave(self.kernel[1])
         kw = torch.arange(self.kernel[1]).repeat(self.kernel[0])
         rows = kh * self.dilation[0] - self.anchor[0]
@@ -144,7 +159,19 @@ def _resolve_padding(conv: nn.Module, kernel, dilation, ndim) -> tuple[int, int,
 
 
 def conv_geometry(conv: nn.Module) -> ConvGeometry:
-    """The geometry of an nn.Conv1d / nn.Conv2d (TypeError for any other module)."""
+    """The geometry of an nn.Conv1d / nn.Conv2d (TypeError for any other module).
+
+    Args:
+        conv: the convolution (its attributes are read as they are; see ``conv_spec`` for a
+            subclass with its own forward).
+
+    Returns:
+        Its ``ConvGeometry``.
+
+    Raises:
+        TypeError: not an nn.Conv1d / nn.Conv2d (transposed and 3-D convolutions included).
+        ValueError: a padding mode other than zeros, reflect, replicate or circular.
+    """
     if isinstance(conv, nn.Conv2d):
         ndim = 2
         kernel, stride, dilation = conv.kernel_size, conv.stride, conv.dilation
@@ -177,6 +204,16 @@ def kernel_to_heads(weight: torch.Tensor, groups: int = 1) -> torch.Tensor:
     """Conv weight (Cout, Cin/g, Kh, Kw) (or (Cout, Cin/g, K)) -> W^(h) as (Nh, Cout, Cin).
 
     W^(h)[o, i] = weight[o, i, kh, kw] with h = kh*Kw + kw (Lemma 1); block-diagonal for groups.
+
+    Args:
+        weight: the conv kernel (Cout, Cin/g, Kh, Kw), or (Cout, Cin/g, K) for a Conv1d.
+        groups: the conv's groups.
+
+    Returns:
+        (Nh, Cout, Cin) the heads' matrices W^(h), Nh = Kh Kw, in row-major tap order.
+
+    Raises:
+        ValueError: Cout is not divisible by ``groups``.
     """
     if weight.dim() == 3:
         weight = weight.unsqueeze(2)
@@ -198,6 +235,19 @@ def heads_to_kernel(
     """Inverse of ``kernel_to_heads``: (Nh, Cout, Cin) -> (Cout, Cin/g, Kh, Kw) (or 3-D).
 
     The off-diagonal blocks of a grouped W^(h) must be zero (ValueError otherwise).
+
+    Args:
+        heads: (Nh, Cout, Cin) the heads' matrices W^(h), in row-major tap order.
+        kernel: (Kh, Kw), with Kh Kw = Nh; (1, K) for a Conv1d.
+        groups: the conv's groups.
+        ndim: 2 for a (Cout, Cin/g, Kh, Kw) kernel, 1 for a Conv1d's (Cout, Cin/g, K).
+
+    Returns:
+        The conv kernel.
+
+    Raises:
+        ValueError: Nh does not fill the kernel, the channels are not divisible by
+            ``groups``, or a grouped W^(h) has nonzero off-diagonal blocks.
     """
     nh, cout, cin = heads.shape
     if nh != kernel[0] * kernel[1]:
@@ -222,6 +272,17 @@ def low_rank_heads(heads: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.
 
     heads (Nh, Cout, Cin) ~= out (Nh, Cout, r) @ val (Nh, r, Cin). Returns (val, out, rel_err)
     with rel_err = ||W - W_r||_F / ||W||_F over all heads (0.0 when the rank suffices).
+
+    Args:
+        heads: (Nh, Cout, Cin) the heads' matrices W^(h).
+        rank: r, the head dimension; above min(Cout, Cin) the factors are padded with zeros.
+
+    Returns:
+        ``(val, out, rel_err)``: (Nh, r, Cin) and (Nh, Cout, r) factors, each carrying the
+        square root of the singular values, and the relative Frobenius error of their product.
+
+    Raises:
+        ValueError: ``rank`` < 1.
     """
     if rank < 1:
         raise ValueError(f"head_dim must be >= 1, got {rank}")

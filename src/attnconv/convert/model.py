@@ -104,12 +104,28 @@ def convert_model(
 
 def unconverted_layers(model: nn.Module) -> list[tuple[str, str, str]]:
     """(path, class, reason) of every convolution ``convert_model(..., on_unsupported="keep")``
-    left as it was."""
+    left as it was.
+
+    Args:
+        model: a model returned by ``convert_model``.
+
+    Returns:
+        One ``(path, class name, reason)`` per convolution left unconverted; empty when every
+        one was converted (or the model never went through ``convert_model``).
+    """
     return list(getattr(model, "attnconv_unconverted", []))
 
 
 def converted_layers(model: nn.Module) -> list[tuple[str, ConvAttention]]:
-    """(name, module) of every ConvAttention2d/1d in a converted model, in module order."""
+    """(name, module) of every ConvAttention2d/1d in a converted model, in module order.
+
+    Args:
+        model: any module; usually one returned by ``convert_model``.
+
+    Returns:
+        One ``(name, module)`` per ``ConvAttention2d`` / ``ConvAttention1d``, as
+        ``named_modules`` lists them.
+    """
     return [(n, m) for n, m in model.named_modules() if isinstance(m, ConvAttention)]
 
 

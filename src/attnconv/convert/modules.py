@@ -170,11 +170,31 @@ class ConvAttention(NotScriptable, ConvAttributes, nn.Module):
 
 
 class ConvAttention2d(ConvAttention, nn.Conv2d):
-    """An nn.Conv2d computed by multi-head self-attention (Theorem 1); see ConvAttention."""
+    """An nn.Conv2d computed by multi-head self-attention (Theorem 1); see ConvAttention.
+
+    Built by ``conv_to_attention``.
+
+    Args:
+        geometry: the convolution's geometry (channels, kernel, padding, stride, dilation,
+            groups), as ``conv_geometry`` reads it.
+        attention: the position-only quadratic ``MultiHeadSelfAttention2d`` over the padded
+            input, one head per kernel tap.
+        rank_error: the relative Frobenius error of the kernel the heads hold (0 = exact; above
+            0 when ``head_dim`` is below a head's rank).
+    """
 
     def forward(self, x: torch.Tensor, return_attention: bool = False):
         """x (B, Cin, H, W) -> conv(x) (B, Cout, Ho, Wo); with return_attention also the
-        attention probabilities over the padded image (B or 1, Nh, Hp*Wp, Hp*Wp)."""
+        attention probabilities over the padded image (B or 1, Nh, `Hp*Wp`, `Hp*Wp`).
+
+        Args:
+            x: the (B, Cin, H, W) input.
+            return_attention: also return the attention probabilities.
+
+        Returns:
+            (torch.Tensor | tuple): conv(x) (B, Cout, Ho, Wo), or ``(conv(x), probabilities)``
+                with return_attention.
+        """
         self._check(x, 2)
         return self._forward2d(x, return_attention)
 
@@ -186,10 +206,31 @@ class ConvAttention2d(ConvAttention, nn.Conv2d):
 
 
 class ConvAttention1d(ConvAttention, nn.Conv1d):
-    """An nn.Conv1d computed by self-attention: the 2-D layer on a (1, L) image, K heads, row 0."""
+    """An nn.Conv1d computed by self-attention: the 2-D layer on a (1, L) image, K heads, row 0.
+
+    Built by ``conv_to_attention``.
+
+    Args:
+        geometry: the convolution's geometry (channels, kernel, padding, stride, dilation,
+            groups), as ``conv_geometry`` reads it.
+        attention: the position-only quadratic ``MultiHeadSelfAttention2d`` over the padded
+            input, one head per kernel tap.
+        rank_error: the relative Frobenius error of the kernel the heads hold (0 = exact; above
+            0 when ``head_dim`` is below a head's rank).
+    """
 
     def forward(self, x: torch.Tensor, return_attention: bool = False):
-        """x (B, Cin, L) -> conv(x) (B, Cout, Lo)."""
+        """x (B, Cin, L) -> conv(x) (B, Cout, Lo).
+
+        Args:
+            x: the (B, Cin, L) input.
+            return_attention: also return the attention probabilities over the padded (1, Lp)
+                image.
+
+        Returns:
+            (torch.Tensor | tuple): conv(x) (B, Cout, Lo), or ``(conv(x), probabilities)`` with
+                return_attention.
+        """
         self._check(x, 1)
         out = self._forward2d(x.unsqueeze(2), return_attention)  # (B, C, 1, L)
         if return_attention:
@@ -341,6 +382,18 @@ def attention_to_conv(module: nn.Module) -> nn.Conv2d | nn.Conv1d:
     ``ConvAttention2d/1d`` -> the original conv geometry with W^(h) written back into the kernel
     (a round trip gives the same weights). Soft (finite alpha) or non-integer centres ->
     ValueError. For a bare ``MultiHeadSelfAttention2d`` use ``mhsa_to_conv``.
+
+    Args:
+        module: a ``ConvAttention2d`` / ``ConvAttention1d`` with hard heads.
+
+    Returns:
+        An ``nn.Conv2d`` (``nn.Conv1d`` for a ConvAttention1d) of the original geometry, on the
+        module's device and dtype, in its train/eval mode.
+
+    Raises:
+        TypeError: ``module`` is not a ConvAttention2d/1d.
+        ValueError: soft heads, centres moved off the kernel's shifts, or TensorFlow "SAME"
+            padding (which depends on the input size).
     """
     if not isinstance(module, ConvAttention):
         raise TypeError(
@@ -380,6 +433,15 @@ def mhsa_to_conv(layer: nn.Module) -> nn.Conv2d:
     Head h reads clamp(q + round(Delta_h)) per axis: that is a replicate-padded image, so the
     conv has padding_mode="replicate", a kernel spanning every centre (symmetric about 0, zeros
     where no head sits; heads on the same shift add) and padding = the largest |shift| per axis.
+
+    Args:
+        layer: a ``MultiHeadSelfAttention2d`` with hard quadratic heads and ``content=False``.
+
+    Returns:
+        The ``nn.Conv2d`` (replicate padding) that computes the same function.
+
+    Raises:
+        ValueError: the layer is not position-only quadratic attention, or its heads are soft.
     """
     pe = getattr(layer, "positional_encoding", None)
     if pe is None or not hasattr(pe, "centers") or getattr(layer, "content", False):

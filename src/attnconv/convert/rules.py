@@ -36,13 +36,24 @@ from .geometry import ConvGeometry, _resolve_padding, conv_geometry
 
 
 class UnsupportedConv(ValueError):
-    """A convolution module whose function the conversion cannot reproduce."""
+    """A convolution module whose function the conversion cannot reproduce (a ValueError).
+
+    Its message says what cannot be reproduced; ``convert_model`` puts the module's path and
+    class before it.
+    """
 
 
 @dataclass(frozen=True)
 class ConvSpec:
     """A plain convolution: ``weight`` as the forward uses it ((Cout, Cin/g, Kh, Kw) or
-    (Cout, Cin/g, K)), ``bias`` (Cout,) or None, and the geometry (padding included)."""
+    (Cout, Cin/g, K)), ``bias`` (Cout,) or None, and the geometry (padding included).
+
+    Args:
+        weight: the effective kernel (Cout, Cin/g, Kh, Kw), or (Cout, Cin/g, K) for a Conv1d:
+            standardization, gains and parametrizations already applied.
+        bias: the (Cout,) bias, or None.
+        geometry: channels, kernel size, stride, dilation, groups and padding.
+    """
 
     weight: torch.Tensor
     bias: torch.Tensor | None
@@ -55,7 +66,16 @@ CONV_RULES: dict[type, ConvRule] = {}
 
 def register_conv_rule(cls: type, rule: ConvRule | None = None):
     """Register ``rule(module) -> ConvSpec`` for modules of exactly class ``cls`` (usable as a
-    decorator: ``@register_conv_rule(MyConv)``). Registered rules win over tracing."""
+    decorator: ``@register_conv_rule(MyConv)``). Registered rules win over tracing.
+
+    Args:
+        cls: the module class the rule reads (subclasses of it are not matched).
+        rule: ``rule(module) -> ConvSpec``; None to use the call as a decorator.
+
+    Returns:
+        (Callable): ``rule``, or with ``rule=None`` a decorator that registers the function it
+            wraps.
+    """
     if rule is None:
         return lambda r: register_conv_rule(cls, r)
     CONV_RULES[cls] = rule
@@ -205,7 +225,19 @@ def _tf_same(size: tuple[int, ...], g: ConvGeometry) -> tuple[int, int, int, int
 
 
 def conv_spec(module: nn.Module) -> ConvSpec:
-    """The plain convolution ``module`` computes (see the module docstring)."""
+    """The plain convolution ``module`` computes (see the module docstring).
+
+    Args:
+        module: an ``nn.Conv1d`` / ``nn.Conv2d``, a subclass of one, or a module of a class with
+            a registered rule.
+
+    Returns:
+        Its effective weight, bias and geometry.
+
+    Raises:
+        UnsupportedConv: no rule reads the module and its forward is not one convolution of
+            its (padded) input.
+    """
     cls = parametrize.type_before_parametrizations(module)
     rule = CONV_RULES.get(cls)
     hooked = bool(module._forward_pre_hooks or module._forward_hooks)  # e.g. old weight_norm

@@ -30,12 +30,27 @@ log = logging.getLogger(__name__)
 
 
 def default_cache_dir() -> Path:
+    """Where decoded datasets are cached (and official CIFAR is looked for and downloaded).
+
+    Returns:
+        ``$ATTNCONV_CACHE`` if set, else ``~/.cache/attnconv``.
+    """
     return Path(os.environ.get("ATTNCONV_CACHE", Path.home() / ".cache" / "attnconv"))
 
 
 @dataclass
 class ArrayDataset:
-    """A decoded split: ``images`` (N, 3, H, W) uint8, ``labels`` (N,) int64."""
+    """A decoded split: ``images`` (N, 3, H, W) uint8, ``labels`` (N,) int64.
+
+    Args:
+        images: (N, 3, H, W) uint8 images.
+        labels: (N,) int64 class indices into ``classes``.
+        classes: the class names.
+        source: the file or folder the split was read from.
+
+    Raises:
+        ValueError: ``images`` is not uint8 (N, 3, H, W), or ``labels`` is not (N,).
+    """
 
     images: torch.Tensor
     labels: torch.Tensor
@@ -86,7 +101,20 @@ def _kind(path: Path) -> str:
 
 
 def resolve(spec: str, *, root: str | Path | None = None, download_ok: bool = False) -> Path:
-    """The file or folder that ``spec`` names (downloading official CIFAR if allowed)."""
+    """The file or folder that ``spec`` names (downloading official CIFAR if allowed).
+
+    Args:
+        spec: ``"cifar10"`` / ``"cifar100"``, ``"sample"`` (the embedded CIFAR-10 sample), or a
+            path to a file or folder.
+        root: where official CIFAR is looked for (default: ``default_cache_dir() / "cifar"``).
+        download_ok: download official CIFAR into ``root`` when it is not there.
+
+    Returns:
+        The path of the dataset's file or folder.
+
+    Raises:
+        FileNotFoundError: nothing found (and no download allowed), or no such path.
+    """
     if spec == "sample":
         if not SAMPLE_PATH.is_file():
             raise FileNotFoundError(f"embedded sample missing: {SAMPLE_PATH}")
@@ -167,7 +195,26 @@ def load_dataset(
     use_cache: bool = True,
     max_per_class: int | None = None,
 ) -> ArrayDataset:
-    """Decode ``split`` of dataset ``spec`` once (then from the disk cache) into memory."""
+    """Decode ``split`` of dataset ``spec`` once (then from the disk cache) into memory.
+
+    Args:
+        spec: what ``resolve`` takes: ``"cifar10"``, ``"cifar100"``, ``"sample"`` or a path (an
+            extracted CIFAR folder, an official ``.tar.gz``, a ``split/class/file`` folder or
+            ``.zip``).
+        split: the split to read, e.g. ``"train"`` or ``"test"``.
+        root: where official CIFAR is looked for (and downloaded).
+        download: download official CIFAR when it is not found.
+        cache_dir: the decoded-image cache (default: ``default_cache_dir()``).
+        use_cache: read and write the ``.npz`` cache.
+        max_per_class: keep only the first this many images of each class (None: all).
+
+    Returns:
+        The split: images (N, 3, H, W) uint8, labels (N,) int64 and the class names.
+
+    Raises:
+        ValueError: ``max_per_class`` < 1, an empty split, or labels outside the classes.
+        FileNotFoundError: ``spec`` names nothing that exists.
+    """
     if max_per_class is not None and max_per_class < 1:
         raise ValueError(f"max_per_class must be >= 1 or None, got {max_per_class}")
     path = resolve(spec, root=root, download_ok=download)

@@ -37,7 +37,17 @@ def augment_params(
 
 
 def augment(x: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor, pad: int) -> torch.Tensor:
-    """Random crop with zero padding + horizontal flip of a batch, one gather. x: (B, C, H, W)."""
+    """Random crop with zero padding + horizontal flip of a batch, one gather. x: (B, C, H, W).
+
+    Args:
+        x: the (B, C, H, W) batch (any dtype; the gather runs on its device).
+        offsets: (B, 2) crop offsets (row, col) into the padded image, each in [0, 2 pad].
+        flips: (B,) bool, flip that image left-right.
+        pad: the zero padding on every side before the crop.
+
+    Returns:
+        (B, C, H, W) the cropped and flipped batch.
+    """
     B, C, H, W = x.shape
     dev = x.device  # the gather runs where the images are (a GPU when the data sits there)
     offsets, flips = offsets.to(dev), flips.to(dev)
@@ -53,7 +63,17 @@ def augment(x: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor, pad: in
 def augment_reference(
     x: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor, pad: int
 ) -> torch.Tensor:
-    """Plain per-image version of :func:`augment` (pad, slice, flip)."""
+    """Plain per-image version of :func:`augment` (pad, slice, flip).
+
+    Args:
+        x: the (B, C, H, W) batch.
+        offsets: (B, 2) crop offsets (row, col) into the padded image, each in [0, 2 pad].
+        flips: (B,) bool, flip that image left-right.
+        pad: the zero padding on every side before the crop.
+
+    Returns:
+        (B, C, H, W) the same batch as ``augment`` gives.
+    """
     H, W = x.shape[2:]
     out = []
     for img, (oy, ox), f in zip(x, offsets.tolist(), flips.tolist()):
@@ -82,6 +102,26 @@ class Loader:
     ``device``: where the uint8 images live and the crop, flip and normalization run (a GPU:
     the split is copied there once, so the accelerator is not fed by the CPU); the random
     draws stay on the CPU, so every device yields the same batches.
+
+    Args:
+        ds: the split, uint8 images in memory.
+        batch_size: the global batch, all ranks together.
+        shuffle: a new permutation every epoch and the last incomplete batch dropped
+            (training); False: every image in order (evaluation).
+        seed: the seed of the permutations and the augmentation.
+        augment: random crop (zero padding ``pad``) and horizontal flip.
+        pad: the crop's zero padding on every side.
+        flip: flip half the images left-right (with ``augment``).
+        mean: the normalization's per-channel mean (R, G, B), on [0, 1] images.
+        std: the normalization's per-channel std.
+        rank: this process's rank.
+        world_size: the number of processes the global batch is split over.
+        device: where the images live and the batches are made.
+        max_steps: the most batches per epoch (None: a whole pass).
+
+    Raises:
+        ValueError: ``batch_size`` < 1, a rank outside the world, a training batch not
+            divisible by ``world_size`` or larger than the split, or mean / std not 3 values.
     """
 
     def __init__(
@@ -129,13 +169,29 @@ class Loader:
         return self.steps
 
     def order(self, epoch: int) -> torch.Tensor | None:
-        """The epoch's permutation of the dataset (None when not shuffling)."""
+        """The epoch's permutation of the dataset (None when not shuffling).
+
+        Args:
+            epoch: the epoch, which with the seed fixes the permutation.
+
+        Returns:
+            (N,) the permutation of the dataset's indices, or None.
+        """
         if not self.shuffle:
             return None
         return torch.randperm(len(self.ds), generator=generator(self.seed, epoch))
 
     def indices(self, order: torch.Tensor | None, step: int) -> tuple[torch.Tensor, slice]:
-        """Indices of global batch ``step`` and the slice of it that is this rank's shard."""
+        """Indices of global batch ``step`` and the slice of it that is this rank's shard.
+
+        Args:
+            order: the epoch's permutation (``order(epoch)``), or None for dataset order.
+            step: the global batch's index in the epoch.
+
+        Returns:
+            ``(indices, shard)``: the global batch's dataset indices and this rank's slice of
+            them.
+        """
         B, ws = self.batch_size, self.world_size
         if order is not None:
             glob = order[step * B : (step + 1) * B]
@@ -146,7 +202,16 @@ class Loader:
         return glob, slice(lo, lo + sizes[self.rank])
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """This rank's batches of ``epoch`` from global step ``start`` on."""
+        """This rank's batches of ``epoch`` from global step ``start`` on.
+
+        Args:
+            epoch: the epoch (its permutation and augmentation draws).
+            start: the first global step, to resume in the middle of an epoch.
+
+        Yields:
+            ``(images, labels)``: float32 (b, 3, H, W) normalized images and (b,) int64 labels,
+            on the loader's device.
+        """
         order = self.order(epoch)
         for step in range(start, self.steps):
             glob, sl = self.indices(order, step)

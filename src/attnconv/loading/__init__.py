@@ -29,7 +29,18 @@ __all__ = [
 
 def create_model(name: str, *, checkpoint: str | Path | None = None, **kwargs) -> nn.Module:
     """The model ``name`` built with ``kwargs``; with ``checkpoint`` (an attnconv checkpoint, a
-    timm state dict or a Hugging Face ViT/DeiT folder) loaded with its weights, in eval mode."""
+    timm state dict or a Hugging Face ViT/DeiT folder) loaded with its weights, in eval mode.
+
+    Args:
+        name: a registered model name (``list_models()``).
+        checkpoint: weights to load: an attnconv checkpoint, a timm state dict or a Hugging Face
+            ViT/DeiT folder; None builds the model with fresh weights.
+        **kwargs (Any): the model's constructor arguments (size, classes, ...); with a
+            checkpoint they override the settings it fixes.
+
+    Returns:
+        The model (in eval mode when loaded from a checkpoint).
+    """
     if checkpoint is None:
         return build_model(name, **kwargs)
     check_model_args(name, kwargs)  # a bad name or size is said before any file is read

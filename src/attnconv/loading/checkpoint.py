@@ -43,7 +43,11 @@ LATEST = "latest"  # pointer file in a folder of step checkpoints
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded; the message says which problem and why."""
+    """A checkpoint that cannot be loaded; the message says which problem and why.
+
+    A ValueError whose message names the file and the problem: missing, pickle, truncated,
+    corrupted or foreign.
+    """
 
 
 def tensor_index(tensors: dict[str, torch.Tensor]) -> dict[str, list]:
@@ -73,7 +77,18 @@ def _is_pickle(p: Path) -> bool:
 
 def find_checkpoint(path: str | Path) -> Path:
     """The checkpoint folder that ``path`` names: a run folder, a folder of step checkpoints
-    (``latest`` pointer), a checkpoint folder, or its checkpoint.json / model.safetensors."""
+    (``latest`` pointer), a checkpoint folder, or its checkpoint.json / model.safetensors.
+
+    Args:
+        path: a run folder, a checkpoints folder, a checkpoint folder, or a file in one.
+
+    Returns:
+        The checkpoint folder (the one ``latest`` names, or the last step folder written).
+
+    Raises:
+        CheckpointError: nothing there, a pickle file, a training config, or a folder without
+            checkpoint metadata.
+    """
     p = Path(path)
     if not p.exists():
         old = p.with_name(f".{p.name}.old")
@@ -130,7 +145,20 @@ def follow_latest(folder: Path) -> Path:
 def read_checkpoint(path: str | Path, *, with_state: bool = False) -> tuple[dict, dict, dict]:
     """Verified (meta, weights, state_tensors) of a checkpoint; raises CheckpointError. A step
     folder removed while it is read (a training pruning its old checkpoints beside a reader
-    that followed ``latest`` just before) is read again from where ``latest`` points now."""
+    that followed ``latest`` just before) is read again from where ``latest`` points now.
+
+    Args:
+        path: anything ``find_checkpoint`` takes.
+        with_state: also read the training state tensors (optimizer, RNG).
+
+    Returns:
+        ``(meta, weights, state_tensors)``: the metadata dict (with the folder as ``path``),
+        the model's state dict, and the state tensors (empty without ``with_state``).
+
+    Raises:
+        CheckpointError: missing, pickle, truncated, corrupted (a size or sha256 that differs
+            from the metadata) or foreign.
+    """
     for attempt in range(3):
         try:
             return _read_checkpoint(path, with_state)
@@ -144,7 +172,19 @@ def read_checkpoint(path: str | Path, *, with_state: bool = False) -> tuple[dict
 
 
 def read_meta(path: str | Path) -> tuple[Path, dict]:
-    """(checkpoint folder, its verified metadata) without reading a tensor."""
+    """(checkpoint folder, its verified metadata) without reading a tensor.
+
+    Args:
+        path: anything ``find_checkpoint`` takes.
+
+    Returns:
+        ``(folder, meta)``: the checkpoint folder and its metadata (format, version, model
+        name and arguments, config, state, file digests).
+
+    Raises:
+        CheckpointError: no checkpoint there, metadata that is not attnconv's, of a newer
+            format version, or modified since it was written.
+    """
     d = find_checkpoint(path)
     try:
         meta = parse_meta((d / META).read_bytes())
@@ -284,6 +324,20 @@ def load_model(
 
     ``model_name``, if given, must match the stored one. ``overrides`` are extra
     ``create_model`` arguments that don't change the weights (e.g. ``impl``).
+
+    Args:
+        path: anything ``find_checkpoint`` takes.
+        model_name: the model the checkpoint must hold (None: whichever it holds).
+        **overrides (Any): extra ``create_model`` arguments that leave the weights' shapes
+            as they are.
+
+    Returns:
+        ``(model, meta)``: the model with the checkpoint's weights, in eval mode, and the
+        checkpoint's metadata.
+
+    Raises:
+        CheckpointError: the checkpoint cannot be read, holds another or an unknown model, or
+            its weights do not fit the model built.
     """
     meta, weights, _ = read_checkpoint(path)
     where = meta["path"]

@@ -109,6 +109,18 @@ def load_pretrained(name: str, checkpoint: str | Path, **overrides) -> nn.Module
     defaults; ``overrides`` win. ``img_size`` other than the checkpoint's resamples the
     position embeddings as the source library does; another ``num_classes`` drops the
     checkpoint's head (a warning says so); another patch size is refused.
+
+    Args:
+        name: a registered model name (a ViT for timm / Hugging Face weights).
+        checkpoint: a timm state dict, a Hugging Face ViT/DeiT folder, or an attnconv
+            checkpoint.
+        **overrides (Any): ``create_model`` arguments that win over the checkpoint's settings.
+
+    Returns:
+        The model with the checkpoint's weights, in eval mode.
+
+    Raises:
+        WeightsError: another architecture, patch size or number of heads than ``name``.
     """
     src = read_source(checkpoint)
     if src is None:
@@ -163,5 +175,12 @@ def load_pretrained(name: str, checkpoint: str | Path, **overrides) -> nn.Module
 
 def model_kwargs(model: VisionTransformer) -> dict:
     """Every config field of a loaded model: the ``create_model`` arguments that rebuild it
-    without the source checkpoint (what an attnconv checkpoint of it stores)."""
+    without the source checkpoint (what an attnconv checkpoint of it stores).
+
+    Args:
+        model: a ``VisionTransformer`` (e.g. one ``load_pretrained`` returned).
+
+    Returns:
+        Its config as a dict of ``create_model`` keyword arguments.
+    """
     return dataclasses.asdict(model.cfg)

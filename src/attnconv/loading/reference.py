@@ -23,7 +23,20 @@ __all__ = ["load_reference_checkpoint"]
 def load_reference_checkpoint(model: SelfAttentionCifar, path: str | Path) -> SelfAttentionCifar:
     """Load a reference checkpoint file (torch.save of a state dict, or of a dict holding one
     under ``model_state_dict``) into ``model``; never unpickles code (weights_only=True). A
-    file that is not such a checkpoint, or holds another model's weights: WeightsError."""
+    file that is not such a checkpoint, or holds another model's weights: WeightsError.
+
+    Args:
+        model: the paper model (``sa_quadratic``, ``sa_learned``, ...) of the checkpoint's
+            settings.
+        path: the reference code's checkpoint file.
+
+    Returns:
+        ``model``, its weights replaced by the checkpoint's (names and layouts mapped by
+        ``attnconv.models.reference_port.from_reference``).
+
+    Raises:
+        WeightsError: not such a checkpoint, or another model's weights.
+    """
     state = read_tensors(path, nests=("model_state_dict",))
     state = {k.removeprefix("module."): v for k, v in state.items()}  # DataParallel
     try:

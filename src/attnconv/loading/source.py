@@ -14,7 +14,11 @@ import torch
 
 
 class WeightsError(ValueError):
-    """Foreign weights that cannot be loaded; the message names the file and the problem."""
+    """Foreign weights that cannot be loaded; the message names the file and the problem.
+
+    A ValueError: a timm, Hugging Face or reference-code file of another architecture, patch
+    size or model, or one that is not a weights file at all.
+    """
 
 
 @dataclass

@@ -3,7 +3,7 @@ epfml/attention-cnn's ``BertImage`` (models/bert.py), so a reference checkpoint 
 
 Reference names (``encoder.layer.{i}.`` prefix inside layers) -> attnconv (``layers.{i}.``):
 
-- ``features_upscale`` (Linear(ds*ds*3, D)) -> ``embed``, input columns permuted (below)
+- ``features_upscale`` (``Linear(ds*ds*3, D)``) -> ``embed``, input columns permuted (below)
 - ``attention.self.attention_centers`` (Nh, 2) -> ``attn.positional_encoding.centers``
 - ``attention.self.attention_spreads``: isotropic (Nh,) = s -> ``...spread`` (alpha = s^2 / 2);
   full (Nh, 2, 2) = A -> ``...spread`` too (Sigma^-1 = A A^T in both)
@@ -104,7 +104,17 @@ def reference_model(state: dict[str, torch.Tensor]) -> str:
     """The registered model whose layers a reference ``BertImage`` state dict holds: Gaussian
     spreads (Nh,) sa_quadratic, (Nh, 2, 2) sa_quadratic_generalized; learned tables with head
     keys and no query sa_learned, with a query sa_learned_content_runs (the paper-run commit's
-    content layer); a query and no head keys sa_learned_content (the later upstream layer)."""
+    content layer); a query and no head keys sa_learned_content (the later upstream layer).
+
+    Args:
+        state: a reference checkpoint's state dict (``encoder.layer.{i}.`` names).
+
+    Returns:
+        The name of the registered model that holds those layers.
+
+    Raises:
+        ValueError: neither Gaussian nor learned relative attention in the state dict.
+    """
     p = "encoder.layer.0.attention.self."
     if p + "attention_spreads" in state:
         full = state[p + "attention_spreads"].dim() == 3
@@ -127,7 +137,18 @@ def _which(state: dict) -> str:
 def from_reference(state: dict[str, torch.Tensor], model: SelfAttentionCifar) -> dict:
     """The reference's state dict -> ``model``'s, every tensor mapped (missing query/key biases
     zero); raises ValueError naming the first unmapped, missing or mis-shaped keys and the model
-    the checkpoint holds (``reference_model``)."""
+    the checkpoint holds (``reference_model``).
+
+    Args:
+        state: the reference checkpoint's state dict (``BertImage`` names).
+        model: the paper model to load it into (its settings must match the checkpoint's).
+
+    Returns:
+        A state dict in ``model``'s names, shapes and dtypes, for ``model.load_state_dict``.
+
+    Raises:
+        ValueError: a key with no counterpart, a missing key, or a shape that differs.
+    """
     names, own = _name_map(model), model.state_dict()
     unknown = [k for k in state if k not in names and not k.endswith(_SKIP)]
     if unknown:
@@ -160,7 +181,15 @@ def to_reference(model: SelfAttentionCifar) -> dict[str, torch.Tensor]:
     """``model``'s parameters under the reference's names and layout (inverse of
     ``from_reference``), with the buffers a reference checkpoint holds: ``attention_mask``
     (BertImage's tensor(1.0)) and, learned layers, ``relative_indices`` (m, m) long,
-    [i, k] = k - i + m - 1, m = max_position_embeddings (our ``max_size``)."""
+    [i, k] = k - i + m - 1, m = max_position_embeddings (our ``max_size``).
+
+    Args:
+        model: a paper model (``sa_quadratic``, ``sa_learned``, ...).
+
+    Returns:
+        A state dict a reference ``BertImage`` of the same settings loads (copies of the
+        tensors, on the model's device).
+    """
     own = model.state_dict()
     out = {}
     for r, a in _name_map(model).items():

@@ -11,7 +11,18 @@ _MODELS: dict[str, Callable[..., nn.Module]] = {}
 
 
 def register_model(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-    """Decorator: register a model factory under its function name."""
+    """Decorator: register a model factory under its function name.
+
+    Args:
+        fn: a function that builds the model from keyword arguments; its ``__name__`` becomes
+            the model's name.
+
+    Returns:
+        ``fn`` itself.
+
+    Raises:
+        ValueError: a model of that name is already registered.
+    """
     if fn.__name__ in _MODELS:
         raise ValueError(f"model {fn.__name__!r} registered twice")
     _MODELS[fn.__name__] = fn
@@ -19,6 +30,11 @@ def register_model(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
 
 
 def list_models() -> list[str]:
+    """The names ``create_model`` takes.
+
+    Returns:
+        Every registered model name, sorted.
+    """
     return sorted(_MODELS)
 
 

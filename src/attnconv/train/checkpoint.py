@@ -145,6 +145,23 @@ def save_checkpoint(
 
     ``state`` (JSON) and ``state_tensors`` hold the training state (step, RNG, ...) and
     ``optimizer`` its state; ``extra`` is merged into the metadata (e.g. data mean/std, classes).
+
+    Args:
+        path: the checkpoint folder to write (not a ``.safetensors`` file).
+        model: the model (a DDP or ``torch.compile`` wrapper is unwrapped).
+        model_name: its registered name, which ``load_model`` rebuilds.
+        model_kwargs: its ``create_model`` keyword arguments.
+        optimizer: its state goes into ``state.safetensors`` too.
+        state: JSON training state (step, epoch, ...).
+        state_tensors: training state tensors (RNG states, ...).
+        config: the run's config as a dict (``Config.to_dict()``).
+        extra: more metadata (the data's mean and std, the class names, ...).
+
+    Returns:
+        The checkpoint folder.
+
+    Raises:
+        ValueError: ``path`` names a ``.safetensors`` file.
     """
     path = Path(path)
     if path.suffix == ".safetensors":

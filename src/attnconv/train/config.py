@@ -124,6 +124,17 @@ class TrainConfig:
 
 @dataclass
 class Config:
+    """One training run's settings, section by section (the YAML's top-level keys).
+
+    Args:
+        model: the model's registered name and its ``create_model`` keyword arguments.
+        data: the dataset, its splits, augmentation and normalization.
+        optim: the optimizer (sgd or adamw), learning rate, momentum and weight decay.
+        schedule: the learning-rate schedule (cosine, multistep or constant) and its warm-up.
+        train: epochs, batch sizes, precision, seed, evaluation and checkpoint periods.
+        out_dir: the run folder (None: ``runs/<config name>`` from ``attnconv train``).
+    """
+
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -132,6 +143,7 @@ class Config:
     out_dir: str | None = None  # default: runs/<config name>
 
     def to_dict(self) -> dict:
+        """The config as plain nested dicts (what a checkpoint stores)."""
         return asdict(self)
 
 
@@ -281,7 +293,21 @@ def apply_overrides(d: dict, overrides: list[str]) -> dict:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
-    """Read ``path`` (YAML; None = defaults), apply overrides, validate every key."""
+    """Read ``path`` (YAML; None = defaults), apply overrides, validate every key.
+
+    Args:
+        path: a YAML config (its ``base:`` files merged under it); None for the defaults.
+        overrides: ``section.key=value`` strings, the values parsed as YAML.
+
+    Returns:
+        The validated config.
+
+    Raises:
+        FileNotFoundError: no such config file.
+        ValueError: invalid YAML, an unknown key (with the close matches), or a value outside
+            its rule.
+        TypeError: a value of the wrong type (a string for a number, null where not allowed).
+    """
     d = read_yaml(path) if path is not None else {}
     cfg = _build(Config, apply_overrides(d, list(overrides)))
     validate(cfg)
@@ -289,6 +315,18 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
 
 
 def config_from_dict(d: dict) -> Config:
+    """A config from nested dicts (a checkpoint's stored config, ``Config.to_dict()``).
+
+    Args:
+        d: sections as dicts; missing keys take their defaults.
+
+    Returns:
+        The validated config.
+
+    Raises:
+        ValueError: an unknown key or a value outside its rule.
+        TypeError: a value of the wrong type, or a section that is not a mapping.
+    """
     cfg = _build(Config, d)
     validate(cfg)
     return cfg

@@ -19,7 +19,19 @@ log = logging.getLogger(__name__)
 def evaluate(model: nn.Module, loader: Loader, info: D.DistInfo, bf16: bool = False,
              stop=None):  # fmt: skip
     """(loss, accuracy) over the loader's split, summed over the ranks; None when ``stop()``
-    (checked before every batch, agreed by all ranks) asks to stop half-way (a signal)."""
+    (checked before every batch, agreed by all ranks) asks to stop half-way (a signal).
+
+    Args:
+        model: the model (put in eval mode for the pass, its mode restored after).
+        loader: an evaluation ``Loader`` (every image, split over the ranks).
+        info: the process group (``attnconv.train.distributed.DistInfo``).
+        bf16: run the forward under bf16 autocast.
+        stop (Callable[[], bool] | None): polled before every batch; True stops the pass.
+
+    Returns:
+        (tuple[float, float] | None): ``(mean cross-entropy, accuracy)`` over every image of
+            the split, or None when stopped.
+    """
     was = model.training
     model.eval()
     loss_sum = correct = n = 0.0

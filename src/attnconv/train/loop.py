@@ -51,11 +51,20 @@ SUMS = ("ep_loss", "ep_correct", "ep_n", "win_loss", "win_correct", "win_n")
 
 
 class NonFiniteLoss(RuntimeError):
-    """Training diverged; the message names the step and the last good checkpoint."""
+    """Training diverged; the message names the step and the last good checkpoint.
+
+    A RuntimeError raised by ``Trainer.fit`` / ``train``; weights that are not all finite are
+    never saved.
+    """
 
 
 class Interrupted(Exception):
-    """SIGINT / SIGTERM: a resumable checkpoint was saved."""
+    """SIGINT / SIGTERM: a resumable checkpoint was saved.
+
+    Args:
+        signum: the signal that stopped the training.
+        message: what was saved and how to resume.
+    """
 
     def __init__(self, signum: int, message: str):
         super().__init__(message)
@@ -64,7 +73,15 @@ class Interrupted(Exception):
 
 class Trainer:
     """Everything ``cfg`` describes, built in named steps (run folder, data, model, optimizer,
-    resume, logs), and :meth:`fit`, which trains epoch by epoch, step by step."""
+    resume, logs), and :meth:`fit`, which trains epoch by epoch, step by step.
+
+    Args:
+        cfg: the run's configuration (``attnconv.train.config``).
+        resume: continue from the run folder's newest checkpoint.
+        stop_at_step: stop (resumably, raising ``Interrupted``) once this step is reached.
+        overwrite: replace a run already in the folder (refused otherwise, unless ``resume``).
+        device: cpu, cuda, cuda:N, mps (default: CUDA if available).
+    """
 
     def __init__(self, cfg: Config, *, resume: bool = False, stop_at_step: int | None = None,
                  overwrite: bool = False, device: str | None = None):  # fmt: skip
@@ -203,7 +220,14 @@ class Trainer:
     def save(self) -> Path | None:
         """Rank 0 writes checkpoints/step-N, points ``latest`` at it, prunes old ones. Weights
         that are not all finite are never written: training stops (NonFiniteLoss) and ``latest``
-        keeps naming the last verified checkpoint."""
+        keeps naming the last verified checkpoint.
+
+        Returns:
+            The step folder (its path on every rank; rank 0 writes it).
+
+        Raises:
+            NonFiniteLoss: the weights are not all finite.
+        """
         path = self.ckdir / f"step-{self.step:08d}"
         bad = [n for n, t in self.model.state_dict().items()
                if t.is_floating_point() and not bool(torch.isfinite(t).all())]  # fmt: skip
@@ -265,7 +289,16 @@ class Trainer:
 
     def fit(self) -> dict:
         """Train to the end (or to ``stop_at_step``); returns the last eval metrics. The run
-        folder's lock is released at the end, however the training ends."""
+        folder's lock is released at the end, however the training ends.
+
+        Returns:
+            The last evaluation's metrics (``eval_loss``, ``eval_acc``, ``step``, ``epoch``,
+            ``seconds``).
+
+        Raises:
+            Interrupted: a signal, or ``stop_at_step``, stopped it (a checkpoint was saved).
+            NonFiniteLoss: the training diverged.
+        """
         try:
             return self._fit()
         finally:
