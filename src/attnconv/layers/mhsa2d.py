@@ -79,7 +79,7 @@ class MultiHeadSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
         backend: None (the plan's choice: the fastest exact kernel), ``"reference"`` (the plain
             equations) or ``"flex"``, ``"blocked"``, ``"fused"``, ``"fold"``, ``"triton"``: that
             family of kernels where it applies (kernels/plan.py).
-        **encoding_options: go to the named encoding (``encoding.build_encoding``): ``hard``,
+        **encoding_options (Any): go to the named encoding (``build_encoding``): ``hard``,
             ``init_centers_std``, ``init_alpha`` (quadratic); ``relative_terms``, ``learned_r``
             (relative, Dai eq. 8); ``rel_dim`` (r_delta width, relative encodings);
             ``head_keys`` (relative_learned: per-head keys read the tables, with content too).

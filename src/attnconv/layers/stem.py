@@ -98,8 +98,8 @@ class AttentionStem2d(NotScriptable, BackendKnob, nn.Module):
     def forward(
         self, x: torch.Tensor, return_attention: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """With ``return_attention`` also the window probabilities (B, nh, H*W, k*k) at the input
-        resolution."""
+        """With ``return_attention`` also the window probabilities ``(B, nh, H * W, k * k)`` at
+        the input resolution."""
         check_tensor(x, self.query.weight.dtype)
         if x.dim() != 4 or x.shape[1] != self.in_channels:
             raise ValueError(

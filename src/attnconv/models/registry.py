@@ -58,9 +58,9 @@ def create_model(name: str, **kwargs) -> nn.Module:
 
     Args:
         name: a registered model (``list_models()``).
-        **kwargs: the model's options (e.g. ``num_classes``, sizes); an unknown name or option is
-            one ValueError naming the closest ones. Weights (``checkpoint=``) are loaded by
-            ``attnconv.create_model`` (``attnconv.loading``).
+        **kwargs (Any): the model's options (e.g. ``num_classes``, sizes); an unknown name or
+            option is one ValueError naming the closest ones. Weights (``checkpoint=``) are
+            loaded by ``attnconv.create_model`` (``attnconv.loading``).
 
     Returns:
         The model, an ``nn.Module``.
