@@ -21,7 +21,7 @@ from attnconv.convert.grouped import (
     grouped_head_mix,
     grouped_head_mix_reference,
 )
-from attnconv.convert.modules import _kept
+from attnconv.convert.head_conv import kept_indices
 
 
 @st.composite
@@ -52,9 +52,9 @@ def _heads(a, x, clamp: bool = False):
     oh, ow = g.output_size(*x.shape[-2:])
     shifts = torch.round(layer.positional_encoding.centers.detach()).long().tolist()
     extra = 3 if clamp else 0  # push head 0 outside the image: its targets are clamped
-    rows = [_kept(g.anchor[0], oh, g.stride[0], xp.shape[-2], dr - (extra if i == 0 else 0))
+    rows = [kept_indices(g.anchor[0], oh, g.stride[0], xp.shape[-2], dr - (extra if i == 0 else 0))
             for i, (dr, _) in enumerate(shifts)]  # fmt: skip
-    cols = [_kept(g.anchor[1], ow, g.stride[1], xp.shape[-1], dc) for _, dc in shifts]
+    cols = [kept_indices(g.anchor[1], ow, g.stride[1], xp.shape[-1], dc) for _, dc in shifts]
     return xp, rows, cols, layer.out_proj
 
 
@@ -116,7 +116,7 @@ def test_kernels_pass_gradcheck(kind, stride):
        st.integers(-6, 6))  # fmt: skip
 def test_kept_targets_are_the_layers_hard_indices(anchor, n, stride, size, shift):
     """_kept equals clamp(q + shift) at the kept queries q = anchor + o * stride."""
-    idx = _kept(anchor, n, stride, size, shift)
+    idx = kept_indices(anchor, n, stride, size, shift)
     want = [min(max(anchor + o * stride + shift, 0), size - 1) for o in range(n)]
     got = list(range(size + 1000)[idx]) if isinstance(idx, slice) else idx
     assert got == want
@@ -131,8 +131,8 @@ def test_kept_targets_match_the_positional_encoding():
     hp, wp = 11, 9
     rows, cols = pe.hard_indices(hp, wp)
     for h, (dr, dc) in enumerate(torch.round(pe.centers.detach()).long().tolist()):
-        r = _kept(2, 4, 2, hp, dr)
-        c = _kept(2, 3, 2, wp, dc)
+        r = kept_indices(2, 4, 2, hp, dr)
+        c = kept_indices(2, 3, 2, wp, dc)
         assert list(range(hp)[r] if isinstance(r, slice) else r) == rows[h, 2:9:2].tolist()
         assert list(range(wp)[c] if isinstance(c, slice) else c) == cols[h, 2:7:2].tolist()
 

@@ -7,15 +7,9 @@
 """
 
 from .geometry import ConvGeometry, conv_geometry, heads_to_kernel, kernel_to_heads, low_rank_heads
+from .inverse import attention_to_conv, mhsa_to_conv
 from .model import convert_model, converted_layers, unconverted_layers
-from .modules import (
-    ConvAttention,
-    ConvAttention1d,
-    ConvAttention2d,
-    attention_to_conv,
-    conv_to_attention,
-    mhsa_to_conv,
-)
+from .modules import ConvAttention, ConvAttention1d, ConvAttention2d, conv_to_attention
 from .rules import CONV_RULES, ConvSpec, UnsupportedConv, conv_spec, register_conv_rule
 
 __all__ = [

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from attnconv.layers.precision import autocast_dtype, no_autocast
 
-from .head_conv import one_step
+from .head_conv import one_step, take
 
 
 class GroupedHeadProjection(nn.Module):
@@ -82,7 +82,7 @@ def depthwise_mix(xp: torch.Tensor, rows: list, cols: list, w: torch.Tensor) -> 
         xl = xl.contiguous()
     y = None
     for h in range(w.shape[0]):
-        v = _take(_take(xl, 1, rows[h]), 2, cols[h])  # SA_h(X): (B, Ho, Wo, C)
+        v = take(take(xl, 1, rows[h]), 2, cols[h])  # SA_h(X): (B, Ho, Wo, C)
         y = v * w[h] if y is None else y.addcmul_(v, w[h])  # + X_{q+f(h)} W^(h)
     return y.permute(0, 3, 1, 2)  # (B, C, Ho, Wo), channels_last
 
@@ -129,16 +129,9 @@ def grouped_head_mix_reference(xp: torch.Tensor, rows: list, cols: list, proj) -
     summed over the heads (+ b)."""
     y = None
     for h in range(proj.kernel.shape[0]):
-        xs = _take(_take(xp, 2, rows[h]), 3, cols[h])  # (B, Cin, Ho, Wo)
+        xs = take(take(xp, 2, rows[h]), 3, cols[h])  # (B, Cin, Ho, Wo)
         t = F.conv2d(xs, proj.kernel[h][:, :, None, None], groups=proj.groups)
         y = t if y is None else y + t
     if proj.bias is not None:
         y = y + proj.bias[None, :, None, None]
     return y
-
-
-def _take(x: torch.Tensor, dim: int, idx: slice | list[int]) -> torch.Tensor:
-    """x.index_select(dim, idx): a strided view when idx is a slice."""
-    if isinstance(idx, slice):
-        return x[(slice(None),) * dim + (idx,)]
-    return x.index_select(dim, torch.tensor(idx, device=x.device))

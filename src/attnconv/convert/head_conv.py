@@ -84,3 +84,30 @@ def head_conv(xp: torch.Tensor, rows: list[slice], cols: list[slice], heads: tor
 def one_step(idx: list) -> bool:
     """Every index a slice of the same step (no clamped border)."""
     return all(isinstance(i, slice) and i.step == idx[0].step for i in idx)
+
+
+def kept_indices(anchor: int, n: int, stride: int, size: int, shift: int) -> slice | list[int]:
+    """Head targets of the kept queries q = anchor + o * stride (o < n) along one axis:
+    clamp(q + shift, 0, size - 1), as the layer's ``hard_indices``; a slice (a strided view)
+    when no target is clamped, else the index list."""
+    first, last = anchor + shift, anchor + (n - 1) * stride + shift
+    if first >= 0 and last <= size - 1:
+        return slice(first, last + 1, stride)
+    return [min(max(anchor + o * stride + shift, 0), size - 1) for o in range(n)]
+
+
+def _as_slice(idx: list[int]) -> slice | list[int]:
+    """An arithmetic progression of indices as a slice (basic indexing), else the list."""
+    step = idx[1] - idx[0] if len(idx) > 1 else 1
+    if step > 0 and all(b - a == step for a, b in zip(idx, idx[1:])):
+        return slice(idx[0], idx[-1] + 1, step)
+    return idx
+
+
+def take(x: torch.Tensor, dim: int, idx: list[int] | slice) -> torch.Tensor:
+    """x.index_select(dim, idx), as a strided view when idx is (or ``_as_slice`` makes it) a
+    slice; ``dim`` >= 0."""
+    idx = _as_slice(idx) if isinstance(idx, list) else idx
+    if isinstance(idx, slice):
+        return x[(slice(None),) * dim + (idx,)]
+    return x.index_select(dim, torch.tensor(idx, device=x.device))

@@ -30,7 +30,6 @@ from . import head_conv as hc
 from .attributes import ConvAttributes, head_matrices
 from .geometry import (
     ConvGeometry,
-    heads_to_kernel,
     kernel_to_heads,
     low_rank_heads,
 )
@@ -122,8 +121,9 @@ class ConvAttention(NotScriptable, ConvAttributes, nn.Module):
         oh, ow = g.output_size(h, w)
         (ah, aw), (sh, sw), (hp, wp) = g.anchor, g.stride, g.padded_size(h, w)
         shifts = torch.round(layer.positional_encoding.centers.detach()).long().tolist()
-        rows = [_kept(ah, oh, sh, hp, dr) for dr, _ in shifts]  # per head: slice or index list
-        cols = [_kept(aw, ow, sw, wp, dc) for _, dc in shifts]
+        # per head: a slice, or the index list where a target is clamped
+        rows = [hc.kept_indices(ah, oh, sh, hp, dr) for dr, _ in shifts]
+        cols = [hc.kept_indices(aw, ow, sw, wp, dc) for _, dc in shifts]
         grouped = isinstance(layer.out_proj, GroupedHeadProjection)  # block-diagonal W^(h)
         clamped = not (hc.one_step(rows) and hc.one_step(cols))
         case = plan.ConvertedCase(hard=True, clamped=clamped)
@@ -142,10 +142,10 @@ class ConvAttention(NotScriptable, ConvAttributes, nn.Module):
         heads, bias = head_matrices(layer, detach=False)  # (Nh, Cout, Cin), (Cout,) | None
         nh, cout, cin = heads.shape
         if nh == 1:  # a 1x1 conv: one head reading one (strided) pixel, one channel mix in place
-            xs = _take(_take(xp, 2, rows[0]), 3, cols[0])  # SA(X), no layout copy
+            xs = hc.take(hc.take(xp, 2, rows[0]), 3, cols[0])  # SA(X), no layout copy
             return F.conv2d(xs, heads[0][:, :, None, None], bias)
         xp = xp.contiguous(memory_format=torch.channels_last)
-        sa = (_take(_take(xp, 2, r), 3, c) for r, c in zip(rows, cols))  # SA_h(X) (B,Cin,Ho,Wo)
+        sa = (hc.take(hc.take(xp, 2, r), 3, c) for r, c in zip(rows, cols))  # SA_h(X) (B,Cin,Ho,Wo)
         if nh * cin <= CONCAT_MAX_CHANNELS:  # few channels: concat_h[SA_h(X)] Wout in one mix
             w_all = heads.permute(1, 0, 2).reshape(cout, nh * cin)  # [W^(1) ... W^(Nh)]
             y = F.conv2d(torch.cat(list(sa), dim=1), w_all[:, :, None, None])
@@ -347,120 +347,3 @@ def _build(spec, alpha: float | None, head_dim: int | None, impl: str) -> ConvAt
                 layer.value_proj.bias.zero_()
     cls = ConvAttention1d if geom.ndim == 1 else ConvAttention2d
     return cls(geom, layer, rank_error)
-
-
-def _kept(anchor: int, n: int, stride: int, size: int, shift: int) -> slice | list[int]:
-    """Head targets of the kept queries q = anchor + o * stride (o < n) along one axis:
-    clamp(q + shift, 0, size - 1), as the layer's ``hard_indices``; a slice (a strided view)
-    when no target is clamped, else the index list."""
-    first, last = anchor + shift, anchor + (n - 1) * stride + shift
-    if first >= 0 and last <= size - 1:
-        return slice(first, last + 1, stride)
-    return [min(max(anchor + o * stride + shift, 0), size - 1) for o in range(n)]
-
-
-def _as_slice(idx: list[int]) -> slice | list[int]:
-    """An arithmetic progression of indices as a slice (basic indexing), else the list."""
-    step = idx[1] - idx[0] if len(idx) > 1 else 1
-    if step > 0 and all(b - a == step for a, b in zip(idx, idx[1:])):
-        return slice(idx[0], idx[-1] + 1, step)
-    return idx
-
-
-def _take(x: torch.Tensor, dim: int, idx: list[int] | slice) -> torch.Tensor:
-    """x.index_select(dim, idx), as a strided view when idx is (or ``_as_slice`` makes it) a
-    slice; ``dim`` >= 0."""
-    idx = _as_slice(idx) if isinstance(idx, list) else idx
-    if isinstance(idx, slice):
-        return x[(slice(None),) * dim + (idx,)]
-    return x.index_select(dim, torch.tensor(idx, device=x.device))
-
-
-def attention_to_conv(module: nn.Module) -> nn.Conv2d | nn.Conv1d:
-    """The reverse of ``conv_to_attention`` for a hard module on integer shifts.
-
-    ``ConvAttention2d/1d`` -> the original conv geometry with W^(h) written back into the kernel
-    (a round trip gives the same weights). Soft (finite alpha) or non-integer centres ->
-    ValueError. For a bare ``MultiHeadSelfAttention2d`` use ``mhsa_to_conv``.
-
-    Args:
-        module: a ``ConvAttention2d`` / ``ConvAttention1d`` with hard heads.
-
-    Returns:
-        An ``nn.Conv2d`` (``nn.Conv1d`` for a ConvAttention1d) of the original geometry, on the
-        module's device and dtype, in its train/eval mode.
-
-    Raises:
-        TypeError: ``module`` is not a ConvAttention2d/1d.
-        ValueError: soft heads, centres moved off the kernel's shifts, or TensorFlow "SAME"
-            padding (which depends on the input size).
-    """
-    if not isinstance(module, ConvAttention):
-        raise TypeError(
-            f"attention_to_conv expects a ConvAttention2d/1d, got {type(module).__name__} "
-            "(use mhsa_to_conv for a bare MultiHeadSelfAttention2d)"
-        )
-    g = module.geometry
-    layer = module.attention
-    if g.dynamic_same:
-        raise ValueError("TensorFlow 'SAME' padding (per input size) has no nn.Conv2d equivalent")
-    if not module.hard:
-        raise ValueError("attention_to_conv needs hard heads (alpha -> inf); this layer is soft")
-    centers = layer.positional_encoding.centers.detach()
-    if not torch.equal(centers.round().long().cpu(), g.centers()):
-        raise ValueError("the heads' centres are no longer the kernel's shifts")
-    heads, bias = head_matrices(layer)
-    weight = heads_to_kernel(heads, g.kernel, g.groups, g.ndim)
-    cls = nn.Conv2d if g.ndim == 2 else nn.Conv1d
-    size = g.kernel if g.ndim == 2 else g.kernel[1]
-    pick = (lambda t: t) if g.ndim == 2 else (lambda t: t[1])
-    conv = cls(
-        g.in_channels, g.out_channels, size, stride=pick(g.stride), padding=g.padding,
-        dilation=pick(g.dilation), groups=g.groups, bias=bias is not None,
-        padding_mode=g.padding_mode,
-    )  # fmt: skip
-    conv = conv.to(device=weight.device, dtype=weight.dtype)
-    with torch.no_grad():
-        conv.weight.copy_(weight)
-        if bias is not None:
-            conv.bias.copy_(bias.detach())
-    return conv.train(module.training)
-
-
-def mhsa_to_conv(layer: nn.Module) -> nn.Conv2d:
-    """A bare hard quadratic ``MultiHeadSelfAttention2d`` (position-only) -> nn.Conv2d.
-
-    Head h reads clamp(q + round(Delta_h)) per axis: that is a replicate-padded image, so the
-    conv has padding_mode="replicate", a kernel spanning every centre (symmetric about 0, zeros
-    where no head sits; heads on the same shift add) and padding = the largest |shift| per axis.
-
-    Args:
-        layer: a ``MultiHeadSelfAttention2d`` with hard quadratic heads and ``content=False``.
-
-    Returns:
-        The ``nn.Conv2d`` (replicate padding) that computes the same function.
-
-    Raises:
-        ValueError: the layer is not position-only quadratic attention, or its heads are soft.
-    """
-    pe = getattr(layer, "positional_encoding", None)
-    if pe is None or not hasattr(pe, "centers") or getattr(layer, "content", False):
-        raise ValueError("mhsa_to_conv needs a position-only quadratic MultiHeadSelfAttention2d")
-    if not getattr(pe, "hard", False):
-        raise ValueError("mhsa_to_conv needs hard heads (alpha -> inf); this layer is soft")
-    shifts = pe.centers.detach().round().long().cpu()  # (Nh, 2)
-    heads, bias = head_matrices(layer)  # (Nh, Cout, Cin), (Cout,) | None
-    nh, cout, cin = heads.shape
-    ph, pw = (int(v) for v in shifts.abs().amax(dim=0))
-    weight = heads.new_zeros(cout, cin, 2 * ph + 1, 2 * pw + 1)
-    for (dr, dc), wh in zip(shifts.tolist(), heads):
-        weight[:, :, ph + dr, pw + dc] += wh
-    conv = nn.Conv2d(
-        cin, cout, weight.shape[-2:], padding=(ph, pw), bias=bias is not None,
-        padding_mode="replicate",
-    ).to(device=weight.device, dtype=weight.dtype)  # fmt: skip
-    with torch.no_grad():
-        conv.weight.copy_(weight)
-        if bias is not None:
-            conv.bias.copy_(bias.detach())
-    return conv
