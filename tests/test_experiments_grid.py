@@ -1,0 +1,104 @@
+"""The grid experiment's sections of the experiments page (benchmarks/experiments_grid.py and
+experiments_sensitivity.py): the kept sections of absent runs, the heads' table, the pull table,
+the power law of the travel left and its interpolation at a summed learning rate."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import experiments_grid as grid  # noqa: E402
+import experiments_runs as runs_  # noqa: E402
+import experiments_sensitivity as sens  # noqa: E402
+
+
+def test_power_fit_recovers_a_power_law_and_leaves_out_the_first_steps():
+    def layers(d):  # two layers whose mean displacement is d
+        return [{"displacement": d - 0.1}, {"displacement": d + 0.1}]
+
+    pts = [(0.0, layers(0.1)), (5.0, layers(9.0))]  # left out: S < 10
+    pts += [(s, layers(0.02 * s**0.7)) for s in (10.0, 40.0, 160.0, 640.0)]
+    a, b, lo, hi = sens.power_fit(pts)
+    assert abs(a - 0.02) < 1e-9 and abs(b - 0.7) < 1e-9 and (lo, hi) == (10.0, 640.0)
+    assert sens.power_fit(pts[:4]) is None  # fewer than 3 points to fit
+
+
+def test_grid_sections_whose_runs_are_absent_are_kept_and_said_so(tmp_path, monkeypatch):
+    """A run root without grid_sa_quadratic / grid_long (a new machine) keeps their last
+    regenerated sections, each with one note, instead of dropping them."""
+    old = [grid.GRID_TITLE, "", "| step | 20000 |", "", grid.LONG_TITLE, "", "| step | 10500 |",
+           "", sens.SENSITIVITY_TITLE, "", "| grid5k_base |", "", "### SASA", ""]  # fmt: skip
+    results = tmp_path / "experiments.md"
+    results.write_text("\n".join(old))
+    monkeypatch.setattr(runs_, "RESULTS", results)
+    lines: list[str] = []
+    grid.grid_formation(lines, tmp_path / "runs")
+    text = "\n".join(lines)
+    assert text.count(runs_.KEPT) == 2 and "| step | 20000 |" in text and "| step | 10500 |" in text
+    assert sens.SENSITIVITY_TITLE not in text  # no sensitivity run here: nothing to show
+    results.write_text(text)  # regenerated again from the kept report: still one note each
+    lines = []
+    grid.grid_formation(lines, tmp_path / "runs")
+    assert "\n".join(lines).count(runs_.KEPT) == 2
+
+
+def test_grid_heads_table_says_how_far_each_sharp_head_travelled(tmp_path, monkeypatch):
+    """The per-layer table of where the heads sit: a sharp head's offset, top-key share and the
+    distance its centre travelled from step 0; the other heads' mean |Delta| then and now."""
+    import json
+
+    monkeypatch.setattr(grid, "FIGS", tmp_path / "figs")
+    start = {"layers": [[[-1.5, 0.2], [1.0, 1.0]]], "alpha": [[0.5, 0.5]]}
+    end = {"layers": [[[-1.0, 0.0], [3.0, 4.0]]], "alpha": [[20.0, 0.01]]}
+    log = tmp_path / "centers.jsonl"
+    log.write_text("\n".join(json.dumps({"epoch": e, "step": s, **r})
+                             for e, s, r in ((0, 0, start), (1, 500, end))) + "\n")  # fmt: skip
+    lines: list[str] = []
+    grid.grid_heads(lines, log, "t")
+    row = next(ln for ln in lines if ln.startswith("| 1 |"))
+    assert "(-1, 0) 1.00 (0.54)" in row  # sqrt(0.5^2 + 0.2^2) = 0.54 tokens travelled
+    assert row.endswith("| 1.41 -> 5.00 |")  # the broad head moved out, from sqrt 2 to 5
+    figures = [i for i, ln in enumerate(lines) if ln.startswith("![")]
+    assert len(figures) == 2 and all(lines[i + 2].startswith("*") for i in figures)
+    assert "to step 500 (arrowhead)" in lines[figures[0] + 2]  # the log's last step
+    assert (tmp_path / "figs" / "t_center_trajectories.png").is_file()
+
+
+def test_grid_pull_table_reads_the_milestones_measured(tmp_path):
+    """grid_long's pull table: one row per grid_width_checkpoint_*.json of a grid_long
+    milestone, in step order; '-' where a layer's drift is within twice its error; layer 4's
+    resolved heads counted by the sign of their radial cosine."""
+    import json
+
+    def result(step, drifts):
+        layers = [{"drift": d, "drift_error": 1.0, "resolved": d > 2.0,
+                   "summed_lr_per_token": 10.0 / d} for d in drifts]  # fmt: skip
+        heads = [{"resolved": True, "radial": -0.9}, {"resolved": True, "radial": 0.5},
+                 {"resolved": False, "radial": -0.1}]  # fmt: skip
+        return {"model": f"grid_long/checkpoints/step-{step:08d} (hidden 64)", "layers": layers,
+                "heads": {"layer": 4, "rows": heads}}
+
+    for step in (20000, 5000):
+        (tmp_path / f"grid_width_checkpoint_{step}.json").write_text(
+            json.dumps({"results": [result(step, [4.0, 1.0])]}))
+    (tmp_path / "grid_width.json").write_text(json.dumps({"results": [
+        {"model": "sa_quadratic (hidden 64)", "layers": [], "heads": {}}]}))  # not a milestone
+    lines: list[str] = []
+    grid.grid_pull(lines, lambda step: step / 10, pulls=tmp_path)
+    rows = [ln for ln in lines if ln[:3] == "| 5" or ln[:3] == "| 2"]
+    assert rows == ["| 5000 | 500 | 4.0, 1.0 | 2, - | 1 / 1 / 1 |",
+                    "| 20000 | 2000 | 4.0, 1.0 | 2, - | 1 / 1 / 1 |"]  # fmt: skip
+    lines = []
+    grid.grid_pull(lines, lambda step: 0.0, pulls=tmp_path / "none")
+    assert lines == []  # no milestone measured: no table
+
+
+def test_displacement_at_interpolates_a_run_at_a_summed_learning_rate():
+    def layers(d):
+        return [{"displacement": d - 0.1}, {"displacement": d + 0.1}]
+
+    pts = [(0.0, layers(0.0)), (100.0, layers(1.0)), (300.0, layers(2.0))]
+    assert sens.displacement_at(pts, 50.0) == 0.5 and sens.displacement_at(pts, 200.0) == 1.5
+    assert sens.displacement_at(pts, 300.0) == 2.0 and sens.displacement_at(pts, 301.0) is None
