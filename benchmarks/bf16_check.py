@@ -32,7 +32,6 @@ ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("sa_quadratic", "sa_learned", "sa_learned_content", "resnet18_cifar")
 
 
-
 def geometry() -> dict:
     cfg = yaml.safe_load((ROOT / "configs" / "experiments" / "_sa_small.yaml").read_text())
     return dict(cfg["model"]["kwargs"])
@@ -100,9 +99,12 @@ def main() -> None:
     out = output_dir(args) / "bf16.md"
     torch.set_num_threads(1)
     x, y = batch(args.data, args.batch)
-    rows = ["| model | fp32 img/s | bf16 img/s | speed-up | logits err fp32 / bf16 (fast) "
-            "| bf16 (reference path) | grad err fp32 / bf16 (fast) | bf16 (reference path) "
-            "| bf16 as exact |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| model | fp32 img/s | bf16 img/s | speed-up | logits err fp32 / bf16 (fast) "
+        "| bf16 (reference path) | grad err fp32 / bf16 (fast) | bf16 (reference path) "
+        "| bf16 as exact |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for name in args.models:
         torch.manual_seed(0)
         m = build(name).train()

@@ -40,14 +40,16 @@ CLI = [sys.executable, "-m", "attnconv.cli"]
 # (row name, experiment config, extra overrides)
 MODELS = [
     ("sa_quadratic", "table1_sa_quadratic", []),
-    ("sa_quadratic attn dropout 0.1 (batch mask)", "table1_sa_quadratic",
-     ["model.kwargs.attn_dropout=0.1", "model.kwargs.attn_dropout_mask=batch"]),
+    (
+        "sa_quadratic attn dropout 0.1 (batch mask)",
+        "table1_sa_quadratic",
+        ["model.kwargs.attn_dropout=0.1", "model.kwargs.attn_dropout_mask=batch"],
+    ),
     ("sa_learned", "table1_sa_learned", []),
     ("sa_learned_content", "table1_sa_learned_content", []),
     ("resnet18_cifar", "table1_resnet18", []),
-]  # fmt: skip
+]
 PRECISIONS = ("fp32", "bf16")
-
 
 
 def run_dir(i: int, precision: str, seed: int) -> Path:
@@ -61,13 +63,18 @@ def train_one(i: int, precision: str, seed: int, args: argparse.Namespace) -> st
     out.mkdir(parents=True, exist_ok=True)
     _, config, extra = MODELS[i]
     sets = [
-        f"data.dataset={args.data}", "data.eval_max_per_class=" + str(args.eval_per_class),
-        "train.epochs=1", f"train.steps_per_epoch={args.steps}",
-        f"train.batch_size={args.batch}", f"train.seed={seed}",
+        f"data.dataset={args.data}",
+        "data.eval_max_per_class=" + str(args.eval_per_class),
+        "train.epochs=1",
+        f"train.steps_per_epoch={args.steps}",
+        f"train.batch_size={args.batch}",
+        f"train.seed={seed}",
         f"train.bf16={'true' if precision == 'bf16' else 'false'}",
-        "train.checkpoint_every=0", f"train.log_every={args.steps}", "train.threads=1",
+        "train.checkpoint_every=0",
+        f"train.log_every={args.steps}",
+        "train.threads=1",
         *extra,
-    ]  # fmt: skip
+    ]
     cmd = [*CLI, "train", str(CONFIGS / f"{config}.yaml"), "--out", str(out), "--overwrite"]
     for s in sets:
         cmd += ["--set", s]
@@ -113,11 +120,12 @@ def report(args: argparse.Namespace) -> str:
         "| bf16 - fp32 (means) | fp32 / bf16 img/s (training runs) | bf16 verified |",
         "|---|---|---|---|---|---|---|",
     ]
-    budget = (f"{args.steps} SGD steps of {args.batch} images (same seed, same data order), "
-              f"evaluated on {args.eval_per_class} test images per class")  # fmt: skip
+    budget = (
+        f"{args.steps} SGD steps of {args.batch} images (same seed, same data order), "
+        f"evaluated on {args.eval_per_class} test images per class"
+    )
     for i, (name, _, _) in enumerate(MODELS):
-        res = {p: [r for s in args.seeds if (r := read_run(run_dir(i, p, s)))]
-               for p in PRECISIONS}  # fmt: skip
+        res = {p: [r for s in args.seeds if (r := read_run(run_dir(i, p, s)))] for p in PRECISIONS}
         if not all(res.values()):
             lines.append(f"| {name} | not run | | | | | |")
             continue

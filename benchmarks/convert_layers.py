@@ -34,8 +34,15 @@ CASES = [
 
 
 def build(c: int, k: int, groups: int = 1, stride: int = 1, dilation: int = 1, cout=None):
-    return torch.nn.Conv2d(c, cout or c, k, stride=stride, padding=dilation * (k // 2),
-                           dilation=dilation, groups=groups)  # fmt: skip
+    return torch.nn.Conv2d(
+        c,
+        cout or c,
+        k,
+        stride=stride,
+        padding=dilation * (k // 2),
+        dilation=dilation,
+        groups=groups,
+    )
 
 
 def main() -> None:
@@ -48,8 +55,10 @@ def main() -> None:
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **policy})
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    print(f"| layer | conv ms | converted ms | ratio | max abs diff |  (malloc: "
-          f"{'retain' if args.retain else 'glibc'})\n|---|---|---|---|---|")
+    print(
+        f"| layer | conv ms | converted ms | ratio | max abs diff |  (malloc: "
+        f"{'retain' if args.retain else 'glibc'})\n|---|---|---|---|---|"
+    )
     for name, kw, (b, hw) in CASES:
         conv = build(**kw)
         att = conv_to_attention(conv).eval()

@@ -55,8 +55,19 @@ def train_cli(procs: int) -> list:
     with socket.socket() as s:  # a free port for the rendezvous
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", procs,
-            "--master-addr", "127.0.0.1", "--master-port", port, "-m", "attnconv.cli"]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        procs,
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        port,
+        "-m",
+        "attnconv.cli",
+    ]
 
 
 def experiments(names: list[str]) -> list[Path]:
@@ -159,8 +170,7 @@ def _run_one(cfg: Path, out: Path, data: Path, threads: int | None, procs: int) 
             cmd += ["--set", f"train.threads={threads}"]
         resumable = (out / "checkpoints" / "latest").exists()
         cmd.append("--resume" if resumable else "--overwrite")  # no checkpoint: start over
-        print(f"[{time.strftime('%H:%M:%S')}] train {cfg.stem}: {progress(cfg, out)}",
-              flush=True)  # fmt: skip
+        print(f"[{time.strftime('%H:%M:%S')}] train {cfg.stem}: {progress(cfg, out)}", flush=True)
         partial = out / "wall_partial.json"  # seconds of earlier sittings (their sh calls)
         before = json.loads(partial.read_text())["train_seconds"] if partial.exists() else 0.0
         t0 = time.time()
@@ -170,8 +180,11 @@ def _run_one(cfg: Path, out: Path, data: Path, threads: int | None, procs: int) 
         finally:  # a sitting's time counts even when it is interrupted
             partial.write_text(json.dumps({"train_seconds": before + time.time() - t0}))
         done.write_text(partial.read_text())
-    analyzed = cfg.stem.startswith("table1_sa") and not cfg.stem.endswith("_bf16") and (
-        "_seed" not in cfg.stem)  # the heads of the seed-0 runs
+    analyzed = (
+        cfg.stem.startswith("table1_sa")
+        and not cfg.stem.endswith("_bf16")
+        and ("_seed" not in cfg.stem)
+    )  # the heads of the seed-0 runs
     if analyzed and not (out / "analysis" / "report.json").exists():
         print(f"[{time.strftime('%H:%M:%S')}] analyze {cfg.stem}", flush=True)
         sh([*CLI, "analyze", out, "--data", data, "--out", out / "analysis"], log)
@@ -183,7 +196,6 @@ def _run_one(cfg: Path, out: Path, data: Path, threads: int | None, procs: int) 
     if cfg.stem == "table1_resnet18" and not (out / "convert.json").exists():
         print(f"[{time.strftime('%H:%M:%S')}] convert {cfg.stem}", flush=True)
         sh([*CLI, "convert", out, "--data", data, "--json", out / "convert.json"], log)
-
 
 
 def status(args: argparse.Namespace) -> None:
@@ -213,7 +225,6 @@ def save_init(run: Path) -> None:
     save_checkpoint(run / "init", model, cfg["model"]["name"], kwargs, extra={"data": data})
 
 
-
 def save(args: argparse.Namespace) -> None:
     if RUNS.is_dir():
         names = archive.save(RUNS)
@@ -233,11 +244,19 @@ def main() -> None:
     r = sub.add_parser("run", help="train the experiments (all, or the NAMEs given)")
     r.add_argument("names", nargs="*")
     r.add_argument("--data", default=str(default_data()), help="CIFAR-10 zip/folder")
-    r.add_argument("--threads", type=int, default=None,
-                   help="threads per training (default: the config's, 1: one run per core)")
-    r.add_argument("--procs", type=int, default=1,
-                   help="processes per training, under torchrun (2 x 1 thread: both cores on "
-                   "one run; the same global batch)")
+    r.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="threads per training (default: the config's, 1: one run per core)",
+    )
+    r.add_argument(
+        "--procs",
+        type=int,
+        default=1,
+        help="processes per training, under torchrun (2 x 1 thread: both cores on "
+        "one run; the same global batch)",
+    )
     r.set_defaults(fn=run)
     st = sub.add_parser("status", help="what is done and what is left, per experiment")
     st.add_argument("names", nargs="*")

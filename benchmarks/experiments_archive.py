@@ -66,13 +66,17 @@ def _kept(src: Path) -> tuple[list[Path], str | None]:
     latest, step = src / CHECKPOINTS / LATEST, None
     if not (src / "wall.json").exists() and latest.is_file():  # unfinished: its resume point
         step = latest.read_text().strip()  # read once: a training may move it meanwhile
-        files += [p.relative_to(src) for p in (src / CHECKPOINTS / step).rglob("*")
-                  if p.is_file() and not p.name.startswith(".")]  # fmt: skip
+        files += [
+            p.relative_to(src)
+            for p in (src / CHECKPOINTS / step).rglob("*")
+            if p.is_file() and not p.name.startswith(".")
+        ]
     return sorted(files), step
 
 
-def save(runs: Path, archive: Path = ARCHIVE, names: list[str] | None = None,
-         base: Path = BASE) -> list[str]:  # fmt: skip
+def save(
+    runs: Path, archive: Path = ARCHIVE, names: list[str] | None = None, base: Path = BASE
+) -> list[str]:
     """Archive every run folder of ``runs`` (one with a config.yaml; all, or ``names``) into
     ``archive``, replacing its earlier copy; returns the names saved. `run` calls it for the
     run it trains every few minutes, so the working tree holds it even if nobody saves."""

@@ -43,15 +43,17 @@ def grid_formation(lines: list[str], runs: Path) -> None:
         lr_sum = summed_lr(runs / name)
         t = train_config(ref)
         ips, images = read_metrics(runs / name)["images_per_s"], ref_steps * t.batch_size
-        lines += [f"The reference code's budget (its recipe, configs/sa_quadratic.yaml: "
-                  f"{t.epochs} epochs of the 50,000 training images, batch {t.batch_size}, "
-                  f"hidden 400) is {images / 1e6:.0f}M images, "
-                  f"{images / train_config(cfg).batch_size / total_steps(cfg):.0f}x this run's, "
-                  f"and a sum of the learning rate of {ref_lr:.0f} over its {ref_steps} steps, "
-                  f"{ref_lr / lr_sum(total_steps(cfg)):.1f}x this run's; at this run's measured "
-                  f"{ips:.0f} images/s (hidden 64, one core) it would take "
-                  f"{images / ips / 3600:.0f} h of one core, a lower bound for hidden 400.",
-                  ""]  # fmt: skip
+        lines += [
+            f"The reference code's budget (its recipe, configs/sa_quadratic.yaml: "
+            f"{t.epochs} epochs of the 50,000 training images, batch {t.batch_size}, "
+            f"hidden 400) is {images / 1e6:.0f}M images, "
+            f"{images / train_config(cfg).batch_size / total_steps(cfg):.0f}x this run's, "
+            f"and a sum of the learning rate of {ref_lr:.0f} over its {ref_steps} steps, "
+            f"{ref_lr / lr_sum(total_steps(cfg)):.1f}x this run's; at this run's measured "
+            f"{ips:.0f} images/s (hidden 64, one core) it would take "
+            f"{images / ips / 3600:.0f} h of one core, a lower bound for hidden 400.",
+            "",
+        ]
     long = grid_run(lines, runs, "grid_long", "grid_long")
     if long is not None:
         evos["grid_long"] = long
@@ -73,22 +75,26 @@ def grid_run(lines: list[str], runs: Path, name: str, stem: str) -> list | None:
     cfg = CONFIGS / f"{name}.yaml"
     steps = total_steps(cfg)
     head = GRID_TITLE if name == "grid_sa_quadratic" else LONG_TITLE
-    lines += [head, "",
-              f"`{name}`: sa_quadratic at the Table 1 CPU scale with {steps // 1000}x its budget "
-              f"({steps} steps of {train_config(cfg).batch_size} images, cosine); "
-              f"{progress(cfg, runs / name)}. "
-              "Per layer (1 -> 6), from its centre log (exact: position-only attention does not "
-              "depend on the input): centre displacement from step 0, the centres' distance "
-              "from the query |Delta| and the mean attention distance, in tokens of the 16x16 "
-              "grid (means over the heads), the largest top-key share of a head (sharp "
-              "above 0.5), sharp heads, grid score 3x3/5x5, and the travel left to a 3x3 grid "
-              "(the mean distance a head must still move to hold its own offset of the 3x3 "
-              "kernel, heads assigned to offsets at the least total); the sum of the learning "
-              "rate over the steps so far (the distance plain SGD moves a parameter per unit "
-              "gradient).",
-              "", "| step | sum of lr | displacement | centre distance | mean distance | largest "
-              "peak | sharp heads | grid 3x3/5x5 | travel left to a 3x3 grid |",
-              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        head,
+        "",
+        f"`{name}`: sa_quadratic at the Table 1 CPU scale with {steps // 1000}x its budget "
+        f"({steps} steps of {train_config(cfg).batch_size} images, cosine); "
+        f"{progress(cfg, runs / name)}. "
+        "Per layer (1 -> 6), from its centre log (exact: position-only attention does not "
+        "depend on the input): centre displacement from step 0, the centres' distance "
+        "from the query |Delta| and the mean attention distance, in tokens of the 16x16 "
+        "grid (means over the heads), the largest top-key share of a head (sharp "
+        "above 0.5), sharp heads, grid score 3x3/5x5, and the travel left to a 3x3 grid "
+        "(the mean distance a head must still move to hold its own offset of the 3x3 "
+        "kernel, heads assigned to offsets at the least total); the sum of the learning "
+        "rate over the steps so far (the distance plain SGD moves a parameter per unit "
+        "gradient).",
+        "",
+        "| step | sum of lr | displacement | centre distance | mean distance | largest "
+        "peak | sharp heads | grid 3x3/5x5 | travel left to a 3x3 grid |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     picks = sorted({round(i * (len(evo) - 1) / 5) for i in range(6)})
     lr_sum = summed_lr(runs / name)
     for e in (evo[i] for i in picks):
@@ -105,8 +111,12 @@ def grid_run(lines: list[str], runs: Path, name: str, stem: str) -> list | None:
         )
     FIGS.mkdir(parents=True, exist_ok=True)
     fig = evolution_figure(evo, FIGS / f"{stem}_evolution.png")
-    lines += ["", f"![{name} evolution](figures/{fig.name})", "",
-              *captions.grid_evolution(name, evo)]  # fmt: skip
+    lines += [
+        "",
+        f"![{name} evolution](figures/{fig.name})",
+        "",
+        *captions.grid_evolution(name, evo),
+    ]
     grid_heads(lines, log, stem, name)
     if name == "grid_long":
         grid_pull(lines, lr_sum)
@@ -124,41 +134,55 @@ def grid_heads(lines: list[str], log: Path, stem: str, name: str | None = None) 
 
     recs = read_evolution(log)
     steps = np.array([r["step"] for r in recs])
-    paths = [np.array([r["layers"][li] for r in recs], dtype=np.float64)
-             for li in range(len(recs[0]["layers"]))]  # fmt: skip
-    traj = plot_center_trajectories(steps, paths, FIGS / f"{stem}_center_trajectories.png",
-                                    unit="step")  # fmt: skip
+    paths = [
+        np.array([r["layers"][li] for r in recs], dtype=np.float64)
+        for li in range(len(recs[0]["layers"]))
+    ]
+    traj = plot_center_trajectories(
+        steps, paths, FIGS / f"{stem}_center_trajectories.png", unit="step"
+    )
     step, heads = last_heads(log)
     contours = plot_mass_contours(
-        [hd["maps"] for hd in heads], (8, 8), (16, 16), FIGS / f"{stem}_mass_contours.png",
+        [hd["maps"] for hd in heads],
+        (8, 8),
+        (16, 16),
+        FIGS / f"{stem}_mass_contours.png",
         centers=[hd["centers"] for hd in heads],
         title=f"step {step}: 50% (solid) / 90% (dashed) of each head's mass for the middle "
         "query; x = head centre",
     )
-    lines += [f"Where the heads sit at step {step} (offset = the top key minus the query, in "
-              "tokens (row, col); a sharp head puts > 50% of its mass there), how far each sharp "
-              "head's centre travelled from step 0, and the other heads' mean centre distance "
-              "from the query |Delta| at step 0 and now:", "",
-              "| layer | sharp heads: offset top-key share (travel) | the other heads: top-key "
-              "share | the others' mean abs(Delta), step 0 -> now |",
-              "|---|---|---|---|"]  # fmt: skip
+    lines += [
+        f"Where the heads sit at step {step} (offset = the top key minus the query, in "
+        "tokens (row, col); a sharp head puts > 50% of its mass there), how far each sharp "
+        "head's centre travelled from step 0, and the other heads' mean centre distance "
+        "from the query |Delta| at step 0 and now:",
+        "",
+        "| layer | sharp heads: offset top-key share (travel) | the other heads: top-key "
+        "share | the others' mean abs(Delta), step 0 -> now |",
+        "|---|---|---|---|",
+    ]
     for li, (hd, path) in enumerate(zip(heads, paths), 1):
         g = hd["score"]
         travel = np.linalg.norm(path[-1] - path[0], axis=-1)  # (Nh,) tokens
         dist0, dist = np.linalg.norm(path[0], axis=-1), np.linalg.norm(path[-1], axis=-1)
-        sharp = sorted((tuple(o), p, t) for o, p, t in zip(g.offsets, g.peak_mass, travel)
-                       if p > SHARP)  # fmt: skip
+        sharp = sorted(
+            (tuple(o), p, t) for o, p, t in zip(g.offsets, g.peak_mass, travel) if p > SHARP
+        )
         others = [i for i, p in enumerate(g.peak_mass) if p <= SHARP]
         rest = sorted((g.peak_mass[i] for i in others), reverse=True)
-        moved = (f"{dist0[others].mean():.2f} -> {dist[others].mean():.2f}" if others else "-")
+        moved = f"{dist0[others].mean():.2f} -> {dist[others].mean():.2f}" if others else "-"
         held = ", ".join(f"({r}, {c}) {p:.2f} ({t:.2f})" for (r, c), p, t in sharp) or "-"
-        lines.append(f"| {li} | {held} | {', '.join(f'{p:.2f}' for p in rest) or '-'} | "
-                     f"{moved} |")  # fmt: skip
+        lines.append(f"| {li} | {held} | {', '.join(f'{p:.2f}' for p in rest) or '-'} | {moved} |")
     name = name or log.parent.name
-    lines += ["", f"![grid centre trajectories](figures/{traj.name})", "",
-              *captions.grid_trajectories(name, int(steps[-1])),
-              f"![grid mass contours](figures/{contours.name})", "",
-              *captions.grid_contours(name, step)]  # fmt: skip
+    lines += [
+        "",
+        f"![grid centre trajectories](figures/{traj.name})",
+        "",
+        *captions.grid_trajectories(name, int(steps[-1])),
+        f"![grid mass contours](figures/{contours.name})",
+        "",
+        *captions.grid_contours(name, step),
+    ]
 
 
 PULLS = ROOT / "benchmarks" / "results"  # grid_width_checkpoint_<step>.json (grid_width.py)
@@ -179,22 +203,27 @@ def grid_pull(lines: list[str], lr_sum, layer: int = 4, pulls: Path = PULLS) -> 
                 rows.append((int(m.group(1)), r))
     if not rows:
         return
-    lines += [f"Where the loss pulls the centres, at the milestones measured (`python "
-              f"benchmarks/grid_width.py --batches 512 --heads {layer} --name "
-              "grid_width_checkpoint_N --checkpoint <run root>/grid_long/checkpoints/step-N`, "
-              "one file each in benchmarks/results/): the norm of each layer's mean centre "
-              "gradient over its error, the summed learning rate that moves a centre one token "
-              f"at that pull (momentum 0.9; '-' where within twice its error), and layer "
-              f"{layer}'s heads whose own pull is resolved, towards the query or away:", "",
-              f"| step | sum of lr | drift / its error, layer 1 -> 6 | summed lr per token | "
-              f"layer {layer}: heads pulled in / out / unresolved |", "|---|---|---|---|---|"]
+    lines += [
+        f"Where the loss pulls the centres, at the milestones measured (`python "
+        f"benchmarks/grid_width.py --batches 512 --heads {layer} --name "
+        "grid_width_checkpoint_N --checkpoint <run root>/grid_long/checkpoints/step-N`, "
+        "one file each in benchmarks/results/): the norm of each layer's mean centre "
+        "gradient over its error, the summed learning rate that moves a centre one token "
+        f"at that pull (momentum 0.9; '-' where within twice its error), and layer "
+        f"{layer}'s heads whose own pull is resolved, towards the query or away:",
+        "",
+        f"| step | sum of lr | drift / its error, layer 1 -> 6 | summed lr per token | "
+        f"layer {layer}: heads pulled in / out / unresolved |",
+        "|---|---|---|---|---|",
+    ]
     for step, r in sorted(rows, key=lambda t: t[0]):
         lay, heads = r["layers"], r["heads"]["rows"]
         pulled = [h["radial"] for h in heads if h["resolved"]]
         ratio = per_layer(x["drift"] / x["drift_error"] for x in lay)
-        speed = ", ".join(f"{x['summed_lr_per_token']:.0f}" if x["resolved"] else "-"
-                          for x in lay)  # fmt: skip
-        lines.append(f"| {step} | {lr_sum(step):.0f} | {ratio} | {speed} | "
-                     f"{sum(p < 0 for p in pulled)} / {sum(p >= 0 for p in pulled)} / "
-                     f"{len(heads) - len(pulled)} |")  # fmt: skip
+        speed = ", ".join(f"{x['summed_lr_per_token']:.0f}" if x["resolved"] else "-" for x in lay)
+        lines.append(
+            f"| {step} | {lr_sum(step):.0f} | {ratio} | {speed} | "
+            f"{sum(p < 0 for p in pulled)} / {sum(p >= 0 for p in pulled)} / "
+            f"{len(heads) - len(pulled)} |"
+        )
     lines.append("")

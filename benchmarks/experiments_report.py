@@ -36,12 +36,19 @@ def table1(lines: list[str]) -> None:
     if not table1_done():
         lines += kept("### Table 1 at CPU scale", "\n### ")  # up to the next section
         return
-    paper = {"resnet18": (93.8, "11.2M"), "sa_quadratic": (93.8, "12.1M"),
-             "sa_learned": (91.8, "12.3M"), "sa_learned_content": (87.1, "29.5M")}  # fmt: skip
-    lines += ["### Table 1 at CPU scale (Cordonnier et al. 2020)", "",
-              "| model | test acc. (here, seed 0) | params (here) | train images/s | train wall | "
-              "seeds: mean +- std (n) | paper acc. (params) |",
-              "|---|---|---|---|---|---|---|"]  # fmt: skip
+    paper = {
+        "resnet18": (93.8, "11.2M"),
+        "sa_quadratic": (93.8, "12.1M"),
+        "sa_learned": (91.8, "12.3M"),
+        "sa_learned_content": (87.1, "29.5M"),
+    }
+    lines += [
+        "### Table 1 at CPU scale (Cordonnier et al. 2020)",
+        "",
+        "| model | test acc. (here, seed 0) | params (here) | train images/s | train wall | "
+        "seeds: mean +- std (n) | paper acc. (params) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     accs, spread, collapsed = {}, {}, []
     for name, (acc, par) in paper.items():
         cells, by_run = seed_cells(name)
@@ -51,32 +58,45 @@ def table1(lines: list[str]) -> None:
         chance = [r for r, a in by_run.items() if a <= CHANCE]
         if chance:
             rest = mean_std([a for a in seeds if a > CHANCE])
-            over += (f"; {len(chance)} at chance, the others {100 * rest[0]:.1f} +- "
-                     f"{100 * rest[1]:.1f}%")  # fmt: skip
+            over += (
+                f"; {len(chance)} at chance, the others {100 * rest[0]:.1f} +- {100 * rest[1]:.1f}%"
+            )
             collapsed += chance
         lines.append(f"| {name} | {cells} | {over} | {acc}% ({par}) |")
         if seeds:
             accs[name], spread[name] = m, sd
-    extra = [("sa_learned, `init: bert` (ablation)", "table1_sa_learned_bert"),
-             ("sa_quadratic in bf16 autocast (precision check)", "table1_sa_quadratic_bf16"),
-             ("sa_learned seed 1, 30% warm-up (collapse check)",
-              "table1_sa_learned_warmup_seed1")]  # fmt: skip
+    extra = [
+        ("sa_learned, `init: bert` (ablation)", "table1_sa_learned_bert"),
+        ("sa_quadratic in bf16 autocast (precision check)", "table1_sa_quadratic_bf16"),
+        ("sa_learned seed 1, 30% warm-up (collapse check)", "table1_sa_learned_warmup_seed1"),
+    ]
     for label, run in extra:
         if (RUNS / run).exists():
             lines.append(f"| {label} | {run_cells(RUNS / run)[0]} | |")
     if len(accs) >= 2:
         ranked = sorted(accs, key=lambda n: -accs[n])
-        order = ranked[0] + "".join(  # '~' where two means lie within one std of each other
-            f" {'~' if accs[a] - accs[b] <= max(spread[a], spread[b]) else '>'} {b}"
-            for a, b in zip(ranked, ranked[1:]))  # fmt: skip
+        order = (
+            ranked[0]
+            + "".join(  # '~' where two means lie within one std of each other
+                f" {'~' if accs[a] - accs[b] <= max(spread[a], spread[b]) else '>'} {b}"
+                for a, b in zip(ranked, ranked[1:])
+            )
+        )
         missing = [n for n in paper if n not in accs]
-        lines += ["", "Paper's order: sa_quadratic ~ resnet18 > sa_learned > sa_learned_content. "
-                  f"Order here, by mean over seeds ('~': within one std): {order}"
-                  + (f" ({', '.join(missing)}: not run yet)" if missing else "") + "."]  # fmt: skip
+        lines += [
+            "",
+            "Paper's order: sa_quadratic ~ resnet18 > sa_learned > sa_learned_content. "
+            f"Order here, by mean over seeds ('~': within one std): {order}"
+            + (f" ({', '.join(missing)}: not run yet)" if missing else "")
+            + ".",
+        ]
         if collapsed:
-            lines += ["", f"At chance (test accuracy <= {100 * CHANCE:.0f}%: the training "
-                      f"collapsed to a constant output, loss ln 10): {', '.join(collapsed)}; "
-                      "it counts in the mean above."]  # fmt: skip
+            lines += [
+                "",
+                f"At chance (test accuracy <= {100 * CHANCE:.0f}%: the training "
+                f"collapsed to a constant output, loss ln 10): {', '.join(collapsed)}; "
+                "it counts in the mean above.",
+            ]
     lines.append("")
     heads(lines)
 
@@ -116,15 +136,16 @@ def seed_cells(name: str, prefix: str = "table1_") -> tuple[str, dict[str, float
 def heads(lines: list[str]) -> None:
     """Per layer: mean attention distance (and the uniform head's), grid score of quadratic
     layers (distinct 3x3 / 5x5 offsets held by sharp heads), conv-likeness."""
-    runs = [("sa_quadratic", "table1_sa_quadratic", "analysis"),
-            ("sa_quadratic at step 0", "table1_sa_quadratic", "analysis_init"),
-            ("sa_learned", "table1_sa_learned", "analysis"),
-            ("sa_learned at step 0", "table1_sa_learned", "analysis_init"),
-            ("sa_learned, init: bert", "table1_sa_learned_bert", "analysis"),
-            ("sa_learned, init: bert, at step 0", "table1_sa_learned_bert", "analysis_init"),
-            ("sa_learned_content", "table1_sa_learned_content", "analysis"),
-            ("sa_learned_content at step 0", "table1_sa_learned_content",
-             "analysis_init")]  # fmt: skip
+    runs = [
+        ("sa_quadratic", "table1_sa_quadratic", "analysis"),
+        ("sa_quadratic at step 0", "table1_sa_quadratic", "analysis_init"),
+        ("sa_learned", "table1_sa_learned", "analysis"),
+        ("sa_learned at step 0", "table1_sa_learned", "analysis_init"),
+        ("sa_learned, init: bert", "table1_sa_learned_bert", "analysis"),
+        ("sa_learned, init: bert, at step 0", "table1_sa_learned_bert", "analysis_init"),
+        ("sa_learned_content", "table1_sa_learned_content", "analysis"),
+        ("sa_learned_content at step 0", "table1_sa_learned_content", "analysis_init"),
+    ]
     rows = []
     for label, run, folder in runs:
         rep = RUNS / run / folder / "report.json"
@@ -136,25 +157,39 @@ def heads(lines: list[str]) -> None:
         g = per_layer([f"{x['grid3']}/{x['grid5']}" for x in grid], "{}") if grid else "n/a"
         sharp = per_layer([x["sharp_heads"] for x in grid], "{}") if grid else "n/a"
         conv = per_layer((c["score"] for c in r["conv_likeness"]), "{:.2f}")
-        rows.append(f"| {label} | {per_layer(sum(d) / len(d) for d in dist)} | "
-                    f"{per_layer(min(d) for d in dist)} | {g} | {sharp} | {conv} |")  # fmt: skip
+        rows.append(
+            f"| {label} | {per_layer(sum(d) / len(d) for d in dist)} | "
+            f"{per_layer(min(d) for d in dist)} | {g} | {sharp} | {conv} |"
+        )
         uniform = r["uniform_distance_px"]
     if rows:
-        lines += ["#### What the heads learned, per layer (layer 1 -> 6)", "",
-                  "From `attnconv analyze` over 100 test images, query at the image centre. Mean "
-                  f"attention distance in image pixels (a uniform head: {uniform:.1f}) averaged "
-                  "over the heads, and the nearest head's; grid score: distinct offsets of the "
-                  "3x3 / 5x5 neighbourhood held by a sharp head (> 50% of its mass on one "
-                  "pixel), and the number of sharp heads (of 9); conv-likeness (1 = hard heads "
-                  "on a K x K grid). \"at step 0\": the same model before training (same seed).",
-                  "", "| model | mean distance | nearest head | grid score 3x3/5x5 | sharp heads "
-                  "| conv-likeness |", "|---|---|---|---|---|---|", *rows, ""]  # fmt: skip
+        lines += [
+            "#### What the heads learned, per layer (layer 1 -> 6)",
+            "",
+            "From `attnconv analyze` over 100 test images, query at the image centre. Mean "
+            f"attention distance in image pixels (a uniform head: {uniform:.1f}) averaged "
+            "over the heads, and the nearest head's; grid score: distinct offsets of the "
+            "3x3 / 5x5 neighbourhood held by a sharp head (> 50% of its mass on one "
+            "pixel), and the number of sharp heads (of 9); conv-likeness (1 = hard heads "
+            'on a K x K grid). "at step 0": the same model before training (same seed).',
+            "",
+            "| model | mean distance | nearest head | grid score 3x3/5x5 | sharp heads "
+            "| conv-likeness |",
+            "|---|---|---|---|---|---|",
+            *rows,
+            "",
+        ]
 
 
 SASA_CLAIMS = [("k=3", "k3"), ("k=7 (default)", "k7"), ("positional none", "pos_none")]
-SASA_SINGLE = [("k=5", "k5"), ("k=9", "k9"), ("logits q^T r only", "logits_qr"),
-               ("conv stem", "convstem"), ("4 heads: positional absolute", "pos_absolute"),
-               ("4 heads: positional relative (default)", "pos_relative_h4")]  # fmt: skip
+SASA_SINGLE = [
+    ("k=5", "k5"),
+    ("k=9", "k9"),
+    ("logits q^T r only", "logits_qr"),
+    ("conv stem", "convstem"),
+    ("4 heads: positional absolute", "pos_absolute"),
+    ("4 heads: positional relative (default)", "pos_relative_h4"),
+]
 
 
 def sasa(lines: list[str]) -> None:
@@ -166,13 +201,17 @@ def sasa(lines: list[str]) -> None:
         if block := kept(title, "\n#"):  # the last regenerated table: its runs are not here
             lines += block
             return
-    lines += [title, "",
-              "Every run: 1,000 steps of 64 images (the Table 1 budget), evaluated on all 10,000 "
-              "test images; one change from the default (k=7, relative embeddings, q^T k + q^T r "
-              "logits, attention stem).", "",
-              "| variant (one change from the default) | test acc. (seed 0) | params | "
-              "train images/s | train wall | seeds: mean +- std (n) |",
-              "|---|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        title,
+        "",
+        "Every run: 1,000 steps of 64 images (the Table 1 budget), evaluated on all 10,000 "
+        "test images; one change from the default (k=7, relative embeddings, q^T k + q^T r "
+        "logits, attention stem).",
+        "",
+        "| variant (one change from the default) | test acc. (seed 0) | params | "
+        "train images/s | train wall | seeds: mean +- std (n) |",
+        "|---|---|---|---|---|---|",
+    ]
     sds = []
     for label, v in SASA_CLAIMS:
         cells, by_run = seed_cells(v, prefix="sasa_")
@@ -186,9 +225,12 @@ def sasa(lines: list[str]) -> None:
             lines.append(f"| {label} | {run_cells(RUNS / f'sasa_{v}')[0]} | 1 seed |")
     if sds:
         noise = 100 * (sum(x * x for x in sds) / len(sds)) ** 0.5
-        lines += ["", f"Seed noise at this budget (pooled std of the variants with 2+ seeds): "
-                  f"{noise:.1f} points; a difference between two means counts only above about "
-                  f"twice that ({2 * noise:.1f} points)."]  # fmt: skip
+        lines += [
+            "",
+            f"Seed noise at this budget (pooled std of the variants with 2+ seeds): "
+            f"{noise:.1f} points; a difference between two means counts only above about "
+            f"twice that ({2 * noise:.1f} points).",
+        ]
     lines.append("")
 
 
@@ -227,8 +269,11 @@ def analysis(lines: list[str]) -> None:
         lines.append("")
         for key in INLINE_FIGURES:  # the ones shown inline
             if key in figs:
-                lines += [f"![{key}](figures/{name}/{figs[key]})", "",
-                          *captions.analysis_figure(key, name, steps, r)]  # fmt: skip
+                lines += [
+                    f"![{key}](figures/{name}/{figs[key]})",
+                    "",
+                    *captions.analysis_figure(key, name, steps, r),
+                ]
 
 
 def conversion(lines: list[str]) -> None:
@@ -239,37 +284,50 @@ def conversion(lines: list[str]) -> None:
         c = json.loads(conv.read_text())
         t = c.get("test_set", {})
         worst = max(r["max_abs_diff"] for r in c["layers"])
-        lines += ["### Theorem 1 on the trained ResNet18", "",
-                  f"`attnconv convert` replaced its {len(c['layers'])} convolutions by hard "
-                  f"quadratic self-attention layers (worst per-layer max |diff| {worst:.1e}). "
-                  f"On the {t.get('images', 0)} CIFAR-10 test images: accuracy "
-                  f"{100 * t.get('accuracy_before', float('nan')):.2f}% before, "
-                  f"{100 * t.get('accuracy_after', float('nan')):.2f}% after, predictions "
-                  f"differ on {t.get('predictions_differ', 'n/a')} images, max |logit diff| "
-                  f"{t.get('max_abs_logit_diff', float('nan')):.1e}.", ""]  # fmt: skip
+        lines += [
+            "### Theorem 1 on the trained ResNet18",
+            "",
+            f"`attnconv convert` replaced its {len(c['layers'])} convolutions by hard "
+            f"quadratic self-attention layers (worst per-layer max |diff| {worst:.1e}). "
+            f"On the {t.get('images', 0)} CIFAR-10 test images: accuracy "
+            f"{100 * t.get('accuracy_before', float('nan')):.2f}% before, "
+            f"{100 * t.get('accuracy_after', float('nan')):.2f}% after, predictions "
+            f"differ on {t.get('predictions_differ', 'n/a')} images, max |logit diff| "
+            f"{t.get('max_abs_logit_diff', float('nan')):.1e}.",
+            "",
+        ]
     png = ROOT / "benchmarks" / "results" / "convert_lemma2.png"
     if png.exists():  # shown from docs/figures/, beside the page
         FIGS.mkdir(parents=True, exist_ok=True)
         shutil.copy(png, FIGS / png.name)
         bench = png.with_name("convert.json")  # the sweep's conv and images
         sweep = json.loads(bench.read_text()).get("lemma2", {}) if bench.exists() else {}
-        lines += ["Lemma 2, error of the soft conversion against alpha (from `attnconv bench "
-                  "--suite convert --update-results`):", "",
-                  f"![lemma2](figures/{png.name})", "",
-                  *captions.lemma2(sweep.get("conv"), sweep.get("images"))]  # fmt: skip
+        lines += [
+            "Lemma 2, error of the soft conversion against alpha (from `attnconv bench "
+            "--suite convert --update-results`):",
+            "",
+            f"![lemma2](figures/{png.name})",
+            "",
+            *captions.lemma2(sweep.get("conv"), sweep.get("images")),
+        ]
 
 
 def report(runs: Path) -> None:
     global RUNS
     RUNS = runs
-    lines = [f"Machine: {platform.machine()}, {platform.processor() or 'CPU'}, "
-             f"{os.cpu_count()} cores, Python {platform.python_version()}; "
-             "regenerated by `python benchmarks/experiments.py report`.", ""]  # fmt: skip
+    lines = [
+        f"Machine: {platform.machine()}, {platform.processor() or 'CPU'}, "
+        f"{os.cpu_count()} cores, Python {platform.python_version()}; "
+        "regenerated by `python benchmarks/experiments.py report`.",
+        "",
+    ]
     walls = [train_seconds(p.parent) for p in RUNS.glob("*/wall.json")]
     if walls:
-        lines += [f"Wall time of the {len(walls)} training runs: {sum(walls) / 3600:.1f} h in "
-                  "all, every sitting counted (several ran side by side on the 2 cores).",
-                  ""]  # fmt: skip
+        lines += [
+            f"Wall time of the {len(walls)} training runs: {sum(walls) / 3600:.1f} h in "
+            "all, every sitting counted (several ran side by side on the 2 cores).",
+            "",
+        ]
     table1(lines)
     grid_formation(lines, RUNS)
     sasa(lines)

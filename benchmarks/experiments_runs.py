@@ -54,7 +54,6 @@ def progress(cfg: Path, out: Path) -> str:
     return f"step {step} of {n} ({100 * step / n:.0f}%), ~{left_h:.1f} h left at {ips:.0f} img/s"
 
 
-
 def read_metrics(run: Path) -> dict:
     rows = list(csv.DictReader(open(run / "metrics.csv")))
     train = [r for r in rows if r["kind"] == "train"]
@@ -85,8 +84,10 @@ def run_cells(run: Path) -> tuple[str, float | None]:
     if not (run / "wall.json").exists():
         return "not run | | |", None
     m, wall = read_metrics(run), json.loads((run / "wall.json").read_text())
-    cells = (f"{100 * m['test_acc']:.1f}% | {n_params(run) / 1e6:.2f}M | "
-             f"{m['images_per_s']:.0f} | {wall['train_seconds'] / 60:.1f} min")  # fmt: skip
+    cells = (
+        f"{100 * m['test_acc']:.1f}% | {n_params(run) / 1e6:.2f}M | "
+        f"{m['images_per_s']:.0f} | {wall['train_seconds'] / 60:.1f} min"
+    )
     return cells, m["test_acc"]
 
 
@@ -138,7 +139,7 @@ def kept(start: str, stop: str | None) -> list[str]:
     old = RESULTS.read_text() if RESULTS.exists() else ""
     if start not in old:
         return []
-    block = old[old.index(start):]
+    block = old[old.index(start) :]
     end = block.find(stop, len(start)) if stop else -1
     if end >= 0:
         block = block[:end]

@@ -16,8 +16,9 @@ from experiments_runs import (
     summed_lr,
 )
 
-SENSITIVITY_TITLE = ("#### Sensitivity: one change at a time from grid5k_base (5,000 steps), "
-                     "and grid_long")
+SENSITIVITY_TITLE = (
+    "#### Sensitivity: one change at a time from grid5k_base (5,000 steps), and grid_long"
+)
 
 
 GRID_RUNS = "grid5k_*.yaml"  # one change each from grid5k_base (_grid_5k.yaml)
@@ -71,38 +72,50 @@ def grid_sensitivity(lines: list[str], runs: Path, known: dict[str, list], ref_l
     whole = power_fit(pts) if pts else None
     fig = sensitivity_figure(curves, FIGS / "grid_sensitivity.png", fit, ref_lr, base)
     cap = captions.grid_sensitivity(list(curves), base if fit and ref_lr else None)
-    lines += [SENSITIVITY_TITLE, "",
-              "Per layer (1 -> 6) at the run's last logged step: centre displacement from step 0 "
-              "and its mean over the 54 heads (in brackets: grid_long's at the same summed "
-              "learning rate), mean attention distance, and the travel left to a 3x3 grid, in "
-              "tokens; sharp heads and 3x3 grid score summed over the layers.", "",
-              "| run | change from grid5k_base | progress | step | sum of lr | displacement | "
-              "mean (grid_long) | mean distance | travel left to a 3x3 grid | sharp heads | "
-              "3x3 grid | test acc. |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, "",
-              f"![grid sensitivity](figures/{fig.name})", "",
-              *cap]  # fmt: skip
+    lines += [
+        SENSITIVITY_TITLE,
+        "",
+        "Per layer (1 -> 6) at the run's last logged step: centre displacement from step 0 "
+        "and its mean over the 54 heads (in brackets: grid_long's at the same summed "
+        "learning rate), mean attention distance, and the travel left to a 3x3 grid, in "
+        "tokens; sharp heads and 3x3 grid score summed over the layers.",
+        "",
+        "| run | change from grid5k_base | progress | step | sum of lr | displacement | "
+        "mean (grid_long) | mean distance | travel left to a 3x3 grid | sharp heads | "
+        "3x3 grid | test acc. |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        f"![grid sensitivity](figures/{fig.name})",
+        "",
+        *cap,
+    ]
     if fit and whole:
         (a, b, lo, hi), (a1, b1, lo1, _) = fit, whole
-        lines += [f"Projection (a fit, not a measurement; `grid_long` measures it): a power law "
-                  f"fitted to {base}'s displacement (mean of the 54 heads) against "
-                  f"the summed learning rate S over its last 4x of S ({lo:.0f} to {hi:.0f}), "
-                  f"d = {a:.3f} S^{b:.2f}, gives {a * ref_lr**b:.2f} tokens at the reference "
-                  f"recipe's S = {ref_lr:.0f}; fitted from S = {lo1:.0f} instead, d = {a1:.3f} "
-                  f"S^{b1:.2f} gives {a1 * ref_lr**b1:.2f} (the curve bends: the projection "
-                  f"depends on the range). To hold the 9 offsets of a 3x3 grid the heads had to "
-                  f"travel {mean_of(pts[0][1], 'travel3'):.2f} tokens on average at step 0 and "
-                  f"still have {mean_of(pts[-1][1], 'travel3'):.2f} to go at its last logged "
-                  f"step.",
-                  ""]  # fmt: skip
+        lines += [
+            f"Projection (a fit, not a measurement; `grid_long` measures it): a power law "
+            f"fitted to {base}'s displacement (mean of the 54 heads) against "
+            f"the summed learning rate S over its last 4x of S ({lo:.0f} to {hi:.0f}), "
+            f"d = {a:.3f} S^{b:.2f}, gives {a * ref_lr**b:.2f} tokens at the reference "
+            f"recipe's S = {ref_lr:.0f}; fitted from S = {lo1:.0f} instead, d = {a1:.3f} "
+            f"S^{b1:.2f} gives {a1 * ref_lr**b1:.2f} (the curve bends: the projection "
+            f"depends on the range). To hold the 9 offsets of a 3x3 grid the heads had to "
+            f"travel {mean_of(pts[0][1], 'travel3'):.2f} tokens on average at step 0 and "
+            f"still have {mean_of(pts[-1][1], 'travel3'):.2f} to go at its last logged "
+            f"step.",
+            "",
+        ]
         end, d_end = pts[-1][0], mean_of(pts[-1][1], "displacement")
         early = power_fit([p for p in pts if p[0] <= end / 4], lo=end / 16)
         if early:  # the same extrapolation, made from a quarter of the run, against its end
             a4, b4, lo4, hi4 = early
-            lines += [f"The method checked on {base} itself: the same fit over the last 4x of "
-                      f"its first quarter of S ({lo4:.0f} to {hi4:.0f}) projects "
-                      f"{a4 * end**b4:.2f} tokens at S = {end:.0f}; the run measured "
-                      f"{d_end:.2f}.", ""]  # fmt: skip
+            lines += [
+                f"The method checked on {base} itself: the same fit over the last 4x of "
+                f"its first quarter of S ({lo4:.0f} to {hi4:.0f}) projects "
+                f"{a4 * end**b4:.2f} tokens at S = {end:.0f}; the run measured "
+                f"{d_end:.2f}.",
+                "",
+            ]
 
 
 def mean_of(layers: list[dict], key: str) -> float:
@@ -135,8 +148,9 @@ def power_fit(pts: list, lo: float = 10.0) -> tuple[float, float, float, float] 
     return float(np.exp(log_a)), float(b), xy[0][0], xy[-1][0]
 
 
-def sensitivity_figure(curves: dict[str, list], path: Path, fit=None, ref_lr=None,
-                       base: str | None = None) -> Path:  # fmt: skip
+def sensitivity_figure(
+    curves: dict[str, list], path: Path, fit=None, ref_lr=None, base: str | None = None
+) -> Path:
     """Two panels against the summed learning rate, one line per run: the centres' displacement
     averaged over every head of every layer (log-log, with the power-law ``fit`` of run
     ``base`` extended to the reference recipe's summed lr ``ref_lr`` and the travel a 3x3 grid
@@ -159,18 +173,35 @@ def sensitivity_figure(curves: dict[str, list], path: Path, fit=None, ref_lr=Non
     if fit and ref_lr:
         a, b, lo, _ = fit
         xs = np.geomspace(lo, ref_lr, 50)
-        ax0.plot(xs, a * xs**b, "k--", lw=1,
-                 label=f"{base}, fit over its last 4x: {a:.3f} S^{b:.2f}")  # fmt: skip
+        ax0.plot(
+            xs, a * xs**b, "k--", lw=1, label=f"{base}, fit over its last 4x: {a:.3f} S^{b:.2f}"
+        )
         ax0.axvline(ref_lr, color="gray", ls=":", lw=1)
-        ax0.annotate("reference recipe's S", (ref_lr, 0.02), xycoords=("data", "axes fraction"),
-                     rotation=90, va="bottom", ha="right", fontsize=7, color="gray")  # fmt: skip
+        ax0.annotate(
+            "reference recipe's S",
+            (ref_lr, 0.02),
+            xycoords=("data", "axes fraction"),
+            rotation=90,
+            va="bottom",
+            ha="right",
+            fontsize=7,
+            color="gray",
+        )
         need = mean_of(curves[base][0][1], "travel3")
         ax0.axhline(need, color="tab:red", ls=":", lw=1, label="travel to a 3x3 grid at step 0")
-    ax0.set(xscale="log", yscale="log", xlabel="sum of the learning rate so far (S)",
-            ylabel="centre displacement (tokens)",
-            title="centres' displacement from step 0, mean of the 54 heads")
-    ax1.set(xscale="log", xlabel="sum of the learning rate so far (S)", ylabel="sharp heads",
-            title="heads with > 50% of their mass on one key (of 54)")
+    ax0.set(
+        xscale="log",
+        yscale="log",
+        xlabel="sum of the learning rate so far (S)",
+        ylabel="centre displacement (tokens)",
+        title="centres' displacement from step 0, mean of the 54 heads",
+    )
+    ax1.set(
+        xscale="log",
+        xlabel="sum of the learning rate so far (S)",
+        ylabel="sharp heads",
+        title="heads with > 50% of their mass on one key (of 54)",
+    )
     handles, labels = ax0.get_legend_handles_labels()  # one legend, beside the panels
     fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7)
     long = "; grid_sa_quadratic in black (20,000 steps)" if "grid_sa_quadratic" in curves else ""

@@ -94,9 +94,15 @@ def layer_stats(g: torch.Tensor) -> list[dict]:
     rows = []
     for d, s in zip(drift.tolist(), noise.tolist()):
         per_s = d / (1 - MOMENTUM)  # tokens per unit summed lr
-        rows.append({"drift": d, "noise": s, "drift_error": s / math.sqrt(n),
-                     "resolved": d > 2 * s / math.sqrt(n),
-                     "summed_lr_per_token": 1 / per_s if per_s > 0 else None})  # fmt: skip
+        rows.append(
+            {
+                "drift": d,
+                "noise": s,
+                "drift_error": s / math.sqrt(n),
+                "resolved": d > 2 * s / math.sqrt(n),
+                "summed_lr_per_token": 1 / per_s if per_s > 0 else None,
+            }
+        )
     return rows
 
 
@@ -112,10 +118,18 @@ def head_stats(g: torch.Tensor, centres: torch.Tensor, alpha: torch.Tensor) -> l
     for h in range(g.shape[1]):
         c, m = centres[h].double(), mean[h]
         u = -m / m.norm() if m.norm() > 0 else torch.zeros(2, dtype=m.dtype)
-        rows.append({"centre": [round(float(x), 2) for x in c], "alpha": float(alpha[h]),
-                     "descent": [round(float(x), 3) for x in u], "pull": float(m.norm()),
-                     "pull_error": float(err[h]), "resolved": bool(m.norm() > 2 * err[h]),
-                     "radial": _cos(u, c), "to_grid": _cos(u, c.round() - c)})  # fmt: skip
+        rows.append(
+            {
+                "centre": [round(float(x), 2) for x in c],
+                "alpha": float(alpha[h]),
+                "descent": [round(float(x), 3) for x in u],
+                "pull": float(m.norm()),
+                "pull_error": float(err[h]),
+                "resolved": bool(m.norm() > 2 * err[h]),
+                "radial": _cos(u, c),
+                "to_grid": _cos(u, c.round() - c),
+            }
+        )
     return rows
 
 
@@ -125,17 +139,25 @@ def _cos(u: torch.Tensor, v: torch.Tensor) -> float:
 
 
 def head_lines(label: str, layer: int, rows: list[dict]) -> list[str]:
-    lines = [f"Layer {layer} of {label}, per head (centre in tokens; descent -E g, a unit vector; "
-             "radial: its cosine with Delta_h, + away from the query; to grid: with the way to "
-             "the nearest integer offset; '-': |E g| within twice its error):", "",
-             "| head | centre (row, col) | alpha | abs(E g) (error) | descent | radial | "
-             "to grid |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"Layer {layer} of {label}, per head (centre in tokens; descent -E g, a unit vector; "
+        "radial: its cosine with Delta_h, + away from the query; to grid: with the way to "
+        "the nearest integer offset; '-': |E g| within twice its error):",
+        "",
+        "| head | centre (row, col) | alpha | abs(E g) (error) | descent | radial | to grid |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for i, r in enumerate(rows, 1):
         (c0, c1), (d0, d1) = r["centre"], r["descent"]
-        way = (f"({d0:.2f}, {d1:.2f}) | {r['radial']:+.2f} | {r['to_grid']:+.2f}"
-               if r["resolved"] else "- | - | -")  # fmt: skip
-        lines.append(f"| {i} | ({c0:.2f}, {c1:.2f}) | {r['alpha']:.2f} | "
-                     f"{r['pull']:.2g} ({r['pull_error']:.1g}) | {way} |")  # fmt: skip
+        way = (
+            f"({d0:.2f}, {d1:.2f}) | {r['radial']:+.2f} | {r['to_grid']:+.2f}"
+            if r["resolved"]
+            else "- | - | -"
+        )
+        lines.append(
+            f"| {i} | ({c0:.2f}, {c1:.2f}) | {r['alpha']:.2f} | "
+            f"{r['pull']:.2g} ({r['pull_error']:.1g}) | {way} |"
+        )
     return lines
 
 
@@ -150,8 +172,9 @@ def heads_figure(label: str, layer: int, rows: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(5.5, 5.5))
     ticks = range(-7, 8)
-    ax.scatter([c for c in ticks for _ in ticks], [r for _ in ticks for r in ticks], s=2,
-               color="0.75")  # fmt: skip
+    ax.scatter(
+        [c for c in ticks for _ in ticks], [r for _ in ticks for r in ticks], s=2, color="0.75"
+    )
     for i, r in enumerate(rows):
         (y, x), color = r["centre"], f"C{i}"
         sigma = min(8.0, (2 * r["alpha"]) ** -0.5) if r["alpha"] > 0 else 8.0
@@ -159,13 +182,20 @@ def heads_figure(label: str, layer: int, rows: list[dict], path: Path) -> None:
         ax.plot(x, y, "o", color=color, label=f"head {i + 1} (alpha {r['alpha']:.2f})")
         if r["resolved"]:
             dy, dx = r["descent"]
-            ax.annotate("", (x + dx, y + dy), (x, y),
-                        arrowprops=dict(arrowstyle="->", color=color, lw=1.5))  # fmt: skip
+            ax.annotate(
+                "", (x + dx, y + dy), (x, y), arrowprops=dict(arrowstyle="->", color=color, lw=1.5)
+            )
     ax.plot(0, 0, "k*", ms=12, label="query")
-    ax.set(xlim=(-7.5, 7.5), ylim=(7.5, -7.5), aspect="equal", xlabel="column offset (tokens)",
-           ylabel="row offset (tokens)")  # fmt: skip
-    ax.set_title(f"layer {layer}: centres, 1-sigma circles, descent (arrows: resolved)\n{label}",
-                 fontsize=8)  # fmt: skip
+    ax.set(
+        xlim=(-7.5, 7.5),
+        ylim=(7.5, -7.5),
+        aspect="equal",
+        xlabel="column offset (tokens)",
+        ylabel="row offset (tokens)",
+    )
+    ax.set_title(
+        f"layer {layer}: centres, 1-sigma circles, descent (arrows: resolved)\n{label}", fontsize=8
+    )
     ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -182,15 +212,23 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=8)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--checkpoint", type=Path, nargs="+",
-                    help="trainer checkpoints (of one run, at their steps) instead")  # fmt: skip
+    ap.add_argument(
+        "--checkpoint",
+        type=Path,
+        nargs="+",
+        help="trainer checkpoints (of one run, at their steps) instead",
+    )
     ap.add_argument("--data", type=Path, default=default_data())
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--heads", type=int, metavar="LAYER",
-                    help="also one row per head of this layer (1-based)")  # fmt: skip
+    ap.add_argument(
+        "--heads", type=int, metavar="LAYER", help="also one row per head of this layer (1-based)"
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
-    ap.add_argument("--name", help="the results' file stem (default grid_width, or "
-                    "grid_width_checkpoint with --checkpoint)")  # fmt: skip
+    ap.add_argument(
+        "--name",
+        help="the results' file stem (default grid_width, or "
+        "grid_width_checkpoint with --checkpoint)",
+    )
     args = ap.parse_args()
     if args.batches < 2 or args.batch < 1:
         ap.error(f"--batches must be >= 2 and --batch >= 1, got {args.batches}, {args.batch}")
@@ -226,33 +264,51 @@ def main() -> None:
             with torch.no_grad():
                 per_head = head_stats(grads[:, args.heads - 1], enc.centers, enc.alpha)
             results[-1]["heads"] = {"layer": args.heads, "rows": per_head}
-        print(f"{label}: drift {fmt_layers(rows, 'drift')} ({time.perf_counter() - t0:.0f} s)",
-              flush=True)  # fmt: skip
+        print(
+            f"{label}: drift {fmt_layers(rows, 'drift')} ({time.perf_counter() - t0:.0f} s)",
+            flush=True,
+        )
     stem = args.name or ("grid_width" if not args.checkpoint else "grid_width_checkpoint")
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = {"batches": args.batches, "batch": args.batch, "seed": args.seed,
-            "machine": f"{platform.machine()}, {platform.python_version()}"}  # fmt: skip
+    meta = {
+        "batches": args.batches,
+        "batch": args.batch,
+        "seed": args.seed,
+        "machine": f"{platform.machine()}, {platform.python_version()}",
+    }
     (args.out / f"{stem}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    cmd = "python benchmarks/grid_width.py" + (
-        f" --batches {args.batches}" if args.batches != 8 else "") + (
-        f" --heads {args.heads}" if args.heads is not None else "") + (
-        f" --name {args.name}" if args.name else "")
+    cmd = (
+        "python benchmarks/grid_width.py"
+        + (f" --batches {args.batches}" if args.batches != 8 else "")
+        + (f" --heads {args.heads}" if args.heads is not None else "")
+        + (f" --name {args.name}" if args.name else "")
+    )
     if args.checkpoint:
         cmd += " --checkpoint " + " ".join(f"<run root>/{n}" for n in ck_names)
-    lines = [f"Centre gradients of sa_quadratic, per layer (1 -> 6), {args.batches} batches of "
-             f"{args.batch} CIFAR-10 training images, seed {args.seed}; `{cmd}`.", "",
-             "| model | drift: norm of E g | drift error (noise / sqrt n) | summed lr per token "
-             f"(momentum {MOMENTUM}) |", "|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"Centre gradients of sa_quadratic, per layer (1 -> 6), {args.batches} batches of "
+        f"{args.batch} CIFAR-10 training images, seed {args.seed}; `{cmd}`.",
+        "",
+        "| model | drift: norm of E g | drift error (noise / sqrt n) | summed lr per token "
+        f"(momentum {MOMENTUM}) |",
+        "|---|---|---|---|",
+    ]
     for r in results:
-        lines.append(f"| {r['model']} | {fmt_layers(r['layers'], 'drift')} | "
-                     f"{fmt_layers(r['layers'], 'drift_error')} | "
-                     f"{fmt_layers(r['layers'], 'summed_lr_per_token', '{:.0f}')} |")  # fmt: skip
+        lines.append(
+            f"| {r['model']} | {fmt_layers(r['layers'], 'drift')} | "
+            f"{fmt_layers(r['layers'], 'drift_error')} | "
+            f"{fmt_layers(r['layers'], 'summed_lr_per_token', '{:.0f}')} |"
+        )
     for i, r in enumerate(results):
         if "heads" in r:
             fig = args.out / f"{stem}_heads{i if len(results) > 1 else ''}.png"
             heads_figure(r["model"], r["heads"]["layer"], r["heads"]["rows"], fig)
-            lines += ["", *head_lines(r["model"], r["heads"]["layer"], r["heads"]["rows"]), "",
-                      f"![layer {r['heads']['layer']} pull]({fig.name})"]  # fmt: skip
+            lines += [
+                "",
+                *head_lines(r["model"], r["heads"]["layer"], r["heads"]["rows"]),
+                "",
+                f"![layer {r['heads']['layer']} pull]({fig.name})",
+            ]
     (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

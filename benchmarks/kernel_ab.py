@@ -30,8 +30,14 @@ def case(spec: str) -> tuple[int, int]:
 def time_case(args: argparse.Namespace, b: int, s: int) -> list[float]:
     """Both backends' median times (bench/anchors.py's round-robin after one warm-up each)."""
     torch.manual_seed(0)
-    m = MultiHeadSelfAttention2d(args.channels, args.channels, args.heads, max_size=s,
-                                 positional=args.positional, content=True)  # fmt: skip
+    m = MultiHeadSelfAttention2d(
+        args.channels,
+        args.channels,
+        args.heads,
+        max_size=s,
+        positional=args.positional,
+        content=True,
+    )
     x = torch.randn(b, args.channels, s, s, requires_grad=not args.inference)
     m.train(not args.inference)
 
@@ -66,8 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     a, b_ = args.backends
     mode = "inference forward" if args.inference else "forward + backward"
-    print(f"| {args.positional} + content, C={args.channels}, {args.heads} heads, {mode}, "
-          f"{args.threads} thread(s) | {a} s | {b_} s | {a}/{b_} |")  # fmt: skip
+    print(
+        f"| {args.positional} + content, C={args.channels}, {args.heads} heads, {mode}, "
+        f"{args.threads} thread(s) | {a} s | {b_} s | {a}/{b_} |"
+    )
     print("|---|---|---|---|")
     for b, s in args.cases:
         ta, tb = time_case(args, b, s)

@@ -99,13 +99,21 @@ def patch_lines(patches: list[str]) -> str:
         module, colon, name = target.partition(":")
         if not (sep and colon and module and name.isidentifier()):
             raise SystemExit(f"layers_ab: --after-patch wants module:NAME=VALUE, got {item!r}")
-        lines.append(f"import importlib, ast; setattr(importlib.import_module({module!r}), "
-                     f"{name!r}, ast.literal_eval({value!r}))")  # fmt: skip
+        lines.append(
+            f"import importlib, ast; setattr(importlib.import_module({module!r}), "
+            f"{name!r}, ast.literal_eval({value!r}))"
+        )
     return "\n".join(lines)
 
 
-def run_tree(tree: Path, sizes: list[int], config: Path | None = None, threads: int = 1,
-             patch: str = "", inference: bool = False) -> dict[str, float]:  # fmt: skip
+def run_tree(
+    tree: Path,
+    sizes: list[int],
+    config: Path | None = None,
+    threads: int = 1,
+    patch: str = "",
+    inference: bool = False,
+) -> dict[str, float]:
     """One fresh process timing ``tree``; ``patch`` the lines of ``patch_lines`` run first;
     ``inference``: the forward alone (eval mode, inference_mode)."""
     env = {**os.environ, "PYTHONPATH": str(tree / "src")}
@@ -114,8 +122,9 @@ def run_tree(tree: Path, sizes: list[int], config: Path | None = None, threads: 
         code = STEP.replace("CONFIG", repr(str(config.resolve())))
     code = code.replace("THREADS", str(threads)).replace("PATCHES", patch)
     code = code.replace("INFERENCE", repr(inference))
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -127,10 +136,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", type=int, nargs="+", default=[16, 32])
     p.add_argument("--config", type=Path, help="time a training step of this config's model")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    p.add_argument("--after-patch", action="append", default=[], metavar="MOD:NAME=VALUE",
-                   help="set a module constant in the after runs (a tuning A/B in one tree)")
-    p.add_argument("--inference", action="store_true",
-                   help="time the forward alone, in eval mode under torch.inference_mode")
+    p.add_argument(
+        "--after-patch",
+        action="append",
+        default=[],
+        metavar="MOD:NAME=VALUE",
+        help="set a module constant in the after runs (a tuning A/B in one tree)",
+    )
+    p.add_argument(
+        "--inference",
+        action="store_true",
+        help="time the forward alone, in eval mode under torch.inference_mode",
+    )
     args = p.parse_args(argv)
     for tree in (args.before, args.after):
         if not (tree / "src" / "attnconv").is_dir():
@@ -139,8 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict]] = {"before": [], "after": []}
     for _ in range(args.rounds):
         for side, tree, lines in (("before", args.before, ""), ("after", args.after, patch)):
-            runs[side].append(run_tree(tree, args.sizes, args.config, args.threads, lines,
-                                       args.inference))  # fmt: skip
+            runs[side].append(
+                run_tree(tree, args.sizes, args.config, args.threads, lines, args.inference)
+            )
     threads = f"{args.threads} thread{'s' if args.threads > 1 else ''}"
     what = "training step" if args.config else "B=4, C=64, 8 heads, fwd+bwd"
     if args.inference:
@@ -154,8 +172,10 @@ def main(argv: list[str] | None = None) -> int:
         a = statistics.median(r[case] for r in runs["after"])
         ratios.append(b / a)
         print(f"| {case} | {b:.4f} | {a:.4f} | {b / a:.2f} |")
-    print(f"\ngeometric mean before/after: {statistics.geometric_mean(ratios):.3f} "
-          f"({args.rounds} alternated rounds, medians)")  # fmt: skip
+    print(
+        f"\ngeometric mean before/after: {statistics.geometric_mean(ratios):.3f} "
+        f"({args.rounds} alternated rounds, medians)"
+    )
     return 0
 
 

@@ -97,8 +97,11 @@ def compare(before: tuple[Path, dict], after: tuple[Path, dict]) -> list[str]:
     (st_a, meta_a), (st_b, meta_b) = before, after
     ta, tb = load_file(st_a), load_file(st_b)
     diffs = [f"case only in one tree: {c}" for c in sorted(set(meta_a) ^ set(meta_b))]
-    diffs += [f"{c}: {meta_a[c]} != {meta_b[c]}" for c in sorted(set(meta_a) & set(meta_b))
-              if meta_a[c] != meta_b[c]]  # fmt: skip
+    diffs += [
+        f"{c}: {meta_a[c]} != {meta_b[c]}"
+        for c in sorted(set(meta_a) & set(meta_b))
+        if meta_a[c] != meta_b[c]
+    ]
     diffs += [f"tensor only in one tree: {k}" for k in sorted(set(ta) ^ set(tb))]
     diffs += [f"unequal: {k}" for k in sorted(set(ta) & set(tb)) if not torch.equal(ta[k], tb[k])]
     return diffs
@@ -120,8 +123,10 @@ def main(argv: list[str] | None = None) -> int:
         tensors = len(load_count(before[0]))
     for line in diffs[:50]:
         print(line)
-    print(f"{cases} cases ({errors} refused alike when equal), {tensors} tensors: "
-          f"{'equal' if not diffs else f'{len(diffs)} differences'}")  # fmt: skip
+    print(
+        f"{cases} cases ({errors} refused alike when equal), {tensors} tensors: "
+        f"{'equal' if not diffs else f'{len(diffs)} differences'}"
+    )
     return 1 if diffs else 0
 
 

@@ -54,8 +54,18 @@ def step_ops(name: str, batch: int, attn_dropout: float, gpu_plan: bool) -> int 
     """aten ops of one training step (forward, loss, backward) of model ``name``; None where a
     GPU's kernel cannot run backward on a CPU (FlexAttention, the content models')."""
     torch.manual_seed(0)
-    kw = dict(hidden_size=64, num_layers=6, num_heads=9, ff_size=128, downsample=2,
-              attn_dropout=attn_dropout) if name in SA else {}  # another model: its defaults
+    kw = (
+        dict(
+            hidden_size=64,
+            num_layers=6,
+            num_heads=9,
+            ff_size=128,
+            downsample=2,
+            attn_dropout=attn_dropout,
+        )
+        if name in SA
+        else {}
+    )  # another model: its defaults
     model = create_model(name, num_classes=10, **kw).train()
     x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
     with patch.object(mhsa2d.plan, "for_layer", _on_cuda_plan if gpu_plan else _FOR_LAYER):
@@ -90,11 +100,18 @@ def main() -> None:
         rows.append({"model": name, "cpu_plan": cpu, "gpu_plan": gpu})
         print(f"{name}: {cpu} ops on the CPU's plan, {_cell(gpu)} on a GPU's", flush=True)
     cmd = "python benchmarks/step_ops.py" + (
-        f" --attn-dropout {a.attn_dropout}" if a.attn_dropout else "")
+        f" --attn-dropout {a.attn_dropout}" if a.attn_dropout else ""
+    )
     table = [f"| {r['model']} | {r['cpu_plan']} | {_cell(r['gpu_plan'])} |" for r in rows]
-    lines = [f"aten ops of one training step (forward, cross-entropy, backward; views and "
-             f"detaches left out), Table 1 CPU scale, attention dropout {a.attn_dropout}; "
-             f"`{cmd}`.", "", "| model | CPU plan | GPU plan |", "|---|---|---|", *table]
+    lines = [
+        f"aten ops of one training step (forward, cross-entropy, backward; views and "
+        f"detaches left out), Table 1 CPU scale, attention dropout {a.attn_dropout}; "
+        f"`{cmd}`.",
+        "",
+        "| model | CPU plan | GPU plan |",
+        "|---|---|---|",
+        *table,
+    ]
     a.out.mkdir(parents=True, exist_ok=True)
     stem = "step_ops" + ("_dropout" if a.attn_dropout else "")
     (a.out / f"{stem}.md").write_text("\n".join(lines) + "\n")

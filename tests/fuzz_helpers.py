@@ -16,10 +16,8 @@ ERRORS = (ValueError, TypeError)
 F64 = torch.float64
 
 
-
 def fuzz(n: int):
     return settings(max_examples=n, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
 
 
 def _event(label: str) -> None:

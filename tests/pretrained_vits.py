@@ -40,9 +40,14 @@ def hf_config(cls_name: str, **kw):
     import transformers
 
     cfg = getattr(transformers, cls_name)(
-        hidden_size=D, num_hidden_layers=DEPTH, num_attention_heads=HEADS,
-        intermediate_size=4 * D, image_size=32, patch_size=P, **kw,
-    )  # fmt: skip
+        hidden_size=D,
+        num_hidden_layers=DEPTH,
+        num_attention_heads=HEADS,
+        intermediate_size=4 * D,
+        image_size=32,
+        patch_size=P,
+        **kw,
+    )
     cfg._attn_implementation = "eager"  # output_attentions needs the eager kernel
     return cfg
 
@@ -79,9 +84,13 @@ def timm_state(
     for i in range(DEPTH):
         b = f"blocks.{i}."
         for name, shape in (
-            ("norm1", (D,)), ("attn.qkv", (3 * D, D)), ("attn.proj", (D, D)), ("norm2", (D,)),
-            ("mlp.fc1", (4 * D, D)), ("mlp.fc2", (D, 4 * D)),
-        ):  # fmt: skip
+            ("norm1", (D,)),
+            ("attn.qkv", (3 * D, D)),
+            ("attn.proj", (D, D)),
+            ("norm2", (D,)),
+            ("mlp.fc1", (4 * D, D)),
+            ("mlp.fc2", (D, 4 * D)),
+        ):
             sd[b + name + ".weight"] = 1 + r(*shape) if len(shape) == 1 else r(*shape)
             sd[b + name + ".bias"] = r(shape[0])
     norm = "norm" if cls else "fc_norm"
@@ -132,8 +141,11 @@ def timm_reference(sd, x, *, eps=1e-6):
         o = (a @ v).transpose(1, 2).reshape(B, -1, D)
         t = t + F.linear(o, sd[b + "attn.proj.weight"], sd[b + "attn.proj.bias"])
         h = ln(t, b + "norm2")
-        h = F.linear(F.gelu(F.linear(h, sd[b + "mlp.fc1.weight"], sd[b + "mlp.fc1.bias"])),
-                     sd[b + "mlp.fc2.weight"], sd[b + "mlp.fc2.bias"])  # fmt: skip
+        h = F.linear(
+            F.gelu(F.linear(h, sd[b + "mlp.fc1.weight"], sd[b + "mlp.fc1.bias"])),
+            sd[b + "mlp.fc2.weight"],
+            sd[b + "mlp.fc2.bias"],
+        )
         t = t + h
     if "fc_norm.weight" in sd:  # global_pool="avg": mean of the patch tokens, then fc_norm
         feat = ln(t[:, len(prefix) :].mean(1), "fc_norm")
@@ -143,4 +155,3 @@ def timm_reference(sd, x, *, eps=1e-6):
     if "head_dist.weight" in sd:
         logits = (logits + F.linear(t[:, 1], sd["head_dist.weight"], sd["head_dist.bias"])) / 2
     return logits, attns
-

@@ -48,10 +48,16 @@ def test_analyze_vit_checkpoint(vit_checkpoint, cifar_zip, tmp_path, capsys):
     assert "figures" in capsys.readouterr().out
     rep = json.loads((out / "report.json").read_text())
     expect = {
-        "attention_single", "attention_average", "attention_single_zoom",
-        "attention_average_zoom", "mass_contours", "mean_distance", "conv_likeness",
-        "position_similarity", "patch_pcs",
-    }  # fmt: skip
+        "attention_single",
+        "attention_average",
+        "attention_single_zoom",
+        "attention_average_zoom",
+        "mass_contours",
+        "mean_distance",
+        "conv_likeness",
+        "position_similarity",
+        "patch_pcs",
+    }
     assert set(rep["figures"]) == expect  # no centres: a ViT has no quadratic layers
     index = (out / "index.md").read_text()
     for name in rep["figures"].values():
@@ -148,8 +154,9 @@ def test_analyze_and_explore_a_converted_cnn(tmp_path, cifar_zip, capsys):
     are hard, one-hot on the kernel's grid (conv-likeness 1, every 3x3 offset held)."""
     torch.manual_seed(0)
     cnn = attnconv.create_model("tiny_cnn")
-    ck = save_checkpoint(tmp_path / "cnn", cnn, "tiny_cnn", {"num_classes": 10},
-                         extra={"data": DATA})  # fmt: skip
+    ck = save_checkpoint(
+        tmp_path / "cnn", cnn, "tiny_cnn", {"num_classes": 10}, extra={"data": DATA}
+    )
     conv = tmp_path / "converted"
     assert main(["convert", str(ck), "--num-images", "2", "--out", str(conv)]) == 0
     out = tmp_path / "an"

@@ -52,8 +52,12 @@ def test_cases_are_the_issue_table_and_steps_run():
     cases = anchor_cases(quick=False)
     assert len(cases) == 12
     assert {(c["positional"], c["train"], c["dtype"]) for c in cases} == {
-        ("quadratic", True, "fp32"), ("quadratic", False, "fp32"), ("quadratic", False, "bf16"),
-        ("relative_learned", True, "fp32"), ("relative_learned", False, "fp32")}  # fmt: skip
+        ("quadratic", True, "fp32"),
+        ("quadratic", False, "fp32"),
+        ("quadratic", False, "bf16"),
+        ("relative_learned", True, "fp32"),
+        ("relative_learned", False, "fp32"),
+    }
     for case in anchor_cases(quick=True):
         for kind in ("attnconv", "fold", "dense"):
             make_step(kind, **case)()

@@ -16,8 +16,15 @@ from same_step import assert_same_training_step
 POSITIONALS = ["quadratic", "relative_learned", "quadratic_generalized"]
 
 
-def _pair(positional: str, c: int, nh: int, value: str, p: float, content: bool = False,
-          mask: str = "batch"):  # fmt: skip
+def _pair(
+    positional: str,
+    c: int,
+    nh: int,
+    value: str,
+    p: float,
+    content: bool = False,
+    mask: str = "batch",
+):
     """The layer's default path and its plain reference, float64, training, the same weights."""
     kw = dict(positional=positional, content=content, dropout=p, dropout_mask=mask, value=value)
     fast = MultiHeadSelfAttention2d(c, c, nh, **kw).double().train()
@@ -59,8 +66,11 @@ def test_batch_mask_gradcheck_float64(positional):
     """gradcheck of the fast shared path, input and positional parameters, mask fixed."""
     fast, _ = _pair(positional, 4, 2, "linear", 0.3)
     x = torch.randn(2, 4, 3, 4, dtype=torch.float64, requires_grad=True)
-    names = [f"positional_encoding.{n}" for n, q in
-             fast.positional_encoding.named_parameters() if q.requires_grad]  # fmt: skip
+    names = [
+        f"positional_encoding.{n}"
+        for n, q in fast.positional_encoding.named_parameters()
+        if q.requires_grad
+    ]
     params = [fast.get_parameter(n).detach().clone().requires_grad_() for n in names]
 
     def f(inp, *ps):
@@ -73,10 +83,14 @@ def test_batch_mask_gradcheck_float64(positional):
 @settings(max_examples=10, deadline=None)
 @given(
     positional=st.sampled_from(["quadratic", "relative_learned"]),
-    b=st.integers(1, 3), h=st.integers(1, 5), w=st.integers(1, 5), nh=st.integers(1, 3),
-    value=st.sampled_from(["linear", "identity"]), p=st.sampled_from([0.1, 0.5]),
+    b=st.integers(1, 3),
+    h=st.integers(1, 5),
+    w=st.integers(1, 5),
+    nh=st.integers(1, 3),
+    value=st.sampled_from(["linear", "identity"]),
+    p=st.sampled_from([0.1, 0.5]),
     seed=st.integers(0, 2**16),
-)  # fmt: skip
+)
 def test_content_dropout_kernel_equals_reference(positional, b, h, w, nh, value, p, seed):
     """Content attention in training on CPU (a mask per image): the fused C++ kernel (the plan's
     choice) and the dense dk-wide kernel (its fallback, forced by backend="blocked") remove the
@@ -93,10 +107,14 @@ def test_content_dropout_kernel_equals_reference(positional, b, h, w, nh, value,
 
 @settings(max_examples=8, deadline=None)
 @given(
-    b=st.integers(1, 2), h=st.integers(1, 5), w=st.integers(1, 5), nh=st.integers(1, 3),
-    value=st.sampled_from(["linear", "identity"]), p=st.sampled_from([0.1, 0.5]),
+    b=st.integers(1, 2),
+    h=st.integers(1, 5),
+    w=st.integers(1, 5),
+    nh=st.integers(1, 3),
+    value=st.sampled_from(["linear", "identity"]),
+    p=st.sampled_from([0.1, 0.5]),
     seed=st.integers(0, 2**16),
-)  # fmt: skip
+)
 def test_generalized_content_dropout_equals_reference(b, h, w, nh, value, p, seed):
     """Generalized quadratic + content in training on CPU: the blocked Gaussian kernel removes
     the links the plain equations remove (functional.dropped_links), values and gradients."""

@@ -34,9 +34,17 @@ def _inputs(b, qb, nh, h, w, dk, dv, seed, dtype=F64):
 
 
 @settings(deadline=None, max_examples=40)
-@given(b=st.integers(1, 3), shared=st.booleans(), nh=st.integers(1, 3), h=st.integers(1, 6),
-       w=st.integers(1, 6), dk=st.integers(1, 5), dv=st.integers(1, 5),
-       block=st.integers(1, 40), seed=st.integers(0, 2**16))  # fmt: skip
+@given(
+    b=st.integers(1, 3),
+    shared=st.booleans(),
+    nh=st.integers(1, 3),
+    h=st.integers(1, 6),
+    w=st.integers(1, 6),
+    dk=st.integers(1, 5),
+    dv=st.integers(1, 5),
+    block=st.integers(1, 40),
+    seed=st.integers(0, 2**16),
+)
 def test_kernel_equals_its_plain_equation(b, shared, nh, h, w, dk, dv, block, seed):
     """Values and the gradients of q, k, v and the axis logits (batch B, or 1 shared by the
     batch), for any number of query blocks (a block of 1 query up to the whole image)."""
@@ -60,8 +68,9 @@ def test_kernel_gradcheck(shared):
 def test_kernel_has_first_derivative_only():
     args = _inputs(1, 1, 1, 2, 2, 2, 2, seed=2)
     with pytest.raises(HigherOrderGradError):
-        (dq,) = torch.autograd.grad(axis_attention(*args, 2, 2, 1.0).sum(), args[0],
-                                    create_graph=True)  # fmt: skip
+        (dq,) = torch.autograd.grad(
+            axis_attention(*args, 2, 2, 1.0).sum(), args[0], create_graph=True
+        )
         dq.sum().backward()
 
 
@@ -108,9 +117,14 @@ def _pair(positional: str, c: int, heads: int, seed: int, alpha: float | None = 
 
 
 @settings(deadline=None, max_examples=20)
-@given(positional=st.sampled_from(["quadratic", "relative_learned"]), b=st.integers(1, 2),
-       heads=st.integers(1, 3), h=st.integers(1, 6), w=st.integers(1, 6),
-       seed=st.integers(0, 2**16))  # fmt: skip
+@given(
+    positional=st.sampled_from(["quadratic", "relative_learned"]),
+    b=st.integers(1, 2),
+    heads=st.integers(1, 3),
+    h=st.integers(1, 6),
+    w=st.integers(1, 6),
+    seed=st.integers(0, 2**16),
+)
 def test_layer_blocked_path_equals_reference(positional, b, heads, h, w, seed):
     """The layer's blocked kernel (forced on: by default it starts at 16^2) equals
     impl="reference" in float64, output and every gradient."""
@@ -146,8 +160,9 @@ def _forward_backward(layer, x, g, autocast=False):
 FLOOR = {"float32": 2e-6, "bf16": 2e-2}
 
 
-@pytest.mark.parametrize("positional,alpha", [("relative_learned", None), ("quadratic", 0.5),
-                                              ("quadratic", 1e4)])  # fmt: skip
+@pytest.mark.parametrize(
+    "positional,alpha", [("relative_learned", None), ("quadratic", 0.5), ("quadratic", 1e4)]
+)
 @pytest.mark.parametrize("autocast", [False, True])
 @pytest.mark.parametrize("backend", ["blocked", None])  # None: the plan's (fused where built)
 def test_blocked_is_as_exact_as_dense(positional, alpha, autocast, backend):

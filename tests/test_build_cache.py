@@ -30,8 +30,12 @@ HOLD = textwrap.dedent("""
 
 
 def _holder(build_dir: Path) -> subprocess.Popen:
-    p = subprocess.Popen([sys.executable, "-c", HOLD, str(build_dir)], stdout=subprocess.PIPE,
-                         text=True, start_new_session=True)  # fmt: skip
+    p = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(build_dir)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     assert p.stdout.readline().strip() == "holding"
     return p
 
@@ -102,7 +106,8 @@ def test_the_cache_key_names_the_cpu_not_the_checkout(tmp_path):
 def _tiny_extension(build_dir: Path, name: str) -> Path:
     """A real CPython extension library named ``name`` (compiled in well under a second)."""
     src = build_dir / "tiny.c"
-    src.write_text(textwrap.dedent(f"""
+    src.write_text(
+        textwrap.dedent(f"""
         #include <Python.h>
         static struct PyModuleDef m = {{PyModuleDef_HEAD_INIT, "{name}", NULL, -1, NULL}};
         PyMODINIT_FUNC PyInit_{name}(void) {{
@@ -110,10 +115,21 @@ def _tiny_extension(build_dir: Path, name: str) -> Path:
             PyModule_AddIntConstant(mod, "answer", 42);
             return mod;
         }}
-    """))
+    """)
+    )
     library = build_dir / f"{name}.so"
-    subprocess.run(["gcc", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}",
-                    str(src), "-o", str(library)], check=True)  # fmt: skip
+    subprocess.run(
+        [
+            "gcc",
+            "-shared",
+            "-fPIC",
+            f"-I{sysconfig.get_paths()['include']}",
+            str(src),
+            "-o",
+            str(library),
+        ],
+        check=True,
+    )
     src.unlink()
     return library
 

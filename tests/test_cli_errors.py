@@ -43,30 +43,57 @@ RUN = [
     ("train-missing-config", ["train", "{tmp}/nope.yaml"], r"nope.yaml: no such config file"),
     ("train-unknown-key", ["train", "{tmp}/typo.yaml"], r"unknown config key 'modle'.*model"),
     ("train-bad-yaml", ["train", "{tmp}/broken.yaml"], r"broken.yaml: invalid YAML"),
-    ("train-unknown-override", ["train", "{ok}", "--set", "optim.lrr=0.1", "--out", "{tmp}/r1"],
-     r"unknown config key 'optim.lrr'; did you mean optim.lr"),
-    ("train-override-type", ["train", "{ok}", "--set", "optim.lr=abc", "--out", "{tmp}/r2"],
-     r"'optim.lr' must be a number, got 'abc'"),
-    ("train-unknown-model", ["train", "{ok}", "--set", "model.name=resnet99", "--out", "{tmp}/r3"],
-     r"unknown model 'resnet99'"),
-    ("train-missing-data", ["train", "{ok}", "--set", "data.dataset={tmp}/none.zip",
-                            "--out", "{tmp}/r4"], r"none.zip: no such dataset"),
-    ("train-threads", ["train", "{ok}", "--set", "train.threads=0", "--out", "{tmp}/r5"],
-     r"'train.threads' must be in \[1, 1024\]"),
+    (
+        "train-unknown-override",
+        ["train", "{ok}", "--set", "optim.lrr=0.1", "--out", "{tmp}/r1"],
+        r"unknown config key 'optim.lrr'; did you mean optim.lr",
+    ),
+    (
+        "train-override-type",
+        ["train", "{ok}", "--set", "optim.lr=abc", "--out", "{tmp}/r2"],
+        r"'optim.lr' must be a number, got 'abc'",
+    ),
+    (
+        "train-unknown-model",
+        ["train", "{ok}", "--set", "model.name=resnet99", "--out", "{tmp}/r3"],
+        r"unknown model 'resnet99'",
+    ),
+    (
+        "train-missing-data",
+        ["train", "{ok}", "--set", "data.dataset={tmp}/none.zip", "--out", "{tmp}/r4"],
+        r"none.zip: no such dataset",
+    ),
+    (
+        "train-threads",
+        ["train", "{ok}", "--set", "train.threads=0", "--out", "{tmp}/r5"],
+        r"'train.threads' must be in \[1, 1024\]",
+    ),
     ("train-out-is-a-file", ["train", "{ok}", "--out", "{ok}"], r"File exists"),
-    ("train-resume-nothing", ["train", "{ok}", "--resume", "--out", "{tmp}/r6"],
-     r"--resume: no checkpoint"),
+    (
+        "train-resume-nothing",
+        ["train", "{ok}", "--resume", "--out", "{tmp}/r6"],
+        r"--resume: no checkpoint",
+    ),
     # eval: missing, pickle, truncated checkpoints; data and split
     ("eval-missing", ["eval", "{tmp}/nothing"], r"nothing: missing checkpoint"),
     ("eval-pickle", ["eval", "{tmp}/weights.pt"], r"weights.pt: pickle checkpoint"),
     ("eval-truncated", ["eval", "{tmp}/trunc"], r"truncated checkpoint"),
     ("eval-missing-data", ["eval", "{ckpt}", "--data", "{tmp}/none.zip"], r"none.zip: no such"),
-    ("eval-unknown-split", ["eval", "{ckpt}", "--data", "sample", "--split", "val"],
-     r"no split 'val'"),
-    ("eval-class-count", ["eval", "{tmp}/two", "--data", "sample"],
-     r"sample: 10 classes, the model predicts 2"),
-    ("eval-batch-size", ["eval", "{ckpt}", "--data", "sample", "--batch-size", "0"],
-     r"batch_size must be >= 1"),
+    (
+        "eval-unknown-split",
+        ["eval", "{ckpt}", "--data", "sample", "--split", "val"],
+        r"no split 'val'",
+    ),
+    (
+        "eval-class-count",
+        ["eval", "{tmp}/two", "--data", "sample"],
+        r"sample: 10 classes, the model predicts 2",
+    ),
+    (
+        "eval-batch-size",
+        ["eval", "{ckpt}", "--data", "sample", "--batch-size", "0"],
+        r"batch_size must be >= 1",
+    ),
     # convert: unknown model, bad options, pickle
     ("convert-unknown-model", ["convert", "resnet99"], r"unknown model 'resnet99'"),
     ("convert-pickle", ["convert", "{tmp}/weights.pt"], r"pickle checkpoint"),
@@ -75,31 +102,53 @@ RUN = [
     ("convert-threads", ["convert", "tiny_cnn", "--threads", "-1"], r"--threads must be >= 1"),
     # analyze / explore: checkpoints, ranges, output file
     ("analyze-truncated", ["analyze", "{tmp}/trunc", "--out", "{tmp}/an"], r"truncated"),
-    ("analyze-image-range", ["analyze", "{ckpt}", "--out", "{tmp}/an", "--data", "sample",
-                             "--image", "100000"], r"--image 100000 is out of range"),
-    ("analyze-out-is-a-file", ["analyze", "{ckpt}", "--out", "{ok}", "--data", "sample"],
-     r"File exists"),
-    ("explore-not-html", ["explore", "{ckpt}", "--out", "{tmp}/page.txt", "--data", "sample"],
-     r"--out must name an .html file"),
+    (
+        "analyze-image-range",
+        ["analyze", "{ckpt}", "--out", "{tmp}/an", "--data", "sample", "--image", "100000"],
+        r"--image 100000 is out of range",
+    ),
+    (
+        "analyze-out-is-a-file",
+        ["analyze", "{ckpt}", "--out", "{ok}", "--data", "sample"],
+        r"File exists",
+    ),
+    (
+        "explore-not-html",
+        ["explore", "{ckpt}", "--out", "{tmp}/page.txt", "--data", "sample"],
+        r"--out must name an .html file",
+    ),
     ("explore-missing", ["explore", "{tmp}/nothing", "--out", "{tmp}/p.html"], r"missing"),
     # bench (nothing is written: the options are refused first)
     ("bench-unknown-suite", ["bench", "--suite", "nosuch"], r"unknown benchmark suite 'nosuch'"),
     ("bench-repeats", ["bench", "--repeats", "0", "--out-dir", "{tmp}/b"], r"--repeats must be"),
     # demo
     ("demo-minutes", ["demo", "--minutes", "-1", "--out", "{tmp}/d1"], r"--minutes must be > 0"),
-    ("demo-missing-data", ["demo", "--data", "{tmp}/none.zip", "--out", "{tmp}/d2"],
-     r"none.zip: no such dataset"),
-    ("demo-unknown-key", ["demo", "--set", "modle.name=x", "--out", "{tmp}/d3"],
-     r"unknown config key 'modle'"),
-]  # fmt: skip
+    (
+        "demo-missing-data",
+        ["demo", "--data", "{tmp}/none.zip", "--out", "{tmp}/d2"],
+        r"none.zip: no such dataset",
+    ),
+    (
+        "demo-unknown-key",
+        ["demo", "--set", "modle.name=x", "--out", "{tmp}/d3"],
+        r"unknown config key 'modle'",
+    ),
+]
 CASES = [(i, a, m, True) for i, a, m in USAGE] + [(i, a, m, False) for i, a, m in RUN]
 # run as real subprocesses (each imports torch, ~1.2 s of CPU): every usage error (cheap) and at
 # least one run-time error per subcommand; the others run in-process through attnconv.cli.main
 SUBPROCESS = {i for i, *_ in USAGE} | {
-    "train-unknown-key", "train-threads", "eval-truncated", "eval-class-count",
-    "convert-unknown-model", "analyze-image-range", "explore-not-html",
-    "bench-unknown-suite", "bench-repeats", "demo-unknown-key",
-}  # fmt: skip
+    "train-unknown-key",
+    "train-threads",
+    "eval-truncated",
+    "eval-class-count",
+    "convert-unknown-model",
+    "analyze-image-range",
+    "explore-not-html",
+    "bench-unknown-suite",
+    "bench-repeats",
+    "demo-unknown-key",
+}
 
 
 def _files(tmp: Path) -> dict[str, str]:
@@ -152,8 +201,9 @@ def _in_process(argv: list[str], capsys) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
-PARAMS = [pytest.param(c, id=c[0], marks=[pytest.mark.slow] if c[0] in SUBPROCESS else [])
-          for c in CASES]  # fmt: skip
+PARAMS = [
+    pytest.param(c, id=c[0], marks=[pytest.mark.slow] if c[0] in SUBPROCESS else []) for c in CASES
+]
 
 
 @pytest.mark.parametrize("case", PARAMS)

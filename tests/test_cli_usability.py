@@ -79,14 +79,21 @@ def test_every_option_of_every_subcommand_has_help(monkeypatch):
     [
         ("tpu", "not a device name"),
         ("meta", "unsupported device type 'meta'"),
-        pytest.param("cuda", "CUDA is not available here", marks=pytest.mark.skipif(
-            HAS_CUDA, reason="this machine has CUDA")),
-        pytest.param("cuda:1", "CUDA is not available here", marks=pytest.mark.skipif(
-            HAS_CUDA, reason="this machine has CUDA")),
-        pytest.param("cuda:64", "CUDA device", marks=pytest.mark.skipif(
-            not HAS_CUDA, reason="needs CUDA")),
+        pytest.param(
+            "cuda",
+            "CUDA is not available here",
+            marks=pytest.mark.skipif(HAS_CUDA, reason="this machine has CUDA"),
+        ),
+        pytest.param(
+            "cuda:1",
+            "CUDA is not available here",
+            marks=pytest.mark.skipif(HAS_CUDA, reason="this machine has CUDA"),
+        ),
+        pytest.param(
+            "cuda:64", "CUDA device", marks=pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+        ),
     ],
-)  # fmt: skip
+)
 def test_resolve_device_refuses_what_is_not_there(spec, message):
     with pytest.raises(ValueError, match=message):
         resolve_device(spec)
@@ -162,8 +169,12 @@ def test_train_prints_a_startup_summary_and_progress_lines(files, capsys):
     assert "eval acc" in err or "eval loss" in err
     assert main(["train", files["cfg"], "--resume"]) == 0  # says where it resumes, and that
     err = capsys.readouterr().err  # the run had finished there (was silent: issue 28)
-    assert re.search(r"^  steps +5 \(.*\), resuming at step 5 \(the run had already finished: "
-                     r"nothing left to train\)$", err, re.M), err
+    assert re.search(
+        r"^  steps +5 \(.*\), resuming at step 5 \(the run had already finished: "
+        r"nothing left to train\)$",
+        err,
+        re.M,
+    ), err
 
 
 def test_quiet_prints_no_status(files, capsys):
@@ -238,16 +249,22 @@ def test_one_vocabulary_across_commands(files, capsys):
     tmp, ck = files["tmp"], files["ckpt"]
     assert main(["eval", ck, "--data", "sample", "--max-per-class", "1", "--json"]) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert main(["eval", ck, "--data", "sample", "--max-per-class", "1", "--json",
-                 str(tmp / "e.json")]) == 0  # fmt: skip
+    assert (
+        main(
+            ["eval", ck, "--data", "sample", "--max-per-class", "1", "--json", str(tmp / "e.json")]
+        )
+        == 0
+    )
     assert json.loads((tmp / "e.json").read_text())["accuracy"] == printed["accuracy"]
     assert main(["convert", ck, "--num-images", "2", "--json"]) == 0
     out = capsys.readouterr().out
-    report = json.loads(out[out.index("{"): out.rindex("}") + 1])
+    report = json.loads(out[out.index("{") : out.rindex("}") + 1])
     assert isinstance(report, dict) and report
     parser = build_parser()
-    for argv in (["explore", ck, "--out", "p", "--num-images", "3"],
-                 ["explore", ck, "--out", "p", "--average", "3"]):
+    for argv in (
+        ["explore", ck, "--out", "p", "--num-images", "3"],
+        ["explore", ck, "--out", "p", "--average", "3"],
+    ):
         assert parser.parse_args(argv).average == 3
     for argv in (["bench", "--out", "d"], ["bench", "--out-dir", "d"]):
         assert parser.parse_args(argv).out_dir == "d"

@@ -10,8 +10,11 @@ from attnconv.train.config import load_config
 BIG = "1" + "0" * 400
 
 
-CASES = [(f"optim.lr={BIG}", "optim.lr"), (f"data.std=[{BIG},0.2,0.2]", r"data.std\[0\]"),
-         (f"model.kwargs.width={BIG}", "model.kwargs.width")]
+CASES = [
+    (f"optim.lr={BIG}", "optim.lr"),
+    (f"data.std=[{BIG},0.2,0.2]", r"data.std\[0\]"),
+    (f"model.kwargs.width={BIG}", "model.kwargs.width"),
+]
 
 
 @pytest.mark.parametrize("override, key", CASES)

@@ -27,8 +27,16 @@ def test_attributes_equal_the_original(make):
     torch.manual_seed(0)
     conv = make().double()
     att = conv_to_attention(conv)
-    for name in ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation",
-                 "groups", "padding_mode"):  # fmt: skip
+    for name in (
+        "in_channels",
+        "out_channels",
+        "kernel_size",
+        "stride",
+        "padding",
+        "dilation",
+        "groups",
+        "padding_mode",
+    ):
         assert getattr(att, name) == getattr(conv, name), name
     assert torch.equal(att.weight.detach(), conv.weight.detach())
     if conv.bias is None:

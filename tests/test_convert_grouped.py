@@ -35,8 +35,17 @@ def grouped_conv(draw):
     dilation = (draw(st.integers(1, 2)), 1)
     padding = (draw(st.integers(0, 2)), draw(st.integers(0, 2)))
     mode = draw(st.sampled_from(["zeros", "zeros", "replicate"]))
-    conv = nn.Conv2d(groups * cin_g, groups * cout_g, k, stride, padding, dilation, groups,
-                     bias=draw(st.booleans()), padding_mode=mode).double()  # fmt: skip
+    conv = nn.Conv2d(
+        groups * cin_g,
+        groups * cout_g,
+        k,
+        stride,
+        padding,
+        dilation,
+        groups,
+        bias=draw(st.booleans()),
+        padding_mode=mode,
+    ).double()
     span = [d * (kk - 1) + 1 for d, kk in zip(dilation, k)]
     h = max(1, span[0] - 2 * padding[0], padding[0] + 1) + draw(st.integers(0, 5))
     w = max(1, span[1] - 2 * padding[1], padding[1] + 1) + draw(st.integers(0, 5))
@@ -52,8 +61,10 @@ def _heads(a, x, clamp: bool = False):
     oh, ow = g.output_size(*x.shape[-2:])
     shifts = torch.round(layer.positional_encoding.centers.detach()).long().tolist()
     extra = 3 if clamp else 0  # push head 0 outside the image: its targets are clamped
-    rows = [kept_indices(g.anchor[0], oh, g.stride[0], xp.shape[-2], dr - (extra if i == 0 else 0))
-            for i, (dr, _) in enumerate(shifts)]  # fmt: skip
+    rows = [
+        kept_indices(g.anchor[0], oh, g.stride[0], xp.shape[-2], dr - (extra if i == 0 else 0))
+        for i, (dr, _) in enumerate(shifts)
+    ]
     cols = [kept_indices(g.anchor[1], ow, g.stride[1], xp.shape[-1], dc) for _, dc in shifts]
     return xp, rows, cols, layer.out_proj
 
@@ -78,8 +89,9 @@ def test_fast_kernels_equal_the_plain_loop_and_the_conv(case, clamp):
     if not clamp:
         torch.testing.assert_close(ref, conv(x))
     g = torch.randn_like(ref)
-    y0, g0 = _values_and_grads(lambda t: grouped_head_mix_reference(t, rows, cols, proj), xp,
-                               proj, g)  # fmt: skip
+    y0, g0 = _values_and_grads(
+        lambda t: grouped_head_mix_reference(t, rows, cols, proj), xp, proj, g
+    )
     y1, g1 = _values_and_grads(lambda t: grouped_head_mix(t, rows, cols, proj), xp, proj, g)
     torch.testing.assert_close(y1, y0)
     for a1, a0 in zip(g1, g0):
@@ -112,8 +124,9 @@ def test_kernels_pass_gradcheck(kind, stride):
     assert torch.autograd.gradgradcheck(fn, inputs)
 
 
-@given(st.integers(0, 12), st.integers(1, 6), st.integers(1, 3), st.integers(1, 12),
-       st.integers(-6, 6))  # fmt: skip
+@given(
+    st.integers(0, 12), st.integers(1, 6), st.integers(1, 3), st.integers(1, 12), st.integers(-6, 6)
+)
 def test_kept_targets_are_the_layers_hard_indices(anchor, n, stride, size, shift):
     """_kept equals clamp(q + shift) at the kept queries q = anchor + o * stride."""
     idx = kept_indices(anchor, n, stride, size, shift)

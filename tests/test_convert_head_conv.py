@@ -25,13 +25,22 @@ def _per_head(xp, rows, cols, heads, bias, groups):
 
 @settings(max_examples=40, deadline=None)
 @given(
-    b=st.integers(1, 2), groups=st.sampled_from([1, 2, 4]), cin_g=st.integers(1, 3),
-    cout_g=st.integers(1, 3), nh=st.integers(1, 6), stride=st.integers(1, 3),
-    dil=st.integers(1, 3), hp=st.integers(0, 5), wp=st.integers(0, 5), bias=st.booleans(),
-    pads=st.lists(st.integers(0, 2), min_size=4, max_size=4), seed=st.integers(0, 10_000),
-)  # fmt: skip
-def test_head_conv_equals_the_per_head_sum(b, groups, cin_g, cout_g, nh, stride, dil, hp, wp,
-                                           bias, pads, seed):  # fmt: skip
+    b=st.integers(1, 2),
+    groups=st.sampled_from([1, 2, 4]),
+    cin_g=st.integers(1, 3),
+    cout_g=st.integers(1, 3),
+    nh=st.integers(1, 6),
+    stride=st.integers(1, 3),
+    dil=st.integers(1, 3),
+    hp=st.integers(0, 5),
+    wp=st.integers(0, 5),
+    bias=st.booleans(),
+    pads=st.lists(st.integers(0, 2), min_size=4, max_size=4),
+    seed=st.integers(0, 10_000),
+)
+def test_head_conv_equals_the_per_head_sum(
+    b, groups, cin_g, cout_g, nh, stride, dil, hp, wp, bias, pads, seed
+):
     """The padded image given whole, or as its inside with (top, left) for the conv to pad
     (the zeros padding of a converted conv: before, after, or both sides of the image)."""
     g = torch.Generator().manual_seed(seed)
@@ -52,8 +61,9 @@ def test_head_conv_equals_the_per_head_sum(b, groups, cin_g, cout_g, nh, stride,
     y = head_conv(x, rows, cols, heads, bb, groups, pad=(top, left))
     ref = _per_head(xp, rows, cols, heads, bb, groups)
     torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(head_conv(xp, rows, cols, heads, bb, groups), ref, rtol=1e-12,
-                               atol=1e-12)  # fmt: skip
+    torch.testing.assert_close(
+        head_conv(xp, rows, cols, heads, bb, groups), ref, rtol=1e-12, atol=1e-12
+    )
     ins = [t for t in (x, heads, bb) if t is not None]
     gy = torch.randn(y.shape, dtype=y.dtype, generator=g)
     for a, r in zip(torch.autograd.grad(y, ins, gy), torch.autograd.grad(ref, ins, gy)):
@@ -62,9 +72,11 @@ def test_head_conv_equals_the_per_head_sum(b, groups, cin_g, cout_g, nh, stride,
 
 def test_converted_depthwise_dense_and_dilated_layers_equal_their_convs():
     torch.manual_seed(0)
-    for conv in (torch.nn.Conv2d(12, 12, 7, padding=3, groups=12),
-                 torch.nn.Conv2d(8, 16, 3, stride=2, padding=1),
-                 torch.nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=2)):  # fmt: skip
+    for conv in (
+        torch.nn.Conv2d(12, 12, 7, padding=3, groups=12),
+        torch.nn.Conv2d(8, 16, 3, stride=2, padding=1),
+        torch.nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=2),
+    ):
         conv = conv.double()
         att = conv_to_attention(conv)
         x = torch.randn(2, conv.in_channels, 13, 11, dtype=torch.float64, requires_grad=True)
@@ -72,8 +84,9 @@ def test_converted_depthwise_dense_and_dilated_layers_equal_their_convs():
         torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(att.forward_layer(x), ref, rtol=1e-10, atol=1e-10)
         gx = torch.autograd.grad(y.square().sum(), x)[0]
-        torch.testing.assert_close(gx, torch.autograd.grad(ref.square().sum(), x)[0],
-                                   rtol=1e-12, atol=1e-12)  # fmt: skip
+        torch.testing.assert_close(
+            gx, torch.autograd.grad(ref.square().sum(), x)[0], rtol=1e-12, atol=1e-12
+        )
 
 
 def test_the_inference_plan_follows_every_change_of_the_weights():
@@ -107,8 +120,11 @@ def test_converted_convs_under_bf16_autocast_as_tight_as_the_conv():
     and the per-head paths of a clamped border)."""
     torch.manual_seed(2)
     replicate = torch.nn.Conv2d(8, 8, 3, padding=1, groups=4, padding_mode="replicate")
-    for conv in (torch.nn.Conv2d(12, 12, 7, padding=3, groups=12),
-                 torch.nn.Conv2d(8, 16, 3, stride=2, padding=1), replicate):  # fmt: skip
+    for conv in (
+        torch.nn.Conv2d(12, 12, 7, padding=3, groups=12),
+        torch.nn.Conv2d(8, 16, 3, stride=2, padding=1),
+        replicate,
+    ):
         att = conv_to_attention(conv)
         x = torch.randn(2, conv.in_channels, 13, 11)
         x64 = x.double().requires_grad_()

@@ -96,8 +96,18 @@ def test_cli_convert_checkpoint_with_real_data(tmp_path, cifar_zip, capsys):
     model = _trained_bn(create_model("resnet18_cifar", **NARROW))
     ck = save_checkpoint(tmp_path / "ck", model, "resnet18_cifar", NARROW)
     out = tmp_path / "report.json"
-    argv = ["convert", str(ck), "--data", str(cifar_zip), "--max-per-class", "3",
-            "--num-images", "8", "--json", str(out)]  # fmt: skip
+    argv = [
+        "convert",
+        str(ck),
+        "--data",
+        str(cifar_zip),
+        "--max-per-class",
+        "3",
+        "--num-images",
+        "8",
+        "--json",
+        str(out),
+    ]
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "20 convolutions -> self-attention" in text and "layers.1.0.shortcut.0" in text

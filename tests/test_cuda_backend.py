@@ -21,8 +21,14 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
 @pytest.mark.slow
-@given(heads=st.integers(1, 3), h=st.integers(1, 6), w=st.integers(1, 6), dk=st.integers(1, 20),
-       grad=st.booleans(), seed=st.integers(0, 2**16))  # fmt: skip
+@given(
+    heads=st.integers(1, 3),
+    h=st.integers(1, 6),
+    w=st.integers(1, 6),
+    dk=st.integers(1, 20),
+    grad=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
 def test_quadratic_score_mods_equal_dense_attention(heads, h, w, dk, grad, seed):
     """score_mod (grad=False: eq. 9 from pixel offsets; grad=True: gathered row/column
     logits) inside Flex == softmax(scale q k^T + dense logits) v, float64, eager on CPU; dk < 16
@@ -45,8 +51,15 @@ def test_quadratic_score_mods_equal_dense_attention(heads, h, w, dk, grad, seed)
 
 
 def test_cuda_report_renders_the_groups_it_ran():
-    rows = [dict(group="local", name="SASA local k7 train fp32 B2 C16 8x8", attnconv_ms=1.0,
-                 ratio_unfold=2.0, err_attnconv=1e-7)]  # fmt: skip
+    rows = [
+        dict(
+            group="local",
+            name="SASA local k7 train fp32 B2 C16 8x8",
+            attnconv_ms=1.0,
+            ratio_unfold=2.0,
+            err_attnconv=1e-7,
+        )
+    ]
     md = render(rows, "Command: `x`.")
     assert "## SASA local attention" in md and "## Content attention" not in md
     assert "| SASA local k7 train fp32 B2 C16 8x8 | 1.000 | - | 2.00 |" in md
@@ -55,9 +68,22 @@ def test_cuda_report_renders_the_groups_it_ran():
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without a GPU")
 def test_cuda_bench_without_a_gpu_is_one_clear_line(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "attnconv.cli", "bench", "--suite", "cuda",
-                        "--out-dir", str(tmp_path), "--", "--quick"],
-                       capture_output=True, text=True)  # fmt: skip
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "attnconv.cli",
+            "bench",
+            "--suite",
+            "cuda",
+            "--out-dir",
+            str(tmp_path),
+            "--",
+            "--quick",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode != 0
     assert r.stderr.strip().splitlines()[-1].endswith("no CUDA device (torch.cuda.is_available())")
     assert list(tmp_path.iterdir()) == []  # nothing written

@@ -14,18 +14,25 @@ from attnconv.layers.kernels import triton_axis
 from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
 
 
-@pytest.mark.parametrize("positional, content", [("quadratic", False), ("relative_learned", True),
-                                                 ("quadratic", True)])  # fmt: skip
+@pytest.mark.parametrize(
+    "positional, content", [("quadratic", False), ("relative_learned", True), ("quadratic", True)]
+)
 def test_dense_sdpa_layer_equals_the_layer(positional, content):
     torch.manual_seed(0)
-    lay = MultiHeadSelfAttention2d(12, 12, num_heads=3, positional=positional, content=content,
-                                   impl="reference").double().eval()  # fmt: skip
+    lay = (
+        MultiHeadSelfAttention2d(
+            12, 12, num_heads=3, positional=positional, content=content, impl="reference"
+        )
+        .double()
+        .eval()
+    )
     dense = cuda_models.dense_sdpa_forward(copy.deepcopy(lay))
     x = torch.randn(2, 12, 4, 5, dtype=torch.float64)
     torch.testing.assert_close(dense(x), lay(x), rtol=1e-12, atol=1e-12)
     xt = x.permute(2, 3, 0, 1)  # the paper models' (H, W, B, C) tokens reach it too
-    torch.testing.assert_close(dense.forward_tokens(xt), lay.forward_tokens(xt), rtol=1e-12,
-                               atol=1e-12)  # fmt: skip
+    torch.testing.assert_close(
+        dense.forward_tokens(xt), lay.forward_tokens(xt), rtol=1e-12, atol=1e-12
+    )
 
 
 def test_every_model_is_timed_against_the_reference_and_the_dense_model():
@@ -33,4 +40,5 @@ def test_every_model_is_timed_against_the_reference_and_the_dense_model():
         names = [name for name, _, _ in cuda_models.variants(model)]
         assert names[0] == "reference" and names[-1] == "dense bf16"
         assert ("attnconv bf16 triton" in names) == (
-            model == "sa_learned_content" and triton_axis.INSTALLED)
+            model == "sa_learned_content" and triton_axis.INSTALLED
+        )

@@ -314,8 +314,11 @@ def test_data_device_keeps_the_cpu_and_a_cpu_loader_is_unchanged():
     from attnconv.data.loader import Loader, augment_params, augment_reference, generator
 
     g = torch.Generator().manual_seed(0)
-    ds = ArrayDataset(torch.randint(0, 256, (40, 3, 8, 8), dtype=torch.uint8, generator=g),
-                      torch.randint(0, 10, (40,), generator=g), [str(i) for i in range(10)])
+    ds = ArrayDataset(
+        torch.randint(0, 256, (40, 3, 8, 8), dtype=torch.uint8, generator=g),
+        torch.randint(0, 10, (40,), generator=g),
+        [str(i) for i in range(10)],
+    )
     assert data_device(torch.device("cpu"), ds) == torch.device("cpu")
     ld = Loader(ds, 8, shuffle=True, seed=3, augment=True, pad=2, device="cpu")
     order = ld.order(1)
@@ -332,8 +335,11 @@ def test_a_loader_on_the_gpu_yields_the_cpu_loaders_batches():
     from attnconv.data.datasets import ArrayDataset
 
     g = torch.Generator().manual_seed(0)
-    ds = ArrayDataset(torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8, generator=g),
-                      torch.randint(0, 10, (64,), generator=g), [str(i) for i in range(10)])
+    ds = ArrayDataset(
+        torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8, generator=g),
+        torch.randint(0, 10, (64,), generator=g),
+        [str(i) for i in range(10)],
+    )
     dev = data_device(torch.device("cuda"), ds)
     assert dev.type == "cuda"  # 200 KB fit
     kw = dict(shuffle=True, seed=1, augment=True, pad=4)

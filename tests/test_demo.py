@@ -85,8 +85,21 @@ def test_demo_writes_checkpoint_metrics_centres_and_figures(tmp_path):
 def test_demo_refuses_an_occupied_folder_and_overwrite_replaces_it(tmp_path):
     out = tmp_path / "demo"
     env = {**os.environ, "ATTNCONV_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "attnconv.cli", "demo", "--data", "sample", "--minutes", "0.1",
-           "--out", str(out), "--no-figures", "--set", "data.eval_max_per_class=2"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "attnconv.cli",
+        "demo",
+        "--data",
+        "sample",
+        "--minutes",
+        "0.1",
+        "--out",
+        str(out),
+        "--no-figures",
+        "--set",
+        "data.eval_max_per_class=2",
+    ]
     first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
     before = (out / "metrics.csv").read_text()
@@ -97,7 +110,8 @@ def test_demo_refuses_an_occupied_folder_and_overwrite_replaces_it(tmp_path):
     assert time.perf_counter() - t0 < 30  # refused before any work (it took 20 s of it before)
     assert (out / "metrics.csv").read_text() == before  # refused: nothing touched
     (out / "checkpoints" / "step-99999999").mkdir()  # a checkpoint only the old run has
-    over = subprocess.run([*cmd, "--overwrite"], env=env, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    over = subprocess.run(
+        [*cmd, "--overwrite"], env=env, capture_output=True, text=True, timeout=600
+    )
     assert over.returncode == 0, over.stderr[-2000:]
     assert not (out / "checkpoints" / "step-99999999").exists()

@@ -21,11 +21,28 @@ PROBE = Path(__file__).with_name("dropout_probe.py")
 
 def _train(cfg: Path, out: Path, *extra: str, procs: int = 2) -> list[list[int]]:
     """The probe's run on ``procs`` processes; the seeds each rank drew."""
-    launch = ["-m", "torch.distributed.run", "--nproc-per-node", str(procs), "--master-addr",
-              "127.0.0.1", "--master-port", str(_free_port())] if procs > 1 else []  # fmt: skip
+    launch = (
+        [
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(procs),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(_free_port()),
+        ]
+        if procs > 1
+        else []
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(PROBE.parent)}
-    r = subprocess.run([sys.executable, *launch, str(PROBE), "train", str(cfg), "--out", str(out),
-                        *extra], env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, *launch, str(PROBE), "train", str(cfg), "--out", str(out), *extra],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return [json.loads((out / f"seeds-rank{i}.json").read_text()) for i in range(procs)]
 
@@ -36,13 +53,31 @@ def cfg(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("dist_dropout")
     d = {  # the paper's attention model, small: hidden dropout 0.1 in every layer
-        "model": {"name": "sa_quadratic", "kwargs": {"hidden_size": 16, "num_layers": 1,
-                  "num_heads": 4, "ff_size": 16, "downsample": 4}},  # fmt: skip
-        "data": {"dataset": str(CIFAR_ZIP), "max_per_class": 4, "eval_max_per_class": 1,
-                 "cache_dir": str(tmp / "cache")},  # fmt: skip
+        "model": {
+            "name": "sa_quadratic",
+            "kwargs": {
+                "hidden_size": 16,
+                "num_layers": 1,
+                "num_heads": 4,
+                "ff_size": 16,
+                "downsample": 4,
+            },
+        },
+        "data": {
+            "dataset": str(CIFAR_ZIP),
+            "max_per_class": 4,
+            "eval_max_per_class": 1,
+            "cache_dir": str(tmp / "cache"),
+        },
         "optim": {"name": "sgd", "lr": 0.05},
-        "train": {"epochs": 1, "batch_size": 8, "log_every": 1, "checkpoint_every": 2,
-                  "threads": 1, "progress": False},  # fmt: skip
+        "train": {
+            "epochs": 1,
+            "batch_size": 8,
+            "log_every": 1,
+            "checkpoint_every": 2,
+            "threads": 1,
+            "progress": False,
+        },
     }
     path = tmp / "dropout.yaml"
     path.write_text(yaml.safe_dump(d))
@@ -59,7 +94,7 @@ def test_ranks_draw_their_own_dropout_and_resume_draws_the_same(cfg):
     assert rank0 == one  # rank 0: the one-process run's stream
     per = len(one) // steps
     for s in range(steps):  # no mask of rank 1 is rank 0's
-        assert not set(rank0[s * per:(s + 1) * per]) & set(rank1[s * per:(s + 1) * per])
+        assert not set(rank0[s * per : (s + 1) * per]) & set(rank1[s * per : (s + 1) * per])
     # stopped after step 3 and resumed: the same seeds on every rank, the same weights
     first = _train(cfg, tmp / "resumed", "--stop-at-step", "3")
     rest = _train(cfg, tmp / "resumed", "--resume")

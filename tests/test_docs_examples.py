@@ -45,8 +45,16 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 NO_TEST = "<!-- no-test -->"
 # the runs of the training commands, made small (seconds on a CPU)
-SMALL = ["--set", "train.epochs=1", "--set", "train.steps_per_epoch=2",
-         "--set", "data.max_per_class=10", "--set", "data.eval_max_per_class=2"]  # fmt: skip
+SMALL = [
+    "--set",
+    "train.epochs=1",
+    "--set",
+    "train.steps_per_epoch=2",
+    "--set",
+    "data.max_per_class=10",
+    "--set",
+    "data.eval_max_per_class=2",
+]
 CI = (ROOT / ".ci" / "run").read_text()
 
 
@@ -272,10 +280,14 @@ def test_every_documented_import_works_alone_in_a_fresh_interpreter():
     stmts = documented_imports()
     assert "from attnconv import load_model" in stmts
     assert any("RelativeEncoding" in s for s in stmts)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"),
-           os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}  # fmt: skip
-    r = subprocess.run([sys.executable, "-c", FRESH, *stmts], env=env, capture_output=True,
-                       text=True, timeout=300)  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+    }
+    r = subprocess.run(
+        [sys.executable, "-c", FRESH, *stmts], env=env, capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert int(r.stdout.split()[-1]) >= len(stmts) + 10
 

@@ -22,15 +22,28 @@ from attnconv.models import create_model
 
 
 def _log_line(model, step: int) -> str:
-    return json.dumps({"epoch": step, "step": step,
-                       "layers": [c.tolist() for c in head_centers(model)],
-                       "alpha": [a.tolist() for a in head_alphas(model)]})  # fmt: skip
+    return json.dumps(
+        {
+            "epoch": step,
+            "step": step,
+            "layers": [c.tolist() for c in head_centers(model)],
+            "alpha": [a.tolist() for a in head_alphas(model)],
+        }
+    )
 
 
 def _model(seed: int, alpha_scale: float = 1.0):
     torch.manual_seed(seed)
-    m = create_model("sa_quadratic", num_classes=10, hidden_size=8, num_layers=2, num_heads=4,
-                     ff_size=8, downsample=4, init_centers_std=1.5)  # fmt: skip
+    m = create_model(
+        "sa_quadratic",
+        num_classes=10,
+        hidden_size=8,
+        num_layers=2,
+        num_heads=4,
+        ff_size=8,
+        downsample=4,
+        init_centers_std=1.5,
+    )
     for layer in m.layers:
         enc = layer.attn.positional_encoding
         enc.set_alpha(enc.alpha.detach().double() * alpha_scale)
@@ -41,15 +54,24 @@ def _model(seed: int, alpha_scale: float = 1.0):
 def test_evolution_equals_the_model_that_logged_it(tmp_path, alpha_scale):
     m0, m1 = _model(0), _model(1, alpha_scale)
     log = tmp_path / "centers.jsonl"
-    log.write_text(_log_line(m0, 0) + "\n" + json.dumps({"epoch": 0, "layers": []}) + "\n"
-                   + _log_line(m1, 100) + "\n")  # fmt: skip
+    log.write_text(
+        _log_line(m0, 0)
+        + "\n"
+        + json.dumps({"epoch": 0, "layers": []})
+        + "\n"
+        + _log_line(m1, 100)
+        + "\n"
+    )
     assert [r["step"] for r in read_evolution(log)] == [0, 100]  # lines without alpha skipped
     evo = head_evolution(log, grid=(8, 8))
     for e, m in zip(evo, (m0, m1)):
         for got, want in zip(e["layers"], grid_scores(m, (8, 8))):
             assert got["peak_mass"] == want.peak_mass
             assert (got["sharp_heads"], got["grid3"], got["grid5"]) == (
-                want.sharp_heads, want.grid3, want.grid5)
+                want.sharp_heads,
+                want.grid3,
+                want.grid5,
+            )
     assert all(lay["displacement"] == 0.0 for lay in evo[0]["layers"])
     for li, lay in enumerate(evo[1]["layers"]):
         moved = (head_centers(m1)[li] - head_centers(m0)[li]).norm(dim=-1).mean()
@@ -63,8 +85,9 @@ def test_evolution_equals_the_model_that_logged_it(tmp_path, alpha_scale):
     r, c = np.meshgrid(np.arange(8) - 4, np.arange(8) - 4, indexing="ij")
     for li, lay in enumerate(evo[1]["layers"]):
         ds = []
-        for (dr, dc), a in zip(head_centers(m1)[li].double().numpy(),
-                               head_alphas(m1)[li].double().numpy()):  # fmt: skip
+        for (dr, dc), a in zip(
+            head_centers(m1)[li].double().numpy(), head_alphas(m1)[li].double().numpy()
+        ):
             p = np.exp(-a * ((r - dr) ** 2 + (c - dc) ** 2))
             ds.append((p / p.sum() * np.sqrt(r**2 + c**2)).sum())
         assert lay["mean_distance"] == pytest.approx(float(np.mean(ds)), rel=1e-5)
@@ -80,8 +103,9 @@ def test_last_heads_are_the_last_logged_model(tmp_path):
     step, heads = last_heads(log, grid=(8, 8))
     assert step == 100 and len(heads) == len(head_centers(m1))
     r, c = np.meshgrid(np.arange(8) - 4, np.arange(8) - 4, indexing="ij")
-    for hd, ctr, alpha, want in zip(heads, head_centers(m1), head_alphas(m1),
-                                    grid_scores(m1, (8, 8))):  # fmt: skip
+    for hd, ctr, alpha, want in zip(
+        heads, head_centers(m1), head_alphas(m1), grid_scores(m1, (8, 8))
+    ):
         torch.testing.assert_close(hd["centers"], ctr.float())
         assert hd["score"].offsets == want.offsets and hd["score"].peak_mass == want.peak_mass
         for mp, (dr, dc), a in zip(hd["maps"], ctr.double().numpy(), alpha.double().numpy()):
@@ -101,4 +125,9 @@ def test_step_axis_labels_read_in_thousands():
     from attnconv.analysis.evolution import _thousands
 
     assert [_thousands(v) for v in (0, 500, 10_000, 37_500, 150_000)] == [
-        "0", "500", "10k", "37.5k", "150k"]  # fmt: skip
+        "0",
+        "500",
+        "10k",
+        "37.5k",
+        "150k",
+    ]

@@ -77,13 +77,17 @@ def test_run_archives_the_run_it_trains_while_it_trains(tmp_path, monkeypatch):
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "experiments_runner_archive", Path(archive.__file__).with_name("experiments.py"))
+        "experiments_runner_archive", Path(archive.__file__).with_name("experiments.py")
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     monkeypatch.setattr(mod, "SAVE_EVERY", 0.05)
     ticks = []
-    mod.sh([sys.executable, "-c", "import time; time.sleep(0.5)"], tmp_path / "log",
-           every=lambda: ticks.append(1))  # fmt: skip
+    mod.sh(
+        [sys.executable, "-c", "import time; time.sleep(0.5)"],
+        tmp_path / "log",
+        every=lambda: ticks.append(1),
+    )
     assert len(ticks) >= 3
     runs = tmp_path / "runs"
     for name in ("a", "b"):

@@ -28,8 +28,22 @@ def test_power_fit_recovers_a_power_law_and_leaves_out_the_first_steps():
 def test_grid_sections_whose_runs_are_absent_are_kept_and_said_so(tmp_path, monkeypatch):
     """A run root without grid_sa_quadratic / grid_long (a new machine) keeps their last
     regenerated sections, each with one note, instead of dropping them."""
-    old = [grid.GRID_TITLE, "", "| step | 20000 |", "", grid.LONG_TITLE, "", "| step | 10500 |",
-           "", sens.SENSITIVITY_TITLE, "", "| grid5k_base |", "", "### SASA", ""]  # fmt: skip
+    old = [
+        grid.GRID_TITLE,
+        "",
+        "| step | 20000 |",
+        "",
+        grid.LONG_TITLE,
+        "",
+        "| step | 10500 |",
+        "",
+        sens.SENSITIVITY_TITLE,
+        "",
+        "| grid5k_base |",
+        "",
+        "### SASA",
+        "",
+    ]
     results = tmp_path / "experiments.md"
     results.write_text("\n".join(old))
     monkeypatch.setattr(runs_, "RESULTS", results)
@@ -53,8 +67,12 @@ def test_grid_heads_table_says_how_far_each_sharp_head_travelled(tmp_path, monke
     start = {"layers": [[[-1.5, 0.2], [1.0, 1.0]]], "alpha": [[0.5, 0.5]]}
     end = {"layers": [[[-1.0, 0.0], [3.0, 4.0]]], "alpha": [[20.0, 0.01]]}
     log = tmp_path / "centers.jsonl"
-    log.write_text("\n".join(json.dumps({"epoch": e, "step": s, **r})
-                             for e, s, r in ((0, 0, start), (1, 500, end))) + "\n")  # fmt: skip
+    log.write_text(
+        "\n".join(
+            json.dumps({"epoch": e, "step": s, **r}) for e, s, r in ((0, 0, start), (1, 500, end))
+        )
+        + "\n"
+    )
     lines: list[str] = []
     grid.grid_heads(lines, log, "t")
     row = next(ln for ln in lines if ln.startswith("| 1 |"))
@@ -73,23 +91,35 @@ def test_grid_pull_table_reads_the_milestones_measured(tmp_path):
     import json
 
     def result(step, drifts):
-        layers = [{"drift": d, "drift_error": 1.0, "resolved": d > 2.0,
-                   "summed_lr_per_token": 10.0 / d} for d in drifts]  # fmt: skip
-        heads = [{"resolved": True, "radial": -0.9}, {"resolved": True, "radial": 0.5},
-                 {"resolved": False, "radial": -0.1}]  # fmt: skip
-        return {"model": f"grid_long/checkpoints/step-{step:08d} (hidden 64)", "layers": layers,
-                "heads": {"layer": 4, "rows": heads}}
+        layers = [
+            {"drift": d, "drift_error": 1.0, "resolved": d > 2.0, "summed_lr_per_token": 10.0 / d}
+            for d in drifts
+        ]
+        heads = [
+            {"resolved": True, "radial": -0.9},
+            {"resolved": True, "radial": 0.5},
+            {"resolved": False, "radial": -0.1},
+        ]
+        return {
+            "model": f"grid_long/checkpoints/step-{step:08d} (hidden 64)",
+            "layers": layers,
+            "heads": {"layer": 4, "rows": heads},
+        }
 
     for step in (20000, 5000):
         (tmp_path / f"grid_width_checkpoint_{step}.json").write_text(
-            json.dumps({"results": [result(step, [4.0, 1.0])]}))
-    (tmp_path / "grid_width.json").write_text(json.dumps({"results": [
-        {"model": "sa_quadratic (hidden 64)", "layers": [], "heads": {}}]}))  # not a milestone
+            json.dumps({"results": [result(step, [4.0, 1.0])]})
+        )
+    (tmp_path / "grid_width.json").write_text(
+        json.dumps({"results": [{"model": "sa_quadratic (hidden 64)", "layers": [], "heads": {}}]})
+    )  # not a milestone
     lines: list[str] = []
     grid.grid_pull(lines, lambda step: step / 10, pulls=tmp_path)
     rows = [ln for ln in lines if ln[:3] == "| 5" or ln[:3] == "| 2"]
-    assert rows == ["| 5000 | 500 | 4.0, 1.0 | 2, - | 1 / 1 / 1 |",
-                    "| 20000 | 2000 | 4.0, 1.0 | 2, - | 1 / 1 / 1 |"]  # fmt: skip
+    assert rows == [
+        "| 5000 | 500 | 4.0, 1.0 | 2, - | 1 / 1 / 1 |",
+        "| 20000 | 2000 | 4.0, 1.0 | 2, - | 1 / 1 / 1 |",
+    ]
     lines = []
     grid.grid_pull(lines, lambda step: 0.0, pulls=tmp_path / "none")
     assert lines == []  # no milestone measured: no table

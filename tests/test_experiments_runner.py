@@ -41,19 +41,23 @@ def test_progress_reads_the_run_folder(tmp_path):
     rows = ["kind,step,images_per_s"] + [f"train,{s},128" for s in (50, 100, 150)]
     (out / "metrics.csv").write_text("\n".join(rows) + "\n")
     left_h = (n - 150) * 64 / 128 / 3600
-    assert mod.progress(cfg, out) == (
-        f"step 150 of {n} (1%), ~{left_h:.1f} h left at 128 img/s"
-    )
+    assert mod.progress(cfg, out) == (f"step 150 of {n} (1%), ~{left_h:.1f} h left at 128 img/s")
     (out / "wall.json").write_text('{"train_seconds": 1.0}')
     assert mod.progress(cfg, out) == "done"
 
 
 def test_status_command_with_a_run_root(tmp_path):
     (tmp_path / "sasa_k3").mkdir()
-    r = subprocess.run([sys.executable, str(SCRIPT), "status", "sasa_k3", "--runs", str(tmp_path)],
-                       capture_output=True, text=True, check=True)  # fmt: skip
-    assert r.stdout.splitlines() == [f"run root: {tmp_path.resolve()}",
-                                     f"{'sasa_k3':32s} not started"]  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, str(SCRIPT), "status", "sasa_k3", "--runs", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert r.stdout.splitlines() == [
+        f"run root: {tmp_path.resolve()}",
+        f"{'sasa_k3':32s} not started",
+    ]
 
 
 def test_table1_seeds_and_their_spread():
@@ -124,8 +128,11 @@ def test_total_steps_count_an_epoch_as_the_trainer_does(tmp_path):
     from attnconv.data.datasets import ArrayDataset
     from attnconv.data.loader import Loader
 
-    split = ArrayDataset(torch.zeros(50_000, 3, 1, 1, dtype=torch.uint8),  # CIFAR-10's 50,000
-                         torch.zeros(50_000, dtype=torch.int64), ["a"])  # fmt: skip
+    split = ArrayDataset(
+        torch.zeros(50_000, 3, 1, 1, dtype=torch.uint8),  # CIFAR-10's 50,000
+        torch.zeros(50_000, dtype=torch.int64),
+        ["a"],
+    )
     assert len(Loader(split, 64, shuffle=True, max_steps=1000)) == 781
 
 
@@ -182,9 +189,22 @@ def _assert_refused(tmp_path, flag: str) -> None:
     """`run sasa_k3 FLAG 0` is one line, before anything runs."""
     data = tmp_path / "data.zip"
     data.write_bytes(b"")
-    r = subprocess.run([sys.executable, str(SCRIPT), "run", "sasa_k3", flag, "0",
-                        "--data", str(data), "--runs", str(tmp_path)],
-                       capture_output=True, text=True)  # fmt: skip
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "run",
+            "sasa_k3",
+            flag,
+            "0",
+            "--data",
+            str(data),
+            "--runs",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode != 0 and f"{flag} 0: must be at least 1" in r.stderr
     assert not (tmp_path / "sasa_k3" / "metrics.csv").exists()
 
@@ -198,11 +218,25 @@ def test_procs_train_one_run_under_torchrun(tmp_path, monkeypatch):
     mod = _module()
     monkeypatch.setattr(mod, "RUNS", tmp_path / "runs")
     cfg = tmp_path / "tiny.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "model": {"name": "tiny_cnn", "kwargs": {"width": 8}},
-        "data": {"max_per_class": 4, "eval_max_per_class": 1, "cache_dir": str(tmp_path / "c")},
-        "train": {"epochs": 1, "batch_size": 8, "log_every": 1, "threads": 1, "progress": False},
-    }))  # fmt: skip
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"name": "tiny_cnn", "kwargs": {"width": 8}},
+                "data": {
+                    "max_per_class": 4,
+                    "eval_max_per_class": 1,
+                    "cache_dir": str(tmp_path / "c"),
+                },
+                "train": {
+                    "epochs": 1,
+                    "batch_size": 8,
+                    "log_every": 1,
+                    "threads": 1,
+                    "progress": False,
+                },
+            }
+        )
+    )
     mod.run_one(cfg, CIFAR_ZIP, procs=2)
     out = tmp_path / "runs" / "tiny"
     log = (out / "experiment.log").read_text()
@@ -238,10 +272,15 @@ def test_a_second_runner_is_kept_out_before_it_decides_anything(tmp_path, monkey
     monkeypatch.setattr(mod, "RUNS", tmp_path)
     folder = tmp_path / "sasa_k3"
     folder.mkdir()
-    hold = ("import fcntl, sys, time\nf = open(sys.argv[1], 'a')\n"
-            "fcntl.flock(f, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(60)")
-    p = subprocess.Popen([sys.executable, "-c", hold, str(folder / ".runner.lock")],
-                         stdout=subprocess.PIPE, text=True)  # fmt: skip
+    hold = (
+        "import fcntl, sys, time\nf = open(sys.argv[1], 'a')\n"
+        "fcntl.flock(f, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(60)"
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", hold, str(folder / ".runner.lock")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert p.stdout.readline().strip() == "held"
         with pytest.raises(SystemExit, match="another run is training it"):
@@ -271,9 +310,13 @@ def test_a_runs_training_time_counts_every_sitting(tmp_path):
 
     run = tmp_path / "r"
     run.mkdir()
-    rows = ["kind,epoch,step,lr,loss,acc,images_per_s,seconds",
-            "train,1,50,0.1,2.0,0.1,10.0,100.0", "train,1,100,0.1,2.0,0.1,10.0,200.0",
-            "train,2,150,0.1,2.0,0.1,10.0,90.0", "eval,2,150,0.1,2.0,0.1,0.0,120.0"]  # fmt: skip
+    rows = [
+        "kind,epoch,step,lr,loss,acc,images_per_s,seconds",
+        "train,1,50,0.1,2.0,0.1,10.0,100.0",
+        "train,1,100,0.1,2.0,0.1,10.0,200.0",
+        "train,2,150,0.1,2.0,0.1,10.0,90.0",
+        "eval,2,150,0.1,2.0,0.1,0.0,120.0",
+    ]
     (run / "metrics.csv").write_text("\n".join(rows) + "\n")
     (run / "wall.json").write_text('{"train_seconds": 130.0}')
     assert report.train_seconds(run) == 320.0  # 200 + 120

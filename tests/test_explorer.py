@@ -53,9 +53,14 @@ def constructed(images, **kw):
         return [gaussian_layer((8, 8), c0), gaussian_layer((4, 4), c1)]
 
     return build_data(
-        images, [layers(0), layers(1)], layers("avg"), (8, 8), layer_grids=[(8, 8), (4, 4)],
-        num_average=7, **kw,
-    )  # fmt: skip
+        images,
+        [layers(0), layers(1)],
+        layers("avg"),
+        (8, 8),
+        layer_grids=[(8, 8), (4, 4)],
+        num_average=7,
+        **kw,
+    )
 
 
 def expected_argmax(grid, query_token, center):

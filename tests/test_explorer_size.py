@@ -40,9 +40,14 @@ def test_converted_resnet18_page_is_small_and_from_two_images(cifar_zip, tmp_pat
     sizes = {}
     for shown in (2, 8):
         page = explore_model(
-            model, images[:shown], tmp_path / f"p{shown}.html", average_images=images,
-            labels=labels[:shown], mean=CIFAR10_MEAN, std=CIFAR10_STD,
-        )  # fmt: skip
+            model,
+            images[:shown],
+            tmp_path / f"p{shown}.html",
+            average_images=images,
+            labels=labels[:shown],
+            mean=CIFAR10_MEAN,
+            std=CIFAR10_STD,
+        )
         html = page.read_text()
         data = page_data(html)
         layers = data["layers"]

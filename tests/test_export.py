@@ -26,8 +26,10 @@ from attnconv.models import create_model
 def _cases():
     torch.manual_seed(0)
     img, seq = torch.randn(2, 8, 6, 6), torch.randn(2, 5, 8)
-    out = [(f"mhsa2d-{p}", MultiHeadSelfAttention2d(8, 8, 2, positional=p, max_size=16), img)
-           for p in POSITIONALS]  # fmt: skip
+    out = [
+        (f"mhsa2d-{p}", MultiHeadSelfAttention2d(8, 8, 2, positional=p, max_size=16), img)
+        for p in POSITIONALS
+    ]
     out += [
         ("local", LocalSelfAttention2d(8, 8, 2, 3), img),
         ("local-zeros-qr", LocalSelfAttention2d(8, 8, 2, 3, padding="zeros", logits="qr"), img),

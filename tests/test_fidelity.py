@@ -117,9 +117,7 @@ def test_centres_and_precisions_are_never_decayed(name):
     """Whatever the config says, centres and spreads / precision factors get no weight decay;
     with decay_1d (the reference) biases and LayerNorms are decayed, else not."""
     m = attnconv.create_model(name, hidden_size=18, num_layers=2, ff_size=8)
-    geometry = {
-        n for n in dict(m.named_parameters()) if n.endswith(("centers", "spread"))
-    }
+    geometry = {n for n in dict(m.named_parameters()) if n.endswith(("centers", "spread"))}
     assert len(geometry) == 4
     for decay_1d in (False, True):
         names = set(no_decay_names(m, [], decay_1d))
@@ -155,8 +153,10 @@ def _ref_downsample_concatenate(x: torch.Tensor, k: int) -> torch.Tensor:
     """The reference's space-to-depth on (B, H, W, C), re-derived: a k x k block's values in
     (block row, block column, channel) order -> (B, H/k, W/k, k*k*C)."""
     b, h, w, c = x.shape
-    return x.reshape(b, h // k, k, w // k, k, c).permute(0, 1, 3, 2, 4, 5).reshape(
-        b, h // k, w // k, k * k * c
+    return (
+        x.reshape(b, h // k, k, w // k, k, c)
+        .permute(0, 1, 3, 2, 4, 5)
+        .reshape(b, h // k, w // k, k * k * c)
     )
 
 

@@ -25,17 +25,23 @@ def _pair(positional: str, heads: int, dtype, device, seed: int):
     with torch.no_grad():
         if positional == "quadratic":
             fast.positional_encoding.centers.uniform_(-3, 3)
-    ref = MultiHeadSelfAttention2d(6, 6, heads, positional=positional, content=True,
-                                   max_size=8, impl="reference").to(device, dtype)  # fmt: skip
+    ref = MultiHeadSelfAttention2d(
+        6, 6, heads, positional=positional, content=True, max_size=8, impl="reference"
+    ).to(device, dtype)
     ref.load_state_dict(fast.state_dict())
     fast.backend = "flex"
     return fast, ref
 
 
 @pytest.mark.slow
-@given(positional=st.sampled_from(["quadratic", "relative_learned"]), b=st.integers(1, 2),
-       heads=st.integers(1, 3), h=st.integers(1, 6), w=st.integers(1, 6),
-       seed=st.integers(0, 2**16))  # fmt: skip
+@given(
+    positional=st.sampled_from(["quadratic", "relative_learned"]),
+    b=st.integers(1, 2),
+    heads=st.integers(1, 3),
+    h=st.integers(1, 6),
+    w=st.integers(1, 6),
+    seed=st.integers(0, 2**16),
+)
 def test_flex_backend_equals_reference_cpu(positional, b, heads, h, w, seed):
     fast, ref = _pair(positional, heads, torch.float64, "cpu", seed)
     x = torch.randn(b, 6, h, w, dtype=torch.float64)
@@ -114,8 +120,9 @@ def test_flex_backend_is_as_exact_as_dense(positional, hw, alpha, autocast, devi
         scale = ref[1].abs().max().item() if vanishes else scale  # ref[1]: the input's gradient
         e_a, e_p = _rel(a, r, scale), _rel(p, r, scale)
         # the encoding's gradients: a few scalars, sums of cancelling terms (test_precision.py)
-        floor = (VANISHING_FLOOR if vanishes
-                 else 2e-6 if name == "encoding" and not autocast else 1e-12)  # 1e-12: zero
+        floor = (
+            VANISHING_FLOOR if vanishes else 2e-6 if name == "encoding" and not autocast else 1e-12
+        )  # 1e-12: zero
         assert name == "encoding" or e_p < (2e-2 if autocast else 1e-5), (name, e_p)
         assert e_a <= 2 * max(e_p, floor), (name, e_a, e_p)
 
@@ -134,13 +141,24 @@ def test_flex_axis_attention_rejects_a_mismatched_table():
         flex_axis_attention(q, q, q, torch.randn(1, 1, 6, 4), 2, 3, 0.5)
 
 
-LOCAL_VARIANTS = [("relative", "qk+qr"), ("relative", "qr"), ("absolute", "qk+qr"),
-                  ("absolute", "qr"), ("none", "qk")]  # fmt: skip
+LOCAL_VARIANTS = [
+    ("relative", "qk+qr"),
+    ("relative", "qr"),
+    ("absolute", "qk+qr"),
+    ("absolute", "qr"),
+    ("none", "qk"),
+]
 
 
 @pytest.mark.slow
-@given(variant=st.sampled_from(LOCAL_VARIANTS), ks=st.integers(1, 5), b=st.integers(1, 2),
-       h=st.integers(1, 6), w=st.integers(1, 6), seed=st.integers(0, 2**16))  # fmt: skip
+@given(
+    variant=st.sampled_from(LOCAL_VARIANTS),
+    ks=st.integers(1, 5),
+    b=st.integers(1, 2),
+    h=st.integers(1, 6),
+    w=st.integers(1, 6),
+    seed=st.integers(0, 2**16),
+)
 def test_flex_local_equals_reference_cpu(variant, ks, b, h, w, seed):
     """SASA window attention through Flex (block mask + relative score_mod) == the reference."""
     from attnconv.layers.local import LocalSelfAttention2d
@@ -195,6 +213,11 @@ def test_gaussian_score_mod_is_the_dense_logits_to_the_bit(dtype):
     h, w = 5, 7
     t = h * w
     mod = gaussian_score_mod(enc.alpha.detach(), enc.centers.detach(), w)
-    grid = mod(torch.zeros(3, t, t, dtype=dtype), 0, torch.arange(3)[:, None, None],
-               torch.arange(t)[None, :, None], torch.arange(t)[None, None, :])  # fmt: skip
+    grid = mod(
+        torch.zeros(3, t, t, dtype=dtype),
+        0,
+        torch.arange(3)[:, None, None],
+        torch.arange(t)[None, :, None],
+        torch.arange(t)[None, None, :],
+    )
     assert torch.equal(grid, enc.dense_logits(h, w).detach())

@@ -33,13 +33,19 @@ def _run(f, q, k, v, qa, h, w, p, per_image, seed, scale=0.37):
 
 @settings(max_examples=25, deadline=None)
 @given(
-    b=st.integers(1, 3), nh=st.integers(1, 3), h=st.integers(1, 7), w=st.integers(1, 7),
-    dk=st.integers(1, 9), dv=st.integers(1, 9), p=st.sampled_from([0.0, 0.1, 0.5]),
-    per_image=st.booleans(), shared=st.booleans(), batch_axis=st.booleans(),
+    b=st.integers(1, 3),
+    nh=st.integers(1, 3),
+    h=st.integers(1, 7),
+    w=st.integers(1, 7),
+    dk=st.integers(1, 9),
+    dv=st.integers(1, 9),
+    p=st.sampled_from([0.0, 0.1, 0.5]),
+    per_image=st.booleans(),
+    shared=st.booleans(),
+    batch_axis=st.booleans(),
     seed=st.integers(0, 2**32 - 1),
-)  # fmt: skip
-def test_fused_equals_plain_equations(b, nh, h, w, dk, dv, p, per_image, shared, batch_axis,
-                                      seed):  # fmt: skip
+)
+def test_fused_equals_plain_equations(b, nh, h, w, dk, dv, p, per_image, shared, batch_axis, seed):
     """float64: values and the gradients of q, k, v (shared or not) and the axis logits."""
     gen = torch.Generator().manual_seed(seed % 1000)
     xs = _inputs(b, nh, h, w, dk, dv, torch.float64, shared, batch_axis, gen)
@@ -118,8 +124,13 @@ def test_model_layer_runs_fused_and_matches_dense():
     equals the dense kernel (backend="blocked") in float64, values and gradients."""
     from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
 
-    lay = MultiHeadSelfAttention2d(8, 8, 2, positional="relative_learned", dropout=0.2,
-                                   dropout_mask="sample").double().train()  # fmt: skip
+    lay = (
+        MultiHeadSelfAttention2d(
+            8, 8, 2, positional="relative_learned", dropout=0.2, dropout_mask="sample"
+        )
+        .double()
+        .train()
+    )
     x = torch.randn(2, 8, 5, 6, dtype=torch.float64, requires_grad=True)
     assert lay.kernel(x) == "fused"
     res = []
@@ -133,9 +144,14 @@ def test_model_layer_runs_fused_and_matches_dense():
 
 
 @settings(deadline=None, max_examples=15)
-@given(positional=st.sampled_from(["relative_learned", "quadratic"]), b=st.integers(1, 3),
-       heads=st.integers(1, 3), h=st.integers(1, 7), w=st.integers(1, 7),
-       seed=st.integers(0, 2**16))  # fmt: skip
+@given(
+    positional=st.sampled_from(["relative_learned", "quadratic"]),
+    b=st.integers(1, 3),
+    heads=st.integers(1, 3),
+    h=st.integers(1, 7),
+    w=st.integers(1, 7),
+    seed=st.integers(0, 2**16),
+)
 def test_inference_forward_fused_equals_reference(positional, b, heads, h, w, seed):
     """In inference (eval, inference_mode) the plan runs the fused kernel at 16x16 on the
     learned relative content layer (plan._fused_wins); forced at any shape it equals
@@ -156,4 +172,5 @@ def test_inference_forward_fused_equals_reference(positional, b, heads, h, w, se
     lay.backend, lay.impl = None, "auto"
     with torch.inference_mode():
         assert lay.kernel(torch.randn(1, 6, 16, 16, dtype=torch.float64)) == (
-            "fused" if positional == "relative_learned" else "shared_bias")
+            "fused" if positional == "relative_learned" else "shared_bias"
+        )

@@ -39,23 +39,41 @@ def _inputs(b, nh, dk, dv, h, w, ks, keys, rel, dtype, seed, nm=0):
 
 def _run(inputs, ks, padding, use_fused):
     q, k, v, rr, rc, mix = inputs
-    y, p = local_attention(q, k, v, kernel_size=ks, rel_row=rr, rel_col=rc, mix=mix,
-                           padding=padding, return_attention=True, fused=use_fused)  # fmt: skip
+    y, p = local_attention(
+        q,
+        k,
+        v,
+        kernel_size=ks,
+        rel_row=rr,
+        rel_col=rc,
+        mix=mix,
+        padding=padding,
+        return_attention=True,
+        fused=use_fused,
+    )
     wrt = [t for t in inputs if t is not None]
     g = torch.cos(torch.arange(y.numel(), dtype=y.dtype)).view_as(y)
     return y, p, torch.autograd.grad((y * g).sum(), wrt)
 
 
 @settings(deadline=None, max_examples=40)
-@given(b=st.integers(1, 2), nh=st.integers(1, 3), dk=st.sampled_from([2, 4, 6]),
-       dv=st.integers(1, 5), h=st.integers(1, 9), w=st.integers(1, 9), ks=st.integers(1, 9),
-       mode=st.sampled_from(["qk+qr", "qk", "qr"]), padding=st.sampled_from(["mask", "zeros"]),
-       nm=st.integers(0, 3), seed=st.integers(0, 2**16))  # fmt: skip
+@given(
+    b=st.integers(1, 2),
+    nh=st.integers(1, 3),
+    dk=st.sampled_from([2, 4, 6]),
+    dv=st.integers(1, 5),
+    h=st.integers(1, 9),
+    w=st.integers(1, 9),
+    ks=st.integers(1, 9),
+    mode=st.sampled_from(["qk+qr", "qk", "qr"]),
+    padding=st.sampled_from(["mask", "zeros"]),
+    nm=st.integers(0, 3),
+    seed=st.integers(0, 2**16),
+)
 def test_fused_equals_window_float64(b, nh, dk, dv, h, w, ks, mode, padding, nm, seed):
     """Every logit form (content and relative, content only, relative only), both borders, even
     and odd windows, windows larger than the image, plain values and the stem's mixed ones."""
-    inputs = _inputs(b, nh, dk, dv, h, w, ks, "qk" in mode, "qr" in mode, torch.float64, seed,
-                     nm)  # fmt: skip
+    inputs = _inputs(b, nh, dk, dv, h, w, ks, "qk" in mode, "qr" in mode, torch.float64, seed, nm)
     y1, p1, g1 = _run(inputs, ks, padding, False)
     y2, p2, g2 = _run(inputs, ks, padding, True)
     torch.testing.assert_close(y2, y1, rtol=1e-12, atol=1e-12)
@@ -72,8 +90,9 @@ def test_fused_gradcheck_float64(padding, nm):
 
     def f(q, k, v, rr, rc, *mix):
         m = mix[0] if mix else None
-        return local_attention(q, k, v, kernel_size=3, rel_row=rr, rel_col=rc, mix=m,
-                               padding=padding, fused=True)  # fmt: skip
+        return local_attention(
+            q, k, v, kernel_size=3, rel_row=rr, rel_col=rc, mix=m, padding=padding, fused=True
+        )
 
     assert gradcheck(f, ins)
 
@@ -116,8 +135,9 @@ def test_double_backward_through_fused_is_the_plain_gradient():
     ins = [t for t in inputs if t is not None]
     out = []
     for use in (False, True):
-        y = local_attention(*inputs[:3], kernel_size=3, rel_row=inputs[3], rel_col=inputs[4],
-                            fused=use)  # fmt: skip
+        y = local_attention(
+            *inputs[:3], kernel_size=3, rel_row=inputs[3], rel_col=inputs[4], fused=use
+        )
         (gq,) = torch.autograd.grad(y.square().sum(), inputs[0], create_graph=True)
         out.append(torch.autograd.grad(gq.square().sum(), ins))
     for a, r in zip(*out):
@@ -125,12 +145,15 @@ def test_double_backward_through_fused_is_the_plain_gradient():
 
 
 def test_layer_falls_back_to_the_window_kernel_without_the_extension():
-    code = ("import torch; from attnconv.layers.local import LocalSelfAttention2d as L\n"
-            "m = L(8, 8, 2, 3); print(m.kernel('cpu'))\n"
-            "x = torch.randn(1, 8, 5, 5, requires_grad=True); m(x).sum().backward()\n")  # fmt: skip
+    code = (
+        "import torch; from attnconv.layers.local import LocalSelfAttention2d as L\n"
+        "m = L(8, 8, 2, 3); print(m.kernel('cpu'))\n"
+        "x = torch.randn(1, 8, 5, 5, requires_grad=True); m(x).sum().backward()\n"
+    )
     env = {**os.environ, "ATTNCONV_NO_FUSED": "1"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == "window"
 
 

@@ -36,8 +36,14 @@ def mhsa_config(draw):
     content = draw(st.booleans())
     value = draw(st.sampled_from(["linear", "identity"]))
     heads = draw(st.sampled_from([1, 2, 3, 5, 16, 64]))  # 64 heads on a 1x1 .. 5x5 image
-    kw = dict(in_channels=draw(st.integers(1, 4)), num_heads=heads, positional=positional,
-              content=content, value=value, max_size=5)  # fmt: skip
+    kw = dict(
+        in_channels=draw(st.integers(1, 4)),
+        num_heads=heads,
+        positional=positional,
+        content=content,
+        value=value,
+        max_size=5,
+    )
     if value == "identity":
         kw["out_channels"] = draw(st.integers(1, 4))
     elif draw(st.booleans()):
@@ -189,9 +195,16 @@ def test_stem(data):
     d = data.draw
     heads = d(st.integers(1, 4))
     pool = d(st.integers(1, 2))
-    cfg = dict(in_channels=d(st.integers(1, 3)), out_channels=heads * d(st.integers(1, 3)),
-               num_heads=heads, kernel_size=d(st.integers(1, 4)), mixtures=d(st.integers(1, 3)),
-               pool=pool, padding=d(st.sampled_from(PADDINGS)), norm=d(st.booleans()))  # fmt: skip
+    cfg = dict(
+        in_channels=d(st.integers(1, 3)),
+        out_channels=heads * d(st.integers(1, 3)),
+        num_heads=heads,
+        kernel_size=d(st.integers(1, 4)),
+        mixtures=d(st.integers(1, 3)),
+        pool=pool,
+        padding=d(st.sampled_from(PADDINGS)),
+        norm=d(st.booleans()),
+    )
     kw, bad = d(perturb(cfg, STEM_BAD))
     seed = d(st.integers(0, 2**16))
 
@@ -199,7 +212,13 @@ def test_stem(data):
         torch.manual_seed(seed)
         return AttentionStem2d(**kw).double().eval()
 
-    x = d(image(d(st.integers(1, 2)), cfg["in_channels"], d(st.integers(pool, 5)),
-                d(st.integers(pool, 5))))  # fmt: skip
+    x = d(
+        image(
+            d(st.integers(1, 2)),
+            cfg["in_channels"],
+            d(st.integers(pool, 5)),
+            d(st.integers(pool, 5)),
+        )
+    )
     x, bad_input = d(perturb_input(x))
     check_layer(build, x, bad, bad_input)

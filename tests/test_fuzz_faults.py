@@ -62,7 +62,7 @@ LAYERS = {
     "mhsa2d": lambda: MultiHeadSelfAttention2d(2, 4, 2, positional="quadratic"),
     "mhsa2d-position-only": lambda: MultiHeadSelfAttention2d(
         2, 4, 2, positional="relative_learned", content=False, max_size=4
-    ),  # fmt: skip
+    ),
     "local": lambda: LocalSelfAttention2d(2, 4, 2, kernel_size=3),
     "stem": lambda: AttentionStem2d(2, 4, 2, kernel_size=3, pool=1),
     "conv_to_attention": lambda: conv_to_attention(nn.Conv2d(2, 4, 3, padding=1)),
@@ -85,8 +85,15 @@ def test_learned_tables_refuse_larger_images():
     assert "max_size=3" in str(err)
 
 
-MODELS = ["tiny_cnn", "resnet18_cifar", "sa_quadratic", "sa_learned_content", "vit_tiny_cifar",
-          "sasa_resnet26_cifar", "resnet26_cifar"]  # fmt: skip
+MODELS = [
+    "tiny_cnn",
+    "resnet18_cifar",
+    "sa_quadratic",
+    "sa_learned_content",
+    "vit_tiny_cifar",
+    "sasa_resnet26_cifar",
+    "resnet26_cifar",
+]
 MODEL_INPUTS = {
     "float64": lambda: torch.randn(1, 3, 32, 32, dtype=F64),
     "int": lambda: torch.ones(1, 3, 32, 32, dtype=torch.long),
@@ -116,12 +123,19 @@ def test_models_refuse_bad_images_clearly(models, name):
 
 @pytest.mark.parametrize(
     "name,bad",
-    [("sa_quadratic", {"num_classes": 0}), ("sa_quadratic", {"num_heads": True}),
-     ("vit_tiny_cifar", {"patch_size": 0}), ("vit_tiny_cifar", {"num_classes": -1}),
-     ("vit_tiny_cifar", {"depth": 0}), ("resnet18_cifar", {"in_chans": 0}),
-     ("tiny_cnn", {"width": 2.5}), ("transformer_small", {"num_heads": 0}),
-     ("sasa_resnet26_cifar", {"kernel_size": 0}), ("sa_learned", {"no_such_option": 1})],
-)  # fmt: skip
+    [
+        ("sa_quadratic", {"num_classes": 0}),
+        ("sa_quadratic", {"num_heads": True}),
+        ("vit_tiny_cifar", {"patch_size": 0}),
+        ("vit_tiny_cifar", {"num_classes": -1}),
+        ("vit_tiny_cifar", {"depth": 0}),
+        ("resnet18_cifar", {"in_chans": 0}),
+        ("tiny_cnn", {"width": 2.5}),
+        ("transformer_small", {"num_heads": 0}),
+        ("sasa_resnet26_cifar", {"kernel_size": 0}),
+        ("sa_learned", {"no_such_option": 1}),
+    ],
+)
 def test_create_model_refuses_bad_sizes_clearly(name, bad):
     err = expect_error(lambda: create_model(name, **bad))
     assert next(iter(bad)) in str(err)

@@ -46,9 +46,12 @@ def test_mha(data):
     """MultiHeadAttention: self/cross attention, causal, key padding, huge head counts."""
     d = data.draw
     heads = d(st.sampled_from([1, 2, 4, 32]))
-    cfg = dict(embed_dim=heads * d(st.integers(1, 2)), num_heads=heads,
-               kdim=d(st.one_of(st.none(), st.integers(1, 3))),
-               vdim=d(st.one_of(st.none(), st.integers(1, 3))))  # fmt: skip
+    cfg = dict(
+        embed_dim=heads * d(st.integers(1, 2)),
+        num_heads=heads,
+        kdim=d(st.one_of(st.none(), st.integers(1, 3))),
+        vdim=d(st.one_of(st.none(), st.integers(1, 3))),
+    )
     kw, bad = d(perturb(cfg, MHA_BAD))
     seed = d(st.integers(0, 2**16))
     b, tq, tk = d(st.integers(1, 2)), d(st.integers(1, 5)), d(st.integers(1, 5))
@@ -117,17 +120,32 @@ def test_conv_to_attention(data):
     groups = d(st.sampled_from([1, 2]))
     cin, cout = groups * d(st.integers(1, 2)), groups * d(st.integers(1, 2))
     cls = nn.Conv2d if ndim == 2 else nn.Conv1d
-    conv = cls(cin, cout, tuple(d(st.integers(1, 3)) for _ in range(ndim)),
-               stride=d(st.integers(1, 2)), padding=d(st.integers(0, 2)),
-               dilation=d(st.integers(1, 2)), groups=groups, bias=d(st.booleans()),
-               padding_mode=d(st.sampled_from(MODES))).double()  # fmt: skip
+    conv = cls(
+        cin,
+        cout,
+        tuple(d(st.integers(1, 3)) for _ in range(ndim)),
+        stride=d(st.integers(1, 2)),
+        padding=d(st.integers(0, 2)),
+        dilation=d(st.integers(1, 2)),
+        groups=groups,
+        bias=d(st.booleans()),
+        padding_mode=d(st.sampled_from(MODES)),
+    ).double()
     cfg = dict(alpha=None, head_dim=None)
     if d(st.booleans()):
         cfg["alpha"] = d(st.sampled_from([1e4, 1e6]))
     if d(st.booleans()):
         cfg["head_dim"] = d(st.sampled_from([1, cin * 9]))  # rank-limited or exact
-    kw, bad = d(perturb(cfg, {"alpha": [0.0, -1.0, float("inf"), float("nan"), "1"],
-                              "head_dim": [0, -2, 1.5, "1"], "impl": ["fast"]}))  # fmt: skip
+    kw, bad = d(
+        perturb(
+            cfg,
+            {
+                "alpha": [0.0, -1.0, float("inf"), float("nan"), "1"],
+                "head_dim": [0, -2, 1.5, "1"],
+                "impl": ["fast"],
+            },
+        )
+    )
     target = conv
     if d(st.integers(0, 9)) == 0:
         target, bad = d(st.sampled_from([nn.Linear(2, 2), "conv", nn.Conv3d(1, 1, 1)])), "target"
@@ -165,8 +183,21 @@ def test_conv_to_attention(data):
 
 # ------------------------------------------------- functional.scaled_dot_product_attention
 
-SDPA_FAULTS = ["dtype", "int", "rank", "heads", "width", "length", "mask_dtype", "mask_shape",
-               "bias_shape", "bias_int", "dropout", "impl", "list"]  # fmt: skip
+SDPA_FAULTS = [
+    "dtype",
+    "int",
+    "rank",
+    "heads",
+    "width",
+    "length",
+    "mask_dtype",
+    "mask_shape",
+    "bias_shape",
+    "bias_int",
+    "dropout",
+    "impl",
+    "list",
+]
 
 
 @fuzz(50)
@@ -175,8 +206,12 @@ def test_scaled_dot_product_attention(data):
     """The shared kernel: bias, boolean mask (rows may be fully masked), causal, dk != dv,
     broadcast batch/heads, dk = 0 (position-only); or one fault -> a clear error."""
     d = data.draw
-    b, nh, tq, tk = (d(st.integers(1, 2)), d(st.sampled_from([1, 2, 16])), d(st.integers(1, 5)),
-                     d(st.integers(1, 5)))  # fmt: skip
+    b, nh, tq, tk = (
+        d(st.integers(1, 2)),
+        d(st.sampled_from([1, 2, 16])),
+        d(st.integers(1, 5)),
+        d(st.integers(1, 5)),
+    )
     dk, dv = d(st.integers(0, 4)), d(st.integers(1, 4))
     gen = torch.Generator().manual_seed(d(st.integers(0, 2**31 - 1)))
 

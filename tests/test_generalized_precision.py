@@ -16,8 +16,9 @@ from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
 
 
 def _layer(impl: str, dtype=torch.float32, content=False) -> MultiHeadSelfAttention2d:
-    return MultiHeadSelfAttention2d(6, 6, 3, positional="quadratic_generalized", content=content,
-                                    impl=impl).to(dtype)  # fmt: skip
+    return MultiHeadSelfAttention2d(
+        6, 6, 3, positional="quadratic_generalized", content=content, impl=impl
+    ).to(dtype)
 
 
 def _fast_dense_exact(content: bool, spread: float):
@@ -56,8 +57,15 @@ def test_fast_path_error_within_2x_of_dense(hw, spread, content):
 
 
 @settings(max_examples=15, deadline=None)
-@given(b=st.integers(1, 2), nh=st.integers(1, 3), h=st.integers(1, 6), w=st.integers(1, 6),
-       dk=st.integers(1, 5), block=st.integers(1, 7), seed=st.integers(0, 2**16))  # fmt: skip
+@given(
+    b=st.integers(1, 2),
+    nh=st.integers(1, 3),
+    h=st.integers(1, 6),
+    w=st.integers(1, 6),
+    dk=st.integers(1, 5),
+    block=st.integers(1, 7),
+    seed=st.integers(0, 2**16),
+)
 def test_gaussian_kernel_equals_its_plain_equation(b, nh, h, w, dk, block, seed):
     """Values and gradients (q, k, v, centres, the precision's factor) of the blocked kernel
     against the dense equation, float64, random shapes and blocks."""
@@ -66,8 +74,13 @@ def test_gaussian_kernel_equals_its_plain_equation(b, nh, h, w, dk, block, seed)
     def r(*shape):
         return torch.randn(*shape, generator=g, dtype=torch.float64, requires_grad=True)
 
-    q, k, v, ctr, a = r(b, nh, h * w, dk), r(b, nh, h * w, dk), r(b, nh, h * w, 3), r(nh, 2), \
-        r(nh, 2, 2)
+    q, k, v, ctr, a = (
+        r(b, nh, h * w, dk),
+        r(b, nh, h * w, dk),
+        r(b, nh, h * w, 3),
+        r(nh, 2),
+        r(nh, 2, 2),
+    )
     ins = (q, k, v, ctr, a)
 
     def fast(q, k, v, c, a):
@@ -85,11 +98,16 @@ def test_gaussian_kernel_equals_its_plain_equation(b, nh, h, w, dk, block, seed)
 
 def test_gaussian_kernel_gradcheck():
     torch.manual_seed(0)
-    ins = [torch.randn(*s, dtype=torch.float64, requires_grad=True)
-           for s in ((2, 2, 12, 3), (2, 2, 12, 3), (2, 2, 12, 2), (2, 2), (2, 2, 2))]  # fmt: skip
+    ins = [
+        torch.randn(*s, dtype=torch.float64, requires_grad=True)
+        for s in ((2, 2, 12, 3), (2, 2, 12, 3), (2, 2, 12, 2), (2, 2), (2, 2, 2))
+    ]
     assert torch.autograd.gradcheck(
-        lambda q, k, v, c, a: gaussian_attention(q, k, v, c, a @ a.transpose(-1, -2), 3, 4, 0.5,
-                                                 block=5), ins)  # fmt: skip
+        lambda q, k, v, c, a: gaussian_attention(
+            q, k, v, c, a @ a.transpose(-1, -2), 3, 4, 0.5, block=5
+        ),
+        ins,
+    )
 
 
 @pytest.mark.parametrize("hw", [(1, 300), (16, 16), (32, 32)])

@@ -34,24 +34,29 @@ def _layers(impl: str):
         for content in (True, False):
             if pos == "none" and not content:
                 continue
-            layer = MultiHeadSelfAttention2d(4, 4, 2, positional=pos, content=content, impl=impl,
-                                             max_size=8)  # fmt: skip
+            layer = MultiHeadSelfAttention2d(
+                4, 4, 2, positional=pos, content=content, impl=impl, max_size=8
+            )
             out.append((f"mhsa2d-{pos}-{'content' if content else 'position'}", layer, _image()))
     modes = [("relative", "qk+qr"), ("relative", "qr"), ("absolute", "qk+qr"), ("none", "qk")]
     for pos, logits in modes:
-        layer = LocalSelfAttention2d(8, 8, 2, kernel_size=3, positional=pos, logits=logits,
-                                     impl=impl)  # fmt: skip
+        layer = LocalSelfAttention2d(
+            8, 8, 2, kernel_size=3, positional=pos, logits=logits, impl=impl
+        )
         out.append((f"local-{pos}-{logits}", layer, _image(8)))
-    out.append(("local-zeros", LocalSelfAttention2d(8, 8, 2, 3, padding="zeros", impl=impl),
-                _image(8)))  # fmt: skip
-    out.append(("stem", AttentionStem2d(4, 4, 2, kernel_size=3, mixtures=2, pool=1, impl=impl),
-                _image()))  # fmt: skip
+    out.append(
+        ("local-zeros", LocalSelfAttention2d(8, 8, 2, 3, padding="zeros", impl=impl), _image(8))
+    )
+    out.append(
+        ("stem", AttentionStem2d(4, 4, 2, kernel_size=3, mixtures=2, pool=1, impl=impl), _image())
+    )
     seq = torch.randn(1, 3, 8, dtype=torch.float64, requires_grad=True)
     out.append(("mha", MultiHeadAttention(8, 2, impl=impl), seq))
     out.append(("feedforward", FeedForward(8, 16), seq))
     out.append(("sinusoidal", SinusoidalPositionalEncoding(8), seq))
-    out.append(("converted-conv", conv_to_attention(nn.Conv2d(4, 3, 3, padding=1), impl=impl),
-                _image()))  # fmt: skip
+    out.append(
+        ("converted-conv", conv_to_attention(nn.Conv2d(4, 3, 3, padding=1), impl=impl), _image())
+    )
     return out
 
 
@@ -80,8 +85,9 @@ FAST = _layers("auto")
 
 # the window kernel's double backward costs 3-5 s a layer: those cases are marked slow
 WINDOW = ("local", "stem")
-FAST_PARAMS = [pytest.param(*r, id=r[0], marks=[pytest.mark.slow] * r[0].startswith(WINDOW))
-               for r in FAST]  # fmt: skip
+FAST_PARAMS = [
+    pytest.param(*r, id=r[0], marks=[pytest.mark.slow] * r[0].startswith(WINDOW)) for r in FAST
+]
 
 
 @pytest.mark.parametrize("name, layer, x", FAST_PARAMS)
@@ -116,8 +122,7 @@ def test_local_kernel_fast_path_double_backward(padding, rel, content):
         qq, kk = next(it), next(it) if content else None
         vv = next(it)
         r1, r2 = (next(it), next(it)) if rel else (None, None)
-        return local_attention(qq, kk, vv, kernel_size=3, rel_row=r1, rel_col=r2,
-                               padding=padding)  # fmt: skip
+        return local_attention(qq, kk, vv, kernel_size=3, rel_row=r1, rel_col=r2, padding=padding)
 
     assert gradgradcheck(f, ins)
     gy = torch.randn_like(f(*ins))

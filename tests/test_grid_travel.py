@@ -40,8 +40,10 @@ def test_a_convolution_layout_needs_no_travel_and_a_shifted_one_its_shift():
     assert abs(grid_travel(on_query) - (4 * 1 + 4 * 2**0.5) / 9) < 1e-12
 
 
-@pytest.mark.parametrize("centers, k", [(torch.zeros(10, 2), 3), (torch.zeros(3, 2), 2),
-                                        (torch.zeros(3), 3), (torch.zeros(3, 2), 5)])
+@pytest.mark.parametrize(
+    "centers, k",
+    [(torch.zeros(10, 2), 3), (torch.zeros(3, 2), 2), (torch.zeros(3), 3), (torch.zeros(3, 2), 5)],
+)
 def test_bad_sizes_are_one_line_errors(centers, k):
     with pytest.raises(ValueError, match="grid_travel|centers must be"):
         grid_travel(centers, k)

@@ -52,8 +52,10 @@ def test_head_stats_direction_radial_and_towards_the_grid():
 
 
 def test_heads_figure_is_written(tmp_path):
-    rows = grid_width.head_stats(torch.randn(8, 2, 2, dtype=torch.float64),
-                                 torch.tensor([[1.0, 0.5], [0.0, 0.0]]),
-                                 torch.tensor([0.5, 0.0]))  # fmt: skip
+    rows = grid_width.head_stats(
+        torch.randn(8, 2, 2, dtype=torch.float64),
+        torch.tensor([[1.0, 0.5], [0.0, 0.0]]),
+        torch.tensor([0.5, 0.0]),
+    )
     grid_width.heads_figure("m", 4, rows, tmp_path / "h.png")
     assert (tmp_path / "h.png").read_bytes()[:4] == b"\x89PNG"

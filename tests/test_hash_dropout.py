@@ -32,8 +32,10 @@ def test_the_mask_is_the_documented_hash_of_each_counter():
     """Element i dropped iff h32(h32(n mod 2^32 ^ seed) ^ n >> 32) < p 2^32, n = offset + i,
     written out in Python integers, across the 2^32 boundary."""
     seed, p, offset = 987654321, 0.3, 2**32 - 40
-    want = [_h32(_h32(((offset + i) & 0xFFFFFFFF) ^ seed) ^ ((offset + i) >> 32)) < int(p * 2**32)
-            for i in range(80)]  # fmt: skip
+    want = [
+        _h32(_h32(((offset + i) & 0xFFFFFFFF) ^ seed) ^ ((offset + i) >> 32)) < int(p * 2**32)
+        for i in range(80)
+    ]
     assert dropped_elements(80, p, "cpu", seed, offset).tolist() == want
 
 
@@ -138,8 +140,14 @@ def test_module_is_a_drop_in_dropout():
     assert not torch.equal(m(x), y)  # and the next call draws another
 
 
-@pytest.mark.parametrize("kw, msg", [({"p": 1.0}, r"\[0, 1\)"), ({"p": -0.1}, r"\[0, 1\)"),
-                                     ({"p": 0.1, "inplace": True}, "in place")])  # fmt: skip
+@pytest.mark.parametrize(
+    "kw, msg",
+    [
+        ({"p": 1.0}, r"\[0, 1\)"),
+        ({"p": -0.1}, r"\[0, 1\)"),
+        ({"p": 0.1, "inplace": True}, "in place"),
+    ],
+)
 def test_bad_arguments_are_refused(kw, msg):
     with pytest.raises(ValueError, match=msg):
         HashDropout(**kw)
@@ -150,8 +158,9 @@ def test_paper_model_trains_the_same_on_either_path(monkeypatch):
     """sa_quadratic in training mode (hidden dropout 0.1): the fused and the plain path give the
     same logits and gradients under one seed."""
     torch.manual_seed(0)
-    model = create_model("sa_quadratic", num_classes=10, hidden_size=16, num_layers=2,
-                         num_heads=4, ff_size=32).train()  # fmt: skip
+    model = create_model(
+        "sa_quadratic", num_classes=10, hidden_size=16, num_layers=2, num_heads=4, ff_size=32
+    ).train()
     x = torch.randn(2, 3, 32, 32)
 
     def run():

@@ -46,9 +46,16 @@ def test_float_tiff_is_refused_with_its_name(tmp_path):
         read_image_folder(_folder(tmp_path, arrays, fmt="TIFF"), "train")
 
 
-@pytest.mark.parametrize("kw", [{"init_alpha": float("inf")}, {"init_alpha": float("nan")},
-                                {"init_alpha": -1.0}, {"init_centers_std": float("nan")},
-                                {"init_centers_std": float("inf")}])  # fmt: skip
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"init_alpha": float("inf")},
+        {"init_alpha": float("nan")},
+        {"init_alpha": -1.0},
+        {"init_centers_std": float("nan")},
+        {"init_centers_std": float("inf")},
+    ],
+)
 def test_non_finite_initial_values_are_refused(kw):
     name = next(iter(kw))
     with pytest.raises(ValueError, match=f"{name} must be a finite number"):

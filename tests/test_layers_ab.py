@@ -37,8 +37,25 @@ def test_malformed_after_patch_is_refused_before_timing(bad, tmp_path, monkeypat
 def test_kernel_ab_times_both_backends_and_refuses_a_bad_case(capsys):
     import kernel_ab
 
-    assert kernel_ab.main(["--backends", "blocked", "fused", "--cases", "2x4", "--rounds", "2",
-                           "--inference", "--channels", "8", "--heads", "2"]) == 0  # fmt: skip
+    assert (
+        kernel_ab.main(
+            [
+                "--backends",
+                "blocked",
+                "fused",
+                "--cases",
+                "2x4",
+                "--rounds",
+                "2",
+                "--inference",
+                "--channels",
+                "8",
+                "--heads",
+                "2",
+            ]
+        )
+        == 0
+    )
     rows = capsys.readouterr().out.splitlines()
     assert rows[0].startswith("| relative_learned + content, C=8, 2 heads, inference forward")
     cells = rows[2].strip("|").split("|")
@@ -72,6 +89,9 @@ def test_layers_equal_reports_every_kind_of_difference(tmp_path):
     meta_a = {"c": {"keys": ["w"]}, "d": {"error": "ValueError: x"}, "e": {"keys": []}}
     meta_b = {"c": {"keys": ["w"]}, "d": {"error": "ValueError: y"}}
     diffs = layers_equal.compare((a, meta_a), (b, meta_b))
-    assert diffs == ["case only in one tree: e", "d: {'error': 'ValueError: x'} != "
-                     "{'error': 'ValueError: y'}", "unequal: c/dx"]  # fmt: skip
+    assert diffs == [
+        "case only in one tree: e",
+        "d: {'error': 'ValueError: x'} != {'error': 'ValueError: y'}",
+        "unequal: c/dx",
+    ]
     assert layers_equal.compare((a, meta_a), (a, meta_a)) == []

@@ -244,8 +244,9 @@ def test_positional_vocabulary_is_typed_once():
     from attnconv.layers.local import SASA_POSITIONALS, SasaPositional
 
     assert SASA_POSITIONALS == ("relative", "absolute", "none")
-    rel, ab, none = (LocalSelfAttention2d(4, 8, 2, 3, positional=p).encoding
-                     for p in SASA_POSITIONALS)  # fmt: skip
+    rel, ab, none = (
+        LocalSelfAttention2d(4, 8, 2, 3, positional=p).encoding for p in SASA_POSITIONALS
+    )
     assert rel == SasaPositional.from_name("relative") and rel.tables and not rel.absolute_keys
     assert ab.absolute_keys and not ab.tables and not none.encodes
     with pytest.raises(ValueError, match="an even head dim, got 3"):

@@ -49,9 +49,15 @@ def test_fast_equals_reference_random_shapes(variant, value, b, cin, heads, dh, 
     positional, content = variant
     torch.manual_seed(seed)
     layer = MultiHeadSelfAttention2d(
-        cin, 5, heads, head_dim=dh if value == "linear" else None, positional=positional,
-        content=content, value=value, max_size=8,
-    ).double()  # fmt: skip
+        cin,
+        5,
+        heads,
+        head_dim=dh if value == "linear" else None,
+        positional=positional,
+        content=content,
+        value=value,
+        max_size=8,
+    ).double()
     x = torch.randn(b, cin, h, w, dtype=torch.float64, requires_grad=True)
     assert_fast_equals_reference(layer, x)
 
@@ -89,7 +95,7 @@ def test_fast_equals_reference_on_non_contiguous_inputs(positional, content, lay
             positional="relative",
             content=True,
             relative_terms=("content_content", "global_content"),
-        ),  # fmt: skip
+        ),
         dict(positional="relative", content=False, relative_terms=("content_position",)),
         dict(positional="relative", content=True, learned_r=True, rel_dim=6),
         dict(positional="relative_learned", content=False, rel_dim=3),
@@ -116,8 +122,9 @@ def test_shapes_and_attention_contract():
 
 
 def test_identity_value_layout():
-    layer = MultiHeadSelfAttention2d(5, 7, 9, positional="quadratic", content=False,
-                                     value="identity")  # fmt: skip
+    layer = MultiHeadSelfAttention2d(
+        5, 7, 9, positional="quadratic", content=False, value="identity"
+    )
     assert layer.head_dim == 5 and not hasattr(layer, "value_proj")
     assert layer.out_proj.weight.shape == (7, 9 * 5)
 
@@ -139,7 +146,7 @@ def test_identity_value_layout():
             ),
             (1, 4, 9, 4),
             "max_size=8",
-        ),  # fmt: skip
+        ),
         (
             dict(
                 in_channels=4,
@@ -150,12 +157,12 @@ def test_identity_value_layout():
             ),
             (1, 4, 4, 12),
             "max_size=8",
-        ),  # fmt: skip
+        ),
         (
             dict(in_channels=4, out_channels=8, num_heads=2, value="identity", head_dim=3),
             None,
             "head_dim",
-        ),  # fmt: skip
+        ),
         (dict(in_channels=4, out_channels=8, num_heads=2, hard=True), None, "hard"),
     ],
 )
@@ -233,10 +240,12 @@ def test_returned_maps_are_the_fast_paths_own(h, w, seed):
     shifts, folded q/k), each equal to the dense reference maps."""
     torch.manual_seed(seed)
     x = torch.randn(2, 4, h, w, dtype=torch.float64)
-    for kw in (dict(positional="quadratic", content=False, hard=True),
-               dict(positional="quadratic", content=False),
-               dict(positional="relative_learned", content=True),
-               dict(positional="quadratic_generalized", content=False)):  # fmt: skip
+    for kw in (
+        dict(positional="quadratic", content=False, hard=True),
+        dict(positional="quadratic", content=False),
+        dict(positional="relative_learned", content=True),
+        dict(positional="quadratic_generalized", content=False),
+    ):
         layer = MultiHeadSelfAttention2d(4, 4, 2, **kw).double().eval()
         with torch.no_grad():
             if hasattr(layer.positional_encoding, "centers"):
@@ -255,8 +264,9 @@ def test_typed_encoding_equals_the_string_shorthand():
     from attnconv.layers.encodings.relative import LearnedRelativeEncoding
 
     torch.manual_seed(0)
-    typed = MultiHeadSelfAttention2d(8, 8, 2, positional=QuadraticEncoding(2, init_alpha=2.0),
-                                     content=False)  # fmt: skip
+    typed = MultiHeadSelfAttention2d(
+        8, 8, 2, positional=QuadraticEncoding(2, init_alpha=2.0), content=False
+    )
     named = MultiHeadSelfAttention2d(8, 8, 2, positional="quadratic", content=False)
     named.load_state_dict(typed.state_dict())
     x = torch.randn(2, 8, 5, 6)

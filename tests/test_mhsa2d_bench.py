@@ -54,7 +54,9 @@ def test_one_list_of_suites():
     from attnconv.bench import SUITES
     from attnconv.commands.bench import HELP
 
-    mods = [importlib.import_module(f"attnconv.bench.{i.name}")
-            for i in pkgutil.iter_modules(attnconv.bench.__path__)]  # fmt: skip
+    mods = [
+        importlib.import_module(f"attnconv.bench.{i.name}")
+        for i in pkgutil.iter_modules(attnconv.bench.__path__)
+    ]
     assert {m.__name__.rsplit(".", 1)[1] for m in mods if hasattr(m, "main")} == set(SUITES)
     assert ", ".join(SUITES) in HELP

@@ -23,7 +23,10 @@ def test_bench_models_quick_writes_json_and_table(tmp_path):
     rows = data["rows"]
     # the reference code's algorithm (float32) and attnconv in float32 and bf16 autocast
     assert [(r["impl"], r["precision"]) for r in rows] == [
-        ("reference", "fp32"), ("attnconv", "fp32"), ("attnconv", "bf16")]
+        ("reference", "fp32"),
+        ("attnconv", "fp32"),
+        ("attnconv", "bf16"),
+    ]
     assert all(r["img_s"] > 0 and r["gflop_img"] > 0 and r["gflops_s"] > 0 for r in rows)
     by = {(r["impl"], r["bf16"]): r for r in rows}
     assert by[("reference", False)]["x_reference"] == 1.0
@@ -70,13 +73,31 @@ def test_report_rerenders_saved_results_or_says_what_is_missing(tmp_path, capsys
     argv = ["bench", "--suite", "models", "--out-dir", str(tmp_path), "--", "--report"]
     assert main(argv) == 2
     assert "no results to re-render" in capsys.readouterr().err
-    rows = [dict(scale="cpu", model="sa_quadratic", batch=2, impl=impl, bf16=b, img_s=10.0 + b,
-                 gflop_img=0.2, gflops_s=2.0, peak_mb=100.0 / (1 + (impl == "attnconv")))
-            for impl, b in (("reference", False), ("attnconv", False))]  # fmt: skip
+    rows = [
+        dict(
+            scale="cpu",
+            model="sa_quadratic",
+            batch=2,
+            impl=impl,
+            bf16=b,
+            img_s=10.0 + b,
+            gflop_img=0.2,
+            gflops_s=2.0,
+            peak_mb=100.0 / (1 + (impl == "attnconv")),
+        )
+        for impl, b in (("reference", False), ("attnconv", False))
+    ]
     bench_models.derive(rows, {"fp32": 10.0, "bf16": 20.0})
-    payload = dict(command="attnconv bench --suite models", threads=1, repeats=3, torch="x",
-                   machine="m", peak_gflops={"cpu": {"fp32": 10.0, "bf16": 20.0}},
-                   targets=bench_models.targets(rows, "cpu"), rows=rows)  # fmt: skip
+    payload = dict(
+        command="attnconv bench --suite models",
+        threads=1,
+        repeats=3,
+        torch="x",
+        machine="m",
+        peak_gflops={"cpu": {"fp32": 10.0, "bf16": 20.0}},
+        targets=bench_models.targets(rows, "cpu"),
+        rows=rows,
+    )
     (tmp_path / "models_throughput.json").write_text(json.dumps(payload))
     assert main(argv) == 0
     md = (tmp_path / "models_throughput.md").read_text()

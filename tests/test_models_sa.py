@@ -11,8 +11,13 @@ from attnconv.models import create_model
 from attnconv.models._common import num_params
 from cifar_images import cifar_batch
 
-SA_MODELS = ("sa_quadratic", "sa_quadratic_generalized", "sa_learned", "sa_learned_content",
-             "sa_learned_content_runs")  # fmt: skip
+SA_MODELS = (
+    "sa_quadratic",
+    "sa_quadratic_generalized",
+    "sa_learned",
+    "sa_learned_content",
+    "sa_learned_content_runs",
+)
 SMALL = dict(hidden_size=24, num_layers=2, num_heads=3, ff_size=32)
 
 

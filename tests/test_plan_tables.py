@@ -10,9 +10,12 @@ import torch
 from attnconv import AttentionStem2d, LocalSelfAttention2d, MultiHeadSelfAttention2d
 from attnconv.layers.kernels import fused, plan
 
-TABLES = {"mhsa": (plan.TABLE, plan.Case), "local": (plan.LOCAL_TABLE, plan.LocalCase),
-          "dropout": (plan.DROPOUT_TABLE, plan.DropoutCase),
-          "converted": (plan.CONVERTED_TABLE, plan.ConvertedCase)}  # fmt: skip
+TABLES = {
+    "mhsa": (plan.TABLE, plan.Case),
+    "local": (plan.LOCAL_TABLE, plan.LocalCase),
+    "dropout": (plan.DROPOUT_TABLE, plan.DropoutCase),
+    "converted": (plan.CONVERTED_TABLE, plan.ConvertedCase),
+}
 
 
 @pytest.mark.parametrize("name", sorted(TABLES))
@@ -27,8 +30,11 @@ def test_dropout_table():
     choose = lambda *a, **k: plan.choose(plan.DropoutCase(*a, **k), plan.DROPOUT_TABLE)  # noqa: E731
     assert choose("cuda", module=True) == "torch"  # HashDropout keeps torch's dropout off the CPU
     assert choose("cuda") == "reference"  # hash_dropout hashes on every device
-    assert choose("cpu", module=True) == choose("cpu") == ("fused" if fused.available()
-                                                           else "reference")  # fmt: skip
+    assert (
+        choose("cpu", module=True)
+        == choose("cpu")
+        == ("fused" if fused.available() else "reference")
+    )
 
 
 def test_converted_table_and_why():
@@ -41,11 +47,14 @@ def test_converted_table_and_why():
     assert why.splitlines()[-1].startswith("chosen: head_mix (hard heads:")
 
 
-@pytest.mark.parametrize("make", [
-    lambda **k: MultiHeadSelfAttention2d(4, 4, 2, positional="quadratic", **k),
-    lambda **k: LocalSelfAttention2d(4, 4, 2, 3, **k),
-    lambda **k: AttentionStem2d(3, 8, 2, kernel_size=3, **k),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda **k: MultiHeadSelfAttention2d(4, 4, 2, positional="quadratic", **k),
+        lambda **k: LocalSelfAttention2d(4, 4, 2, 3, **k),
+        lambda **k: AttentionStem2d(3, 8, 2, kernel_size=3, **k),
+    ],
+)
 def test_one_knob_backend_with_impl_its_older_spelling(make):
     """backend="reference" and impl="reference" build the same layer, give the same output and
     read back the same; naming two kernels is one line; a bad name lists the layer's backends."""

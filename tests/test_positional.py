@@ -111,8 +111,9 @@ def test_bfloat16_quadratic_close_to_float64():
     torch.manual_seed(0)
     layer = MultiHeadSelfAttention2d(4, 8, 4, positional="quadratic", content=False)
     with torch.no_grad():
-        layer.positional_encoding.centers.copy_(torch.tensor([[0.0, 1.0], [30.0, -50.0],
-                                                             [1e3, 1e3], [-2.5, 1.5]]))  # fmt: skip
+        layer.positional_encoding.centers.copy_(
+            torch.tensor([[0.0, 1.0], [30.0, -50.0], [1e3, 1e3], [-2.5, 1.5]])
+        )
     x = torch.randn(2, 4, 12, 10)
     ref = layer.double()(x.double())
     y = layer.to(torch.bfloat16)(x.to(torch.bfloat16)).double()
@@ -124,8 +125,9 @@ def test_bfloat16_quadratic_close_to_float64():
 def test_gradcheck_float64(positional, content):
     """Input and parameter gradients of both paths against finite differences."""
     torch.manual_seed(0)
-    layer = MultiHeadSelfAttention2d(2, 3, 3, head_dim=2, positional=positional, content=content,
-                                     max_size=4).double()  # fmt: skip
+    layer = MultiHeadSelfAttention2d(
+        2, 3, 3, head_dim=2, positional=positional, content=content, max_size=4
+    ).double()
     names = [n for n, p in layer.named_parameters() if p.requires_grad]
     x = torch.randn(1, 2, 3, 2, dtype=torch.float64, requires_grad=True)
     params = tuple(layer.get_parameter(n).detach().clone().requires_grad_() for n in names)

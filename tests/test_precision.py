@@ -163,9 +163,13 @@ def _attend_rows(layer, x, rows: torch.Tensor, fold: bool, autocast: bool) -> to
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast and not large):
                 return scaled_dot_product_attention(q_aug[:, :, rows], k_aug, v, scale=1.0)
         return scaled_dot_product_attention(
-            q[:, :, rows], k, v, bias=_bias_rows(layer, q, rows, h, w),
-            scale=layer.scale, impl="reference",
-        )  # fmt: skip
+            q[:, :, rows],
+            k,
+            v,
+            bias=_bias_rows(layer, q, rows, h, w),
+            scale=layer.scale,
+            impl="reference",
+        )
 
 
 def _rows_grads(layer, x, rows, g, fold: bool, autocast: bool = False) -> list[torch.Tensor]:
@@ -204,8 +208,13 @@ def test_content_attention_at_224_against_float64_rows(positional, autocast):
         assert e_a <= 2 * max(e_p, floor), (name, e_a, e_p)
 
 
-@given(b=st.integers(1, 2), heads=st.integers(1, 3), h=st.integers(1, 7), w=st.integers(1, 7),
-       seed=st.integers(0, 2**16))  # fmt: skip
+@given(
+    b=st.integers(1, 2),
+    heads=st.integers(1, 3),
+    h=st.integers(1, 7),
+    w=st.integers(1, 7),
+    seed=st.integers(0, 2**16),
+)
 def test_inference_shared_bias_kernel_equals_reference(b, heads, h, w, seed):
     """Inference (no gradient) takes the fused kernel with one shared (1, Nh, T, T) bias built
     from the row/column logits; it equals the dense reference (float64)."""
@@ -234,8 +243,9 @@ def test_backward_inside_autocast_as_exact_as_after_it(positional, backend, p):
     backward inside autocast follows PyTorch's rules (there with dropout, the positional
     gradients measured 3-4x less exact than after the region)."""
     torch.manual_seed(0)
-    layer = MultiHeadSelfAttention2d(16, 16, 2, positional=positional, content=True,
-                                     backend=backend, dropout=p, max_size=16)  # fmt: skip
+    layer = MultiHeadSelfAttention2d(
+        16, 16, 2, positional=positional, content=True, backend=backend, dropout=p, max_size=16
+    )
     x = torch.randn(2, 16, 16, 16)
 
     def grads(module, inp, autocast, inside):
@@ -264,8 +274,9 @@ def test_learned_content_inference_is_as_exact_as_dense(hw, autocast):
     blocked one where the extension is not built): fp32 and bf16-autocast outputs within 2x of
     the dense path's error against float64."""
     torch.manual_seed(hw)
-    fast = MultiHeadSelfAttention2d(16, 16, 4, positional="relative_learned", content=True,
-                                    max_size=hw).eval()  # fmt: skip
+    fast = MultiHeadSelfAttention2d(
+        16, 16, 4, positional="relative_learned", content=True, max_size=hw
+    ).eval()
     with torch.no_grad():
         for table in fast.positional_encoding.tables.parameters():
             table.normal_(0.0, 1.0)  # logits of a trained layer's size, not init's near-zero

@@ -18,8 +18,9 @@ ALL = ["sa_quadratic", "sa_quadratic_generalized", *NAMES[1:]]
 PAPER = dict(D=400, nh=9, ff=512, layers=6, m=16)  # runs/learned/run.sh, train.py defaults
 
 
-def reference_layout(name: str, D: int, nh: int, ff: int, layers: int, m: int, classes: int = 10,
-                     cin: int = 12) -> dict[str, tuple[int, ...]]:  # fmt: skip
+def reference_layout(
+    name: str, D: int, nh: int, ff: int, layers: int, m: int, classes: int = 10, cin: int = 12
+) -> dict[str, tuple[int, ...]]:
     """name -> shape of a reference checkpoint's state dict (train.py's store_checkpoint: the
     model's state dict less ``self.R``), read from epfml/attention-cnn at 9ffaa30:
     models/transformer.py (BertImage: features_upscale, encoder, classifier, the attention_mask
@@ -28,9 +29,13 @@ def reference_layout(name: str, D: int, nh: int, ff: int, layers: int, m: int, c
     Linear(P, Nh, bias=False), with use_attention_data query/key Linear(D, Nh*D), value
     Linear(Nh*D, D), the persistent relative_indices (m, m)). sa_learned_content is the later
     upstream layer (query_positional_score): P = hidden_size // 2 and no head keys."""
-    out = {"features_upscale.weight": (D, cin), "features_upscale.bias": (D,),
-           "classifier.weight": (classes, D), "classifier.bias": (classes,),
-           "attention_mask": ()}  # fmt: skip
+    out = {
+        "features_upscale.weight": (D, cin),
+        "features_upscale.bias": (D,),
+        "classifier.weight": (classes, D),
+        "classifier.bias": (classes,),
+        "attention_mask": (),
+    }
     for i in range(layers):
         s, p = f"encoder.layer.{i}.attention.self.", f"encoder.layer.{i}."
         if name.startswith("sa_quadratic"):
@@ -46,8 +51,11 @@ def reference_layout(name: str, D: int, nh: int, ff: int, layers: int, m: int, c
                 for t in ("query", "key"):
                     out[s + t + ".weight"], out[s + t + ".bias"] = (nh * D, D), (nh * D,)
         out[s + "value.weight"], out[s + "value.bias"] = (D, nh * D), (D,)
-        for n, shape in (("attention.output.dense", (D, D)), ("intermediate.dense", (ff, D)),
-                         ("output.dense", (D, ff))):  # fmt: skip
+        for n, shape in (
+            ("attention.output.dense", (D, D)),
+            ("intermediate.dense", (ff, D)),
+            ("output.dense", (D, ff)),
+        ):
             out[p + n + ".weight"], out[p + n + ".bias"] = shape, shape[:1]
         for n in ("attention.output.LayerNorm", "output.LayerNorm"):
             out[p + n + ".weight"] = out[p + n + ".bias"] = (D,)
@@ -134,8 +142,10 @@ def test_head_key_tables_swap_axes(name):
     assert torch.equal(ref[p + "col_embeddings.weight"], enc.tables.rel_row)
     assert torch.equal(ref[p + "head_keys_row.weight"], enc.head_keys_col.weight)
     c = attnconv.create_model("sa_learned_content", **SMALL)  # the query reads: no swap
-    assert torch.equal(to_reference(c)[p + "row_embeddings.weight"],
-                       c.layers[0].attn.positional_encoding.tables.rel_row)  # fmt: skip
+    assert torch.equal(
+        to_reference(c)[p + "row_embeddings.weight"],
+        c.layers[0].attn.positional_encoding.tables.rel_row,
+    )
 
 
 def test_content_checkpoints_load_only_into_their_own_model():

@@ -56,12 +56,24 @@ def _descendants(pid: int) -> list[int]:
 def _torchrun(cfg: Path, out: Path, cache: Path, *extra: str) -> subprocess.Popen:
     torchrun = shutil.which("torchrun")
     launcher = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
-    cmd = [*launcher, "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(_free_port()), "-m", "attnconv.cli", "train", str(cfg),
-           "--out", str(out), *extra]  # fmt: skip
+    cmd = [
+        *launcher,
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+        "-m",
+        "attnconv.cli",
+        "train",
+        str(cfg),
+        "--out",
+        str(out),
+        *extra,
+    ]
     env = {**os.environ, "ATTNCONV_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 @pytest.mark.slow
@@ -76,7 +88,7 @@ def test_torchrun_kill_9_mid_epoch_then_resume_matches_one_process(tmp_path):
             "max_per_class": 24,
             "eval_max_per_class": 2,
             "cache_dir": str(tmp_path / "cache"),
-        },  # fmt: skip
+        },
         "optim": {"name": "sgd", "lr": 0.05},
         "train": {
             "epochs": 5,
@@ -85,7 +97,7 @@ def test_torchrun_kill_9_mid_epoch_then_resume_matches_one_process(tmp_path):
             "checkpoint_every": 4,
             "threads": 1,
             "progress": False,
-        },  # fmt: skip
+        },
     }
     cfg = tmp_path / "kill.yaml"
     cfg.write_text(yaml.safe_dump(d))

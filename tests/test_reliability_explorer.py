@@ -35,11 +35,22 @@ def test_cli_page_escapes_hostile_class_names_and_stays_offline(cifar_zip, tmp_p
                     (d / f"{i}.jpg").write_bytes(z.read(f"{split}/{src}/{i:04d}.jpg"))
     torch.manual_seed(0)
     kw = {"num_classes": 2, "depth": 2}
-    ckpt = save_checkpoint(tmp_path / "ckpt", create_model("vit_tiny_cifar", **kw),
-                           "vit_tiny_cifar", kw)  # fmt: skip
+    ckpt = save_checkpoint(
+        tmp_path / "ckpt", create_model("vit_tiny_cifar", **kw), "vit_tiny_cifar", kw
+    )
     page = tmp_path / "page.html"
-    argv = ["explore", str(ckpt), "--data", str(root), "--out", str(page), "--images", "4",
-            "--average", "4"]  # fmt: skip
+    argv = [
+        "explore",
+        str(ckpt),
+        "--data",
+        str(root),
+        "--out",
+        str(page),
+        "--images",
+        "4",
+        "--average",
+        "4",
+    ]
     assert main(argv) == 0, capsys.readouterr().err
     html = page.read_text()
 

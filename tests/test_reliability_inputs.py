@@ -53,22 +53,40 @@ def _edit_meta(path: Path, edit) -> None:
 
 CRAFTED = [
     ("tensors", lambda m: m.update(tensors="x"), "tensors must be a mapping"),
-    ("shape", lambda m: m["tensors"][ck.WEIGHTS]["conv1.weight"].__setitem__(1, "4x3"),
-     "tensors.model.safetensors.conv1.weight shape must be a list of integers"),
-    ("dtype", lambda m: m["tensors"][ck.WEIGHTS].__setitem__("conv1.weight", 5),
-     r"conv1.weight must be \[dtype, shape\]"),
-    ("files", lambda m: m["files"][ck.WEIGHTS].update(bytes="many"),
-     "files.model.safetensors.bytes must be a size in bytes"),
+    (
+        "shape",
+        lambda m: m["tensors"][ck.WEIGHTS]["conv1.weight"].__setitem__(1, "4x3"),
+        "tensors.model.safetensors.conv1.weight shape must be a list of integers",
+    ),
+    (
+        "dtype",
+        lambda m: m["tensors"][ck.WEIGHTS].__setitem__("conv1.weight", 5),
+        r"conv1.weight must be \[dtype, shape\]",
+    ),
+    (
+        "files",
+        lambda m: m["files"][ck.WEIGHTS].update(bytes="many"),
+        "files.model.safetensors.bytes must be a size in bytes",
+    ),
     ("model", lambda m: m.update(model=["tiny_cnn"]), "model must be a model name"),
     ("kwargs", lambda m: m.update(model_kwargs=[1, 2]), "model_kwargs must be a mapping"),
-    ("kwargs-inf", lambda m: m["model_kwargs"].update(width=float("inf")),
-     "'model_kwargs.width' must be a finite number"),
+    (
+        "kwargs-inf",
+        lambda m: m["model_kwargs"].update(width=float("inf")),
+        "'model_kwargs.width' must be a finite number",
+    ),
     ("classes", lambda m: m.update(data={"classes": 10}), "data.classes must be a list"),
-    ("dataset", lambda m: m.update(config={"data": {"dataset": 5}}),
-     "config.data.dataset must be a dataset name or path"),
-    ("converted", lambda m: m.update(converted={"alpha": "big"}),
-     "converted.alpha must be a positive number or null"),
-]  # fmt: skip
+    (
+        "dataset",
+        lambda m: m.update(config={"data": {"dataset": 5}}),
+        "config.data.dataset must be a dataset name or path",
+    ),
+    (
+        "converted",
+        lambda m: m.update(converted={"alpha": "big"}),
+        "converted.alpha must be a positive number or null",
+    ),
+]
 
 
 @pytest.mark.parametrize("name, edit, message", CRAFTED, ids=[c[0] for c in CRAFTED])
@@ -134,15 +152,21 @@ def _rewrite_state(step: Path, edit) -> None:
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (lambda t: t.update({"optim.0.momentum_buffer": torch.zeros(7, 7)}),
-         r"optim.0.momentum_buffer has shape \(7, 7\), the parameter \(4, 3, 3, 3\)"),
-        (lambda t: t.update({"rng.torch": t["rng.torch"][:100]}),
-         r"RNG state rng.torch is torch.uint8 \(100,\), expected torch.uint8 \(5056,\)"),
+        (
+            lambda t: t.update({"optim.0.momentum_buffer": torch.zeros(7, 7)}),
+            r"optim.0.momentum_buffer has shape \(7, 7\), the parameter \(4, 3, 3, 3\)",
+        ),
+        (
+            lambda t: t.update({"rng.torch": t["rng.torch"][:100]}),
+            r"RNG state rng.torch is torch.uint8 \(100,\), expected torch.uint8 \(5056,\)",
+        ),
         (lambda t: t.pop("rng.torch"), "RNG state rng.torch is none"),
-        (lambda t: t.update({"optim.99.momentum_buffer": torch.zeros(1)}),
-         "optim.99.momentum_buffer has shape .* no such parameter"),
+        (
+            lambda t: t.update({"optim.99.momentum_buffer": torch.zeros(1)}),
+            "optim.99.momentum_buffer has shape .* no such parameter",
+        ),
     ],
-)  # fmt: skip
+)
 def test_corrupted_resume_state_is_one_line(tmp_path, cifar_zip, capsys, edit, message):
     cfg, step = _train_one_step(tmp_path, cifar_zip)
     _rewrite_state(step, edit)
@@ -181,9 +205,11 @@ def _png(w: int = 8, h: int = 8) -> bytes:
 
 @pytest.mark.parametrize(
     "size, message",
-    [((12000, 12000), "declares 12000x12000 pixels \\(at most 4096 a side\\)"),
-     ((100000, 100000), "could be decompression bomb")],
-)  # fmt: skip
+    [
+        ((12000, 12000), "declares 12000x12000 pixels \\(at most 4096 a side\\)"),
+        ((100000, 100000), "could be decompression bomb"),
+    ],
+)
 def test_huge_first_image_is_refused_from_its_header(tmp_path, size, message):
     z = _zip(tmp_path / "d.zip", {"train/a/0.png": _png_header(*size), "train/a/1.png": _png()})
     with pytest.raises(ValueError, match=message):

@@ -33,12 +33,23 @@ def _config(tmp: Path, cifar_zip: Path) -> Path:
     """tiny_cnn on 10 real images, 5 steps per epoch, 3 epochs, a checkpoint every step."""
     d = {
         "model": {"name": "tiny_cnn", "kwargs": {"width": 4}},
-        "data": {"dataset": str(cifar_zip), "max_per_class": 1, "eval_max_per_class": 1,
-                 "cache_dir": str(tmp / "cache")},
+        "data": {
+            "dataset": str(cifar_zip),
+            "max_per_class": 1,
+            "eval_max_per_class": 1,
+            "cache_dir": str(tmp / "cache"),
+        },
         "optim": {"lr": 0.05},
-        "train": {"epochs": 3, "batch_size": 2, "threads": 1, "progress": False,
-                  "checkpoint_every": 1, "keep_checkpoints": 2, "log_every": 1},
-    }  # fmt: skip
+        "train": {
+            "epochs": 3,
+            "batch_size": 2,
+            "threads": 1,
+            "progress": False,
+            "checkpoint_every": 1,
+            "keep_checkpoints": 2,
+            "log_every": 1,
+        },
+    }
     f = tmp / "kill.yaml"
     f.write_text(yaml.safe_dump(d))
     return f

@@ -38,8 +38,7 @@ def test_restart_from_step_zero_logs_step_zero_once(tmp_path):
     log = tmp_path / "centers.jsonl"
     log.write_text(json.dumps({"epoch": 0, "step": 0, "layers": [[[0.0, 0.0]]]}) + "\n")
     (tmp_path / "metrics.csv").write_text(",".join(COLUMNS) + "\n")
-    Monitor(tmp_path, enabled=True, resume_step=0, progress=False, tensorboard=False,
-            total_steps=4)  # fmt: skip
+    Monitor(tmp_path, enabled=True, resume_step=0, progress=False, tensorboard=False, total_steps=4)
     assert not log.exists()  # the restarted run logs its own step 0
 
 
@@ -48,8 +47,9 @@ def test_resume_drops_torn_centre_lines(tmp_path, caplog):
     good = [json.dumps({"epoch": e, "step": 2 * e, "layers": [[[0.0, 0.0]]]}) for e in range(3)]
     log.write_text(good[0] + "\n" + good[1][:10] + "\n" + good[1] + "\n" + good[2] + "\n")
     with caplog.at_level(logging.WARNING):
-        Monitor(tmp_path, enabled=True, resume_step=2, progress=False, tensorboard=False,
-                total_steps=4)  # fmt: skip
+        Monitor(
+            tmp_path, enabled=True, resume_step=2, progress=False, tensorboard=False, total_steps=4
+        )
     assert log.read_text().splitlines() == good[:2]
     assert "centers.jsonl:2: dropped a torn" in caplog.text
 

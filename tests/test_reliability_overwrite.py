@@ -32,8 +32,10 @@ def _two_configs(tmp_path: Path, cifar_zip: Path, run: Path) -> tuple[str, str]:
 
 
 def _nothing_of_a(run: Path) -> None:
-    assert not any(s in ("step-00000003", "step-00000004", "step-00000005", "step-00000006")
-                   for s in _steps(run))  # fmt: skip
+    assert not any(
+        s in ("step-00000003", "step-00000004", "step-00000005", "step-00000006")
+        for s in _steps(run)
+    )
     metrics = run / "metrics.csv"
     if metrics.exists():  # B's rows only: B has 2 steps
         steps = [int(r.split(",")[2]) for r in metrics.read_text().splitlines()[1:] if r]

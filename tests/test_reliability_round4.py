@@ -31,13 +31,20 @@ def test_a_training_step_too_large_is_refused_before_work():
     step (gradients, momentum, the (B, T, Nh, Dv) attention outputs)."""
     t0 = time.perf_counter()
     with pytest.raises(ValueError, match=r"needs at least .* GiB to train at batch 64") as e:
-        training_bytes("sa_quadratic", {"hidden_size": 64, "num_heads": 65536}, 64, 1,
-                       12 << 30, "model 'sa_quadratic'")  # fmt: skip
+        training_bytes(
+            "sa_quadratic",
+            {"hidden_size": 64, "num_heads": 65536},
+            64,
+            1,
+            12 << 30,
+            "model 'sa_quadratic'",
+        )
     assert "\n" not in str(e.value) and time.perf_counter() - t0 < 30
     small_cfg = {"hidden_size": 64, "num_layers": 6, "num_heads": 9, "ff_size": 128}
     need = training_bytes("sa_quadratic", small_cfg, 64, 1, 12 << 30, "x")
-    params = sum(p.numel() * 4 for p in attnconv.create_model("sa_quadratic", **small_cfg)
-                 .parameters())  # fmt: skip
+    params = sum(
+        p.numel() * 4 for p in attnconv.create_model("sa_quadratic", **small_cfg).parameters()
+    )
     acts = 6 * 64 * 256 * 9 * 64 * 4  # layers x B x T x Nh x Dv (identity values) x float32
     assert params * 3 + acts <= need <= params * 3 + acts + (1 << 20)
 
@@ -46,10 +53,22 @@ def test_a_training_step_too_large_is_refused_before_work():
 def test_the_cli_refuses_it_in_seconds(tmp_path):
     t0 = time.perf_counter()
     cfg = str(ROOT / "configs" / "cpu" / "sa_quadratic.yaml")
-    r = subprocess.run([sys.executable, "-m", "attnconv.cli", "train", cfg, "--set",
-                        "model.kwargs={num_heads: 65536, hidden_size: 64}", "--out",
-                        str(tmp_path / "run")], capture_output=True, text=True,
-                       timeout=120)  # fmt: skip
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "attnconv.cli",
+            "train",
+            cfg,
+            "--set",
+            "model.kwargs={num_heads: 65536, hidden_size: 64}",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "needs at least" in r.stderr.strip().splitlines()[-1]
     assert time.perf_counter() - t0 < 60 and not (tmp_path / "run" / "checkpoints").exists()
 
@@ -89,8 +108,9 @@ def test_an_interrupted_final_evaluation_is_redone_on_resume(cifar_zip, tmp_path
 def test_position_only_dropout_draws_dropped_links(positional):
     """The shared kernel's per-image dropout equals the plain path's under one seed (it drew
     F.dropout's mask before: 0.45 off on outputs of about 0.6)."""
-    lay = attnconv.MultiHeadSelfAttention2d(8, 8, num_heads=2, positional=positional,
-                                            content=False, dropout=0.3)  # fmt: skip
+    lay = attnconv.MultiHeadSelfAttention2d(
+        8, 8, num_heads=2, positional=positional, content=False, dropout=0.3
+    )
     lay = lay.double().train()
     x = torch.randn(2, 8, 5, 6, dtype=torch.float64, requires_grad=True)
     outs = []

@@ -58,8 +58,9 @@ def test_metrics_symlink_on_resume_is_refused(tmp_path, cifar_zip, capsys):
 
 def test_a_link_made_mid_run_is_refused_by_every_open(tmp_path):
     """O_NOFOLLOW on each open: a link swapped in after the start check is never followed."""
-    mon = Monitor(tmp_path, enabled=True, resume_step=None, progress=False, tensorboard=False,
-                  total_steps=1)  # fmt: skip
+    mon = Monitor(
+        tmp_path, enabled=True, resume_step=None, progress=False, tensorboard=False, total_steps=1
+    )
     target = tmp_path / "target.txt"
     target.write_text("keep")
     (tmp_path / "metrics.csv").unlink()

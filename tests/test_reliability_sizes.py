@@ -18,8 +18,12 @@ from attnconv.models import create_model
 from attnconv.models.budget import MAX_MODULES, probe_bytes
 from attnconv.train import checkpoint as ck
 
-CRAFTED = [{"hidden_size": 10**9}, {"max_size": 10**9}, {"num_layers": 10**5},
-           {"num_layers": 10**7, "hidden_size": 8, "ff_size": 8}]  # fmt: skip
+CRAFTED = [
+    {"hidden_size": 10**9},
+    {"max_size": 10**9},
+    {"num_layers": 10**5},
+    {"num_layers": 10**7, "hidden_size": 8, "ff_size": 8},
+]
 
 
 @pytest.mark.parametrize("kw", CRAFTED)
@@ -38,22 +42,38 @@ def test_probe_measures_a_real_model():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("override", ["model.kwargs.hidden_size=1000000000",
-                                      "model.kwargs.num_layers=10000000"])  # fmt: skip
+@pytest.mark.parametrize(
+    "override", ["model.kwargs.hidden_size=1000000000", "model.kwargs.num_layers=10000000"]
+)
 def test_training_config_refused_in_seconds_and_little_memory(tmp_path, override):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("model: {name: sa_learned}\n")
     # the child's own peak resident memory (VmHWM of its address space, KiB): ru_maxrss would
     # carry the parent's peak over the fork and exec
-    code = ("import sys\nfrom attnconv.cli import main\n"
-            "try:\n    rc = main(sys.argv[1:])\nfinally:\n"
-            "    hwm = [ln for ln in open('/proc/self/status') if ln.startswith('VmHWM')]\n"
-            "    print(hwm[0].split()[1])\n"
-            "sys.exit(rc)")
+    code = (
+        "import sys\nfrom attnconv.cli import main\n"
+        "try:\n    rc = main(sys.argv[1:])\nfinally:\n"
+        "    hwm = [ln for ln in open('/proc/self/status') if ln.startswith('VmHWM')]\n"
+        "    print(hwm[0].split()[1])\n"
+        "sys.exit(rc)"
+    )
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-c", code, "train", str(cfg), "--out",
-                        str(tmp_path / "run"), "--set", override],
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "train",
+            str(cfg),
+            "--out",
+            str(tmp_path / "run"),
+            "--set",
+            override,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     wall = time.perf_counter() - t0
     peak_mb = int(r.stdout.strip().splitlines()[-1]) / 1024
     assert r.returncode == 2 and "declares more than" in r.stderr.strip().splitlines()[-1]
@@ -63,8 +83,9 @@ def test_training_config_refused_in_seconds_and_little_memory(tmp_path, override
 @pytest.mark.slow
 def test_checkpoint_declaring_100000_layers_is_refused_fast(tmp_path):
     kw = {"hidden_size": 8, "num_layers": 1, "num_heads": 2, "ff_size": 8}
-    path = ck.save_checkpoint(tmp_path / "ck", create_model("sa_quadratic", **kw),
-                              "sa_quadratic", kw)  # fmt: skip
+    path = ck.save_checkpoint(
+        tmp_path / "ck", create_model("sa_quadratic", **kw), "sa_quadratic", kw
+    )
     meta = json.loads((path / ck.META).read_text())
     meta["model_kwargs"]["num_layers"] = 100_000
     meta[ck.META_HASH] = ck.meta_digest(meta)  # a crafter recomputes the digest

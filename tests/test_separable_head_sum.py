@@ -27,12 +27,20 @@ from test_shared_position import F64, _operators, _step
 
 @settings(max_examples=25, deadline=None)
 @given(
-    nh=st.integers(1, 4), h=st.integers(1, 6), w=st.integers(1, 6), b=st.integers(1, 4),
-    d=st.integers(1, 4), dout=st.integers(1, 5), per_head=st.booleans(), bias=st.booleans(),
-    block_images=st.sampled_from([1, 2, None]), seed=st.integers(0, 2**16),
-)  # fmt: skip
-def test_separable_head_sum_equals_its_plain_composition(nh, h, w, b, d, dout, per_head, bias,
-                                                         block_images, seed):  # fmt: skip
+    nh=st.integers(1, 4),
+    h=st.integers(1, 6),
+    w=st.integers(1, 6),
+    b=st.integers(1, 4),
+    d=st.integers(1, 4),
+    dout=st.integers(1, 5),
+    per_head=st.booleans(),
+    bias=st.booleans(),
+    block_images=st.sampled_from([1, 2, None]),
+    seed=st.integers(0, 2**16),
+)
+def test_separable_head_sum_equals_its_plain_composition(
+    nh, h, w, b, d, dout, per_head, bias, block_images, seed
+):
     """One image block and one head at a time (no dropout) = position_attention then
     head_sum_linear: values and the gradients of R, C, the values, Wout and b (float64, random
     shapes; blocks of 1 or 2 images, or the whole batch in one)."""
@@ -69,13 +77,13 @@ def test_separable_head_sum_gradcheck(per_head, one_image_blocks):
     bias = torch.randn(5, dtype=F64, requires_grad=True)
     with patch.multiple(shared_position, BLOCK_BYTES=block, BLOCK_MAX_THREADS=1 << 10):
         assert torch.autograd.gradcheck(separable_head_sum, (r, c, x, weight, bias))
-        assert torch.autograd.gradcheck(lambda *a: separable_head_sum(*a, None),
-                                        (r, c, x, weight))  # fmt: skip
+        assert torch.autograd.gradcheck(lambda *a: separable_head_sum(*a, None), (r, c, x, weight))
 
 
 @pytest.mark.parametrize("bf16", [False, True])
-@pytest.mark.parametrize("positional, alpha", [("quadratic", 0.5), ("quadratic", 20.0),
-                                               ("relative_learned", None)])  # fmt: skip
+@pytest.mark.parametrize(
+    "positional, alpha", [("quadratic", 0.5), ("quadratic", 20.0), ("relative_learned", None)]
+)
 @pytest.mark.parametrize("one_image_blocks", [False, True])
 def test_no_dropout_precision_within_twice_the_composition(
     positional, alpha, bf16, one_image_blocks, monkeypatch
@@ -125,14 +133,22 @@ def test_separable_head_sum_double_backward_is_our_one_line_error():
 
 
 @settings(max_examples=30, deadline=None)
-@given(h=st.integers(1, 8), w=st.integers(1, 8), b=st.integers(1, 9), d=st.integers(1, 8),
-       block=st.integers(1, 4096), threads=st.integers(1, 3))  # fmt: skip
+@given(
+    h=st.integers(1, 8),
+    w=st.integers(1, 8),
+    b=st.integers(1, 9),
+    d=st.integers(1, 8),
+    block=st.integers(1, 4096),
+    threads=st.integers(1, 3),
+)
 def test_image_blocks_partition_the_batch(h, w, b, d, block, threads):
     """Consecutive ranges covering [0, B), each within BLOCK_BYTES unless a single image; one
     range (the batch) above BLOCK_MAX_THREADS threads."""
     x = torch.empty(1, h, w, b, d)
-    with patch.multiple(shared_position, BLOCK_BYTES=block, BLOCK_MAX_THREADS=2), \
-         patch.object(torch, "get_num_threads", lambda: threads):  # fmt: skip
+    with (
+        patch.multiple(shared_position, BLOCK_BYTES=block, BLOCK_MAX_THREADS=2),
+        patch.object(torch, "get_num_threads", lambda: threads),
+    ):
         ranges = shared_position.image_blocks(x)
     assert [i0 for i0, _ in ranges] == [0] + [i1 for _, i1 in ranges[:-1]]
     assert ranges[-1][1] == b and all(i1 > i0 for i0, i1 in ranges)
@@ -177,15 +193,22 @@ def test_paper_position_only_model_on_a_gpu_plan_trains_as_on_a_cpu(name):
         with patch.object(mhsa2d.plan, "for_layer", _on_cuda_plan):
             return model(x)
 
-    assert_same_training_step([(model, model), (model, on_gpu_plan)],
-                              torch.randn(3, 3, 32, 32, dtype=F64), seed=7)  # fmt: skip
+    assert_same_training_step(
+        [(model, model), (model, on_gpu_plan)], torch.randn(3, 3, 32, 32, dtype=F64), seed=7
+    )
 
 
-@pytest.mark.parametrize("positional, alpha, bf16", [
-    ("quadratic", 0.5, False), ("quadratic", 0.5, True), ("quadratic", 20.0, False),
-    ("quadratic", 20.0, True),
-    ("relative_learned", None, False), ("relative_learned", None, True),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "positional, alpha, bf16",
+    [
+        ("quadratic", 0.5, False),
+        ("quadratic", 0.5, True),
+        ("quadratic", 20.0, False),
+        ("quadratic", 20.0, True),
+        ("relative_learned", None, False),
+        ("relative_learned", None, True),
+    ],
+)
 def test_gpu_plan_precision_within_1_5x_the_plain_path(positional, alpha, bf16, monkeypatch):
     """Attention dropout off, the kernel a GPU takes ("shared"): output, input and parameter
     gradients against float64 within 1.5x of the plain dense path's error, in float32 and under

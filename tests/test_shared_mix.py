@@ -18,8 +18,14 @@ def _plain(probs, vs):
 
 
 @settings(max_examples=25, deadline=None)
-@given(b=st.integers(1, 4), nh=st.integers(1, 4), t=st.integers(1, 20), d=st.integers(1, 6),
-       heads_share=st.booleans(), seed=st.integers(0, 2**16))  # fmt: skip
+@given(
+    b=st.integers(1, 4),
+    nh=st.integers(1, 4),
+    t=st.integers(1, 20),
+    d=st.integers(1, 6),
+    heads_share=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
 def test_equals_plain_einsum_values_and_gradients(b, nh, t, d, heads_share, seed):
     g = torch.Generator().manual_seed(seed)
     probs = torch.rand(nh, t, t, generator=g).softmax(-1)
@@ -44,8 +50,9 @@ def test_gradcheck_float64():
     vs = torch.randn(2, 7, 3, 4, dtype=F64, requires_grad=True)
     assert torch.autograd.gradcheck(_SharedMix.apply, (probs, vs))
     shared_values = torch.randn(2, 7, 1, 4, dtype=F64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda p, v: _SharedMix.apply(p, v.expand(2, 7, 3, 4)),
-                                    (probs, shared_values))  # fmt: skip
+    assert torch.autograd.gradcheck(
+        lambda p, v: _SharedMix.apply(p, v.expand(2, 7, 3, 4)), (probs, shared_values)
+    )
 
 
 def test_bf16_values_dp_in_float32_dv_in_bf16():

@@ -32,16 +32,25 @@ def _operators(nh, h, w, dtype=F64, alpha=1.0):
 
 @settings(max_examples=25, deadline=None)
 @given(
-    nh=st.integers(1, 3), h=st.integers(1, 6), w=st.integers(1, 6), b=st.integers(1, 3),
-    ch=st.integers(1, 4), per_head=st.booleans(), mask=st.sampled_from([None, "batch", "sample"]),
-    p=st.sampled_from([0.1, 0.5]), seed=st.integers(0, 2**16),
-)  # fmt: skip
+    nh=st.integers(1, 3),
+    h=st.integers(1, 6),
+    w=st.integers(1, 6),
+    b=st.integers(1, 3),
+    ch=st.integers(1, 4),
+    per_head=st.booleans(),
+    mask=st.sampled_from([None, "batch", "sample"]),
+    p=st.sampled_from([0.1, 0.5]),
+    seed=st.integers(0, 2**16),
+)
 def test_position_attention_equals_dense_equation(nh, h, w, b, ch, per_head, mask, p, seed):
     torch.manual_seed(seed)
     r, c = _operators(nh, h, w)
     x = torch.randn(nh if per_head else 1, h, w, b, ch, dtype=F64, requires_grad=True)
-    drop = None if mask is None else dropped_links(nh, h * w, b if mask == "sample" else None,
-                                                   p, "cpu")  # fmt: skip
+    drop = (
+        None
+        if mask is None
+        else dropped_links(nh, h * w, b if mask == "sample" else None, p, "cpu")
+    )
     scale = 1.0 if drop is None else 1.0 / (1.0 - p)
     fast = position_attention(r, c, x, drop) * scale
     plain = plain_attention(r, c, x, drop, p)
@@ -59,8 +68,9 @@ def test_position_attention_gradcheck(mask, per_head):
     torch.manual_seed(0)
     r, c = _operators(2, 3, 4)
     x = torch.randn(2 if per_head else 1, 3, 4, 2, 3, dtype=F64, requires_grad=True)
-    drop = None if mask is None else dropped_links(2, 12, 2 if mask == "sample" else None,
-                                                   0.3, "cpu")  # fmt: skip
+    drop = (
+        None if mask is None else dropped_links(2, 12, 2 if mask == "sample" else None, 0.3, "cpu")
+    )
     assert torch.autograd.gradcheck(lambda *a: position_attention(*a, drop), (r, c, x))
 
 
@@ -78,8 +88,9 @@ def test_head_sum_linear_equals_concat_linear_and_gradcheck():
     weight = torch.randn(5, 12, dtype=F64, requires_grad=True)
     bias = torch.randn(5, dtype=F64, requires_grad=True)
     concat = heads.permute(1, 0, 2).reshape(10, 12)  # concat_h of eq. 1
-    torch.testing.assert_close(head_sum_linear(heads, weight, bias),
-                               torch.nn.functional.linear(concat, weight, bias))  # fmt: skip
+    torch.testing.assert_close(
+        head_sum_linear(heads, weight, bias), torch.nn.functional.linear(concat, weight, bias)
+    )
     assert torch.autograd.gradcheck(head_sum_linear, (heads, weight, bias))
     assert torch.autograd.gradcheck(lambda a, w: head_sum_linear(a, w, None), (heads, weight))
 
@@ -94,20 +105,29 @@ def _pair(positional, c, nh, value, p, mask, dtype=F64):
 
 @settings(max_examples=12, deadline=None)
 @given(
-    positional=st.sampled_from(["quadratic", "relative_learned"]), b=st.integers(1, 3),
-    h=st.integers(1, 6), w=st.integers(1, 6), nh=st.integers(1, 3),
-    value=st.sampled_from(["linear", "identity"]), p=st.sampled_from([0.0, 0.1, 0.5]),
+    positional=st.sampled_from(["quadratic", "relative_learned"]),
+    b=st.integers(1, 3),
+    h=st.integers(1, 6),
+    w=st.integers(1, 6),
+    nh=st.integers(1, 3),
+    value=st.sampled_from(["linear", "identity"]),
+    p=st.sampled_from([0.0, 0.1, 0.5]),
     seed=st.integers(0, 2**16),
-)  # fmt: skip
+)
 def test_forward_tokens_equals_plain_nchw_path(positional, b, h, w, nh, value, p, seed):
     """Same dropped links (one mask for the batch, the reference code's), values and the
     gradients of the input and of every parameter."""
     c = 2 * nh
     fast, ref = _pair(positional, c, nh, value, p, "batch")
     x = torch.randn(h, w, b, c, dtype=F64)
-    assert_same_training_step([(fast, fast.forward_tokens),
-                               (ref, lambda t: ref(t.permute(2, 3, 0, 1)).permute(2, 3, 0, 1))],
-                              x, seed)  # fmt: skip
+    assert_same_training_step(
+        [
+            (fast, fast.forward_tokens),
+            (ref, lambda t: ref(t.permute(2, 3, 0, 1)).permute(2, 3, 0, 1)),
+        ],
+        x,
+        seed,
+    )
 
 
 def test_forward_tokens_per_image_mask_is_dropout_of_the_plain_probabilities():
@@ -141,15 +161,22 @@ def _step(m, tokens: bool, dtype, x, g, bf16: bool, params: bool = False) -> lis
 
 @pytest.mark.parametrize("mask", ["batch", "sample"])
 @pytest.mark.parametrize("bf16", [False, True])
-@pytest.mark.parametrize("positional, alpha", [("quadratic", 0.5), ("quadratic", 20.0),
-                                               ("relative_learned", None)])  # fmt: skip
+@pytest.mark.parametrize(
+    "positional, alpha", [("quadratic", 0.5), ("quadratic", 20.0), ("relative_learned", None)]
+)
 def test_precision_within_twice_the_plain_path(positional, alpha, bf16, mask):
     """Output and input gradient against float64, dropout 0.1 (same links): the tokens path's
     error within 2x of the plain dense path's, in float32 and under bf16 autocast."""
     torch.manual_seed(0)
     opts = {"init_alpha": alpha} if alpha else {}
-    kw = dict(positional=positional, content=False, dropout=0.1, value="identity",
-              dropout_mask=mask, **opts)
+    kw = dict(
+        positional=positional,
+        content=False,
+        dropout=0.1,
+        value="identity",
+        dropout_mask=mask,
+        **opts,
+    )
     fast = MultiHeadSelfAttention2d(32, 32, 9, **kw).train()
     plain = MultiHeadSelfAttention2d(32, 32, 9, impl="reference", **kw).train()
     plain.load_state_dict(fast.state_dict())

@@ -78,9 +78,12 @@ def test_one_mixture_is_plain_content_attention():
     stem = AttentionStem2d(3, 8, 2, 5, mixtures=1, pool=1, norm=False)
     layer = LocalSelfAttention2d(3, 8, 2, 5, positional="none")
     layer.load_state_dict(
-        {"query.weight": stem.query.weight, "key.weight": stem.key.weight,
-         "value.weight": stem.value.weight}
-    )  # fmt: skip
+        {
+            "query.weight": stem.query.weight,
+            "key.weight": stem.key.weight,
+            "value.weight": stem.value.weight,
+        }
+    )
     x = torch.randn(2, 3, 9, 7)
     torch.testing.assert_close(stem(x), torch.relu(layer(x)))
 

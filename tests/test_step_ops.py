@@ -27,8 +27,13 @@ def test_results_written_where_asked_and_bad_input_is_one_line(tmp_path):
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "| sa_learned |" in (tmp_path / "step_ops.md").read_text()
-    for bad, msg in ((["--batch", "0"], "--batch 0: must be at least 1"),
-                     (["--models", "nope"], "--models: unknown nope")):  # fmt: skip
-        r = subprocess.run([sys.executable, str(SCRIPT), *bad, "--out", str(tmp_path / "x")],
-                           capture_output=True, text=True)  # fmt: skip
+    for bad, msg in (
+        (["--batch", "0"], "--batch 0: must be at least 1"),
+        (["--models", "nope"], "--models: unknown nope"),
+    ):
+        r = subprocess.run(
+            [sys.executable, str(SCRIPT), *bad, "--out", str(tmp_path / "x")],
+            capture_output=True,
+            text=True,
+        )
         assert r.returncode != 0 and msg in r.stderr and not (tmp_path / "x").exists()

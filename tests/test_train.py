@@ -76,8 +76,9 @@ def test_resume_mid_epoch_is_exact(baseline, cifar_zip, tmp_path):
 
 
 @pytest.mark.slow
-def test_milestone_checkpoints_are_kept_and_the_key_may_change_on_resume(baseline, cifar_zip,
-                                                                        tmp_path):  # fmt: skip
+def test_milestone_checkpoints_are_kept_and_the_key_may_change_on_resume(
+    baseline, cifar_zip, tmp_path
+):
     """train.keep_every: the checkpoints of its multiples survive the pruning (keep_checkpoints
     1); set only on --resume (a free key), the run stays exact."""
     _, final, _ = baseline
@@ -175,8 +176,9 @@ def test_non_finite_loss_stops_and_keeps_last_good(cifar_zip, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("bad, at_step", [(float("inf"), 1), (float("nan"), 3)])
-def test_last_good_checkpoint_never_holds_non_finite_weights(cifar_zip, tmp_path, monkeypatch,
-                                                             capsys, bad, at_step):  # fmt: skip
+def test_last_good_checkpoint_never_holds_non_finite_weights(
+    cifar_zip, tmp_path, monkeypatch, capsys, bad, at_step
+):
     """A finite loss can still leave inf/NaN weights after the optimizer step (an overflowing
     update; the config schema refuses inf/NaN/huge values, so the step is made to overflow here):
     such weights are never saved, training stops (exit 3, one line) and `latest` (if any) loads

@@ -100,7 +100,6 @@ def test_shipped_configs_are_valid(path):
         assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
 
 
-
 def test_numbers_without_a_dot_are_numbers(tmp_path):
     """YAML 1.1 reads 1e-3 as a string; a float option takes it (users type it daily)."""
     f = tmp_path / "c.yaml"

@@ -187,7 +187,6 @@ def test_a_step_folder_without_latest_resumes_and_stale_temps_are_cleaned(tmp_pa
     assert not stale.exists() and latest_step(run) == 4
 
 
-
 def test_first_window_after_resume_times_only_its_own_images():
     """A log window that a stop split: its images trained before the resume (restored with the
     sums) were timed by the earlier sitting; images/s counts this sitting's images only."""
@@ -200,8 +199,15 @@ def test_first_window_after_resume_times_only_its_own_images():
     rows = []
     mon = SimpleNamespace(row=lambda *a: rows.append(a), bar=lambda *a: None)
     sums = dict.fromkeys(SUMS, 0.0) | {"win_n": 50 * 64.0, "win_loss": 100.0, "win_correct": 9.0}
-    stub = SimpleNamespace(sums=sums, info=DistInfo(), mon=mon, step=200, lr=0.1,
-                           win_before=49 * 64.0, t0=time.time() - 8.0)  # fmt: skip
+    stub = SimpleNamespace(
+        sums=sums,
+        info=DistInfo(),
+        mon=mon,
+        step=200,
+        lr=0.1,
+        win_before=49 * 64.0,
+        t0=time.time() - 8.0,
+    )
     Trainer._log_window(stub, epoch=1)
     ips = rows[0][-1]
     assert 7.0 < ips < 8.1, ips  # 64 images in ~8 s, not 3200

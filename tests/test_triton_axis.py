@@ -41,13 +41,22 @@ def _run(f, q, k, v, qa, h, w, p, per_image, seed, scale=0.37, **kw):
 
 @settings(max_examples=20 if DEVICE == "cpu" else 8, deadline=None)  # on a GPU: a compile each
 @given(
-    b=st.integers(1, 2), nh=st.integers(1, 3), h=st.integers(1, 7), w=st.integers(1, 11),
-    dk=st.sampled_from([1, 4, 8, 17, 48]), dv=st.sampled_from([3, 8, 16]),
-    p=st.sampled_from([0.0, 0.1, 0.5]), per_image=st.booleans(), shared=st.booleans(),
-    batch_axis=st.booleans(), block_m=st.sampled_from([16, 64]), seed=st.integers(0, 2**32 - 1),
-)  # fmt: skip
-def test_triton_equals_plain_equations(b, nh, h, w, dk, dv, p, per_image, shared, batch_axis,
-                                       block_m, seed):  # fmt: skip
+    b=st.integers(1, 2),
+    nh=st.integers(1, 3),
+    h=st.integers(1, 7),
+    w=st.integers(1, 11),
+    dk=st.sampled_from([1, 4, 8, 17, 48]),
+    dv=st.sampled_from([3, 8, 16]),
+    p=st.sampled_from([0.0, 0.1, 0.5]),
+    per_image=st.booleans(),
+    shared=st.booleans(),
+    batch_axis=st.booleans(),
+    block_m=st.sampled_from([16, 64]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_triton_equals_plain_equations(
+    b, nh, h, w, dk, dv, p, per_image, shared, batch_axis, block_m, seed
+):
     """float64: values and the gradients of q, k, v (shared by the heads or not) and the axis
     logits (per image or one for the batch), with and without dropout under one seed."""
     gen = torch.Generator().manual_seed(seed % 1000)
@@ -119,8 +128,10 @@ def test_triton_dropout_mask_is_dropped_links():
         y = axis_attention_triton(q, q, v, qa, h, w, 1.0, 0.3, per_image, seed=2024, block_m=16)
         kept = ~dropped_links(nh, t, b if per_image else None, 0.3, DEVICE, seed=2024)
         assert torch.equal(y.transpose(1, 2) > 0, kept.expand(b, nh, t, t))
-        torch.testing.assert_close(y.transpose(1, 2)[kept.expand(b, nh, t, t)].unique(),
-                                   torch.tensor([1 / (t * 0.7)], device=DEVICE))  # fmt: skip
+        torch.testing.assert_close(
+            y.transpose(1, 2)[kept.expand(b, nh, t, t)].unique(),
+            torch.tensor([1 / (t * 0.7)], device=DEVICE),
+        )
 
 
 @pytest.mark.parametrize("positional", ["quadratic", "relative_learned"])
@@ -130,8 +141,14 @@ def test_layer_backend_triton_equals_reference(positional, dropout):
     seed: the output and the gradients of the input and every parameter (projections, the
     positional encoding's)."""
     torch.manual_seed(0)
-    lay = MultiHeadSelfAttention2d(12, 12, num_heads=3, head_dim=8, positional=positional,
-                                   dropout=dropout).double().to(DEVICE).train()  # fmt: skip
+    lay = (
+        MultiHeadSelfAttention2d(
+            12, 12, num_heads=3, head_dim=8, positional=positional, dropout=dropout
+        )
+        .double()
+        .to(DEVICE)
+        .train()
+    )
     x = torch.randn(2, 12, 5, 7, dtype=torch.float64, device=DEVICE, requires_grad=True)
     res = []
     for backend, impl in (("triton", "auto"), (None, "reference")):
@@ -148,11 +165,17 @@ def test_layer_backend_triton_bf16_autocast_as_tight_as_plain():
     """The layer under bfloat16 autocast: backend="triton" within 2x of the plain path's
     (impl="reference" under the same autocast) distance to float64, output and gradients."""
     torch.manual_seed(1)
-    lay = MultiHeadSelfAttention2d(16, 16, num_heads=2, head_dim=8,
-                                   positional="quadratic").to(DEVICE)  # fmt: skip
+    lay = MultiHeadSelfAttention2d(16, 16, num_heads=2, head_dim=8, positional="quadratic").to(
+        DEVICE
+    )
     x = torch.randn(2, 16, 6, 10, device=DEVICE)
-    exact_lay = MultiHeadSelfAttention2d(16, 16, num_heads=2, head_dim=8, positional="quadratic",
-                                         impl="reference").double().to(DEVICE)  # fmt: skip
+    exact_lay = (
+        MultiHeadSelfAttention2d(
+            16, 16, num_heads=2, head_dim=8, positional="quadratic", impl="reference"
+        )
+        .double()
+        .to(DEVICE)
+    )
     exact_lay.load_state_dict(lay.state_dict())
     xd = x.double().requires_grad_()
     ye = exact_lay(xd)
@@ -174,8 +197,13 @@ def test_layer_backend_triton_bf16_autocast_as_tight_as_plain():
 def test_unsupported_inputs_fall_back_with_one_line(monkeypatch):
     """Rows wider than the kernel takes (and a CPU without the interpreter) run the dense path
     with a one-line warning naming why: the same result, never a wrong one."""
-    lay = MultiHeadSelfAttention2d(8, 8, num_heads=2, positional="relative_learned",
-                                   backend="triton", max_size=160).double().to(DEVICE)  # fmt: skip
+    lay = (
+        MultiHeadSelfAttention2d(
+            8, 8, num_heads=2, positional="relative_learned", backend="triton", max_size=160
+        )
+        .double()
+        .to(DEVICE)
+    )
     x = torch.randn(1, 8, 1, triton_axis.MAX_WIDTH + 3, dtype=torch.float64, device=DEVICE)
     with pytest.warns(UserWarning, match="falls back to the dense kernel: .*rows up to"):
         y = lay(x)
@@ -194,8 +222,9 @@ def test_backend_triton_without_triton_names_the_install(monkeypatch):
 
 
 def test_plan_picks_triton_only_for_content_axis_terms():
-    lay = MultiHeadSelfAttention2d(8, 8, num_heads=2, positional="quadratic", content=False,
-                                   backend="triton")  # fmt: skip
+    lay = MultiHeadSelfAttention2d(
+        8, 8, num_heads=2, positional="quadratic", content=False, backend="triton"
+    )
     x = torch.randn(1, 8, 4, 4)
     assert lay.kernel(x) != "triton"  # position only: the shared/separable kernels
     lay.content = True

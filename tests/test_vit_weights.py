@@ -74,12 +74,21 @@ def test_hf_attention_is_softmax_qk_from_the_source_weights(tmp_path):
     with torch.no_grad():
         h = src.embeddings(x)  # (B, T, D)
         pre = "encoder.layer.0."
-        h = F.layer_norm(h, (D,), sd[pre + "layernorm_before.weight"],
-                         sd[pre + "layernorm_before.bias"], eps=1e-12)  # fmt: skip
+        h = F.layer_norm(
+            h,
+            (D,),
+            sd[pre + "layernorm_before.weight"],
+            sd[pre + "layernorm_before.bias"],
+            eps=1e-12,
+        )
         q, k = (
-            F.linear(h, sd[f"{pre}attention.attention.{n}.weight"],
-                     sd[f"{pre}attention.attention.{n}.bias"])  # fmt: skip
-            .view(2, -1, HEADS, D // HEADS).transpose(1, 2)
+            F.linear(
+                h,
+                sd[f"{pre}attention.attention.{n}.weight"],
+                sd[f"{pre}attention.attention.{n}.bias"],
+            )
+            .view(2, -1, HEADS, D // HEADS)
+            .transpose(1, 2)
             for n in ("query", "key")
         )  # (B, nh, T, hs)
         expect = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D // HEADS), dim=-1)
@@ -183,8 +192,10 @@ def test_no_qkv_bias_in_either_format(tmp_path):
     x = images(2, 32)
     with torch.no_grad():
         torch.testing.assert_close(ours(x).double(), timm_reference(sd, x)[0], atol=1e-4, rtol=0)
-    src = hf_save(transformers.ViTForImageClassification(hf_config("ViTConfig", qkv_bias=False)),
-                  tmp_path / "hf")  # fmt: skip
+    src = hf_save(
+        transformers.ViTForImageClassification(hf_config("ViTConfig", qkv_bias=False)),
+        tmp_path / "hf",
+    )
     ours = load("vit_tiny_patch16_224", tmp_path / "hf")
     with torch.no_grad():
         torch.testing.assert_close(ours(x), src(x).logits, atol=1e-4, rtol=0)
@@ -199,8 +210,11 @@ def test_timm_hub_folder_is_read_as_timm_with_its_normalization(tmp_path):
 
     sd = timm_state()
     save_file(sd, str(tmp_path / "model.safetensors"))
-    cfg = {"architecture": "vit_small_patch16_224", "num_classes": 5,
-           "pretrained_cfg": {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}}  # fmt: skip
+    cfg = {
+        "architecture": "vit_small_patch16_224",
+        "num_classes": 5,
+        "pretrained_cfg": {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]},
+    }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     ours = load("vit_small_patch16_224", tmp_path)
     assert ours.cfg.norm_eps == 1e-6 and ours.cfg.pos_embed_antialias
@@ -218,10 +232,16 @@ def test_timm_img_size_override_resamples_like_timm_not_like_hf(tmp_path):
     ours = load("deit_tiny_patch16_224", path, img_size=56)  # 4x4 -> 7x7 grid at load
     expect = timm_resample(sd["pos_embed"], (7, 7), 1)
     torch.testing.assert_close(ours.pos_embed.detach(), expect, atol=1e-6, rtol=0)
-    plain = F.interpolate(
-        sd["pos_embed"][:, 1:].reshape(1, 4, 4, D).permute(0, 3, 1, 2), size=(7, 7),
-        mode="bicubic", align_corners=False,
-    ).permute(0, 2, 3, 1).reshape(1, -1, D)  # fmt: skip
+    plain = (
+        F.interpolate(
+            sd["pos_embed"][:, 1:].reshape(1, 4, 4, D).permute(0, 3, 1, 2),
+            size=(7, 7),
+            mode="bicubic",
+            align_corners=False,
+        )
+        .permute(0, 2, 3, 1)
+        .reshape(1, -1, D)
+    )
     assert (plain - expect[:, 1:]).abs().max() > 1e-2  # the two kernels really differ
     x = images(2, 56)
     with torch.no_grad():
@@ -246,9 +266,12 @@ def test_real_geometry_at_224_equals_transformers(tmp_path):
     """ViT-Ti/16's geometry at 224 (12 blocks, 197 tokens), one image, from a Hugging Face
     folder: the registry name alone fits, no overrides."""
     cfg = transformers.ViTConfig(
-        hidden_size=192, num_hidden_layers=12, num_attention_heads=3, intermediate_size=768,
+        hidden_size=192,
+        num_hidden_layers=12,
+        num_attention_heads=3,
+        intermediate_size=768,
         num_labels=10,
-    )  # fmt: skip
+    )
     cfg._attn_implementation = "eager"
     src = transformers.ViTForImageClassification(cfg)
     randomize(src, std=0.05)
@@ -260,8 +283,9 @@ def test_real_geometry_at_224_equals_transformers(tmp_path):
         logits, maps = ours(x, return_attention=True)
     assert ref.logits.abs().max() > 0.1
     torch.testing.assert_close(logits, ref.logits, atol=1e-4, rtol=0)
-    torch.testing.assert_close(getattr(maps[-1], "probs", maps[-1]), ref.attentions[-1],
-                               atol=1e-5, rtol=0)  # fmt: skip
+    torch.testing.assert_close(
+        getattr(maps[-1], "probs", maps[-1]), ref.attentions[-1], atol=1e-5, rtol=0
+    )
 
 
 def test_bf16_autocast_stays_close_to_the_float64_reference(tmp_path):
@@ -298,13 +322,16 @@ def test_attnconv_checkpoints_load_through_the_same_argument(tmp_path):
 def test_registry_geometries_match_timm_parameter_counts():
     """timm's counts at 1000 classes (its model cards); built on the meta device, no forward."""
     counts = {
-        "vit_tiny_patch16_224": 5_717_416, "vit_small_patch16_224": 22_050_664,
-        "vit_base_patch16_224": 86_567_656, "vit_large_patch16_224": 304_326_632,
-        "deit_tiny_patch16_224": 5_717_416, "deit_base_patch16_224": 86_567_656,
+        "vit_tiny_patch16_224": 5_717_416,
+        "vit_small_patch16_224": 22_050_664,
+        "vit_base_patch16_224": 86_567_656,
+        "vit_large_patch16_224": 304_326_632,
+        "deit_tiny_patch16_224": 5_717_416,
+        "deit_base_patch16_224": 86_567_656,
         "deit_tiny_distilled_patch16_224": 5_910_800,
         "deit_small_distilled_patch16_224": 22_436_432,
         "deit_base_distilled_patch16_224": 87_338_192,
-    }  # fmt: skip
+    }
     with torch.device("meta"):
         for name, n in counts.items():
             m = create_model(name)

@@ -35,8 +35,19 @@ def test_analyze_and_explore_take_pretrained_weights(tmp_path, micro_name):
     cfg.image_size, cfg.patch_size = 64, 16
     hf_save(transformers.DeiTForImageClassificationWithTeacher(cfg), hf)
     out = tmp_path / "figs"
-    argv = ["analyze", "--model", micro_name, "--checkpoint", str(hf), "--out", str(out),
-            "--num-images", "4", "--batch-size", "3"]  # fmt: skip
+    argv = [
+        "analyze",
+        "--model",
+        micro_name,
+        "--checkpoint",
+        str(hf),
+        "--out",
+        str(out),
+        "--num-images",
+        "4",
+        "--batch-size",
+        "3",
+    ]
     assert main(argv) == 0
     report = json.loads((out / "report.json").read_text())
     assert report["image_size"] == [64, 64] and report["attention_grid"] == [4, 4]
@@ -46,8 +57,19 @@ def test_analyze_and_explore_take_pretrained_weights(tmp_path, micro_name):
     for fig in ("mean_distance.png", "position_similarity.png", "patch_pcs.png"):
         assert (out / fig).stat().st_size > 1000, fig
     page = tmp_path / "page.html"
-    argv = ["explore", "--model", micro_name, "--checkpoint", str(hf), "--out", str(page),
-            "--images", "2", "--average", "3"]  # fmt: skip
+    argv = [
+        "explore",
+        "--model",
+        micro_name,
+        "--checkpoint",
+        str(hf),
+        "--out",
+        str(page),
+        "--images",
+        "2",
+        "--average",
+        "3",
+    ]
     assert main(argv) == 0 and page.stat().st_size > 1000
     assert main(["analyze", "--checkpoint", str(hf), "--out", str(out)]) == 2  # no --model
     assert main(["explore", str(hf), "--out", str(page)]) == 2  # a foreign folder, no --model

@@ -12,12 +12,21 @@ def tiny_config(tmp_path: Path, cifar_zip: Path, *, epochs: int, **top) -> str:
     """Write the run's YAML config into ``tmp_path``; ``top`` adds top-level keys (out_dir)."""
     d = {
         "model": {"name": "tiny_cnn", "kwargs": {"width": 4}},
-        "data": {"dataset": str(cifar_zip), "max_per_class": 2, "eval_max_per_class": 1,
-                 "cache_dir": str(tmp_path / "cache")},
-        "train": {"epochs": epochs, "batch_size": 10, "threads": 1, "progress": False,
-                  "checkpoint_every": 1},
+        "data": {
+            "dataset": str(cifar_zip),
+            "max_per_class": 2,
+            "eval_max_per_class": 1,
+            "cache_dir": str(tmp_path / "cache"),
+        },
+        "train": {
+            "epochs": epochs,
+            "batch_size": 10,
+            "threads": 1,
+            "progress": False,
+            "checkpoint_every": 1,
+        },
         **top,
-    }  # fmt: skip
+    }
     f = tmp_path / "c.yaml"
     f.write_text(yaml.safe_dump(d))
     return str(f)

@@ -48,9 +48,14 @@ class ScaledStdConv2d(nn.Conv2d):
             )
             x = F.pad(x, [pw // 2, pw - pw // 2, ph // 2, ph - ph // 2])
         w = F.batch_norm(
-            self.weight.reshape(1, self.out_channels, -1), None, None,
-            weight=(self.gain * self.scale).view(-1), training=True, momentum=0.0, eps=self.eps,
-        ).reshape_as(self.weight)  # fmt: skip
+            self.weight.reshape(1, self.out_channels, -1),
+            None,
+            None,
+            weight=(self.gain * self.scale).view(-1),
+            training=True,
+            momentum=0.0,
+            eps=self.eps,
+        ).reshape_as(self.weight)
         return F.conv2d(x, w, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
@@ -92,8 +97,11 @@ class InvertedResidual(nn.Module):
         super().__init__()
         e = c * expand
         self.expand = nn.Sequential(nn.Conv2d(c, e, 1, bias=False), nn.BatchNorm2d(e), nn.SiLU())
-        dw = (Conv2dSame(e, e, k, stride, groups=e, bias=False) if same
-              else nn.Conv2d(e, e, k, stride, k // 2, groups=e, bias=False))  # fmt: skip
+        dw = (
+            Conv2dSame(e, e, k, stride, groups=e, bias=False)
+            if same
+            else nn.Conv2d(e, e, k, stride, k // 2, groups=e, bias=False)
+        )
         self.dw = nn.Sequential(dw, nn.BatchNorm2d(e), nn.SiLU())
         self.se = SqueezeExcite(e)
         self.project = nn.Sequential(nn.Conv2d(e, c, 1, bias=False), nn.BatchNorm2d(c))

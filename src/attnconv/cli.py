@@ -27,8 +27,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"attnconv {__version__}")
     loud = parser.add_mutually_exclusive_group()
-    loud.add_argument("-q", "--quiet", action="store_true",
-                      help="only warnings and errors: no progress, no status lines")  # fmt: skip
+    loud.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="only warnings and errors: no progress, no status lines",
+    )
     loud.add_argument("-v", "--verbose", action="store_true", help="also debug messages")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _available():

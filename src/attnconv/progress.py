@@ -134,17 +134,34 @@ class Progress:
         self._stop = threading.Event()
         if self.enabled and _is_tty():
             cols, rows = _terminal_size()
-            self.bar = tqdm(total=total, desc=desc, unit=unit, initial=initial, file=sys.stderr,
-                            ncols=cols, nrows=rows, mininterval=0.1, bar_format=BAR_FORMAT,
-                            leave=leave)  # fmt: skip
-            threading.Thread(target=_redraw, args=(weakref.ref(self), self._stop),
-                             daemon=True).start()  # fmt: skip
+            self.bar = tqdm(
+                total=total,
+                desc=desc,
+                unit=unit,
+                initial=initial,
+                file=sys.stderr,
+                ncols=cols,
+                nrows=rows,
+                mininterval=0.1,
+                bar_format=BAR_FORMAT,
+                leave=leave,
+            )
+            threading.Thread(
+                target=_redraw, args=(weakref.ref(self), self._stop), daemon=True
+            ).start()
 
     def line(self) -> str:
         """The current state as one line of text (what the logs get)."""
-        return tqdm.format_meter(self.n, self.total, time.time() - self.t0, prefix=self.desc,
-                                 unit=self.unit, bar_format=LINE_FORMAT, initial=self.initial,
-                                 postfix=_fmt_postfix(self.postfix)[2:] or None)  # fmt: skip
+        return tqdm.format_meter(
+            self.n,
+            self.total,
+            time.time() - self.t0,
+            prefix=self.desc,
+            unit=self.unit,
+            bar_format=LINE_FORMAT,
+            initial=self.initial,
+            postfix=_fmt_postfix(self.postfix)[2:] or None,
+        )
 
     def update(self, n: int = 1, **numbers: object) -> None:
         self.n += n

@@ -50,8 +50,13 @@ def _legend(fig, heads: int, extra: Sequence[Line2D] = ()) -> None:
     colors = _head_colors(heads)
     handles = [Line2D([], [], color=colors[h], lw=2, label=f"head {h + 1}") for h in range(heads)]
     x, y = 1 - (LEGEND_IN - 0.15) / fig.get_figwidth(), 1 - 0.7 / fig.get_figheight()
-    fig.legend(handles=handles + list(extra), loc="upper left", bbox_to_anchor=(x, y),
-               fontsize=8, frameon=False)  # fmt: skip
+    fig.legend(
+        handles=handles + list(extra),
+        loc="upper left",
+        bbox_to_anchor=(x, y),
+        fontsize=8,
+        frameon=False,
+    )
 
 
 def plot_mass_contours(
@@ -91,8 +96,10 @@ def plot_mass_contours(
                 radius = max(radius, abs(cr), abs(cc))
         _offset_axes(ax, radius + 0.8)
         ax.set_title(_plain(names[li]) if names is not None else f"layer {li + 1}", fontsize=9)
-    keys = [Line2D([], [], color="gray", ls=ls, label=f"{int(f * 100)}% of the mass")
-            for f, ls in zip(fractions, ("-", "--"))]  # fmt: skip
+    keys = [
+        Line2D([], [], color="gray", ls=ls, label=f"{int(f * 100)}% of the mass")
+        for f, ls in zip(fractions, ("-", "--"))
+    ]
     keys.append(Line2D([], [], color="black", marker="*", ls="", label="query"))
     if centers is not None:
         keys.append(Line2D([], [], color="gray", marker="x", ls="", mew=2, label="head centre"))
@@ -120,20 +127,33 @@ def _trajectory_frame(fig, axes, layers, upto: int, epochs, radius: float, unit:
             ax.plot([t[0, 1]], [t[0, 0]], marker="o", mfc="none", mec=c, ms=5, mew=1, zorder=2)
             moved = np.flatnonzero(np.abs(t - t[-1]).max(1) > 1e-6)
             if len(moved):  # from the last point that differs from the end
-                ax.annotate("", xy=(t[-1, 1], t[-1, 0]), xytext=(t[moved[-1], 1], t[moved[-1], 0]),
-                            arrowprops={"arrowstyle": "-|>", "color": c, "lw": 1.2,
-                                        "shrinkA": 0, "shrinkB": 0}, zorder=4)  # fmt: skip
+                ax.annotate(
+                    "",
+                    xy=(t[-1, 1], t[-1, 0]),
+                    xytext=(t[moved[-1], 1], t[moved[-1], 0]),
+                    arrowprops={
+                        "arrowstyle": "-|>",
+                        "color": c,
+                        "lw": 1.2,
+                        "shrinkA": 0,
+                        "shrinkB": 0,
+                    },
+                    zorder=4,
+                )
         _offset_axes(ax, radius)
         ax.set_title(f"layer {li + 1}", fontsize=9)
-    fig.suptitle(f"head centres, {unit} {epochs[upto]} (o = start, arrow = now, star = query)",
-                 fontsize=10)  # fmt: skip
+    fig.suptitle(
+        f"head centres, {unit} {epochs[upto]} (o = start, arrow = now, star = query)", fontsize=10
+    )
 
 
 def _trajectory_figure(layers, unit: str = "epoch"):
     fig, axes = _panels(len(layers), 3.4, 3.3)
-    keys = [Line2D([], [], color="gray", marker="o", mfc="none", ls="", label=f"first {unit}"),
-            Line2D([], [], color="gray", marker=">", ls="", label="last move"),
-            Line2D([], [], color="black", marker="*", ls="", label="query")]  # fmt: skip
+    keys = [
+        Line2D([], [], color="gray", marker="o", mfc="none", ls="", label=f"first {unit}"),
+        Line2D([], [], color="gray", marker=">", ls="", label="last move"),
+        Line2D([], [], color="black", marker="*", ls="", label="query"),
+    ]
     _legend(fig, max(t.shape[1] for t in layers), keys)
     radius = max(2.0, max(float(np.abs(t).max()) for t in layers)) + 0.5
     return fig, axes, radius

@@ -64,9 +64,7 @@ class MeanDistance:
             self.dist = pixel_distances(lg, ppt).float()
         d = torch.stack(  # one image at a time: (p * dist) is as large as the maps
             [
-                (attn.image(i).spatial(renormalize=True)[0] * self.dist)
-                .sum(-1)
-                .mean(-1)
+                (attn.image(i).spatial(renormalize=True)[0] * self.dist).sum(-1).mean(-1)
                 for i in range(attn.shape[0])
             ]
         )  # (B, Nh): mean over queries of d(q)

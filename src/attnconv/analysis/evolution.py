@@ -41,8 +41,9 @@ def read_evolution(path: str | Path) -> list[dict]:
         try:
             rec = json.loads(line)
             if "alpha" in rec:
-                recs.append({"step": int(rec["step"]), "layers": rec["layers"],
-                             "alpha": rec["alpha"]})  # fmt: skip
+                recs.append(
+                    {"step": int(rec["step"]), "layers": rec["layers"], "alpha": rec["alpha"]}
+                )
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{path}:{n}: bad centre-log line ({e})") from None
     return sorted(recs, key=lambda r: r["step"])
@@ -51,8 +52,9 @@ def read_evolution(path: str | Path) -> list[dict]:
 @torch.no_grad()
 def _layer(centers: list, alpha: list) -> MultiHeadSelfAttention2d:
     """A position-only quadratic layer holding these heads (eq. 9)."""
-    layer = MultiHeadSelfAttention2d(1, 1, len(alpha), positional="quadratic", content=False,
-                                     value="identity")  # fmt: skip
+    layer = MultiHeadSelfAttention2d(
+        1, 1, len(alpha), positional="quadratic", content=False, value="identity"
+    )
     enc = layer.positional_encoding
     enc.centers.copy_(torch.tensor(centers, dtype=torch.float32))
     enc.set_alpha(torch.tensor(alpha, dtype=torch.float64))
@@ -83,11 +85,18 @@ def head_evolution(path: str | Path, grid: tuple[int, int] = (16, 16)) -> list[d
             layer, delta = _layer(ctr, alpha), torch.tensor(ctr)  # delta: (Nh, 2)
             g = layer_grid_score(layer, *grid)
             moved = (delta - first[li]).norm(dim=-1).mean()
-            layers.append(dict(displacement=float(moved), peak_mass=g.peak_mass,
-                               sharp_heads=g.sharp_heads, grid3=g.grid3, grid5=g.grid5,
-                               mean_distance=mean_distance(layer, *grid),
-                               center_distance=float(delta.norm(dim=-1).mean()),
-                               travel3=grid_travel(delta)))  # fmt: skip
+            layers.append(
+                dict(
+                    displacement=float(moved),
+                    peak_mass=g.peak_mass,
+                    sharp_heads=g.sharp_heads,
+                    grid3=g.grid3,
+                    grid5=g.grid5,
+                    mean_distance=mean_distance(layer, *grid),
+                    center_distance=float(delta.norm(dim=-1).mean()),
+                    travel3=grid_travel(delta),
+                )
+            )
         out.append({"step": rec["step"], "layers": layers})
     return out
 
@@ -102,8 +111,13 @@ def last_heads(path: str | Path, grid: tuple[int, int] = (16, 16)) -> tuple[int,
     for ctr, alpha in zip(rec["layers"], rec["alpha"]):
         layer = _layer(ctr, alpha)
         probs = middle_query_probs(layer, h, w)
-        out.append(dict(maps=probs.view(-1, h, w).float(), centers=torch.tensor(ctr),
-                        score=layer_grid_score(layer, h, w)))  # fmt: skip
+        out.append(
+            dict(
+                maps=probs.view(-1, h, w).float(),
+                centers=torch.tensor(ctr),
+                score=layer_grid_score(layer, h, w),
+            )
+        )
     return rec["step"], out
 
 
@@ -124,19 +138,25 @@ def evolution_figure(evo: list[dict], path: str | Path) -> Path:
 
     steps = [e["step"] for e in evo]
     n = len(evo[0]["layers"])
-    panels = [("displacement", "centre displacement from step 0 (tokens)", lambda d: d),
-              ("center_distance", "centre distance from the query |Delta| (tokens)", lambda d: d),
-              ("travel3", "travel left to a 3x3 grid (tokens)", lambda d: d),
-              ("peak_mass", "largest top-key share of a head", max),
-              ("mean_distance", "mean attention distance (tokens)", lambda d: d),
-              ("grid3", "3x3 grid score (of 9)", lambda d: d)]  # fmt: skip
+    panels = [
+        ("displacement", "centre displacement from step 0 (tokens)", lambda d: d),
+        ("center_distance", "centre distance from the query |Delta| (tokens)", lambda d: d),
+        ("travel3", "travel left to a 3x3 grid (tokens)", lambda d: d),
+        ("peak_mass", "largest top-key share of a head", max),
+        ("mean_distance", "mean attention distance (tokens)", lambda d: d),
+        ("grid3", "3x3 grid score (of 9)", lambda d: d),
+    ]
     fig, axes = plt.subplots(2, 3, figsize=(13, 7))
     axes = axes.ravel()
     colors = plt.get_cmap("viridis")([i / max(n - 1, 1) for i in range(n)])
     for ax, (key, title, agg) in zip(axes, panels):
         for li in range(n):
-            ax.plot(steps, [agg(e["layers"][li][key]) for e in evo], color=colors[li],
-                    label=f"layer {li + 1}")  # fmt: skip
+            ax.plot(
+                steps,
+                [agg(e["layers"][li][key]) for e in evo],
+                color=colors[li],
+                label=f"layer {li + 1}",
+            )
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("training step")
         ax.xaxis.set_major_locator(MaxNLocator(6, integer=True))  # 150,000 steps: "150k"

@@ -72,8 +72,12 @@ def encode_rows(rows: torch.Tensor, grid: Grid) -> dict:
         i = np.flatnonzero(nr)
         vals = q[i, r0[i], c0[i]]
     else:
-        vals = np.concatenate([q[i, r0[i] : r0[i] + nr[i], c0[i] : c0[i] + nc[i]].reshape(-1)
-                               for i in range(q.shape[0])])  # fmt: skip
+        vals = np.concatenate(
+            [
+                q[i, r0[i] : r0[i] + nr[i], c0[i] : c0[i] + nc[i]].reshape(-1)
+                for i in range(q.shape[0])
+            ]
+        )
     boxes = np.stack([r0 * (nr > 0), c0 * (nc > 0), nr, nc], 1).astype("<u2")
     peaks = peak[..., 0].numpy().astype("<f4")
     return {"maps": _b64(vals), "boxes": _b64(boxes), "peaks": _b64(peaks)}
@@ -147,8 +151,16 @@ def build_data(
             )
         qg, stride, idx = query_subgrid(lg, max_queries)
         name = str(names[li]) if names is not None else f"layer {li + 1}"
-        layers.append({"name": name, "grid": list(lg), "heads": int(a.shape[0]),
-                       "qgrid": list(qg), "stride": stride, "maps": []})  # fmt: skip
+        layers.append(
+            {
+                "name": name,
+                "grid": list(lg),
+                "heads": int(a.shape[0]),
+                "qgrid": list(qg),
+                "stride": stride,
+                "maps": [],
+            }
+        )
         picks.append(idx + num_prefix_tokens)
 
     def enc(attn_layers):
@@ -226,8 +238,9 @@ def collect_attention(
         ]
 
     def batches(x, desc):  # position-only maps (batch 1) come once for all images
-        for start, stop, attns in iter_attention(model, normalize(x, mean, std), batch_size,
-                                                 desc=desc):  # fmt: skip
+        for start, stop, attns in iter_attention(
+            model, normalize(x, mean, std), batch_size, desc=desc
+        ):
             r = pick(attns)
             flags.append(stop - start > 1 and all(a.shape[0] == 1 for a in r))
             yield stop - start, r
@@ -297,9 +310,14 @@ def explore_model(
         The page's path.
     """
     single, avg, n, grids, shared = collect_attention(
-        model, images, average_images, mean=mean, std=std, max_queries=max_queries,
+        model,
+        images,
+        average_images,
+        mean=mean,
+        std=std,
+        max_queries=max_queries,
         batch_size=batch_size,
-    )  # fmt: skip
+    )
     data = build_data(
         images,
         single,

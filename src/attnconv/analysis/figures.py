@@ -74,9 +74,15 @@ def plot_query_maps(
     fw, fh = left + cell * (nh + extra) + right, top + cell * nl + bottom
     fig = plt.figure(figsize=(fw, fh))
     axes = fig.add_gridspec(
-        nl, nh + extra, left=left / fw, right=1 - right / fw, top=1 - top / fh,
-        bottom=bottom / fh, wspace=0.3, hspace=0.3,
-    ).subplots(squeeze=False)  # fmt: skip
+        nl,
+        nh + extra,
+        left=left / fw,
+        right=1 - right / fw,
+        top=1 - top / fh,
+        bottom=bottom / fh,
+        wspace=0.3,
+        hspace=0.3,
+    ).subplots(squeeze=False)
     for li, m in enumerate(maps):
         m = _np(m).astype(np.float64)
         lg = m.shape[-2:]
@@ -161,8 +167,9 @@ def plot_mean_distance(
         d = _np(d)
         for hd, v in enumerate(d):
             first = hd >= max((len(x) for x in distances[:li]), default=0)  # legend: each head once
-            ax.scatter([li + 1], [v], color=colors[hd], s=22,
-                       label=f"head {hd + 1}" if first else None)  # fmt: skip
+            ax.scatter(
+                [li + 1], [v], color=colors[hd], s=22, label=f"head {hd + 1}" if first else None
+            )
     if uniform is not None:
         ax.axhline(uniform, color="gray", ls="--", lw=1, label="uniform attention")
     ax.set_ylabel("mean attention distance (pixels)")
@@ -276,10 +283,15 @@ def convlikeness_rows(
             if r.kernel
             else "-"
         )
-        rows.append([
-            names[li] if names is not None else str(li + 1), f"{r.score:.3f}",
-            f"{min(r.head_scores):.3f}",
-            f"{sum(r.stability) / len(r.stability):.3f}", "yes" if r.distinct else "no", kern,
-            " ".join(f"({a},{b})" for a, b in r.offsets),
-        ])  # fmt: skip
+        rows.append(
+            [
+                names[li] if names is not None else str(li + 1),
+                f"{r.score:.3f}",
+                f"{min(r.head_scores):.3f}",
+                f"{sum(r.stability) / len(r.stability):.3f}",
+                "yes" if r.distinct else "no",
+                kern,
+                " ".join(f"({a},{b})" for a, b in r.offsets),
+            ]
+        )
     return rows

@@ -83,10 +83,12 @@ def grid_travel(centers: torch.Tensor, k: int = 3) -> float:
         raise ValueError(f"centers must be (Nh, 2), got {tuple(centers.shape)}")
     n, r = centers.shape[0], k // 2
     if k % 2 == 0 or k * k > 16 or not 0 < n <= k * k:
-        raise ValueError(f"grid_travel needs odd k with k^2 <= 16 and 1..k^2 heads, got k={k}, "
-                         f"{n} heads")  # fmt: skip
-    offs = torch.tensor([[i, j] for i in range(-r, r + 1) for j in range(-r, r + 1)],
-                        dtype=torch.float64)  # fmt: skip
+        raise ValueError(
+            f"grid_travel needs odd k with k^2 <= 16 and 1..k^2 heads, got k={k}, {n} heads"
+        )
+    offs = torch.tensor(
+        [[i, j] for i in range(-r, r + 1) for j in range(-r, r + 1)], dtype=torch.float64
+    )
     cost = torch.cdist(centers.double(), offs).tolist()  # (Nh, k^2)
     best = {0: 0.0}  # set of offsets taken by heads 0..h-1 -> least total distance
     for h in range(n):

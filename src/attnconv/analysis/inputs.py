@@ -121,9 +121,12 @@ def resize_images(images: torch.Tensor, size: int) -> torch.Tensor:
     out = torch.empty(*images.shape[:2], size, size, dtype=torch.uint8)
     for i in range(0, images.shape[0], 64):  # chunks: no float copy of every image at once
         x = torch.nn.functional.interpolate(
-            images[i : i + 64].float(), size=(size, size), mode="bilinear", align_corners=False,
+            images[i : i + 64].float(),
+            size=(size, size),
+            mode="bilinear",
+            align_corners=False,
             antialias=True,
-        )  # fmt: skip
+        )
         out[i : i + 64] = x.round().clamp(0, 255).to(torch.uint8)
     return out
 

@@ -92,8 +92,7 @@ def measure_model(
     dist: list[MeanDistance] = []
     conv: list[ConvLikeness] = []
     x = normalize(images, mean, std)
-    for seen, stop, maps in iter_attention(model, x, batch_size, allow_empty=True,
-                                           desc="analyze"):  # fmt: skip
+    for seen, stop, maps in iter_attention(model, x, batch_size, allow_empty=True, desc="analyze"):
         b = stop - seen  # no attention maps (a CNN): no batches, only the embedding figures
         if not dist:
             dist = [MeanDistance(grid, ppt) for _ in maps]

@@ -69,15 +69,26 @@ def analyze_model(
         The report (also written as report.json): the figures' files and the tables.
     """
     res = measure_model(
-        model, images, mean=mean, std=std, query=query, image_index=image_index,
+        model,
+        images,
+        mean=mean,
+        std=std,
+        query=query,
+        image_index=image_index,
         batch_size=batch_size,
-    )  # fmt: skip
+    )
     img = images[image_index].permute(1, 2, 0).numpy() / 255.0
     lab = labels[image_index] if labels is not None else f"image {image_index}"
     return render_report(
-        res, out_dir, image=img, label=lab, zoom=zoom, center_log=center_log, title=title,
+        res,
+        out_dir,
+        image=img,
+        label=lab,
+        zoom=zoom,
+        center_log=center_log,
+        title=title,
         model_name=type(model).__name__,
-    )  # fmt: skip
+    )
 
 
 def render_report(
@@ -111,42 +122,99 @@ def render_report(
         single, avg, names = res.single, res.average, res.layer_names
         where = f"query pixel {res.query_pixel} (token {qtok})"
         # position-only attention is the same for every image: one figure, not a copy of it
-        same = all(torch.allclose(s.float(), a.float(), rtol=1e-4, atol=1e-6)
-                   for s, a in zip(single, avg))  # fmt: skip
+        same = all(
+            torch.allclose(s.float(), a.float(), rtol=1e-4, atol=1e-6) for s, a in zip(single, avg)
+        )
         report["same_for_every_image"] = same
         if not same:
-            draw(figs, "attention_single", lambda: F.plot_query_maps(
-                single, qtok, grid, out / "attention_single.png", image=image,
-                title=f"attention of every head for {where}, {label}", names=names,
-            ))  # fmt: skip
+            draw(
+                figs,
+                "attention_single",
+                lambda: F.plot_query_maps(
+                    single,
+                    qtok,
+                    grid,
+                    out / "attention_single.png",
+                    image=image,
+                    title=f"attention of every head for {where}, {label}",
+                    names=names,
+                ),
+            )
         every = "the same for every image (position only)" if same else f"averaged over {n} images"
-        draw(figs, "attention_average", lambda: F.plot_query_maps(
-            avg, qtok, grid, out / "attention_average.png",
-            title=f"attention of every head for {where}, {every}", names=names,
-        ))  # fmt: skip
+        draw(
+            figs,
+            "attention_average",
+            lambda: F.plot_query_maps(
+                avg,
+                qtok,
+                grid,
+                out / "attention_average.png",
+                title=f"attention of every head for {where}, {every}",
+                names=names,
+            ),
+        )
         if zoom and any(max(m.shape[-2:]) > zoom for m in avg):
             if not same:
-                draw(figs, "attention_single_zoom", lambda: F.plot_query_maps(
-                    single, qtok, grid, out / "attention_single_zoom.png", image=image,
-                    zoom=zoom, title=f"{zoom}x{zoom} keys around {where}, {label}", names=names,
-                ))  # fmt: skip
-            draw(figs, "attention_average_zoom", lambda: F.plot_query_maps(
-                avg, qtok, grid, out / "attention_average_zoom.png", zoom=zoom,
-                title=f"{zoom}x{zoom} keys around {where}, {every}", names=names,
-            ))  # fmt: skip
+                draw(
+                    figs,
+                    "attention_single_zoom",
+                    lambda: F.plot_query_maps(
+                        single,
+                        qtok,
+                        grid,
+                        out / "attention_single_zoom.png",
+                        image=image,
+                        zoom=zoom,
+                        title=f"{zoom}x{zoom} keys around {where}, {label}",
+                        names=names,
+                    ),
+                )
+            draw(
+                figs,
+                "attention_average_zoom",
+                lambda: F.plot_query_maps(
+                    avg,
+                    qtok,
+                    grid,
+                    out / "attention_average_zoom.png",
+                    zoom=zoom,
+                    title=f"{zoom}x{zoom} keys around {where}, {every}",
+                    names=names,
+                ),
+            )
         use_c = res.centers if len(res.centers) == len(avg) else None
-        draw(figs, "mass_contours", lambda: C.plot_mass_contours(
-            avg, qtok, grid, out / "mass_contours.png", centers=use_c,
-            title=f"50% (solid) / 90% (dashed) of each head's mass for {where}, average of {n} "
-            "images; x = head centre" if use_c else "", names=names,
-        ))  # fmt: skip
-        draw(figs, "mean_distance", lambda: F.plot_mean_distance(
-            res.mean_distance, out / "mean_distance.png", uniform=res.uniform_distance,
-            title=f"mean attention distance per head ({n} images)", names=names,
-        ))  # fmt: skip
-        draw(figs, "conv_likeness", lambda: F.plot_convlikeness(
-            res.conv_likeness, out / "conv_likeness.png", names=names
-        ))
+        draw(
+            figs,
+            "mass_contours",
+            lambda: C.plot_mass_contours(
+                avg,
+                qtok,
+                grid,
+                out / "mass_contours.png",
+                centers=use_c,
+                title=f"50% (solid) / 90% (dashed) of each head's mass for {where}, average of {n} "
+                "images; x = head centre"
+                if use_c
+                else "",
+                names=names,
+            ),
+        )
+        draw(
+            figs,
+            "mean_distance",
+            lambda: F.plot_mean_distance(
+                res.mean_distance,
+                out / "mean_distance.png",
+                uniform=res.uniform_distance,
+                title=f"mean attention distance per head ({n} images)",
+                names=names,
+            ),
+        )
+        draw(
+            figs,
+            "conv_likeness",
+            lambda: F.plot_convlikeness(res.conv_likeness, out / "conv_likeness.png", names=names),
+        )
         report["layers"] = [
             {"name": name, "grid": list(g), "heads": int(m.shape[0])}
             for name, g, m in zip(names, res.layer_grids, avg)
@@ -178,21 +246,33 @@ def render_report(
         report["grid_score"] = [g.to_dict() for g in res.grid_scores]
     if center_log is not None and Path(center_log).is_file():
         epochs, traj = read_center_log(center_log)
-        draw(figs, "center_trajectories", lambda: C.plot_center_trajectories(
-            epochs, traj, out / "center_trajectories.png"
-        ))
-        draw(figs, "center_trajectories_gif", lambda: C.save_center_gif(
-            epochs, traj, out / "center_trajectories.gif"
-        ))
+        draw(
+            figs,
+            "center_trajectories",
+            lambda: C.plot_center_trajectories(epochs, traj, out / "center_trajectories.png"),
+        )
+        draw(
+            figs,
+            "center_trajectories_gif",
+            lambda: C.save_center_gif(epochs, traj, out / "center_trajectories.gif"),
+        )
         report["center_log"] = {"path": str(center_log), "epochs": [int(e) for e in epochs]}
     if res.position_similarity is not None:
-        draw(figs, "position_similarity", lambda: F.plot_position_similarity(
-            res.position_similarity, out / "position_similarity.png"
-        ))
+        draw(
+            figs,
+            "position_similarity",
+            lambda: F.plot_position_similarity(
+                res.position_similarity, out / "position_similarity.png"
+            ),
+        )
     if res.patch_pcs is not None:
-        draw(figs, "patch_pcs", lambda: F.plot_patch_pcs(
-            res.patch_pcs, out / "patch_pcs.png", ratios=res.patch_pc_variance
-        ))
+        draw(
+            figs,
+            "patch_pcs",
+            lambda: F.plot_patch_pcs(
+                res.patch_pcs, out / "patch_pcs.png", ratios=res.patch_pc_variance
+            ),
+        )
         report["patch_pc_variance"] = res.patch_pc_variance.tolist()
     if not figs:
         raise ValueError(

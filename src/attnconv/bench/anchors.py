@@ -37,15 +37,26 @@ HEADS = 9
 def anchor_cases(quick: bool) -> list[dict]:
     """The issue's table: positional, train, dtype, b, c, hw."""
     q, r = "quadratic", "relative_learned"
-    rows = [(q, True, "fp32", 32, 144, 32), (q, True, "fp32", 32, 432, 32),
-            (q, True, "fp32", 2, 144, 64), (q, False, "fp32", 32, 144, 32),
-            (q, False, "fp32", 32, 432, 32), (q, False, "fp32", 8, 144, 64),
-            (q, False, "bf16", 32, 144, 32), (q, False, "bf16", 32, 432, 32),
-            (r, True, "fp32", 32, 144, 32), (r, True, "fp32", 2, 144, 64),
-            (r, False, "fp32", 32, 144, 32), (r, False, "fp32", 8, 144, 64)]  # fmt: skip
+    rows = [
+        (q, True, "fp32", 32, 144, 32),
+        (q, True, "fp32", 32, 432, 32),
+        (q, True, "fp32", 2, 144, 64),
+        (q, False, "fp32", 32, 144, 32),
+        (q, False, "fp32", 32, 432, 32),
+        (q, False, "fp32", 8, 144, 64),
+        (q, False, "bf16", 32, 144, 32),
+        (q, False, "bf16", 32, 432, 32),
+        (r, True, "fp32", 32, 144, 32),
+        (r, True, "fp32", 2, 144, 64),
+        (r, False, "fp32", 32, 144, 32),
+        (r, False, "fp32", 8, 144, 64),
+    ]
     if quick:
-        rows = [(q, True, "fp32", 2, 18, 8), (q, False, "bf16", 2, 18, 8),
-                (r, False, "fp32", 2, 18, 8)]  # fmt: skip
+        rows = [
+            (q, True, "fp32", 2, 18, 8),
+            (q, False, "bf16", 2, 18, 8),
+            (r, False, "fp32", 2, 18, 8),
+        ]
     keys = ("positional", "train", "dtype", "b", "c", "hw")
     return [dict(zip(keys, row)) for row in rows]
 
@@ -62,8 +73,9 @@ def dense_sdpa(layer: MultiHeadSelfAttention2d, x: torch.Tensor) -> torch.Tensor
         probs = torch.softmax(bias, -1, dtype=torch.promote_types(bias.dtype, torch.float32))
         y = F.dropout(probs, p).to(v.dtype) @ v
     else:
-        y = F.scaled_dot_product_attention(q, k, v.to(q.dtype), attn_mask=bias.to(q.dtype),
-                                           dropout_p=p, scale=layer.scale)  # fmt: skip
+        y = F.scaled_dot_product_attention(
+            q, k, v.to(q.dtype), attn_mask=bias.to(q.dtype), dropout_p=p, scale=layer.scale
+        )
     y = layer.out_proj(y.transpose(1, 2).reshape(b, h * w, -1))
     return y.transpose(1, 2).reshape(b, -1, h, w)
 
@@ -90,16 +102,18 @@ class CompiledFlex(torch.nn.Module):
         lay, (b, _, h, w) = self.layer, x.shape
         q, k, v = lay.project(x)  # (B, Nh, T, dk), (B, Nh, T, Dv)
         q_axis = lay.positional_encoding.term(h, w, content=True).q_axis(q)
-        y = flex_axis_attention(q, k, v.to(q.dtype), q_axis.to(q.dtype), h, w, lay.scale,
-                                compiled=True)  # fmt: skip
+        y = flex_axis_attention(
+            q, k, v.to(q.dtype), q_axis.to(q.dtype), h, w, lay.scale, compiled=True
+        )
         y = lay.out_proj(y.transpose(1, 2).reshape(b, h * w, -1))
         return y.transpose(1, 2).reshape(b, -1, h, w)
 
 
 def build(kind: str, positional: str, c: int, hw: int, seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
-    layer = MultiHeadSelfAttention2d(c, c, HEADS, positional=positional, content=True,
-                                     max_size=max(64, hw))  # fmt: skip
+    layer = MultiHeadSelfAttention2d(
+        c, c, HEADS, positional=positional, content=True, max_size=max(64, hw)
+    )
     if kind == "fold":  # attnconv's paths without the query-blocked kernel
         layer.backend = "fold"
         return layer
@@ -167,8 +181,14 @@ def run_anchors(quick: bool, repeats: int, threads: int, malloc: str = "glibc") 
         if case["train"] and not quick:
             memory[i] = {}
             for k in ("attnconv", "dense"):
-                r = run_case("attnconv.bench.anchors:make_step", dict(case, kind=k), repeats=1,
-                             threads=threads, flops=True, malloc=malloc)  # fmt: skip
+                r = run_case(
+                    "attnconv.bench.anchors:make_step",
+                    dict(case, kind=k),
+                    repeats=1,
+                    threads=threads,
+                    flops=True,
+                    malloc=malloc,
+                )
                 memory[i].update({f"{k}_mb": r.get("peak_mb"), f"{k}_gflop": r.get("gflop")})
     rows = []
     for i, case in enumerate(anchor_cases(quick)):
@@ -188,25 +208,34 @@ def run_anchors(quick: bool, repeats: int, threads: int, malloc: str = "glibc") 
         err = precision(case["positional"], case["dtype"], case["c"], case["hw"])
         row["err_attnconv"], row["err_dense"] = err["attnconv"], err["dense"]
         rows.append(row)
-        print(f"{row['name']:<52} dense/ours {row['ratio_dense']:.2f}"
-              f"  fold/ours {row['ratio_fold']:.2f}"
-              + (f"  flex/ours {row['ratio_flex']:.2f}" if "ratio_flex" in row else "")
-              + f"  err {row['err_attnconv']:.1e} (dense {row['err_dense']:.1e})",
-              flush=True)  # fmt: skip
+        print(
+            f"{row['name']:<52} dense/ours {row['ratio_dense']:.2f}"
+            f"  fold/ours {row['ratio_fold']:.2f}"
+            + (f"  flex/ours {row['ratio_flex']:.2f}" if "ratio_flex" in row else "")
+            + f"  err {row['err_attnconv']:.1e} (dense {row['err_dense']:.1e})",
+            flush=True,
+        )
     return rows
 
 
 def _name(case: dict) -> str:
     mode = "train" if case["train"] else "infer"
-    return (f"{case['positional']}+content {mode} {case['dtype']} B{case['b']} C{case['c']} "
-            f"{case['hw']}x{case['hw']}")  # fmt: skip
+    return (
+        f"{case['positional']}+content {mode} {case['dtype']} B{case['b']} C{case['c']} "
+        f"{case['hw']}x{case['hw']}"
+    )
 
 
-ANCHOR_COLUMNS = [("name", "case", ""), ("ratio_dense", "dense SDPA+bias / ours", ".2f"),
-                  ("ratio_flex", "compiled Flex / ours", ".2f"),
-                  ("ratio_fold", "ours without blocked kernel / ours", ".2f"),
-                  ("attnconv_s", "ours s", ".4f"), ("attnconv_mb", "ours MB", ".0f"),
-                  ("dense_mb", "dense MB", ".0f"), ("mem_ratio", "ours/dense memory", ".2f"),
-                  ("flop_ratio", "ours/dense matmul FLOPs", ".2f"),
-                  ("err_attnconv", "ours err vs f64", ".1e"),
-                  ("err_dense", "dense err vs f64", ".1e")]  # fmt: skip
+ANCHOR_COLUMNS = [
+    ("name", "case", ""),
+    ("ratio_dense", "dense SDPA+bias / ours", ".2f"),
+    ("ratio_flex", "compiled Flex / ours", ".2f"),
+    ("ratio_fold", "ours without blocked kernel / ours", ".2f"),
+    ("attnconv_s", "ours s", ".4f"),
+    ("attnconv_mb", "ours MB", ".0f"),
+    ("dense_mb", "dense MB", ".0f"),
+    ("mem_ratio", "ours/dense memory", ".2f"),
+    ("flop_ratio", "ours/dense matmul FLOPs", ".2f"),
+    ("err_attnconv", "ours err vs f64", ".1e"),
+    ("err_dense", "dense err vs f64", ".1e"),
+]

@@ -50,11 +50,19 @@ MALLOC_POLICIES = {
 
 def add_output_options(p: argparse.ArgumentParser) -> None:
     """``--out-dir`` and ``--update-results``, the same for every suite (see output_dir)."""
-    p.add_argument("--out", "--out-dir", dest="out_dir", default=None,
-                   help=f"folder for the results (default: ./{DEFAULT_OUT_DIR}/; --out-dir: the "
-                   "older spelling)")  # fmt: skip
-    p.add_argument("--update-results", action="store_true",
-                   help="rewrite benchmarks/results/ of a source checkout")  # fmt: skip
+    p.add_argument(
+        "--out",
+        "--out-dir",
+        dest="out_dir",
+        default=None,
+        help=f"folder for the results (default: ./{DEFAULT_OUT_DIR}/; --out-dir: the "
+        "older spelling)",
+    )
+    p.add_argument(
+        "--update-results",
+        action="store_true",
+        help="rewrite benchmarks/results/ of a source checkout",
+    )
 
 
 def output_dir(args: argparse.Namespace) -> Path:
@@ -80,11 +88,16 @@ def suite_parser(suite: str, description: str | None, only: list[str]) -> argpar
     p = argparse.ArgumentParser(prog=f"attnconv bench --suite {suite}", description=description)
     p.add_argument("--quick", action="store_true", help="tiny sizes, in-process, no memory")
     p.add_argument("--threads", type=int, default=1, help="torch threads per case (1)")
-    p.add_argument("--repeats", type=int, default=None,
-                   help="timed repeats per case; the median is reported")  # fmt: skip
+    p.add_argument(
+        "--repeats", type=int, default=None, help="timed repeats per case; the median is reported"
+    )
     add_output_options(p)
-    p.add_argument("--budget-gb", type=float, default=6.0,
-                   help="skip reference cases estimated to need more memory (6)")  # fmt: skip
+    p.add_argument(
+        "--budget-gb",
+        type=float,
+        default=6.0,
+        help="skip reference cases estimated to need more memory (6)",
+    )
     p.add_argument("--only", choices=only, default=None, help="run one group of cases")
     p.add_argument(
         "--malloc",
@@ -100,12 +113,17 @@ def suite_command(suite: str, args: argparse.Namespace) -> str:
     cmd = f"attnconv bench --suite {suite}" + (" --quick" if args.quick else "")
     cmd += " --update-results" if args.update_results else ""
     extra = ([f"--only {args.only}"] if args.only else []) + (
-        [f"--malloc {args.malloc}"] if args.malloc != "glibc" else [])  # fmt: skip
+        [f"--malloc {args.malloc}"] if args.malloc != "glibc" else []
+    )
     return cmd + (" -- " + " ".join(extra) if extra else "")
 
 
-TARGET_COLUMNS = [("target", "target", ""), ("measured", "measured", ".3g"),
-                  ("required", "required", ".3g"), ("met", "met", "")]  # fmt: skip
+TARGET_COLUMNS = [
+    ("target", "target", ""),
+    ("measured", "measured", ".3g"),
+    ("required", "required", ".3g"),
+    ("met", "met", ""),
+]
 
 
 def median_time(step: Callable[[], object], repeats: int = 5, warmup: int = 1) -> list[float]:
@@ -203,8 +221,15 @@ def run_case(
     gflops_per_s (or ``error`` if the child failed, e.g. out of memory or timeout).
     ``in_process=True`` (smoke tests) runs it here, without the memory measurement.
     ``malloc``: a key of MALLOC_POLICIES, the child's allocator policy."""
-    spec = dict(factory=factory, kwargs=kwargs or {}, repeats=repeats, warmup=warmup,
-                threads=threads, memory=memory and not in_process, flops=flops)  # fmt: skip
+    spec = dict(
+        factory=factory,
+        kwargs=kwargs or {},
+        repeats=repeats,
+        warmup=warmup,
+        threads=threads,
+        memory=memory and not in_process,
+        flops=flops,
+    )
     if in_process:
         return _child(spec)
     cmd = [sys.executable, "-m", "attnconv.bench.common", json.dumps(spec)]
@@ -235,9 +260,16 @@ def matmul_peak_gflops(
 ) -> float:
     """Measured fp32 matmul GFLOP/s (n x n @ n x n, median of repeats) in a fresh subprocess."""
     res = run_case(
-        "attnconv.bench.common:_matmul_step", {"n": n}, repeats=repeats, warmup=2,
-        threads=threads, memory=False, flops=False, in_process=in_process, malloc=malloc,
-    )  # fmt: skip
+        "attnconv.bench.common:_matmul_step",
+        {"n": n},
+        repeats=repeats,
+        warmup=2,
+        threads=threads,
+        memory=False,
+        flops=False,
+        in_process=in_process,
+        malloc=malloc,
+    )
     if "error" in res:
         raise RuntimeError(f"matmul peak measurement failed: {res['error']}")
     return 2 * n**3 / res["median_s"] / 1e9

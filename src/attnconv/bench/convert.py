@@ -139,8 +139,11 @@ def plot_lemma2(res: dict, path: Path) -> None:
         ax.axhline(hard, color=line.get_color(), ls=":", lw=1, label=f"hard limit, {dt}")
     ax.set_xlabel(r"$\alpha$ (precision of every head)")
     ax.set_ylabel(r"max $|$attention $-$ conv$|$ / max $|$conv$|$")
-    ax.set_title("Lemma 2: quadratic-encoding MHSA -> conv as alpha grows\n"
-                 "(an error of exactly 0 is drawn at 1e-18)", fontsize=9)  # fmt: skip
+    ax.set_title(
+        "Lemma 2: quadratic-encoding MHSA -> conv as alpha grows\n"
+        "(an error of exactly 0 is drawn at 1e-18)",
+        fontsize=9,
+    )
     ax.legend(fontsize=7)
     ax.grid(True, which="major", alpha=0.3)
     fig.tight_layout()
@@ -158,12 +161,19 @@ def bench_predictions(checkpoint: str, data: str, batch: int) -> dict:
     converted = convert_model(model).eval()
     d = info.get("data") or {}
     ds = load_dataset(data, "test")
-    loader = Loader(ds, batch, shuffle=False, mean=d.get("mean", CIFAR10_MEAN),
-                    std=d.get("std", CIFAR10_STD))  # fmt: skip
+    loader = Loader(
+        ds, batch, shuffle=False, mean=d.get("mean", CIFAR10_MEAN), std=d.get("std", CIFAR10_STD)
+    )
     res = compare_predictions(model, converted, loader.batches(0))
     state = info.get("state") or {}
-    return {"checkpoint": checkpoint, "model": info["model"], "data": f"{data}:test",
-            "train_step": state.get("step"), "batch": batch, **res}  # fmt: skip
+    return {
+        "checkpoint": checkpoint,
+        "model": info["model"],
+        "data": f"{data}:test",
+        "train_step": state.get("step"),
+        "batch": batch,
+        **res,
+    }
 
 
 def bench_networks(batch: int, repeats: int, size: int, quick: bool = False) -> list[dict]:
@@ -176,11 +186,12 @@ def bench_networks(batch: int, repeats: int, size: int, quick: bool = False) -> 
     torch.manual_seed(0)
     nets = {
         "resnet18_cifar": create_model("resnet18_cifar", **({"widths": (8,) * 4} if quick else {})),
-        "depthwise_separable": calibrate_batchnorm(DepthwiseSeparableNet(
-            (8, 8, 8) if quick else (32, 64, 128, 128, 256, 256))),
+        "depthwise_separable": calibrate_batchnorm(
+            DepthwiseSeparableNet((8, 8, 8) if quick else (32, 64, 128, 128, 256, 256))
+        ),
         "convnext_stack": ConvNeXtStack((8,), 1) if quick else ConvNeXtStack(),
         **zoo_networks(quick),
-    }  # fmt: skip
+    }
     x = torch.randn(batch, 3, size, size)
     rows = []
     for name, net in nets.items():
@@ -193,12 +204,24 @@ def bench_networks(batch: int, repeats: int, size: int, quick: bool = False) -> 
             floor = ((ref - ref64).abs().max() / ref64.abs().max()).item()  # original vs fp64
         t, c = _timings({"conv": net, "attention_hard": conv}, x, repeats)
         n0, n1 = (sum(p.numel() for p in m.parameters()) for m in (net, conv))
-        rows.append({"network": name, "batch": batch, "image": size, "seconds": t,
-                     "cpu_seconds": c, "ratio": t["attention_hard"] / t["conv"],
-                     "cpu_ratio": c["attention_hard"] / c["conv"], "params": n0,
-                     "params_converted": n1, "params_ratio": n1 / n0,
-                     "max_rel_logit_diff": rel, "fp32_floor": floor, "target_ratio": NET_TARGET,
-                     "target_met": t["attention_hard"] / t["conv"] <= NET_TARGET})  # fmt: skip
+        rows.append(
+            {
+                "network": name,
+                "batch": batch,
+                "image": size,
+                "seconds": t,
+                "cpu_seconds": c,
+                "ratio": t["attention_hard"] / t["conv"],
+                "cpu_ratio": c["attention_hard"] / c["conv"],
+                "params": n0,
+                "params_converted": n1,
+                "params_ratio": n1 / n0,
+                "max_rel_logit_diff": rel,
+                "fp32_floor": floor,
+                "target_ratio": NET_TARGET,
+                "target_met": t["attention_hard"] / t["conv"] <= NET_TARGET,
+            }
+        )
     return rows
 
 
@@ -208,61 +231,96 @@ def _command(argv: list[str]) -> str:
 
 def _markdown(res: dict, argv: list[str]) -> str:
     cmd = _command(argv)
-    lines = [f"# Conversion benchmark (`{cmd}`)", "",
-             f"Machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
-             "shared CPU: timings are noisy, ratios from one interleaved run.", ""]  # fmt: skip
+    lines = [
+        f"# Conversion benchmark (`{cmd}`)",
+        "",
+        f"Machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
+        "shared CPU: timings are noisy, ratios from one interleaved run.",
+        "",
+    ]
     s = res["speed"]
-    lines += ["## Speed: converted (hard) vs original", "",
-              f"{s['model']}, batch {s['batch']} of {s['image'][0]}x{s['image'][1]} real images, "
-              f"{s['threads']} thread(s), median of {s['repeats']} interleaved repeats.", "",
-              "| model | wall s / batch | ratio to conv | CPU s / batch | CPU ratio |",
-              "|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "## Speed: converted (hard) vs original",
+        "",
+        f"{s['model']}, batch {s['batch']} of {s['image'][0]}x{s['image'][1]} real images, "
+        f"{s['threads']} thread(s), median of {s['repeats']} interleaved repeats.",
+        "",
+        "| model | wall s / batch | ratio to conv | CPU s / batch | CPU ratio |",
+        "|---|---|---|---|---|",
+    ]
     for k, v in s["seconds"].items():
         cv = s["cpu_seconds"][k]
-        lines.append(f"| {k} | {v:.4f} | {v / s['seconds']['conv']:.2f}x | {cv:.4f} | "
-                     f"{cv / s['cpu_seconds']['conv']:.2f}x |")  # fmt: skip
+        lines.append(
+            f"| {k} | {v:.4f} | {v / s['seconds']['conv']:.2f}x | {cv:.4f} | "
+            f"{cv / s['cpu_seconds']['conv']:.2f}x |"
+        )
     met = "met" if s["target_met"] else "NOT met"
-    lines += ["", f"Target <= 2x of the faster original (wall clock): **{met}** "
-              f"({s['ratio_attention_over_best_conv']:.2f}x; CPU time "
-              f"{s['cpu_ratio_attention_over_best_conv']:.2f}x). "
-              f"Max |logit diff| {s['max_abs_logit_diff']:.2e}.", ""]  # fmt: skip
-    lines += ["## Speed and size: CNN families, converted (hard) vs original", "",
-              f"Median of interleaved repeats; target <= {NET_TARGET:g}x the original's "
-              "time (wall clock). Max rel. logit diff: converted vs original, both float32; "
-              "fp32 floor: the original in float32 vs the original in float64 (the "
-              "rounding error of the network itself).", "",
-              "| network | batch x image | original s | converted s | ratio (wall) | ratio (CPU) "
-              "| params | converted params | max rel. logit diff | fp32 floor | target |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        f"Target <= 2x of the faster original (wall clock): **{met}** "
+        f"({s['ratio_attention_over_best_conv']:.2f}x; CPU time "
+        f"{s['cpu_ratio_attention_over_best_conv']:.2f}x). "
+        f"Max |logit diff| {s['max_abs_logit_diff']:.2e}.",
+        "",
+    ]
+    lines += [
+        "## Speed and size: CNN families, converted (hard) vs original",
+        "",
+        f"Median of interleaved repeats; target <= {NET_TARGET:g}x the original's "
+        "time (wall clock). Max rel. logit diff: converted vs original, both float32; "
+        "fp32 floor: the original in float32 vs the original in float64 (the "
+        "rounding error of the network itself).",
+        "",
+        "| network | batch x image | original s | converted s | ratio (wall) | ratio (CPU) "
+        "| params | converted params | max rel. logit diff | fp32 floor | target |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in res.get("networks", []):
-        lines.append(f"| {r['network']} | {r['batch']} x {r['image']}^2 | "
-                     f"{r['seconds']['conv']:.4f} | {r['seconds']['attention_hard']:.4f} | "
-                     f"{r['ratio']:.2f}x | {r['cpu_ratio']:.2f}x | {r['params']:,} | "
-                     f"{r['params_converted']:,} ({r['params_ratio']:.3f}x) | "
-                     f"{r['max_rel_logit_diff']:.1e} | {r.get('fp32_floor', math.nan):.1e} | "
-                     f"{'met' if r.get('target_met', True) else 'NOT met'} |")  # fmt: skip
-    lines += ["", "## Lemma 2: error of the soft conversion vs alpha", "", res["lemma2"]["conv"] +
-              f" ({res['lemma2']['images']} images); relative error = max|attn - conv| / "
-              "max|conv|. Figure: convert_lemma2.png.", "",
-              "| alpha | float32 | float64 |", "|---|---|---|"]  # fmt: skip
+        lines.append(
+            f"| {r['network']} | {r['batch']} x {r['image']}^2 | "
+            f"{r['seconds']['conv']:.4f} | {r['seconds']['attention_hard']:.4f} | "
+            f"{r['ratio']:.2f}x | {r['cpu_ratio']:.2f}x | {r['params']:,} | "
+            f"{r['params_converted']:,} ({r['params_ratio']:.3f}x) | "
+            f"{r['max_rel_logit_diff']:.1e} | {r.get('fp32_floor', math.nan):.1e} | "
+            f"{'met' if r.get('target_met', True) else 'NOT met'} |"
+        )
+    lines += [
+        "",
+        "## Lemma 2: error of the soft conversion vs alpha",
+        "",
+        res["lemma2"]["conv"]
+        + f" ({res['lemma2']['images']} images); relative error = max|attn - conv| / "
+        "max|conv|. Figure: convert_lemma2.png.",
+        "",
+        "| alpha | float32 | float64 |",
+        "|---|---|---|",
+    ]
     r32, r64 = res["lemma2"]["float32"]["rows"], res["lemma2"]["float64"]["rows"]
     for a, b in zip(r32, r64):
         alpha = "inf (hard)" if not math.isfinite(a["alpha"]) else f"{a['alpha']:g}"
         lines.append(f"| {alpha} | {a['rel_err']:.2e} | {b['rel_err']:.2e} |")
     mono = all(res["lemma2"][d]["monotone_to_precision"] for d in ("float32", "float64"))
-    lines += ["", f"Monotone decreasing down to float precision: {mono}. (At large alpha the "
-              "float32 attention weights are exactly one-hot, so the error is 0 or float32 "
-              "rounding, depending on the order in which the heads are summed.)", ""]  # fmt: skip
+    lines += [
+        "",
+        f"Monotone decreasing down to float precision: {mono}. (At large alpha the "
+        "float32 attention weights are exactly one-hot, so the error is 0 or float32 "
+        "rounding, depending on the order in which the heads are summed.)",
+        "",
+    ]
     if "predictions" in res:
         p = res["predictions"]
-        lines += ["## Trained model: predictions before/after conversion", "",
-                  f"{p['model']} checkpoint `{p['checkpoint']}` (train step {p['train_step']}) on "
-                  f"{p['data']}, {p['images']} images: accuracy {100 * p['accuracy_before']:.2f}% "
-                  f"before, {100 * p['accuracy_after']:.2f}% after, predictions differ on "
-                  f"**{p['predictions_differ']}** images, max |logit diff| "
-                  f"{p['max_abs_logit_diff']:.2e}; {p['seconds_before']:.1f} s vs "
-                  f"{p['seconds_after']:.1f} s in batches of {p['batch']} (not interleaved: "
-                  "a rough figure; the speed table above is the measurement).", ""]  # fmt: skip
+        lines += [
+            "## Trained model: predictions before/after conversion",
+            "",
+            f"{p['model']} checkpoint `{p['checkpoint']}` (train step {p['train_step']}) on "
+            f"{p['data']}, {p['images']} images: accuracy {100 * p['accuracy_before']:.2f}% "
+            f"before, {100 * p['accuracy_after']:.2f}% after, predictions differ on "
+            f"**{p['predictions_differ']}** images, max |logit diff| "
+            f"{p['max_abs_logit_diff']:.2e}; {p['seconds_before']:.1f} s vs "
+            f"{p['seconds_after']:.1f} s in batches of {p['batch']} (not interleaved: "
+            "a rough figure; the speed table above is the measurement).",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -301,15 +359,19 @@ def main(argv: list[str] | None = None) -> int:
     (out / "convert.json").write_text(json.dumps(res, indent=1))
     (out / "convert.md").write_text(_markdown(res, argv))
     s, sec = speed, speed["seconds"]
-    print(f"speed of {s['model']}, batch {s['batch']} of {s['image'][0]}x{s['image'][1]}, per "
-          f"batch: original {sec['conv']:.4f} s (channels_last {sec['conv_channels_last']:.4f} "
-          f"s), converted (hard) {sec['attention_hard']:.4f} s; converted / faster original: "
-          f"{s['ratio_attention_over_best_conv']:.2f}x wall time, "
-          f"{s['cpu_ratio_attention_over_best_conv']:.2f}x CPU time (target <= 2x wall: "
-          f"{'met' if s['target_met'] else 'NOT met'})")  # fmt: skip
+    print(
+        f"speed of {s['model']}, batch {s['batch']} of {s['image'][0]}x{s['image'][1]}, per "
+        f"batch: original {sec['conv']:.4f} s (channels_last {sec['conv_channels_last']:.4f} "
+        f"s), converted (hard) {sec['attention_hard']:.4f} s; converted / faster original: "
+        f"{s['ratio_attention_over_best_conv']:.2f}x wall time, "
+        f"{s['cpu_ratio_attention_over_best_conv']:.2f}x CPU time (target <= 2x wall: "
+        f"{'met' if s['target_met'] else 'NOT met'})"
+    )
     if networks:
-        print("network table (each its own size), converted / original in wall time and in CPU "
-              "time (wall time counts waits for a busy core, CPU time does not):")  # fmt: skip
+        print(
+            "network table (each its own size), converted / original in wall time and in CPU "
+            "time (wall time counts waits for a busy core, CPU time does not):"
+        )
     for r in networks:
         print(
             f"  {r['network']}, batch {r['batch']} of {r['image']}x{r['image']}: original "
@@ -319,9 +381,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     for dt in ("float32", "float64"):
         rows = lemma2[dt]["rows"]
-        print(f"lemma 2 ({dt}): rel err {rows[0]['rel_err']:.2e} at alpha={rows[0]['alpha']:g} "
-              f"-> {rows[-2]['rel_err']:.2e} at alpha={rows[-2]['alpha']:g}; monotone: "
-              f"{lemma2[dt]['monotone_to_precision']}")  # fmt: skip
+        print(
+            f"lemma 2 ({dt}): rel err {rows[0]['rel_err']:.2e} at alpha={rows[0]['alpha']:g} "
+            f"-> {rows[-2]['rel_err']:.2e} at alpha={rows[-2]['alpha']:g}; monotone: "
+            f"{lemma2[dt]['monotone_to_precision']}"
+        )
     if "predictions" in res:
         pr = res["predictions"]
         print(

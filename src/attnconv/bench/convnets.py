@@ -11,9 +11,13 @@ import torch.nn.functional as F
 
 def _dw_separable(cin: int, cout: int, stride: int) -> nn.Sequential:
     return nn.Sequential(
-        nn.Conv2d(cin, cin, 3, stride, 1, groups=cin, bias=False), nn.BatchNorm2d(cin), nn.ReLU(),
-        nn.Conv2d(cin, cout, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(),
-    )  # fmt: skip
+        nn.Conv2d(cin, cin, 3, stride, 1, groups=cin, bias=False),
+        nn.BatchNorm2d(cin),
+        nn.ReLU(),
+        nn.Conv2d(cin, cout, 1, bias=False),
+        nn.BatchNorm2d(cout),
+        nn.ReLU(),
+    )
 
 
 class DepthwiseSeparableNet(nn.Module):
@@ -21,8 +25,9 @@ class DepthwiseSeparableNet(nn.Module):
 
     def __init__(self, widths: tuple[int, ...] = (32, 64, 128, 128, 256, 256), classes: int = 10):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, widths[0], 3, 2, 1, bias=False),
-                                  nn.BatchNorm2d(widths[0]), nn.ReLU())  # fmt: skip
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, widths[0], 3, 2, 1, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU()
+        )
         blocks, c = [], widths[0]
         for i, w in enumerate(widths[1:]):
             blocks.append(_dw_separable(c, w, 2 if i % 2 == 0 else 1))

@@ -87,27 +87,40 @@ class Natten(torch.nn.Module):
 
 def content_cases(quick: bool) -> list[dict]:
     shapes = [(2, 18, 8)] if quick else [(64, 144, 16), (32, 144, 32), (32, 432, 32), (8, 144, 64)]
-    return [dict(group="content", positional=p, train=t, dtype=d, b=b, c=c, hw=hw)
-            for p in ("quadratic", "relative_learned") for (b, c, hw) in shapes
-            for d in ("fp32", "bf16") for t in (True, False)]  # fmt: skip
+    return [
+        dict(group="content", positional=p, train=t, dtype=d, b=b, c=c, hw=hw)
+        for p in ("quadratic", "relative_learned")
+        for (b, c, hw) in shapes
+        for d in ("fp32", "bf16")
+        for t in (True, False)
+    ]
 
 
 def local_cases(quick: bool) -> list[dict]:
     shapes = [(2, 16, 8)] if quick else [(32, 64, 56), (32, 128, 28), (32, 256, 14)]
-    return [dict(group="local", b=b, c=c, hw=hw, dtype=d, train=t)
-            for (b, c, hw) in shapes for d in ("fp32", "bf16") for t in (True, False)]  # fmt: skip
+    return [
+        dict(group="local", b=b, c=c, hw=hw, dtype=d, train=t)
+        for (b, c, hw) in shapes
+        for d in ("fp32", "bf16")
+        for t in (True, False)
+    ]
 
 
 def models_for(case: dict) -> dict[str, torch.nn.Module]:
     torch.manual_seed(0)
     c, hw = case["c"], case["hw"]
     if case["group"] == "content":
-        layer = MultiHeadSelfAttention2d(c, c, HEADS, positional=case["positional"],
-                                         content=True, max_size=max(64, hw))  # fmt: skip
+        layer = MultiHeadSelfAttention2d(
+            c, c, HEADS, positional=case["positional"], content=True, max_size=max(64, hw)
+        )
         fold = copy.deepcopy(layer)
         fold.backend = "fold"  # the CPU kernels: exact fold (train), shared bias (infer)
-        models = {"attnconv": layer, "dense": DenseSDPA(layer), "flash": ContentOnlySDPA(layer),
-                  "fold": fold}  # fmt: skip
+        models = {
+            "attnconv": layer,
+            "dense": DenseSDPA(layer),
+            "flash": ContentOnlySDPA(layer),
+            "fold": fold,
+        }
         if triton_axis.INSTALLED:
             models["triton"] = copy.deepcopy(layer)
             models["triton"].backend = "triton"
@@ -124,8 +137,9 @@ def models_for(case: dict) -> dict[str, torch.nn.Module]:
 
 
 def make_step(model: torch.nn.Module, case: dict):
-    x = torch.randn(case["b"], case["c"], case["hw"], case["hw"], device="cuda",
-                    requires_grad=case["train"])  # fmt: skip
+    x = torch.randn(
+        case["b"], case["c"], case["hw"], case["hw"], device="cuda", requires_grad=case["train"]
+    )
     return model_step(model, x, case["train"], case["dtype"] == "bf16")
 
 
@@ -218,26 +232,36 @@ def _name(case: dict) -> str:
     return f"{what} {mode} {case['dtype']} B{case['b']} C{case['c']} {case['hw']}x{case['hw']}"
 
 
-CONTENT_COLUMNS = [("name", "case", ""), ("attnconv_ms", "ours ms", ".3f"),
-                   ("ratio_dense", "dense SDPA+bias / ours", ".2f"),
-                   ("ratio_flash", "SDPA no positional term / ours", ".2f"),
-                   ("ratio_fold", "SDPA fold / ours", ".2f"),
-                   ("mem_dense", "ours/dense memory", ".2f"),
-                   ("err_attnconv", "ours err vs f64", ".1e"),
-                   ("err_dense", "dense err vs f64", ".1e"),
-                   ("dense_error", "note", "")]  # fmt: skip
-TRITON_COLUMNS = [("name", "case", ""), ("triton_ms", "Triton ms", ".3f"),
-                  ("triton_over_dense", "dense SDPA+bias / Triton", ".2f"),
-                  ("triton_over_flash", "SDPA no positional term / Triton", ".2f"),
-                  ("triton_mem_dense", "Triton/dense memory", ".2f"),
-                  ("err_triton", "Triton err vs f64", ".1e"),
-                  ("triton_error", "note", "")]  # fmt: skip
-LOCAL_COLUMNS = [("name", "case", ""), ("attnconv_ms", "ours (Flex) ms", ".3f"),
-                 ("ratio_window", "window kernel / ours", ".2f"),
-                 ("ratio_unfold", "unfold / ours", ".2f"), ("ratio_natten", "NATTEN / ours", ".2f"),
-                 ("mem_unfold", "ours/unfold memory", ".2f"),
-                 ("err_attnconv", "ours err vs f64", ".1e"),
-                 ("err_window", "window err vs f64", ".1e")]  # fmt: skip
+CONTENT_COLUMNS = [
+    ("name", "case", ""),
+    ("attnconv_ms", "ours ms", ".3f"),
+    ("ratio_dense", "dense SDPA+bias / ours", ".2f"),
+    ("ratio_flash", "SDPA no positional term / ours", ".2f"),
+    ("ratio_fold", "SDPA fold / ours", ".2f"),
+    ("mem_dense", "ours/dense memory", ".2f"),
+    ("err_attnconv", "ours err vs f64", ".1e"),
+    ("err_dense", "dense err vs f64", ".1e"),
+    ("dense_error", "note", ""),
+]
+TRITON_COLUMNS = [
+    ("name", "case", ""),
+    ("triton_ms", "Triton ms", ".3f"),
+    ("triton_over_dense", "dense SDPA+bias / Triton", ".2f"),
+    ("triton_over_flash", "SDPA no positional term / Triton", ".2f"),
+    ("triton_mem_dense", "Triton/dense memory", ".2f"),
+    ("err_triton", "Triton err vs f64", ".1e"),
+    ("triton_error", "note", ""),
+]
+LOCAL_COLUMNS = [
+    ("name", "case", ""),
+    ("attnconv_ms", "ours (Flex) ms", ".3f"),
+    ("ratio_window", "window kernel / ours", ".2f"),
+    ("ratio_unfold", "unfold / ours", ".2f"),
+    ("ratio_natten", "NATTEN / ours", ".2f"),
+    ("mem_unfold", "ours/unfold memory", ".2f"),
+    ("err_attnconv", "ours err vs f64", ".1e"),
+    ("err_window", "window err vs f64", ".1e"),
+]
 
 
 def render(rows: list[dict], header: str) -> str:
@@ -253,11 +277,16 @@ def render(rows: list[dict], header: str) -> str:
         f"{header} {has_natten} Ratios > 1: attnconv is faster. "
         "Memory: peak allocated MB during one training call, attnconv over the anchor.\n",
     ]
-    for group, title, cols in (("content", "Content attention", CONTENT_COLUMNS),
-                               ("content", "Content attention, the Triton kernel", TRITON_COLUMNS),
-                               ("local", "SASA local attention", LOCAL_COLUMNS)):  # fmt: skip
-        part = [r for r in rows if r["group"] == group and (cols is not TRITON_COLUMNS
-                                                             or "triton_ms" in r)]  # fmt: skip
+    for group, title, cols in (
+        ("content", "Content attention", CONTENT_COLUMNS),
+        ("content", "Content attention, the Triton kernel", TRITON_COLUMNS),
+        ("local", "SASA local attention", LOCAL_COLUMNS),
+    ):
+        part = [
+            r
+            for r in rows
+            if r["group"] == group and (cols is not TRITON_COLUMNS or "triton_ms" in r)
+        ]
         if part:
             md += [f"## {title}\n", markdown_table(part, cols), ""]
     return "\n".join(md)
@@ -276,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return cuda_models.report(args, repeats, out_dir)
     cases = ([] if args.only == "local" else content_cases(args.quick)) + (
-        [] if args.only == "content" else local_cases(args.quick))  # fmt: skip
+        [] if args.only == "content" else local_cases(args.quick)
+    )
 
     def save(rows):
         write_results("cuda_layers.partial", dict(rows=rows), "", out_dir)  # removed at the end
@@ -285,14 +315,27 @@ def main(argv: list[str] | None = None) -> int:
     for suffix in (".json", ".md"):
         (out_dir / f"cuda_layers.partial{suffix}").unlink(missing_ok=True)
     dev = torch.cuda.get_device_name()
-    header = (f"Command: `{suite_command('cuda', args)}`; {repeats} repeats of {args.inner} calls "
-              f"(median ms per call), CUDA events. Device: {dev}; torch {torch.__version__}; "
-              f"Python {platform.python_version()}.")  # fmt: skip
+    header = (
+        f"Command: `{suite_command('cuda', args)}`; {repeats} repeats of {args.inner} calls "
+        f"(median ms per call), CUDA events. Device: {dev}; torch {torch.__version__}; "
+        f"Python {platform.python_version()}."
+    )
     md = render(rows, header)
     name = "cuda_layers" + (f"_{args.only}" if args.only else "")
-    path = write_results(name, dict(command=suite_command("cuda", args), header=header,
-                                    device=dev, torch=torch.__version__, repeats=repeats,
-                                    inner=args.inner, rows=rows), md, out_dir)  # fmt: skip
+    path = write_results(
+        name,
+        dict(
+            command=suite_command("cuda", args),
+            header=header,
+            device=dev,
+            torch=torch.__version__,
+            repeats=repeats,
+            inner=args.inner,
+            rows=rows,
+        ),
+        md,
+        out_dir,
+    )
     print(md)
     print(f"wrote {path} and {path.with_suffix('.md')}")
     return 0

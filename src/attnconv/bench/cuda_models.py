@@ -53,8 +53,11 @@ def dense_sdpa_forward(layer: MultiHeadSelfAttention2d):
 
 def variants(model: str) -> list[tuple[str, str, bool]]:
     """(name, how, bf16) of each way a model is trained."""
-    out = [("reference", "reference", False), ("attnconv fp32", "attnconv", False),
-           ("attnconv bf16", "attnconv", True)]  # fmt: skip
+    out = [
+        ("reference", "reference", False),
+        ("attnconv fp32", "attnconv", False),
+        ("attnconv bf16", "attnconv", True),
+    ]
     if model == "sa_learned_content" and triton_axis.INSTALLED:
         out.append(("attnconv bf16 triton", "triton", True))
     return out + [("dense bf16", "dense", True)]
@@ -82,32 +85,46 @@ def run(models, scale: str, batch: int, repeats: int) -> list[dict]:
     rows = []
     for model in models:
         specs = {name: (how, bf16) for name, how, bf16 in variants(model)}
-        steps = {name: make_step(model, scale, batch, how, bf16)
-                 for name, (how, bf16) in specs.items()}  # fmt: skip
+        steps = {
+            name: make_step(model, scale, batch, how, bf16) for name, (how, bf16) in specs.items()
+        }
         res = measure(steps, repeats)
         ref = res.get("reference", {}).get("s")
         dense = res.get("dense bf16", {}).get("s")
         for name, r in res.items():
             row = dict(model=model, path=name, batch=batch, error=r.get("error", ""))
             if "s" in r:
-                row.update(img_s=batch / r["s"], mb=r["mb"],
-                           hours=EPOCHS * TRAIN_IMAGES / (batch / r["s"]) / 3600)  # fmt: skip
+                row.update(
+                    img_s=batch / r["s"],
+                    mb=r["mb"],
+                    hours=EPOCHS * TRAIN_IMAGES / (batch / r["s"]) / 3600,
+                )
                 row["x_ref"] = ref / r["s"] if ref else None
                 row["x_dense"] = dense / r["s"] if dense else None
                 if "mb" in res.get("reference", {}):
                     row["mem_ref"] = r["mb"] / res["reference"]["mb"]
             rows.append(row)
-            print(f"{model:<20} {name:<22} " + (f"{row['img_s']:.0f} img/s" if "s" in r
-                                                else row["error"]), flush=True)  # fmt: skip
+            print(
+                f"{model:<20} {name:<22} "
+                + (f"{row['img_s']:.0f} img/s" if "s" in r else row["error"]),
+                flush=True,
+            )
         del steps
         torch.cuda.empty_cache()
     return rows
 
 
-COLUMNS = [("model", "model", ""), ("path", "path", ""), ("img_s", "img/s", ".0f"),
-           ("x_ref", "x reference fp32", ".2f"), ("x_dense", "x dense SDPA+bias bf16", ".2f"),
-           ("mb", "peak MB", ".0f"), ("mem_ref", "memory / reference", ".2f"),
-           ("hours", "Table 1 hours (300 epochs)", ".1f"), ("error", "note", "")]  # fmt: skip
+COLUMNS = [
+    ("model", "model", ""),
+    ("path", "path", ""),
+    ("img_s", "img/s", ".0f"),
+    ("x_ref", "x reference fp32", ".2f"),
+    ("x_dense", "x dense SDPA+bias bf16", ".2f"),
+    ("mb", "peak MB", ".0f"),
+    ("mem_ref", "memory / reference", ".2f"),
+    ("hours", "Table 1 hours (300 epochs)", ".1f"),
+    ("error", "note", ""),
+]
 
 
 def report(args, repeats: int, out_dir) -> int:
@@ -116,13 +133,25 @@ def report(args, repeats: int, out_dir) -> int:
     rows = run(SA_MODELS, scale, batch, repeats)
     dev = torch.cuda.get_device_name()
     command = suite_command("cuda", args)
-    header = (f"Command: `{command}`; {repeats} interleaved repeats (median step), CUDA events, "
-              f"batch {batch}, {scale} configuration, dropout {P_DROP}. Device: {dev}; torch "
-              f"{torch.__version__}; Python {platform.python_version()}.")  # fmt: skip
-    md = "\n".join(["# Paper models' training step on CUDA\n", header + "\n",
-                    markdown_table(rows, COLUMNS), ""])  # fmt: skip
-    path = write_results("cuda_models", dict(command=command, header=header, device=dev,
-                                             rows=copy.deepcopy(rows)), md, out_dir)  # fmt: skip
+    header = (
+        f"Command: `{command}`; {repeats} interleaved repeats (median step), CUDA events, "
+        f"batch {batch}, {scale} configuration, dropout {P_DROP}. Device: {dev}; torch "
+        f"{torch.__version__}; Python {platform.python_version()}."
+    )
+    md = "\n".join(
+        [
+            "# Paper models' training step on CUDA\n",
+            header + "\n",
+            markdown_table(rows, COLUMNS),
+            "",
+        ]
+    )
+    path = write_results(
+        "cuda_models",
+        dict(command=command, header=header, device=dev, rows=copy.deepcopy(rows)),
+        md,
+        out_dir,
+    )
     print(md)
     print(f"wrote {path} and {path.with_suffix('.md')}")
     return 0

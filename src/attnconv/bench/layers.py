@@ -64,18 +64,36 @@ class PaperQuadraticAttention(torch.nn.Module):
         return lay.out_proj(y).permute(0, 3, 1, 2)  # (B, Cout, H, W)
 
 
-def make_step(kind: str, b: int, c: int, h: int, w: int, heads: int = 8, head_dim=None,
-              positional: str = "none", content: bool = True, impl: str = "auto",
-              value: str = "linear", seed: int = 0):  # fmt: skip
+def make_step(
+    kind: str,
+    b: int,
+    c: int,
+    h: int,
+    w: int,
+    heads: int = 8,
+    head_dim=None,
+    positional: str = "none",
+    content: bool = True,
+    impl: str = "auto",
+    value: str = "linear",
+    seed: int = 0,
+):
     """Build one case; returns step() = one forward + backward."""
     torch.manual_seed(seed)
     if kind == "conv":
         model = torch.nn.Conv2d(c, c, 3, padding=1)
     else:
         model = MultiHeadSelfAttention2d(
-            c, c, heads, head_dim=head_dim, positional=positional, content=content, impl=impl,
-            value=value, max_size=max(64, h, w),
-        )  # fmt: skip
+            c,
+            c,
+            heads,
+            head_dim=head_dim,
+            positional=positional,
+            content=content,
+            impl=impl,
+            value=value,
+            max_size=max(64, h, w),
+        )
         if kind == "paper":
             model = PaperQuadraticAttention(model)
     x = torch.randn(b, c, h, w, requires_grad=True)
@@ -103,14 +121,16 @@ def make_kernel_step(impl: str, b: int, c: int, h: int, w: int, heads: int = 9, 
         else:
             q, k, bias = lay.dense(x)
             scale = lay.scale
-    leaves = [t.contiguous().requires_grad_() for t in (q, k, v) + ((bias,) if bias is not None
-              else ())]  # fmt: skip
+    leaves = [
+        t.contiguous().requires_grad_() for t in (q, k, v) + ((bias,) if bias is not None else ())
+    ]
 
     def step():
         for t in leaves:
             t.grad = None
-        scaled_dot_product_attention(*leaves[:3], bias=leaves[3] if len(leaves) > 3 else None,
-                                     scale=scale, impl=impl).sum().backward()  # fmt: skip
+        scaled_dot_product_attention(
+            *leaves[:3], bias=leaves[3] if len(leaves) > 3 else None, scale=scale, impl=impl
+        ).sum().backward()
 
     return step
 
@@ -122,17 +142,26 @@ def main(argv: list[str] | None = None) -> int:
 
     anchors = []
     if args.only == "anchors":  # the issue-17 table alone (anchors.py): no sweep, no peak
-        anchors = run_anchors(args.quick, args.repeats or (1 if args.quick else 5), args.threads,
-                              args.malloc)  # fmt: skip
-        md = [f"# Content attention vs anchors\n\nCommand: `{suite_command('layers', args)} "
-              f"--threads {args.threads}`\n", markdown_table(anchors, ANCHOR_COLUMNS)]  # fmt: skip
-        path = write_results("layers_anchors", dict(command=suite_command("layers", args),
-                             threads=args.threads, rows=anchors), "\n".join(md), out_dir)
+        anchors = run_anchors(
+            args.quick, args.repeats or (1 if args.quick else 5), args.threads, args.malloc
+        )
+        md = [
+            f"# Content attention vs anchors\n\nCommand: `{suite_command('layers', args)} "
+            f"--threads {args.threads}`\n",
+            markdown_table(anchors, ANCHOR_COLUMNS),
+        ]
+        path = write_results(
+            "layers_anchors",
+            dict(command=suite_command("layers", args), threads=args.threads, rows=anchors),
+            "\n".join(md),
+            out_dir,
+        )
         print(md[-1])
         print(f"wrote {path} and {path.with_suffix('.md')}")
         return 0
-    peak = matmul_peak_gflops(256 if args.quick else 2048, args.threads, in_process=args.quick,
-                              malloc=args.malloc)  # fmt: skip
+    peak = matmul_peak_gflops(
+        256 if args.quick else 2048, args.threads, in_process=args.quick, malloc=args.malloc
+    )
     print(f"fp32 matmul peak: {peak:.1f} GFLOP/s ({args.threads} thread(s))", flush=True)
     cases = []
     if args.only in (None, "sweep"):
@@ -143,51 +172,88 @@ def main(argv: list[str] | None = None) -> int:
     for case in cases:
         kw = {k: v for k, v in case.items() if k not in ("group", "name", "factory")}
         row = dict(case)
-        est = ref_bytes(case["b"], case.get("heads", 1), case["h"] * case["w"],
-                        case.get("positional", "none")) / 2**30  # fmt: skip
+        est = (
+            ref_bytes(
+                case["b"],
+                case.get("heads", 1),
+                case["h"] * case["w"],
+                case.get("positional", "none"),
+            )
+            / 2**30
+        )
         if case.get("impl") == "reference" and est > args.budget_gb:
             row["error"] = f"skipped: reference needs ~{est:.0f} GB > budget {args.budget_gb} GB"
         else:
-            row.update(run_case(case.get("factory", FACTORY), kw, repeats=repeats,
-                                threads=args.threads, in_process=args.quick,
-                                malloc=args.malloc))  # fmt: skip
+            row.update(
+                run_case(
+                    case.get("factory", FACTORY),
+                    kw,
+                    repeats=repeats,
+                    threads=args.threads,
+                    in_process=args.quick,
+                    malloc=args.malloc,
+                )
+            )
         rows.append(row)
-        print(f"{row['name']:<60} " + (f"{row['median_s']:.4f} s  {row.get('peak_mb', 0):.0f} MB"
-              if "median_s" in row else row["error"]), flush=True)  # fmt: skip
+        print(
+            f"{row['name']:<60} "
+            + (
+                f"{row['median_s']:.4f} s  {row.get('peak_mb', 0):.0f} MB"
+                if "median_s" in row
+                else row["error"]
+            ),
+            flush=True,
+        )
 
     # the machine is shared: measure the matmul peak again at the end and keep the best
-    peak_end = matmul_peak_gflops(256 if args.quick else 2048, args.threads,
-                                  in_process=args.quick, malloc=args.malloc)  # fmt: skip
+    peak_end = matmul_peak_gflops(
+        256 if args.quick else 2048, args.threads, in_process=args.quick, malloc=args.malloc
+    )
     peak = max(peak, peak_end)
     print(f"fp32 matmul peak at the end: {peak_end:.1f} GFLOP/s; using {peak:.1f}", flush=True)
     for row in rows:
         if "gflops_per_s" in row:
             row["pct_peak"] = 100 * row["gflops_per_s"] / peak
-    cols = [("name", "case", ""), ("median_s", "fwd+bwd s", ".4f"), ("peak_mb", "peak MB", ".0f"),
-            ("gflop", "GFLOP", ".2f"), ("gflops_per_s", "GFLOP/s", ".1f"),
-            ("pct_peak", "% matmul peak", ".0f"), ("error", "note", "")]  # fmt: skip
+    cols = [
+        ("name", "case", ""),
+        ("median_s", "fwd+bwd s", ".4f"),
+        ("peak_mb", "peak MB", ".0f"),
+        ("gflop", "GFLOP", ".2f"),
+        ("gflops_per_s", "GFLOP/s", ".1f"),
+        ("pct_peak", "% matmul peak", ".0f"),
+        ("error", "note", ""),
+    ]
     # the targets are defined at the issue's sizes: not evaluated on --quick's tiny ones
     targets = check_targets(rows) if args.only in (None, "targets") and not args.quick else []
     cmd = suite_command("layers", args)
-    md = [f"# Layer benchmark\n\nCommand: `{cmd} --threads {args.threads}`; "
-          f"{repeats} timed repeat(s) per case (median), each case in a fresh subprocess.",
-          f"Machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
-          f"fp32 matmul peak {peak:.1f} GFLOP/s with {args.threads} thread(s) (best of a "
-          "2048^3 matmul measured before and after the cases; cases that ran while the "
-          "machine was less loaded, and oneDNN convolutions (Winograd), can exceed 100%).",
-          "Peak MB = extra resident memory of one forward+backward above the process after "
-          "setup (ru_maxrss). GFLOP = matmul/conv/attention FLOPs counted by FlopCounterMode.",
-          f"Allocator policy: `{args.malloc}` (bench/common.py: `glibc` = the default a user "
-          "gets, freed blocks return to the OS and are page-faulted in again; `retain` = freed "
-          "memory is kept and reused, as jemalloc/tcmalloc do; its peak MB then counts that "
-          "kept memory too: read memory from a `glibc` run).",
-          "The machine is shared with other jobs: compare ratios within this run.\n"]  # fmt: skip
+    md = [
+        f"# Layer benchmark\n\nCommand: `{cmd} --threads {args.threads}`; "
+        f"{repeats} timed repeat(s) per case (median), each case in a fresh subprocess.",
+        f"Machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
+        f"fp32 matmul peak {peak:.1f} GFLOP/s with {args.threads} thread(s) (best of a "
+        "2048^3 matmul measured before and after the cases; cases that ran while the "
+        "machine was less loaded, and oneDNN convolutions (Winograd), can exceed 100%).",
+        "Peak MB = extra resident memory of one forward+backward above the process after "
+        "setup (ru_maxrss). GFLOP = matmul/conv/attention FLOPs counted by FlopCounterMode.",
+        f"Allocator policy: `{args.malloc}` (bench/common.py: `glibc` = the default a user "
+        "gets, freed blocks return to the OS and are page-faulted in again; `retain` = freed "
+        "memory is kept and reused, as jemalloc/tcmalloc do; its peak MB then counts that "
+        "kept memory too: read memory from a `glibc` run).",
+        "The machine is shared with other jobs: compare ratios within this run.\n",
+    ]
     if targets:
         md += ["## Targets\n", markdown_table(targets, TARGET_COLUMNS), ""]
     md += ["## All cases\n", markdown_table(rows, cols)]
-    payload = dict(command=cmd, threads=args.threads, repeats=repeats, malloc=args.malloc,
-                   matmul_peak_gflops=peak,
-                   torch=torch.__version__, rows=rows, targets=targets)  # fmt: skip
+    payload = dict(
+        command=cmd,
+        threads=args.threads,
+        repeats=repeats,
+        malloc=args.malloc,
+        matmul_peak_gflops=peak,
+        torch=torch.__version__,
+        rows=rows,
+        targets=targets,
+    )
     path = write_results("layers", payload, "\n".join(md), out_dir)
     if targets:
         print(markdown_table(targets, TARGET_COLUMNS))

@@ -88,8 +88,9 @@ def alloc_peak_mb(**kw) -> float:
     torch.set_num_threads(1)
     step = make_step(**kw)
     step()  # warm-up: lazily created state is not part of the step's peak
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
-                 with_stack=True) as prof:  # fmt: skip
+    with profile(
+        activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True
+    ) as prof:
         step()
     with tempfile.TemporaryDirectory() as d, warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # export_memory_timeline: deprecated
@@ -104,8 +105,9 @@ def _alloc_peak_subprocess(kw: dict) -> float | None:
     the parent's ru_maxrss across fork + exec (it would inflate the RSS peaks of later cases)."""
     code = "import json, sys; from attnconv.bench.local import alloc_peak_mb; "
     code += "print(alloc_peak_mb(**json.loads(sys.argv[1])))"
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(kw)], capture_output=True,
-                          text=True)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(kw)], capture_output=True, text=True
+    )
     try:
         return float(proc.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
@@ -169,8 +171,18 @@ def cases(quick: bool, budget_gb: float) -> list[dict]:
     for model, impl, b in runs:
         note = f" (B={mb} estimated over --budget-gb)" if impl == "reference" and b != mb else ""
         name = f"{model} forward {msize}x{msize} B={b} {impl}{note}"
-        out.append(dict(group="model", kind="model", model=model, b=b, h=msize, w=msize,
-                        impl=impl, name=name))  # fmt: skip
+        out.append(
+            dict(
+                group="model",
+                kind="model",
+                model=model,
+                b=b,
+                h=msize,
+                w=msize,
+                impl=impl,
+                name=name,
+            )
+        )
     return out
 
 

@@ -100,8 +100,14 @@ def build(model: str, scale: str, impl: str = "attnconv"):
     return net
 
 
-def make_step(model: str, scale: str, batch: int, impl: str = "attnconv", bf16: bool = False,
-              compiled: bool = False):  # fmt: skip
+def make_step(
+    model: str,
+    scale: str,
+    batch: int,
+    impl: str = "attnconv",
+    bf16: bool = False,
+    compiled: bool = False,
+):
     """One case: returns step(), a full training step on a fixed random batch."""
     net = build(model, scale, impl)
     return training_step(torch.compile(net) if compiled else net, batch, bf16)
@@ -132,8 +138,11 @@ def _gemm(dtype: torch.dtype, n: int):
 
 
 def cases(scale: str, models: list[str], batch: int, compile: bool = False) -> list[dict]:
-    return [dict(model=m, scale=scale, batch=batch, impl=impl, bf16=bf16, compiled=c)
-            for m in models for impl, bf16, c in variants(m, compile)]  # fmt: skip
+    return [
+        dict(model=m, scale=scale, batch=batch, impl=impl, bf16=bf16, compiled=c)
+        for m in models
+        for impl, bf16, c in variants(m, compile)
+    ]
 
 
 def run_scale(specs: list[dict], repeats: int, threads: int) -> dict:
@@ -168,9 +177,17 @@ def run_scale(specs: list[dict], repeats: int, threads: int) -> dict:
     for i, (s, t) in enumerate(zip(specs, times)):
         med = statistics.median(t)
         gflop = flops[(s["model"], s["impl"])] / 1e9
-        rows.append({**s, "times_s": t, "median_s": med, "img_s": s["batch"] / med,
-                     "gflop_img": gflop / s["batch"], "gflops_s": gflop / med,
-                     "compile_s": first[i] - med if s.get("compiled") else None})  # fmt: skip
+        rows.append(
+            {
+                **s,
+                "times_s": t,
+                "median_s": med,
+                "img_s": s["batch"] / med,
+                "gflop_img": gflop / s["batch"],
+                "gflops_s": gflop / med,
+                "compile_s": first[i] - med if s.get("compiled") else None,
+            }
+        )
     peak = {k: 2 * PEAK_N**3 / statistics.median(v) / 1e9 for k, v in peak_times.items()}
     return {"rows": rows, "peak_gflops": peak}
 
@@ -190,8 +207,15 @@ def measure_memory(rows: list[dict], threads: int, malloc: str) -> None:
     """Peak RSS a first training step adds, each case in a fresh subprocess (row["peak_mb"])."""
     for r in rows:
         kw = {k: r[k] for k in ("model", "scale", "batch", "impl", "bf16", "compiled")}
-        res = run_case("attnconv.bench.models:make_step", kw, repeats=1, warmup=0,
-                       threads=threads, flops=False, malloc=malloc)  # fmt: skip
+        res = run_case(
+            "attnconv.bench.models:make_step",
+            kw,
+            repeats=1,
+            warmup=0,
+            threads=threads,
+            flops=False,
+            malloc=malloc,
+        )
         r["peak_mb"] = res.get("peak_mb")
 
 
@@ -206,8 +230,9 @@ def derive(rows: list[dict], peak: dict[str, float]) -> None:
         r["x_reference"] = r["img_s"] / base["img_s"] if base else None
         # the physical limit: this step's own GEMM FLOPs at the measured matmul peak
         r["ceiling_img_s"] = peak[r["precision"]] / r["gflop_img"] if r["gflop_img"] else None
-        r["ceiling_x_reference"] = (r["ceiling_img_s"] / base["img_s"]
-                                    if base and r["ceiling_img_s"] else None)  # fmt: skip
+        r["ceiling_x_reference"] = (
+            r["ceiling_img_s"] / base["img_s"] if base and r["ceiling_img_s"] else None
+        )
         mem, bmem = r.get("peak_mb"), base.get("peak_mb") if base else None
         r["mem_x_reference"] = mem / bmem if mem and bmem else None
 
@@ -221,17 +246,35 @@ def targets(rows: list[dict], scale: str) -> list[dict]:
             continue
         name = f"{scale} {r['model']} {r['precision']}"
         need = TARGETS[r["precision"]]
-        out.append(dict(target=f"{name}: img/s / reference fp32", measured=r["x_reference"],
-                        required=f">= {need:g}", met=r["x_reference"] >= need,
-                        ceiling=r["ceiling_x_reference"]))  # fmt: skip
+        out.append(
+            dict(
+                target=f"{name}: img/s / reference fp32",
+                measured=r["x_reference"],
+                required=f">= {need:g}",
+                met=r["x_reference"] >= need,
+                ceiling=r["ceiling_x_reference"],
+            )
+        )
         if not r["bf16"] and r["mem_x_reference"] is not None:
             m = r["mem_x_reference"]
-            out.append(dict(target=f"{name}: peak memory / reference", measured=m,
-                            required=f"<= {TARGETS['memory']:g}", met=m <= TARGETS["memory"]))
+            out.append(
+                dict(
+                    target=f"{name}: peak memory / reference",
+                    measured=m,
+                    required=f"<= {TARGETS['memory']:g}",
+                    met=m <= TARGETS["memory"],
+                )
+            )
         if r["model"] == "sa_quadratic":
             v = r["pct_peak"]
-            out.append(dict(target=f"{name}: % of the GEMM peak", measured=v,
-                            required=f">= {TARGETS['pct_peak']:g}", met=v >= TARGETS["pct_peak"]))
+            out.append(
+                dict(
+                    target=f"{name}: % of the GEMM peak",
+                    measured=v,
+                    required=f">= {TARGETS['pct_peak']:g}",
+                    met=v >= TARGETS["pct_peak"],
+                )
+            )
     return out
 
 
@@ -243,19 +286,31 @@ def results_dir(args) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     p = suite_parser("models", __doc__.splitlines()[0], list(MODELS))
-    p.add_argument("--scale", choices=("paper", "cpu", "both"), default="both",
-                   help="paper configuration, CPU experiment scale, or both (both)")  # fmt: skip
+    p.add_argument(
+        "--scale",
+        choices=("paper", "cpu", "both"),
+        default="both",
+        help="paper configuration, CPU experiment scale, or both (both)",
+    )
     p.add_argument("--batch-paper", type=int, default=16, help="batch at the paper scale (16)")
-    p.add_argument("--compile", action="store_true",
-                   help="also time attnconv fp32 under torch.compile (reports the compile time)")
-    p.add_argument("--no-memory", action="store_true",
-                   help="skip the peak-memory subprocesses (faster)")  # fmt: skip
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time attnconv fp32 under torch.compile (reports the compile time)",
+    )
+    p.add_argument(
+        "--no-memory", action="store_true", help="skip the peak-memory subprocesses (faster)"
+    )
     p.add_argument("--batch-cpu", type=int, default=64, help="batch at the CPU scale (64)")
     p.add_argument("--models", nargs="+", choices=MODELS, help="several models (default: all)")
-    p.add_argument("--docs", action="store_true",
-                   help="replace the results block of docs/benchmarks.md")
-    p.add_argument("--report", action="store_true",
-                   help="only re-render the saved <out-dir>/models_throughput.json (no timing)")
+    p.add_argument(
+        "--docs", action="store_true", help="replace the results block of docs/benchmarks.md"
+    )
+    p.add_argument(
+        "--report",
+        action="store_true",
+        help="only re-render the saved <out-dir>/models_throughput.json (no timing)",
+    )
     args = p.parse_args(argv)
     if args.docs and not args.update_results:
         raise ValueError(
@@ -281,8 +336,11 @@ def main(argv: list[str] | None = None) -> int:
     for scale in scales:
         batch = 2 if args.quick else args.batch_paper if scale == "paper" else args.batch_cpu
         specs = cases(scale, models, batch, args.compile)
-        res = (run_scale(specs, repeats, args.threads) if args.quick else
-               run_scale_subprocess(specs, repeats, args.threads, args.malloc))  # fmt: skip
+        res = (
+            run_scale(specs, repeats, args.threads)
+            if args.quick
+            else run_scale_subprocess(specs, repeats, args.threads, args.malloc)
+        )
         if not (args.quick or args.no_memory):
             measure_memory(res["rows"], args.threads, args.malloc)
         derive(res["rows"], res["peak_gflops"])
@@ -291,19 +349,33 @@ def main(argv: list[str] | None = None) -> int:
         checks += targets(res["rows"], scale)
         for r in res["rows"]:
             x = f"{r['x_reference']:.2f}x ref" if r["x_reference"] else ""
-            print(f"{scale:<6} {r['model']:<20} {r['impl']:<9} {r['precision']} "  # fmt: skip
-                  f"{r['img_s']:8.1f} img/s {r['gflops_s']:7.1f} GFLOP/s {x}", flush=True)
+            print(
+                f"{scale:<6} {r['model']:<20} {r['impl']:<9} {r['precision']} "
+                f"{r['img_s']:8.1f} img/s {r['gflops_s']:7.1f} GFLOP/s {x}",
+                flush=True,
+            )
     cmd = suite_command("models", args)
     extra = [f"--scale {args.scale}"] if args.scale != "both" else []
     extra += ["--models " + " ".join(args.models)] if args.models and not args.only else []
     extra += [f"--{k.replace('_', '-')}" for k in ("compile", "no_memory") if getattr(args, k)]
-    extra += [f"--batch-{s} {getattr(args, f'batch_{s}')}" for s, d in (("paper", 16), ("cpu", 64))
-              if getattr(args, f"batch_{s}") != d]  # fmt: skip
+    extra += [
+        f"--batch-{s} {getattr(args, f'batch_{s}')}"
+        for s, d in (("paper", 16), ("cpu", 64))
+        if getattr(args, f"batch_{s}") != d
+    ]
     if extra:
         cmd += (" " if " -- " in cmd else " -- ") + " ".join(extra)
-    payload = dict(command=cmd, threads=args.threads, repeats=repeats, torch=torch.__version__,
-                   machine=platform.processor() or platform.machine(), malloc=args.malloc,
-                   peak_gflops=peaks, targets=checks, rows=rows)  # fmt: skip
+    payload = dict(
+        command=cmd,
+        threads=args.threads,
+        repeats=repeats,
+        torch=torch.__version__,
+        machine=platform.processor() or platform.machine(),
+        malloc=args.malloc,
+        peak_gflops=peaks,
+        targets=checks,
+        rows=rows,
+    )
     path = save(payload, results_dir(args), args.docs)
     print(markdown_table(checks, TARGET_COLUMNS))
     print(f"wrote {path} and {path.with_suffix('.md')}")

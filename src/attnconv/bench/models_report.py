@@ -13,18 +13,29 @@ BEGIN, END = "<!-- models-throughput:begin -->", "<!-- models-throughput:end -->
 PEAK_N = 1024  # the side of the matmul that measures the GEMM peak
 
 
-TARGET_COLUMNS = [("target", "target", ""), ("measured", "measured", ".2f"),
-                  ("required", "required", ""), ("met", "met", ""),
-                  ("ceiling", "ceiling (GEMM FLOPs at peak)", ".2f")]  # fmt: skip
+TARGET_COLUMNS = [
+    ("target", "target", ""),
+    ("measured", "measured", ".2f"),
+    ("required", "required", ""),
+    ("met", "met", ""),
+    ("ceiling", "ceiling (GEMM FLOPs at peak)", ".2f"),
+]
 COLUMNS = [
-    ("scale", "scale", ""), ("model", "model", ""), ("batch", "B", ""), ("code", "code", ""),
-    ("precision", "precision", ""), ("img_s", "img/s", ".3g"),
-    ("x_reference", "x reference fp32", ".2f"), ("peak_mb", "peak MB", ".0f"),
-    ("mem_x_reference", "memory x reference", ".2f"), ("gflop_img", "GFLOP/img", ".2f"),
-    ("gflops_s", "GFLOP/s", ".1f"), ("pct_peak", "% of GEMM peak", ".0f"),
+    ("scale", "scale", ""),
+    ("model", "model", ""),
+    ("batch", "B", ""),
+    ("code", "code", ""),
+    ("precision", "precision", ""),
+    ("img_s", "img/s", ".3g"),
+    ("x_reference", "x reference fp32", ".2f"),
+    ("peak_mb", "peak MB", ".0f"),
+    ("mem_x_reference", "memory x reference", ".2f"),
+    ("gflop_img", "GFLOP/img", ".2f"),
+    ("gflops_s", "GFLOP/s", ".1f"),
+    ("pct_peak", "% of GEMM peak", ".0f"),
     ("ceiling_x_reference", "ceiling x reference", ".2f"),
     ("compile_s", "compile s", ".0f"),
-]  # fmt: skip
+]
 
 
 def render(payload: dict) -> str:

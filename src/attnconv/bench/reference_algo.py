@@ -85,8 +85,9 @@ def _rel_indices(m: int) -> torch.Tensor:
 class ImageSelfAttention(nn.Module):
     """The reference's Gaussian / Learned2DRelative self-attention (see the module docstring)."""
 
-    def __init__(self, kind: str, d: int, nh: int, p_drop: float, grid: int, max_pos: int,
-                 emb_dim: int):  # fmt: skip
+    def __init__(
+        self, kind: str, d: int, nh: int, p_drop: float, grid: int, max_pos: int, emb_dim: int
+    ):
         super().__init__()
         self.kind, self.d, self.nh, self.grid = kind, d, nh, grid
         self.dropout = nn.Dropout(p_drop)
@@ -114,8 +115,11 @@ class ImageSelfAttention(nn.Module):
         a = c = self.attention_spreads**2  # isotropic: Sigma^-1 = s^2 I
         b = torch.zeros_like(self.attention_spreads)
         mu1, mu2 = self.attention_centers[:, 0], self.attention_centers[:, 1]
-        u = -1 / 2 * torch.stack([-2 * (a * mu1 + b * mu2), -2 * (c * mu2 + b * mu1), a, c, 2 * b],
-                                 dim=-1)  # fmt: skip
+        u = (
+            -1
+            / 2
+            * torch.stack([-2 * (a * mu1 + b * mu2), -2 * (c * mu2 + b * mu1), a, c, 2 * b], dim=-1)
+        )
         return torch.einsum("ijkld,hd->ijhkl", self.R[:h, :w, :h, :w, :], u)  # (H, W, Nh, H, W)
 
     def learned_scores(self, x: torch.Tensor) -> torch.Tensor:
@@ -161,8 +165,9 @@ class ReferenceLayer(nn.Module):
         super().__init__()
         d, eps = cfg.hidden_size, cfg.layer_norm_eps
         self.attention = nn.Module()
-        self.attention.self = ImageSelfAttention(kind, d, cfg.num_heads, cfg.attn_dropout, grid,
-                                                 max_pos, emb_dim)  # fmt: skip
+        self.attention.self = ImageSelfAttention(
+            kind, d, cfg.num_heads, cfg.attn_dropout, grid, max_pos, emb_dim
+        )
         self.attention.output = nn.Module()
         self.attention.output.dense = nn.Linear(d, d)
         self.attention.output.LayerNorm = BertLayerNorm(d, eps)
@@ -213,8 +218,9 @@ class ReferenceBertImage(nn.Module):
         return self.classifier(x.mean(dim=(1, 2)))
 
 
-def check_equal(model: SelfAttentionCifar, ref: ReferenceBertImage, batch: int = 2,
-                tol: float = 1e-4) -> float:  # fmt: skip
+def check_equal(
+    model: SelfAttentionCifar, ref: ReferenceBertImage, batch: int = 2, tol: float = 1e-4
+) -> float:
     """Dropout off: the re-statement's logits against ``model``'s on random images; returns the
     relative max difference, raises if above ``tol``."""
     was = model.training, ref.training

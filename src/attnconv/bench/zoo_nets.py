@@ -25,8 +25,10 @@ ACTS = {"relu": nn.ReLU, "relu6": nn.ReLU6, "silu": nn.SiLU}
 
 def conv_bn(cin, cout, k=1, stride=1, groups=1, act: str | None = "relu") -> nn.Sequential:
     """Conv (padding k // 2, no bias), BatchNorm, optional activation."""
-    layers = [nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False),
-              nn.BatchNorm2d(cout)]  # fmt: skip
+    layers = [
+        nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False),
+        nn.BatchNorm2d(cout),
+    ]
     return nn.Sequential(*layers, ACTS[act]()) if act else nn.Sequential(*layers)
 
 
@@ -105,8 +107,14 @@ class InvertedResidual(nn.Module):
 class InvertedResidualNet(nn.Module):
     """3x3 stride-2 stem, stages of inverted residuals, 1x1 head conv, mean pool, linear."""
 
-    def __init__(self, stages: list[MB], stem: int = 32, head: int = 1280, act: str = "relu",
-                 classes: int = 10):  # fmt: skip
+    def __init__(
+        self,
+        stages: list[MB],
+        stem: int = 32,
+        head: int = 1280,
+        act: str = "relu",
+        classes: int = 10,
+    ):
         super().__init__()
         self.stem = conv_bn(3, stem, 3, 2, act=act)
         blocks, c = [], stem
@@ -125,49 +133,76 @@ class InvertedResidualNet(nn.Module):
 def mnasnet_like(width: float = 1.0) -> InvertedResidualNet:
     """MNASNet-1.0 (torchvision layout): depthwise 3x3/5x5, expansion 3/6, stride 2, ReLU."""
     w = lambda c: max(8, int(c * width))  # noqa: E731
-    stages = [MB(1, 3, 1, w(16)), MB(3, 3, 2, w(24), 3), MB(3, 5, 2, w(40), 3),
-              MB(6, 5, 2, w(80), 3), MB(6, 3, 1, w(96), 2), MB(6, 5, 2, w(192), 4),
-              MB(6, 3, 1, w(320))]  # fmt: skip
+    stages = [
+        MB(1, 3, 1, w(16)),
+        MB(3, 3, 2, w(24), 3),
+        MB(3, 5, 2, w(40), 3),
+        MB(6, 5, 2, w(80), 3),
+        MB(6, 3, 1, w(96), 2),
+        MB(6, 5, 2, w(192), 4),
+        MB(6, 3, 1, w(320)),
+    ]
     return InvertedResidualNet(stages, w(32), w(1280))
 
 
 def fbnet_like(width: float = 1.0) -> InvertedResidualNet:
     """FBNet-C: k3/k5 depthwise, expansion 1/3/6, grouped (g=2) 1x1 convs in e1 blocks, ReLU."""
     w = lambda c: max(8, int(c * width))  # noqa: E731
-    stages = [MB(1, 3, 1, w(16)), MB(6, 3, 2, w(24)), MB(1, 3, 1, w(24), 2, g=2),
-              MB(6, 5, 2, w(32)), MB(3, 5, 1, w(32)), MB(6, 5, 1, w(32)), MB(6, 3, 1, w(32)),
-              MB(6, 5, 2, w(64)), MB(3, 5, 1, w(64)), MB(6, 5, 1, w(64), 2),
-              MB(6, 5, 1, w(112), 3), MB(3, 5, 1, w(112)), MB(6, 5, 2, w(184), 4),
-              MB(6, 3, 1, w(352))]  # fmt: skip
+    stages = [
+        MB(1, 3, 1, w(16)),
+        MB(6, 3, 2, w(24)),
+        MB(1, 3, 1, w(24), 2, g=2),
+        MB(6, 5, 2, w(32)),
+        MB(3, 5, 1, w(32)),
+        MB(6, 5, 1, w(32)),
+        MB(6, 3, 1, w(32)),
+        MB(6, 5, 2, w(64)),
+        MB(3, 5, 1, w(64)),
+        MB(6, 5, 1, w(64), 2),
+        MB(6, 5, 1, w(112), 3),
+        MB(3, 5, 1, w(112)),
+        MB(6, 5, 2, w(184), 4),
+        MB(6, 3, 1, w(352)),
+    ]
     return InvertedResidualNet(stages, w(16), w(1984))
 
 
 def efficientnetv2_like(width: float = 1.0) -> InvertedResidualNet:
     """EfficientNetV2-B0: fused 3x3 blocks early, then MBConv 3x3 with SE 0.25, SiLU."""
     w = lambda c: max(8, int(c * width))  # noqa: E731
-    stages = [MB(1, 3, 1, w(16), fused=True), MB(4, 3, 2, w(32), 2, fused=True),
-              MB(4, 3, 2, w(48), 2, fused=True), MB(4, 3, 2, w(96), 3, se=0.25),
-              MB(6, 3, 1, w(112), 5, se=0.25), MB(6, 3, 2, w(192), 8, se=0.25)]  # fmt: skip
+    stages = [
+        MB(1, 3, 1, w(16), fused=True),
+        MB(4, 3, 2, w(32), 2, fused=True),
+        MB(4, 3, 2, w(48), 2, fused=True),
+        MB(4, 3, 2, w(96), 3, se=0.25),
+        MB(6, 3, 1, w(112), 5, se=0.25),
+        MB(6, 3, 2, w(192), 8, se=0.25),
+    ]
     return InvertedResidualNet(stages, w(32), w(1280), act="silu")
 
 
 def mixnet_like(width: float = 1.0) -> InvertedResidualNet:
     """MixNet-S: mixed depthwise kernels 3/5/7/9/11 split by channel, grouped 1x1, SE, SiLU."""
     w = lambda c: max(8, int(c * width))  # noqa: E731
-    stages = [MB(1, 3, 1, w(16)), MB(6, 3, 2, w(24), g=2), MB(3, 3, 1, w(24), g=2),
-              MB(6, (3, 5, 7), 2, w(40), se=0.5), MB(6, (3, 5), 1, w(40), 3, se=0.5, g=2),
-              MB(6, (3, 5, 7), 2, w(80), se=0.25), MB(6, (3, 5), 1, w(80), 2, se=0.25, g=2),
-              MB(6, (3, 5, 7), 1, w(120), se=0.5, g=2),
-              MB(3, (3, 5, 7, 9), 1, w(120), 2, se=0.5, g=2),
-              MB(6, (3, 5, 7, 9, 11), 2, w(200), se=0.5),
-              MB(6, (3, 5, 7, 9), 1, w(200), 2, se=0.5, g=2)]  # fmt: skip
+    stages = [
+        MB(1, 3, 1, w(16)),
+        MB(6, 3, 2, w(24), g=2),
+        MB(3, 3, 1, w(24), g=2),
+        MB(6, (3, 5, 7), 2, w(40), se=0.5),
+        MB(6, (3, 5), 1, w(40), 3, se=0.5, g=2),
+        MB(6, (3, 5, 7), 2, w(80), se=0.25),
+        MB(6, (3, 5), 1, w(80), 2, se=0.25, g=2),
+        MB(6, (3, 5, 7), 1, w(120), se=0.5, g=2),
+        MB(3, (3, 5, 7, 9), 1, w(120), 2, se=0.5, g=2),
+        MB(6, (3, 5, 7, 9, 11), 2, w(200), se=0.5),
+        MB(6, (3, 5, 7, 9), 1, w(200), 2, se=0.5, g=2),
+    ]
     return InvertedResidualNet(stages, w(16), w(1536), act="silu")
 
 
 def separable(cin: int, cout: int, stride: int = 1) -> nn.Sequential:
     """Xception's separable conv: depthwise 3x3 (stride), BN, pointwise 1x1, BN, ReLU."""
-    return nn.Sequential(conv_bn(cin, cin, 3, stride, groups=cin, act=None),
-                         conv_bn(cin, cout, 1))  # fmt: skip
+    return nn.Sequential(conv_bn(cin, cin, 3, stride, groups=cin, act=None), conv_bn(cin, cout, 1))
 
 
 class XceptionBlock(nn.Module):
@@ -175,10 +210,12 @@ class XceptionBlock(nn.Module):
 
     def __init__(self, cin: int, cout: int, stride: int):
         super().__init__()
-        self.body = nn.Sequential(separable(cin, cout), separable(cout, cout),
-                                  separable(cout, cout, stride))  # fmt: skip
-        self.short = (conv_bn(cin, cout, 1, stride, act=None)
-                      if stride > 1 or cin != cout else nn.Identity())  # fmt: skip
+        self.body = nn.Sequential(
+            separable(cin, cout), separable(cout, cout), separable(cout, cout, stride)
+        )
+        self.short = (
+            conv_bn(cin, cout, 1, stride, act=None) if stride > 1 or cin != cout else nn.Identity()
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.short(x) + self.body(x)
@@ -188,8 +225,14 @@ class XceptionNet(nn.Module):
     """Xception-41 layout (aligned): stem 3x3 s2 + 3x3, entry blocks (stride 2), middle
     blocks, an exit block (stride 2) and two separable convs. Widths scaled by default."""
 
-    def __init__(self, entry=(64, 128, 256), middle: int = 256, depth: int = 4,
-                 exit_=(384, 512), classes: int = 10):  # fmt: skip
+    def __init__(
+        self,
+        entry=(64, 128, 256),
+        middle: int = 256,
+        depth: int = 4,
+        exit_=(384, 512),
+        classes: int = 10,
+    ):
         super().__init__()
         self.stem = nn.Sequential(conv_bn(3, 32, 3, 2), conv_bn(32, 64, 3))
         blocks, c = [], 64
@@ -211,11 +254,14 @@ class RegNetYBlock(nn.Module):
     def __init__(self, cin: int, cout: int, stride: int, group_width: int):
         super().__init__()
         self.body = nn.Sequential(
-            conv_bn(cin, cout, 1), conv_bn(cout, cout, 3, stride, groups=cout // group_width),
-            SqueezeExcite(cout, max(1, cin // 4)), conv_bn(cout, cout, 1, act=None),
-        )  # fmt: skip
-        self.short = (conv_bn(cin, cout, 1, stride, act=None)
-                      if stride > 1 or cin != cout else nn.Identity())  # fmt: skip
+            conv_bn(cin, cout, 1),
+            conv_bn(cout, cout, 3, stride, groups=cout // group_width),
+            SqueezeExcite(cout, max(1, cin // 4)),
+            conv_bn(cout, cout, 1, act=None),
+        )
+        self.short = (
+            conv_bn(cin, cout, 1, stride, act=None) if stride > 1 or cin != cout else nn.Identity()
+        )
         self.act = nn.ReLU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -225,8 +271,13 @@ class RegNetYBlock(nn.Module):
 class RegNetYNet(nn.Module):
     """RegNetY-400MF-like: stem 3x3 s2 32, four stages (first block stride 2), group width 8."""
 
-    def __init__(self, widths=(48, 104, 208, 440), depths=(1, 3, 6, 6), group_width: int = 8,
-                 classes: int = 10):  # fmt: skip
+    def __init__(
+        self,
+        widths=(48, 104, 208, 440),
+        depths=(1, 3, 6, 6),
+        group_width: int = 8,
+        classes: int = 10,
+    ):
         super().__init__()
         self.stem = conv_bn(3, 32, 3, 2)
         blocks, c = [], 32
@@ -269,19 +320,32 @@ class GhostBottleneck(nn.Module):
         self.body = nn.Sequential(*layers)
         self.short = nn.Identity()
         if stride > 1 or cin != cout:
-            self.short = nn.Sequential(conv_bn(cin, cin, k, stride, groups=cin, act=None),
-                                       conv_bn(cin, cout, 1, act=None))  # fmt: skip
+            self.short = nn.Sequential(
+                conv_bn(cin, cin, k, stride, groups=cin, act=None), conv_bn(cin, cout, 1, act=None)
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.short(x) + self.body(x)
 
 
 GHOSTNET_CFG = [  # kernel, expanded, out, SE ratio, stride (GhostNet 1.0)
-    (3, 16, 16, 0, 1), (3, 48, 24, 0, 2), (3, 72, 24, 0, 1), (5, 72, 40, 0.25, 2),
-    (5, 120, 40, 0.25, 1), (3, 240, 80, 0, 2), (3, 200, 80, 0, 1), (3, 184, 80, 0, 1),
-    (3, 184, 80, 0, 1), (3, 480, 112, 0.25, 1), (3, 672, 112, 0.25, 1), (5, 672, 160, 0.25, 2),
-    (5, 960, 160, 0, 1), (5, 960, 160, 0.25, 1), (5, 960, 160, 0, 1), (5, 960, 160, 0.25, 1),
-]  # fmt: skip
+    (3, 16, 16, 0, 1),
+    (3, 48, 24, 0, 2),
+    (3, 72, 24, 0, 1),
+    (5, 72, 40, 0.25, 2),
+    (5, 120, 40, 0.25, 1),
+    (3, 240, 80, 0, 2),
+    (3, 200, 80, 0, 1),
+    (3, 184, 80, 0, 1),
+    (3, 184, 80, 0, 1),
+    (3, 480, 112, 0.25, 1),
+    (3, 672, 112, 0.25, 1),
+    (5, 672, 160, 0.25, 2),
+    (5, 960, 160, 0, 1),
+    (5, 960, 160, 0.25, 1),
+    (5, 960, 160, 0, 1),
+    (5, 960, 160, 0.25, 1),
+]
 
 
 class GhostNet(nn.Module):
@@ -330,8 +394,12 @@ def zoo_networks(quick: bool = False) -> dict[str, nn.Module]:
     else:
         xcep, regnet = XceptionNet(), RegNetYNet()
     nets = {
-        "mnasnet_like": mnasnet_like(s), "fbnet_like": fbnet_like(s),
-        "efficientnetv2_like": efficientnetv2_like(s), "mixnet_like": mixnet_like(s),
-        "xception_like": xcep, "regnety_like": regnet, "ghostnet_like": GhostNet(s),
-    }  # fmt: skip
+        "mnasnet_like": mnasnet_like(s),
+        "fbnet_like": fbnet_like(s),
+        "efficientnetv2_like": efficientnetv2_like(s),
+        "mixnet_like": mixnet_like(s),
+        "xception_like": xcep,
+        "regnety_like": regnet,
+        "ghostnet_like": GhostNet(s),
+    }
     return {name: calibrate_batchnorm(net) for name, net in nets.items()}

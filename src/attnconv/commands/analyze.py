@@ -19,17 +19,21 @@ HELP = "figures of what the attention heads learned (PNGs + index.md/index.html)
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     """CHECKPOINT (attnconv), or --model NAME --checkpoint PATH (timm / Hugging Face / attnconv)."""
     p.add_argument(
-        "source", nargs="?", metavar="CHECKPOINT",
+        "source",
+        nargs="?",
+        metavar="CHECKPOINT",
         help="checkpoint folder (or run folder with checkpoints/latest)",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--model", help="registry name for --checkpoint weights, e.g. vit_base_patch16_224"
     )
     p.add_argument(
-        "--checkpoint", dest="weights", metavar="PATH",
+        "--checkpoint",
+        dest="weights",
+        metavar="PATH",
         help="weights for --model: a timm state dict (.safetensors / torch zip), a Hugging Face "
         "ViT/DeiT folder (config.json + weights) or an attnconv checkpoint",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--data",
         help="test data: a folder/.zip (split/class/img), CIFAR batches, 'sample' or 'cifar10' "
@@ -118,21 +122,37 @@ def analyze_checkpoint(
     )
     with torch.no_grad():
         return analyze_model(
-            model, images, out, mean=mean, std=std, labels=labels, query=query,
-            image_index=image, zoom=zoom or None, center_log=center_log,
+            model,
+            images,
+            out,
+            mean=mean,
+            std=std,
+            labels=labels,
+            query=query,
+            image_index=image,
+            zoom=zoom or None,
+            center_log=center_log,
             title=f"{info.get('model')} ({Path(info.get('path', checkpoint)).name})",
             batch_size=batch_size,
-        )  # fmt: skip
+        )
 
 
 def run(args: argparse.Namespace) -> int:
     path, name = model_source(args)
     report = analyze_checkpoint(
-        path, args.out, data=args.data, num_images=args.num_images,
-        split=args.split, query=args.query, image=args.image, zoom=args.zoom,
-        centers_log=args.centers_log, batch_size=args.batch_size, device=args.device,
+        path,
+        args.out,
+        data=args.data,
+        num_images=args.num_images,
+        split=args.split,
+        query=args.query,
+        image=args.image,
+        zoom=args.zoom,
+        centers_log=args.centers_log,
+        batch_size=args.batch_size,
+        device=args.device,
         model_name=name,
-    )  # fmt: skip
+    )
     out = Path(args.out)
     print(f"wrote {len(report['figures'])} figures to {out} (index: {out / 'index.md'})")
     return 0

@@ -15,8 +15,12 @@ HELP = f"run a benchmark suite ({', '.join(SUITES)}): time, peak memory, GFLOP/s
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--suite", default="layers", metavar="SUITE",
-                   help="; ".join(f"{k}: {v}" for k, v in SUITES.items()) + " (default: layers)")
+    p.add_argument(
+        "--suite",
+        default="layers",
+        metavar="SUITE",
+        help="; ".join(f"{k}: {v}" for k, v in SUITES.items()) + " (default: layers)",
+    )
     p.add_argument("--quick", action="store_true", help="tiny sizes, one repeat (CI smoke test)")
     p.add_argument("--threads", type=int, help="torch threads per case")
     p.add_argument("--repeats", type=int, help="timed repeats per case (median is reported)")

@@ -13,31 +13,66 @@ HELP = "convert every convolution of a model (checkpoint or model name) into sel
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("source", help="checkpoint (run folder, checkpoint folder, .safetensors) or a "
-                   "registry model name (random weights, or --checkpoint)")  # fmt: skip
-    p.add_argument("--checkpoint", metavar="PATH", help="pretrained weights for the model name "
-                   "SOURCE: a timm state dict or a Hugging Face ViT/DeiT folder")  # fmt: skip
-    p.add_argument("--data", help="dataset for accuracy before/after: cifar10 | sample | PATH "
-                   "(e.g. ../shared/data/cifar10-jpeg.zip); default: per-layer check only, on "
-                   "the embedded real sample")  # fmt: skip
+    p.add_argument(
+        "source",
+        help="checkpoint (run folder, checkpoint folder, .safetensors) or a "
+        "registry model name (random weights, or --checkpoint)",
+    )
+    p.add_argument(
+        "--checkpoint",
+        metavar="PATH",
+        help="pretrained weights for the model name "
+        "SOURCE: a timm state dict or a Hugging Face ViT/DeiT folder",
+    )
+    p.add_argument(
+        "--data",
+        help="dataset for accuracy before/after: cifar10 | sample | PATH "
+        "(e.g. ../shared/data/cifar10-jpeg.zip); default: per-layer check only, on "
+        "the embedded real sample",
+    )
     p.add_argument("--split", default="test", help="split of --data to use (default: test)")
     p.add_argument("--max-per-class", type=int, default=None, help="evaluate on a subset")
-    p.add_argument("--num-images", type=int, default=64,
-                   help="real images for the per-layer check (default 64)")  # fmt: skip
-    p.add_argument("--batch-size", type=int, default=250,
-                   help="images per batch of the accuracy check (250)")  # fmt: skip
-    p.add_argument("--alpha", type=float, default=None,
-                   help="finite precision: Lemma 2 soft layers (default: hard)")  # fmt: skip
-    p.add_argument("--head-dim", type=int, default=None,
-                   help="rank-limited heads (default: exact, head_dim = in_channels)")  # fmt: skip
+    p.add_argument(
+        "--num-images",
+        type=int,
+        default=64,
+        help="real images for the per-layer check (default 64)",
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=250, help="images per batch of the accuracy check (250)"
+    )
+    p.add_argument(
+        "--alpha",
+        type=float,
+        default=None,
+        help="finite precision: Lemma 2 soft layers (default: hard)",
+    )
+    p.add_argument(
+        "--head-dim",
+        type=int,
+        default=None,
+        help="rank-limited heads (default: exact, head_dim = in_channels)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
-    p.add_argument("--json", nargs="?", const="-", metavar="PATH",
-                   help="also the report as JSON: written to PATH, or printed without one")
-    p.add_argument("--out", metavar="DIR", help="save the converted model as a checkpoint folder "
-                   "(safetensors + JSON) that eval / analyze / convert load")  # fmt: skip
-    p.add_argument("--keep-unsupported", action="store_true",
-                   help="leave convolutions the conversion cannot reproduce as they are (listed) "
-                   "instead of stopping")  # fmt: skip
+    p.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        metavar="PATH",
+        help="also the report as JSON: written to PATH, or printed without one",
+    )
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        help="save the converted model as a checkpoint folder "
+        "(safetensors + JSON) that eval / analyze / convert load",
+    )
+    p.add_argument(
+        "--keep-unsupported",
+        action="store_true",
+        help="leave convolutions the conversion cannot reproduce as they are (listed) "
+        "instead of stopping",
+    )
     add_device(p)
 
 
@@ -52,8 +87,11 @@ def _load(source: str, checkpoint: str | None = None):
 
         model = create_model(source, checkpoint=checkpoint)
         mean, std = pretrained_normalization(checkpoint)
-        info = {"model": source, "model_kwargs": model_kwargs(model),
-                "data": {"mean": mean, "std": std}}  # fmt: skip
+        info = {
+            "model": source,
+            "model_kwargs": model_kwargs(model),
+            "data": {"mean": mean, "std": std},
+        }
         return model, info, f"{source} ({checkpoint})"
     if Path(source).exists():
         model, info = load_model(source)
@@ -87,17 +125,21 @@ def run(args: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         converted = convert_model(
-            model, alpha=args.alpha, head_dim=args.head_dim,
-            on_unsupported="keep" if args.keep_unsupported else "error", progress=True,
-        ).eval()  # fmt: skip
+            model,
+            alpha=args.alpha,
+            head_dim=args.head_dim,
+            on_unsupported="keep" if args.keep_unsupported else "error",
+            progress=True,
+        ).eval()
     model, converted = model.to(device), converted.to(device)  # converted on the CPU, run here
     kept = unconverted_layers(converted)
     data_info = info.get("data") or {}
     mean, std = data_info.get("mean", CIFAR10_MEAN), data_info.get("std", CIFAR10_STD)
     spec = args.data or "sample"
     ds = load_dataset(spec, args.split, max_per_class=args.max_per_class)
-    x = next(Loader(ds, min(args.num_images, len(ds)), shuffle=False, mean=mean, std=std)
-             .batches(0))[0].to(device)  # fmt: skip
+    x = next(
+        Loader(ds, min(args.num_images, len(ds)), shuffle=False, mean=mean, std=std).batches(0)
+    )[0].to(device)
     rows = layer_report(model, converted, x)
     if not rows:
         raise ValueError(f"{label}: the model has no Conv1d/Conv2d layer to convert")
@@ -113,28 +155,41 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'layer':<{name_w}}  kernel  stride  heads  head_dim  max|diff|  max|out|")
     for r in rows:
         k, s = "x".join(map(str, r["kernel"])), "x".join(map(str, r["stride"]))
-        print(f"{r['name']:<{name_w}}  {k:<6}  {s:<6}  {r['heads']:<5}  {r['head_dim']:<8}  "
-              f"{r['max_abs_diff']:<9.2e}  {r['max_abs_out']:.3g}")  # fmt: skip
-    report = {"source": label, "alpha": args.alpha, "head_dim": args.head_dim, "layers": rows,
-              "layer_check_images": f"{len(x)} images of {spec}:{args.split}",
-              "unconverted": [{"layer": p, "class": c, "reason": r}
-                              for p, c, r in kept]}  # fmt: skip
+        print(
+            f"{r['name']:<{name_w}}  {k:<6}  {s:<6}  {r['heads']:<5}  {r['head_dim']:<8}  "
+            f"{r['max_abs_diff']:<9.2e}  {r['max_abs_out']:.3g}"
+        )
+    report = {
+        "source": label,
+        "alpha": args.alpha,
+        "head_dim": args.head_dim,
+        "layers": rows,
+        "layer_check_images": f"{len(x)} images of {spec}:{args.split}",
+        "unconverted": [{"layer": p, "class": c, "reason": r} for p, c, r in kept],
+    }
     with torch.no_grad():
         d = (model(x) - converted(x)).abs().max().item()
         same = (model(x).argmax(-1) == converted(x).argmax(-1)).sum().item()
-    print(f"end to end on {len(x)} real images ({spec}:{args.split}): max |logit diff| {d:.2e}, "
-          f"same prediction {same}/{len(x)}")  # fmt: skip
+    print(
+        f"end to end on {len(x)} real images ({spec}:{args.split}): max |logit diff| {d:.2e}, "
+        f"same prediction {same}/{len(x)}"
+    )
     report["end_to_end"] = {"images": len(x), "max_abs_logit_diff": d, "same_prediction": same}
     if args.data:
         loader = Loader(ds, args.batch_size, shuffle=False, mean=mean, std=std)
         batches = ((x.to(device), y.to(device)) for x, y in loader.batches(0))
-        res = compare_predictions(model, converted, track(batches, f"{spec}:{args.split}",
-                                                          total=len(loader), unit="batch"))
-        print(f"{spec}:{args.split}, {res['images']} images: accuracy "
-              f"{100 * res['accuracy_before']:.2f}% before, {100 * res['accuracy_after']:.2f}% "
-              f"after; predictions differ on {res['predictions_differ']} images; max |logit "
-              f"diff| {res['max_abs_logit_diff']:.2e}; time {res['seconds_before']:.1f} s -> "
-              f"{res['seconds_after']:.1f} s")  # fmt: skip
+        res = compare_predictions(
+            model,
+            converted,
+            track(batches, f"{spec}:{args.split}", total=len(loader), unit="batch"),
+        )
+        print(
+            f"{spec}:{args.split}, {res['images']} images: accuracy "
+            f"{100 * res['accuracy_before']:.2f}% before, {100 * res['accuracy_after']:.2f}% "
+            f"after; predictions differ on {res['predictions_differ']} images; max |logit "
+            f"diff| {res['max_abs_logit_diff']:.2e}; time {res['seconds_before']:.1f} s -> "
+            f"{res['seconds_after']:.1f} s"
+        )
         report["test_set"] = res
     if args.json == "-":
         print(json.dumps(report, indent=1))
@@ -144,12 +199,19 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         from attnconv.train.checkpoint import save_checkpoint
 
-        conversion = {"alpha": args.alpha, "head_dim": args.head_dim,
-                      "on_unsupported": "keep" if kept else "error", "source": label}  # fmt: skip
+        conversion = {
+            "alpha": args.alpha,
+            "head_dim": args.head_dim,
+            "on_unsupported": "keep" if kept else "error",
+            "source": label,
+        }
         path = save_checkpoint(
-            args.out, converted.cpu(), info["model"], info.get("model_kwargs", {}),
+            args.out,
+            converted.cpu(),
+            info["model"],
+            info.get("model_kwargs", {}),
             config=info.get("config"),
             extra={"converted": conversion, "data": {"dataset": spec, **data_info}},
-        )  # fmt: skip
+        )
         print(f"saved the converted model to {path}")
     return 0

@@ -61,8 +61,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "else the embedded sample)",
     )
     p.add_argument("--out", help="run folder (default: runs/demo-<date>-<time>)")
-    p.add_argument("--minutes", type=float, default=2.0,
-                   help="time budget of the whole demo, figures included (2)")  # fmt: skip
+    p.add_argument(
+        "--minutes",
+        type=float,
+        default=2.0,
+        help="time budget of the whole demo, figures included (2)",
+    )
     p.add_argument(
         "--set",
         dest="overrides",
@@ -72,8 +76,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="override a config key (as in attnconv train)",
     )
     p.add_argument("--no-figures", action="store_true", help="skip the figures")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace the run already in --out (nothing of it is kept)")  # fmt: skip
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run already in --out (nothing of it is kept)",
+    )
 
 
 def default_data() -> str:
@@ -98,8 +105,17 @@ def _probe(cfg, ds, threads: int, probe_s: float, steps: int = 6) -> tuple[float
     d, t = cfg.data, cfg.train
     model = create_model(cfg.model.name, num_classes=ds.num_classes, **cfg.model.kwargs)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loader = Loader(ds, t.batch_size, shuffle=True, seed=t.seed, augment=d.augment,
-                    pad=d.crop_padding, flip=d.flip, mean=d.mean, std=d.std)  # fmt: skip
+    loader = Loader(
+        ds,
+        t.batch_size,
+        shuffle=True,
+        seed=t.seed,
+        augment=d.augment,
+        pad=d.crop_padding,
+        flip=d.flip,
+        mean=d.mean,
+        std=d.std,
+    )
     times, t0 = [], time.perf_counter()
     for i, (x, y) in enumerate(loader.batches(0)):
         loss = F.cross_entropy(model(x), y)
@@ -111,8 +127,7 @@ def _probe(cfg, ds, threads: int, probe_s: float, steps: int = 6) -> tuple[float
         t0 = now
         if i == steps or sum(times) > probe_s:  # a slow thread count: its warm-up tells
             break
-    eval_loader = Loader(ds, min(100, t.eval_batch_size), shuffle=False, mean=d.mean,
-                         std=d.std)  # fmt: skip
+    eval_loader = Loader(ds, min(100, t.eval_batch_size), shuffle=False, mean=d.mean, std=d.std)
     x, _ = next(eval_loader.batches(0))
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -151,8 +166,10 @@ def run(args: argparse.Namespace) -> int:
     data = args.data or default_data()
     out = Path(args.out or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
     if out.exists() and any(out.iterdir()) and not args.overwrite:  # before any work
-        raise ValueError(f"--out {out}: a run is already there; choose another --out, or pass "
-                         "--overwrite to replace it")  # fmt: skip
+        raise ValueError(
+            f"--out {out}: a run is already there; choose another --out, or pass "
+            "--overwrite to replace it"
+        )
     base = {
         "model": {"name": "sa_quadratic", "kwargs": dict(MODEL)},
         "data": {"dataset": data, "eval_max_per_class": 100},
@@ -164,8 +181,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_dict(apply_overrides(base, args.overrides))
     d, budget_s = cfg.data, 60 * args.minutes
     log.info(f"demo: reading the test images of {data}")
-    eval_ds = load_dataset(d.dataset, d.eval_split, root=d.root,
-                           max_per_class=d.eval_max_per_class)  # fmt: skip
+    eval_ds = load_dataset(d.dataset, d.eval_split, root=d.root, max_per_class=d.eval_max_per_class)
     probe_ds = load_dataset(d.dataset, d.eval_split, root=d.root, max_per_class=PROBE_PER_CLASS)
     import torch
 
@@ -173,8 +189,10 @@ def run(args: argparse.Namespace) -> int:
     # short budget measures one thread only (several, on a busy machine, took seconds a step)
     probe_s = min(PROBE_S, PROBE_SHARE * budget_s)
     counts = sorted({1, torch.get_num_threads() if probe_s == PROBE_S else 1})
-    log.info(f"demo: measuring this machine's speed (real training steps, {probe_s:.1f} s for "
-             f"{' and '.join(map(str, counts))} thread(s))")  # fmt: skip
+    log.info(
+        f"demo: measuring this machine's speed (real training steps, {probe_s:.1f} s for "
+        f"{' and '.join(map(str, counts))} thread(s))"
+    )
     probes = {n: _probe(cfg, probe_ds, n, probe_s) for n in counts}
     threads = max(probes, key=lambda n: probes[n][0])
     ips, eval_ips = probes[threads]
@@ -189,15 +207,19 @@ def run(args: argparse.Namespace) -> int:
     per_class = math.ceil(ips * max(train_time(), MIN_TRAIN_S) / eval_ds.num_classes / CLASS_STEP)
     if d.max_per_class is None or per_class * CLASS_STEP < d.max_per_class:
         d.max_per_class = per_class * CLASS_STEP
-    log.info(f"demo: {ips:.0f} training images/s here ({threads} thread(s)); reading at most "
-             f"{d.max_per_class} training images per class")  # fmt: skip
+    log.info(
+        f"demo: {ips:.0f} training images/s here ({threads} thread(s)); reading at most "
+        f"{d.max_per_class} training images per class"
+    )
     train_ds = load_dataset(d.dataset, d.train_split, root=d.root, max_per_class=d.max_per_class)
     train_s = max(train_time(), MIN_TRAIN_S)
     if train_time() < MIN_TRAIN_S:  # said up front, never a negative allotment
         over = (time.time() - t_start + MIN_TRAIN_S + eval_s + figures_s) / 60
-        log.info(f"demo: {args.minutes:g} min is less than this machine needs for the data, "
-                 f"speed probe, evaluation and figures; training gets its minimum "
-                 f"{MIN_TRAIN_S:.0f} s and the demo will take about {over:.1f} min")  # fmt: skip
+        log.info(
+            f"demo: {args.minutes:g} min is less than this machine needs for the data, "
+            f"speed probe, evaluation and figures; training gets its minimum "
+            f"{MIN_TRAIN_S:.0f} s and the demo will take about {over:.1f} min"
+        )
     steps = max(10, int(ips * MARGIN * train_s / cfg.train.batch_size))
     # at least 6 (short) epochs so centers.jsonl shows the heads' centres moving; eval at the end
     per_epoch = len(train_ds) // cfg.train.batch_size
@@ -220,8 +242,10 @@ def run(args: argparse.Namespace) -> int:
 
         analyze_checkpoint(out, figures, num_images=100)
     wall = time.time() - t_start
-    took = (f"data and speed probe {t_train - t_start:.0f} s, training and evaluation "
-            f"{t_figures - t_train:.0f} s (allotted {train_s + eval_s:.0f} s)")  # fmt: skip
+    took = (
+        f"data and speed probe {t_train - t_start:.0f} s, training and evaluation "
+        f"{t_figures - t_train:.0f} s (allotted {train_s + eval_s:.0f} s)"
+    )
     if not args.no_figures:
         took += f", figures {time.time() - t_figures:.0f} s (allotted {figures_s:.0f} s)"
     step = int(last.get("step", 0))
@@ -235,21 +259,27 @@ def run(args: argparse.Namespace) -> int:
         f"{cfg.train.batch_size} images ({step * cfg.train.batch_size} images seen)."
     )
     if step >= planned:
-        print(f"The learning rate followed its cosine schedule to the end ({cfg.optim.lr:g} -> "
-              f"{lr_end:.2g}).")  # fmt: skip
+        print(
+            f"The learning rate followed its cosine schedule to the end ({cfg.optim.lr:g} -> "
+            f"{lr_end:.2g})."
+        )
     else:
-        print(f"The time limit stopped training at step {step} of {planned}: the schedule did "
-              f"not finish (learning rate {lr_end:.3g}, it would have ended at {lr_goal:.2g}); "
-              "this machine was slower than measured at the start.")  # fmt: skip
+        print(
+            f"The time limit stopped training at step {step} of {planned}: the schedule did "
+            f"not finish (learning rate {lr_end:.3g}, it would have ended at {lr_goal:.2g}); "
+            "this machine was slower than measured at the start."
+        )
     print(
         f"Test accuracy: {100 * last.get('eval_acc', 0):.1f}% on {n_eval} test images "
         f"(chance: {100 / train_ds.num_classes:.0f}%)."
     )
     moved = _centres_moved(out / "centers.jsonl")
     if moved is not None:
-        print(f"The Gaussian centres moved {moved:.2f} tokens on average (each head's centre, "
-              "start to end). The grid of the paper's fig. 3 forms over thousands of steps, not "
-              "minutes: docs/experiments.md shows it in a 150,000-step run (grid_long).")
+        print(
+            f"The Gaussian centres moved {moved:.2f} tokens on average (each head's centre, "
+            "start to end). The grid of the paper's fig. 3 forms over thousands of steps, not "
+            "minutes: docs/experiments.md shows it in a 150,000-step run (grid_long)."
+        )
     print(f"\nrun folder: {out.resolve()}")
     print(f"  checkpoint  {out / 'checkpoints'} (attnconv eval {out})")
     print(f"  metrics     {out / 'metrics.csv'}, head centres per epoch {out / 'centers.jsonl'}")

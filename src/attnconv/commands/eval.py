@@ -20,8 +20,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", default="test", help="split of --data to use (default: test)")
     p.add_argument("--batch-size", type=int, default=500, help="images per batch (500)")
     p.add_argument("--max-per-class", type=int, default=None, help="evaluate on a subset")
-    p.add_argument("--json", nargs="?", const="-", metavar="PATH",
-                   help="the result as JSON: printed, or written to PATH (as convert --json)")
+    p.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        metavar="PATH",
+        help="the result as JSON: printed, or written to PATH (as convert --json)",
+    )
     add_device(p)
 
 
@@ -37,12 +42,17 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     log.info(f"eval: loading {args.checkpoint}")
     model, info = load_model(args.checkpoint)
-    bad = [n for n, t in model.state_dict().items()
-           if t.is_floating_point() and not bool(torch.isfinite(t).all())]  # fmt: skip
+    bad = [
+        n
+        for n, t in model.state_dict().items()
+        if t.is_floating_point() and not bool(torch.isfinite(t).all())
+    ]
     if bad:  # its "accuracy" would be a constant prediction's
-        raise ValueError(f"{info['path']}: the checkpoint holds non-finite weights "
-                         f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): nothing to "
-                         "evaluate; use an earlier checkpoint")  # fmt: skip
+        raise ValueError(
+            f"{info['path']}: the checkpoint holds non-finite weights "
+            f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): nothing to "
+            "evaluate; use an earlier checkpoint"
+        )
     cfg_data = (info.get("config") or {}).get("data", {})
     spec = args.data or cfg_data.get("dataset")
     if spec is None:

@@ -20,9 +20,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", default="test", help="split of --data to use (default: test)")
     p.add_argument("--images", type=int, default=4, help="test images shown (default 4)")
     p.add_argument(
-        "--num-images", "--average", dest="average", type=int, default=25,
+        "--num-images",
+        "--average",
+        dest="average",
+        type=int,
+        default=25,
         help="images averaged in the average view (default 25; 0 = off; --average: the older "
-        "spelling; analyze's --num-images)"
+        "spelling; analyze's --num-images)",
     )
     p.add_argument(
         "--max-queries",
@@ -54,7 +58,11 @@ def run(args: argparse.Namespace) -> int:
     resolve_device(args.device)  # an unusable --device before any work
     log.info(f"explore: loading {path} and {max(args.images, args.average)} test images")
     model, info, images, labels, mean, std = load_for_analysis(
-        path, args.data, max(args.images, args.average), args.split, device=args.device,
+        path,
+        args.data,
+        max(args.images, args.average),
+        args.split,
+        device=args.device,
         model_name=name,
     )
     with torch.no_grad():

@@ -55,7 +55,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--stop-at-step must be >= 1, got {args.stop_at_step}")
     try:
         last = train(
-            cfg, resume=args.resume, stop_at_step=args.stop_at_step, overwrite=args.overwrite,
+            cfg,
+            resume=args.resume,
+            stop_at_step=args.stop_at_step,
+            overwrite=args.overwrite,
             device=args.device,
         )
     except Interrupted as e:

@@ -87,8 +87,9 @@ def depthwise_mix(xp: torch.Tensor, rows: list, cols: list, w: torch.Tensor) -> 
     return y.permute(0, 3, 1, 2)  # (B, C, Ho, Wo), channels_last
 
 
-def grouped_flat_mix(xp: torch.Tensor, rows: list, cols: list, kernel: torch.Tensor,
-                     groups: int) -> torch.Tensor:  # fmt: skip
+def grouped_flat_mix(
+    xp: torch.Tensor, rows: list, cols: list, kernel: torch.Tensor, groups: int
+) -> torch.Tensor:
     """Grouped heads as Nh batched matmuls over the groups, on the flattened padded image.
 
     The stride (sh, sw) is taken out by splitting the padded image into its sh*sw phases

@@ -48,35 +48,51 @@ class HeadConv(NamedTuple):
     out: tuple[int, int]
 
 
-def plan(rows: list[slice], cols: list[slice], heads: torch.Tensor, bias: torch.Tensor | None,
-         groups: int, pad: tuple[int, int] = (0, 0)) -> HeadConv:  # fmt: skip
+def plan(
+    rows: list[slice],
+    cols: list[slice],
+    heads: torch.Tensor,
+    bias: torch.Tensor | None,
+    groups: int,
+    pad: tuple[int, int] = (0, 0),
+) -> HeadConv:
     """Head h reads pixel (rows[h], cols[h]) (slices of one step, the conv's stride) of the
     padded input: the input given to ``run`` preceded by ``pad`` = (top, left) rows and columns
     of zeros (the conv adds them: no padded copy)."""
     weight, (r0, c0), dil = head_kernel([r.start for r in rows], [c.start for c in cols], heads)
     out = len(range(rows[0].stop)[rows[0]]), len(range(cols[0].stop)[cols[0]])
-    return HeadConv(weight, bias, groups, (r0 - pad[0], c0 - pad[1]), dil,
-                    (rows[0].step, cols[0].step), out)  # fmt: skip
+    return HeadConv(
+        weight, bias, groups, (r0 - pad[0], c0 - pad[1]), dil, (rows[0].step, cols[0].step), out
+    )
 
 
 def run(xp: torch.Tensor, p: HeadConv) -> torch.Tensor:
     """sum_h SA_h(X) W^(h) + b -> (B, Cout, Ho, Wo), one conv2d of xp (B, Cin, H', W')."""
     (r0, c0), (oh, ow) = p.origin, p.out
-    xs = xp[:, :, max(r0, 0):, max(c0, 0):]  # reads before xp's first row are the conv's zeros
+    xs = xp[:, :, max(r0, 0) :, max(c0, 0) :]  # reads before xp's first row are the conv's zeros
     front = (max(-r0, 0), max(-c0, 0))  # the conv pads both sides by these
-    need = [(n - 1) * s + (k - 1) * d + 1 for n, s, k, d in
-            zip(p.out, p.stride, p.weight.shape[2:], p.dilation)]  # fmt: skip
+    need = [
+        (n - 1) * s + (k - 1) * d + 1
+        for n, s, k, d in zip(p.out, p.stride, p.weight.shape[2:], p.dilation)
+    ]
     short = [max(0, m - (xs.shape[2 + i] + 2 * front[i])) for i, m in enumerate(need)]
     if any(short):  # more zeros after the image than before it (an asymmetric pad)
         xs = F.pad(xs, (0, short[1], 0, short[0]))
-    y = F.conv2d(xs, p.weight, p.bias, stride=p.stride, padding=front, dilation=p.dilation,
-                 groups=p.groups)  # fmt: skip
+    y = F.conv2d(
+        xs, p.weight, p.bias, stride=p.stride, padding=front, dilation=p.dilation, groups=p.groups
+    )
     return y[:, :, :oh, :ow]
 
 
-def head_conv(xp: torch.Tensor, rows: list[slice], cols: list[slice], heads: torch.Tensor,
-              bias: torch.Tensor | None, groups: int,
-              pad: tuple[int, int] = (0, 0)) -> torch.Tensor:  # fmt: skip
+def head_conv(
+    xp: torch.Tensor,
+    rows: list[slice],
+    cols: list[slice],
+    heads: torch.Tensor,
+    bias: torch.Tensor | None,
+    groups: int,
+    pad: tuple[int, int] = (0, 0),
+) -> torch.Tensor:
     """sum_h SA_h(X) W^(h) + b for hard heads (``plan``, then ``run``) -> (B, Cout, Ho, Wo)."""
     return run(xp, plan(rows, cols, heads, bias, groups, pad))
 

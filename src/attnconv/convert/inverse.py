@@ -51,10 +51,16 @@ def attention_to_conv(module: nn.Module) -> nn.Conv2d | nn.Conv1d:
     size = g.kernel if g.ndim == 2 else g.kernel[1]
     pick = (lambda t: t) if g.ndim == 2 else (lambda t: t[1])
     conv = cls(
-        g.in_channels, g.out_channels, size, stride=pick(g.stride), padding=g.padding,
-        dilation=pick(g.dilation), groups=g.groups, bias=bias is not None,
+        g.in_channels,
+        g.out_channels,
+        size,
+        stride=pick(g.stride),
+        padding=g.padding,
+        dilation=pick(g.dilation),
+        groups=g.groups,
+        bias=bias is not None,
         padding_mode=g.padding_mode,
-    )  # fmt: skip
+    )
     conv = conv.to(device=weight.device, dtype=weight.dtype)
     with torch.no_grad():
         conv.weight.copy_(weight)
@@ -92,9 +98,13 @@ def mhsa_to_conv(layer: nn.Module) -> nn.Conv2d:
     for (dr, dc), wh in zip(shifts.tolist(), heads):
         weight[:, :, ph + dr, pw + dc] += wh
     conv = nn.Conv2d(
-        cin, cout, weight.shape[-2:], padding=(ph, pw), bias=bias is not None,
+        cin,
+        cout,
+        weight.shape[-2:],
+        padding=(ph, pw),
+        bias=bias is not None,
         padding_mode="replicate",
-    ).to(device=weight.device, dtype=weight.dtype)  # fmt: skip
+    ).to(device=weight.device, dtype=weight.dtype)
     with torch.no_grad():
         conv.weight.copy_(weight)
         if bias is not None:

@@ -94,8 +94,12 @@ class ConvAttention(NotScriptable, ConvAttributes, nn.Module):
     def _forward2d(self, x: torch.Tensor, return_attention: bool, shift: bool = True):
         h, w = x.shape[-2:]
         self.geometry.output_size(h, w)  # ValueError if the image is smaller than the kernel
-        case = plan.ConvertedCase(self.hard and shift, self.attention.backend, return_attention,
-                                  torch.compiler.is_exporting())  # fmt: skip
+        case = plan.ConvertedCase(
+            self.hard and shift,
+            self.attention.backend,
+            return_attention,
+            torch.compiler.is_exporting(),
+        )
         if plan.choose(case, plan.CONVERTED_TABLE) != "attention":  # the hard heads' shift
             return self._forward_shift(x, h, w)
         xp = self.geometry.pad_input(x)  # (B, Cin, Hp, Wp), padded exactly as the conv pads
@@ -129,10 +133,14 @@ class ConvAttention(NotScriptable, ConvAttributes, nn.Module):
         case = plan.ConvertedCase(hard=True, clamped=clamped)
         if plan.choose(case, plan.CONVERTED_TABLE) == "one_conv":  # Lemma 1's sum, one conv
             p = layer.out_proj
-            heads, bias, groups = ((p.kernel, p.bias, p.groups) if grouped
-                                   else (*head_matrices(layer, detach=False), 1))  # fmt: skip
-            conv = hc.plan(rows, cols, heads, bias, groups, g.pad_for(h, w)[2::-2] if zeros
-                           else (0, 0))  # fmt: skip
+            heads, bias, groups = (
+                (p.kernel, p.bias, p.groups)
+                if grouped
+                else (*head_matrices(layer, detach=False), 1)
+            )
+            conv = hc.plan(
+                rows, cols, heads, bias, groups, g.pad_for(h, w)[2::-2] if zeros else (0, 0)
+            )
             if key is not None:
                 self.__dict__["_plan"] = (key, conv)
             return hc.run(x if zeros else g.pad_input(x), conv)
@@ -310,8 +318,17 @@ def _build(spec, alpha: float | None, head_dim: int | None, impl: str) -> ConvAt
     rank_error, val_w = 0.0, None
     if head_dim is None and geom.groups > 1:  # W^(h) block-diagonal: keep its blocks only
         with torch.device("meta"):  # never allocate the dense (Cout, Nh*Cin) Wout
-            layer = mhsa(cin, cout, nh, positional="quadratic", content=False, value="identity",
-                         impl=impl, bias=bias, hard=alpha is None)  # fmt: skip
+            layer = mhsa(
+                cin,
+                cout,
+                nh,
+                positional="quadratic",
+                content=False,
+                value="identity",
+                impl=impl,
+                bias=bias,
+                hard=alpha is None,
+            )
         blocks = w.reshape(cout, w.shape[1], nh).permute(2, 0, 1)  # (Nh, Cout, Cin/g)
         layer.out_proj = GroupedHeadProjection(blocks, geom.groups, spec.bias)
         layer.positional_encoding.to_empty(device=w.device)  # set below
@@ -319,17 +336,32 @@ def _build(spec, alpha: float | None, head_dim: int | None, impl: str) -> ConvAt
     elif head_dim is None:
         heads = kernel_to_heads(w, geom.groups)  # (Nh, Cout, Cin), W^(h) of Lemma 1
         layer = mhsa(
-            cin, cout, nh, positional="quadratic", content=False, value="identity",
-            impl=impl, bias=bias, hard=alpha is None,
-        )  # fmt: skip
+            cin,
+            cout,
+            nh,
+            positional="quadratic",
+            content=False,
+            value="identity",
+            impl=impl,
+            bias=bias,
+            hard=alpha is None,
+        )
         out_w = heads.permute(1, 0, 2).reshape(cout, nh * cin)  # [W^(1) ... W^(Nh)]
     else:
         heads = kernel_to_heads(w, geom.groups)
         val, out, rank_error = low_rank_heads(heads, head_dim)  # (Nh, r, Cin), (Nh, Cout, r)
         layer = mhsa(
-            cin, cout, nh, head_dim=head_dim, positional="quadratic", content=False,
-            value="linear", impl=impl, bias=bias, hard=alpha is None,
-        )  # fmt: skip
+            cin,
+            cout,
+            nh,
+            head_dim=head_dim,
+            positional="quadratic",
+            content=False,
+            value="linear",
+            impl=impl,
+            bias=bias,
+            hard=alpha is None,
+        )
         out_w = out.permute(1, 0, 2).reshape(cout, nh * head_dim)
         val_w = val.reshape(nh * head_dim, cin)
     layer = layer.to(device=w.device, dtype=w.dtype)

@@ -21,8 +21,11 @@ def layer_report(
 
     One dict per conv: name, kernel, stride, heads, head_dim, hard, max_abs_diff, max_abs_out.
     """
-    convs = {n: m for n, m in model.named_modules()
-             if isinstance(m, (nn.Conv1d, nn.Conv2d)) and not isinstance(m, ConvAttention)}
+    convs = {
+        n: m
+        for n, m in model.named_modules()
+        if isinstance(m, (nn.Conv1d, nn.Conv2d)) and not isinstance(m, ConvAttention)
+    }
     seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def hook(name: str):
@@ -116,6 +119,6 @@ def lemma2_sweep(
                 "alpha": float("inf") if a is None else float(a),
                 "max_abs_err": err,
                 "rel_err": err / scale,
-            }  # fmt: skip
+            }
         )
     return rows

@@ -198,17 +198,26 @@ def traced_spec(module: nn.Module) -> ConvSpec:
     pads = [r[2] for r in runs]
     modes = {r[3] for r in runs}
     geom = ConvGeometry(
-        in_channels=cin, out_channels=w.shape[0], kernel=k, stride=stride, dilation=dilation,
-        pad=static, padding_mode="zeros", groups=int(args.get("groups", 1)), ndim=ndim,
+        in_channels=cin,
+        out_channels=w.shape[0],
+        kernel=k,
+        stride=stride,
+        dilation=dilation,
+        pad=static,
+        padding_mode="zeros",
+        groups=int(args.get("groups", 1)),
+        ndim=ndim,
         padding=conv_pad,
-    )  # fmt: skip
+    )
     if all(pd == pads[0] for pd in pads):  # static explicit padding
         if any(pads[0]) and any(static) and modes != {"zeros"}:
             raise UnsupportedConv("mixed explicit and built-in padding of different modes")
         total = tuple(a + c for a, c in zip(pads[0], static))
         geom = replace(geom, pad=total, padding_mode=modes.pop())
-    elif modes == {"zeros"} and not any(static) and all(
-        pd == _tf_same(size, geom) for (size, *_), pd in zip(runs, pads)
+    elif (
+        modes == {"zeros"}
+        and not any(static)
+        and all(pd == _tf_same(size, geom) for (size, *_), pd in zip(runs, pads))
     ):
         geom = replace(geom, pad=(0, 0, 0, 0), dynamic_same=True)
     else:

@@ -124,8 +124,9 @@ MAX_BATCH_BYTES = 256 << 20  # a CIFAR batch file: 31 MB (CIFAR-10), 154 MB (CIF
 def _check_batch_size(size: int, what: str) -> None:
     """Before reading (from the declared size) and after: a batch file is bounded."""
     if size > MAX_BATCH_BYTES:
-        raise ValueError(f"{what} is {size} bytes, a CIFAR batch file holds at most "
-                         f"{MAX_BATCH_BYTES}")  # fmt: skip
+        raise ValueError(
+            f"{what} is {size} bytes, a CIFAR batch file holds at most {MAX_BATCH_BYTES}"
+        )
 
 
 class _Source:

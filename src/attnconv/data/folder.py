@@ -53,8 +53,7 @@ def _walk(path: Path, split: str) -> list[str]:
     if split not in splits:
         shown = ", ".join(splits[:8]) + (" ..." if len(splits) > 8 else "") or "none"
         raise ValueError(
-            f"{path}: no split {split!r} (folders found: {shown}; expected split/class/image "
-            "files)"
+            f"{path}: no split {split!r} (folders found: {shown}; expected split/class/image files)"
         )
     names, seen = [], 0
     for s in splits:

@@ -23,8 +23,9 @@ def finite_float(name: str, val, *, positive: bool = False) -> float:
     except (TypeError, ValueError, OverflowError):
         raise ValueError(f"{name} must be a real number, got {val!r}") from None
     if not math.isfinite(v) or v < 0 or (positive and v == 0):
-        raise ValueError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, "
-                         f"got {val!r}")  # fmt: skip
+        raise ValueError(
+            f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {val!r}"
+        )
     return v
 
 
@@ -57,8 +58,10 @@ def backend_of(impl: str, backend: str | None, backends: tuple[str, ...]) -> str
     """An image layer's one knob, ``backend`` (None: its plan's choice): ``impl="reference"``,
     the older spelling, is ``backend="reference"``; both naming different kernels is an error."""
     if check_impl(impl) == "reference" and backend not in (None, "reference"):
-        raise ValueError(f"impl='reference' and backend={backend!r} name two kernels: "
-                         "pass backend='reference' alone")  # fmt: skip
+        raise ValueError(
+            f"impl='reference' and backend={backend!r} name two kernels: "
+            "pass backend='reference' alone"
+        )
     backend = "reference" if impl == "reference" else backend
     if backend is not None and backend not in backends:
         raise ValueError(f"backend must be None or one of {backends}, got {backend!r}")
@@ -92,4 +95,3 @@ class BackendKnob:
     def impl(self, value: str) -> None:
         keep = None if self.backend == "reference" else self.backend
         self.backend = backend_of(value, None if value == "reference" else keep, self.BACKENDS)
-

@@ -49,8 +49,9 @@ class _HashDropout(torch.autograd.Function):
         return _HashDropout.apply(dy, *ctx.args), None, None, None
 
 
-def hash_dropout(x: torch.Tensor, p: float, training: bool = True, seed: int | None = None,
-                 offset: int = 0) -> torch.Tensor:  # fmt: skip
+def hash_dropout(
+    x: torch.Tensor, p: float, training: bool = True, seed: int | None = None, offset: int = 0
+) -> torch.Tensor:
     """Dropout of x with ``dropped_elements``' mask (seed: drawn from the default generator when
     None; counters from ``offset``). The fused kernel on CPU when it built, the plain equations
     otherwise."""

@@ -30,7 +30,6 @@ def check_impl(impl: str) -> str:
     return impl
 
 
-
 def _check_args(q, k, v, bias, mask, dropout_p: float = 0.0) -> None:
     """One-line TypeError/ValueError for arguments the kernels would reject deep inside PyTorch:
     non-tensors, integer or mixed dtypes (any floating mix under autocast), a non-bool mask,
@@ -141,8 +140,9 @@ def dropped_elements(n: int, p: float, device, seed: int, offset: int = 0) -> to
     return out
 
 
-def dropped_links(nh: int, t: int, batch: int | None, p: float, device,
-                  seed: int | None = None) -> torch.Tensor:  # fmt: skip
+def dropped_links(
+    nh: int, t: int, batch: int | None, p: float, device, seed: int | None = None
+) -> torch.Tensor:
     """The links attention dropout removes, each with probability p independently (as
     ``nn.Dropout`` draws them): bool (Nh, T, T) shared by the batch (``batch=None``, the
     reference code's Gaussian layer) or (B, Nh, T, T) a mask per image. Every path that can

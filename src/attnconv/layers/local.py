@@ -77,9 +77,13 @@ class SasaLogits(NamedTuple):
     needs_position: bool
 
 
-LOGITS_KINDS = {"qk+qr": SasaLogits(True, True), "qk": SasaLogits(True, False),
-                "qr": SasaLogits(False, True)}  # fmt: skip
+LOGITS_KINDS = {
+    "qk+qr": SasaLogits(True, True),
+    "qk": SasaLogits(True, False),
+    "qr": SasaLogits(False, True),
+}
 LOGITS = tuple(LOGITS_KINDS)  # ("qk+qr", "qk", "qr")
+
 
 class LocalSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
     """SASA local self-attention layer (Ramachandran et al., NeurIPS 2019, eq. 2-3), NCHW.
@@ -122,9 +126,13 @@ class LocalSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
         backend: str | None = None,
     ):
         super().__init__()
-        for name, val in (("in_channels", in_channels), ("out_channels", out_channels),
-                          ("num_heads", num_heads), ("kernel_size", kernel_size),
-                          ("stride", stride)):  # fmt: skip
+        for name, val in (
+            ("in_channels", in_channels),
+            ("out_channels", out_channels),
+            ("num_heads", num_heads),
+            ("kernel_size", kernel_size),
+            ("stride", stride),
+        ):
             positive_int(name, val)
         encoding = SasaPositional.from_name(positional)
         logits = logits or ("qk+qr" if encoding.encodes else "qk")
@@ -133,8 +141,10 @@ class LocalSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
         if LOGITS_KINDS[logits].needs_position and not encoding.encodes:
             raise ValueError(f"logits={logits!r} needs a positional encoding, got {positional!r}")
         if not LOGITS_KINDS[logits].needs_position and encoding.encodes:  # it would add q^T r
-            raise ValueError(f"logits={logits!r} has no positional term, got positional="
-                             f"{positional!r} (content only: positional='none')")
+            raise ValueError(
+                f"logits={logits!r} has no positional term, got positional="
+                f"{positional!r} (content only: positional='none')"
+            )
         if padding not in PADDINGS:
             raise ValueError(f"padding must be one of {PADDINGS}, got {padding!r}")
         if num_heads < 1 or out_channels % num_heads:
@@ -163,8 +173,9 @@ class LocalSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
 
     BACKENDS = plan.LOCAL_BACKENDS
 
-    def kernel(self, device: torch.device | str, return_attention: bool = False,
-               why: bool = False) -> str:  # fmt: skip
+    def kernel(
+        self, device: torch.device | str, return_attention: bool = False, why: bool = False
+    ) -> str:
         """The kernel (plan.LOCAL_TABLE) ``forward`` runs on ``device`` (``why``: each earlier
         row passed over, then the one chosen, ``plan.explain``)."""
         device = torch.device(device).type
@@ -201,11 +212,17 @@ class LocalSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
             out = self._flex(q, k, v)
         else:
             out = local_attention(
-                q, k, v, kernel_size=self.kernel_size, rel_row=rel_row, rel_col=rel_col,
-                padding=self.padding, impl="reference" if kernel == "reference" else "auto",
+                q,
+                k,
+                v,
+                kernel_size=self.kernel_size,
+                rel_row=rel_row,
+                rel_col=rel_col,
+                padding=self.padding,
+                impl="reference" if kernel == "reference" else "auto",
                 return_attention=return_attention,
                 fused=kernel == "fused",
-            )  # fmt: skip
+            )
         y, attn = out if return_attention else (out, None)
         y = y.reshape(bsz, self.out_channels, h, w)  # (B, nh*dv, H, W)
         if self.stride > 1:
@@ -219,8 +236,9 @@ class LocalSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
             half = self.head_dim // 2
             qr_row = torch.einsum("bndhw,kd->bnkhw", q[:, :, :half], self.rel_row)
             qr_col = torch.einsum("bndhw,kd->bnkhw", q[:, :, half:], self.rel_col)
-        return flex_local_attention(q, k, v, self.kernel_size, qr_row, qr_col,
-                                    compiled=q.device.type == "cuda")  # fmt: skip
+        return flex_local_attention(
+            q, k, v, self.kernel_size, qr_row, qr_col, compiled=q.device.type == "cuda"
+        )
 
     def extra_repr(self) -> str:
         return (

@@ -109,8 +109,12 @@ class MultiHeadSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
         **encoding_options,
     ):
         super().__init__()
-        for name, val in (("in_channels", in_channels), ("out_channels", out_channels),
-                          ("num_heads", num_heads), ("max_size", max_size)):  # fmt: skip
+        for name, val in (
+            ("in_channels", in_channels),
+            ("out_channels", out_channels),
+            ("num_heads", num_heads),
+            ("max_size", max_size),
+        ):
             positive_int(name, val)
         if value not in VALUES:
             raise ValueError(f"value must be one of {VALUES}, got {value!r}")
@@ -125,9 +129,14 @@ class MultiHeadSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
         self.scale = qk_dim**-0.5
         self.backend = backend_of(impl, backend, plan.BACKENDS)  # None: the plan's choice
         self.positional_encoding = build_encoding(
-            positional, num_heads=num_heads, in_channels=in_channels, qk_dim=qk_dim,
-            content=self.content, max_size=max_size, **encoding_options,
-        )  # fmt: skip
+            positional,
+            num_heads=num_heads,
+            in_channels=in_channels,
+            qk_dim=qk_dim,
+            content=self.content,
+            max_size=max_size,
+            **encoding_options,
+        )
         enc = self.positional_encoding
         self.positional = enc.name
         self.input_dependent = self.content or enc.reads_q  # logits read q/k
@@ -220,8 +229,13 @@ class MultiHeadSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
         term = self.positional_encoding.term(h, w, content=self.content)
         return reference_probs(*self.project(x), term, Grid(h, w, x.dtype), self.scale)
 
-    def kernel(self, x: torch.Tensor, p_drop: float | None = None, device: str | None = None,
-               why: bool = False) -> str:  # fmt: skip
+    def kernel(
+        self,
+        x: torch.Tensor,
+        p_drop: float | None = None,
+        device: str | None = None,
+        why: bool = False,
+    ) -> str:
         """The kernel (kernels.KERNELS) ``forward`` runs on x (B, Cin, H, W): the plan's choice,
         with attention dropout ``p_drop`` (default: the layer's in its mode) on ``device``
         (default: x's); ``why=True``: each row of the plan passed over and what it needs, then
@@ -239,14 +253,26 @@ class MultiHeadSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
         kernel = KERNELS[plan.for_layer(self, x, term, p_drop)]
         if kernel.layout == "head_major":  # (Nh|1, D, H, B, W) values, a 1x1 conv each way
             linear = self.value == "linear"
-            v = head_major(x, self.value_proj.weight if linear else None,
-                           self.value_proj.bias if linear else None, self.num_heads)  # fmt: skip
+            v = head_major(
+                x,
+                self.value_proj.weight if linear else None,
+                self.value_proj.bias if linear else None,
+                self.num_heads,
+            )
             y = kernel.run(None, None, v, term, grid, self.scale)
             y = head_major_output(y, self.out_proj.weight, self.out_proj.bias)
         else:
             q, k, v = self.project(x)
-            y = kernel.run(q, k, v, term, grid, self.scale, p_drop=p_drop,
-                           per_image=self.dropout_mask == "sample")  # (B, T, Nh, Dv)
+            y = kernel.run(
+                q,
+                k,
+                v,
+                term,
+                grid,
+                self.scale,
+                p_drop=p_drop,
+                per_image=self.dropout_mask == "sample",
+            )  # (B, T, Nh, Dv)
             y = self.out_proj(y.reshape(b, h * w, self.num_heads * self.head_dim))  # (B, T, Cout)
             y = y.transpose(1, 2).reshape(b, self.out_channels, h, w)
         if return_attention:  # the path's own factors, before dropout

@@ -65,9 +65,14 @@ class AttentionStem2d(NotScriptable, BackendKnob, nn.Module):
         super().__init__()
         if padding not in PADDINGS:
             raise ValueError(f"padding must be one of {PADDINGS}, got {padding!r}")
-        for name, val in (("in_channels", in_channels), ("out_channels", out_channels),
-                          ("num_heads", num_heads), ("kernel_size", kernel_size),
-                          ("mixtures", mixtures), ("pool", pool)):  # fmt: skip
+        for name, val in (
+            ("in_channels", in_channels),
+            ("out_channels", out_channels),
+            ("num_heads", num_heads),
+            ("kernel_size", kernel_size),
+            ("mixtures", mixtures),
+            ("pool", pool),
+        ):
             positive_int(name, val)
         if num_heads < 1 or out_channels % num_heads:
             raise ValueError(f"out_channels={out_channels} not divisible by num_heads={num_heads}")
@@ -133,11 +138,11 @@ class AttentionStem2d(NotScriptable, BackendKnob, nn.Module):
     def kernel(self, device: torch.device | str, return_attention: bool = False) -> str:
         """The window kernel ``forward`` runs on ``device`` (plan.LOCAL_TABLE; the stem has no
         Flex path: "flex" there means the window function)."""
-        case = plan.LocalCase(self.backend, torch.device(device).type, self.padding,
-                              return_attention, plan.tracing())  # fmt: skip
+        case = plan.LocalCase(
+            self.backend, torch.device(device).type, self.padding, return_attention, plan.tracing()
+        )
         kernel = plan.choose(case, plan.LOCAL_TABLE)
         return "window" if kernel == "flex" else kernel
-
 
     def extra_repr(self) -> str:
         return (

@@ -22,9 +22,14 @@ from .reference import load_reference_checkpoint
 from .source import WeightsError
 
 __all__ = [
-    "CheckpointError", "WeightsError", "create_model", "load_model", "load_pretrained",
-    "load_reference_checkpoint", "model_kwargs",
-]  # fmt: skip
+    "CheckpointError",
+    "WeightsError",
+    "create_model",
+    "load_model",
+    "load_pretrained",
+    "load_reference_checkpoint",
+    "model_kwargs",
+]
 
 
 def create_model(name: str, *, checkpoint: str | Path | None = None, **kwargs) -> nn.Module:

@@ -107,17 +107,19 @@ def find_checkpoint(path: str | Path) -> Path:
                 f"(unsafe) - re-save the weights as an attnconv safetensors checkpoint"
             )
         if p.suffix in (".yaml", ".yml"):
-            raise CheckpointError(f"{p}: a training config, not a checkpoint (train it: "
-                                  f"attnconv train {p})")  # fmt: skip
+            raise CheckpointError(
+                f"{p}: a training config, not a checkpoint (train it: attnconv train {p})"
+            )
         raise CheckpointError(f"{p}: foreign checkpoint (expected a folder with {META}, {WEIGHTS})")
     for sub in (p / "checkpoints", p):
         if (sub / LATEST).exists() and not (sub / META).exists():
             return find_checkpoint(follow_latest(sub))
         if sub.name == "checkpoints" and sub.is_dir() and not (sub / META).exists():
             steps = sorted(
-                d for d in sub.glob("step-*")
+                d
+                for d in sub.glob("step-*")
                 if d.is_dir() and not d.is_symlink() and (d / META).is_file()
-            )  # fmt: skip
+            )
             if steps:  # killed after a step folder was written, before `latest` named it
                 return steps[-1]
     if not (p / META).is_file():
@@ -136,9 +138,7 @@ def follow_latest(folder: Path) -> Path:
     name = pointer.read_bytes()[:256].decode(errors="replace").strip()
     target = folder / name
     if not re.fullmatch(r"step-\d{1,12}", name) or target.is_symlink():
-        raise CheckpointError(
-            f"{pointer}: names {name[:40]!r}, not a step folder inside {folder}"
-        )
+        raise CheckpointError(f"{pointer}: names {name[:40]!r}, not a step folder inside {folder}")
     return target
 
 
@@ -231,8 +231,9 @@ def _read_checkpoint(path: str | Path, with_state: bool) -> tuple[dict, dict, di
                 f"{f}: corrupted checkpoint: sha256/size differ from {META} (file was modified)"
             )
         if size > memory_bytes() // 2:
-            raise CheckpointError(f"{f}: {size / 2**30:.1f} GiB, more than half this machine's "
-                                  "memory")  # fmt: skip
+            raise CheckpointError(
+                f"{f}: {size / 2**30:.1f} GiB, more than half this machine's memory"
+            )
         data = f.read_bytes()  # its size was checked above; a change since is caught here
         if len(data) != expect["bytes"] or hashlib.sha256(data).hexdigest() != expect["sha256"]:
             raise CheckpointError(
@@ -285,17 +286,23 @@ def _build(meta: dict, overrides: dict, on_meta: bool, max_bytes: int | None = N
     device, and never converted (the conversion reads weight values), its parameters and
     modules counted as they are registered and refused past ``max_bytes`` (models/budget.py)."""
     name, where = meta["model"], meta["path"]
-    budget = (construction_budget(max_bytes, f"its config ({name!r})")
-              if on_meta and max_bytes is not None else contextlib.nullcontext())  # fmt: skip
+    budget = (
+        construction_budget(max_bytes, f"its config ({name!r})")
+        if on_meta and max_bytes is not None
+        else contextlib.nullcontext()
+    )
     try:
         with torch.device("meta") if on_meta else contextlib.nullcontext(), budget:
             model = create_model(name, **{**(meta.get("model_kwargs") or {}), **overrides})
         conv = meta.get("converted")  # written by `attnconv convert --out`
         if isinstance(conv, dict) and not on_meta:
             model = convert_model(
-                model, alpha=conv.get("alpha"), head_dim=conv.get("head_dim"),
-                on_unsupported=conv.get("on_unsupported", "error"), inplace=True,
-            )  # fmt: skip
+                model,
+                alpha=conv.get("alpha"),
+                head_dim=conv.get("head_dim"),
+                on_unsupported=conv.get("on_unsupported", "error"),
+                inplace=True,
+            )
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{where}: foreign checkpoint: cannot build {name!r} ({e})") from None
     return model

@@ -30,9 +30,12 @@ _TOP = {
     "patch_embed.proj.bias": "patch_embed.bias",
 }
 _BLOCK = {  # timm -> ours inside blocks.{i}. (qkv is split separately)
-    "norm1": "norm1", "attn.proj": "attn.out_proj", "norm2": "norm2",
-    "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2",
-}  # fmt: skip
+    "norm1": "norm1",
+    "attn.proj": "attn.out_proj",
+    "norm2": "norm2",
+    "mlp.fc1": "mlp.fc1",
+    "mlp.fc2": "mlp.fc2",
+}
 _UNSUPPORTED = {  # key pattern -> what it is
     r"\.ls\d\.": "layer scale (init_values)",
     r"^reg_token$": "register tokens",

@@ -44,9 +44,11 @@ def construction_budget(max_bytes: int, what: str, max_modules: int = MAX_MODULE
         if seen["modules"] > max_modules:
             raise ValueError(f"{what} declares more than {max_modules} modules")
 
-    hooks = [register_module_parameter_registration_hook(on_tensor),
-             register_module_buffer_registration_hook(on_tensor),
-             register_module_module_registration_hook(on_module)]  # fmt: skip
+    hooks = [
+        register_module_parameter_registration_hook(on_tensor),
+        register_module_buffer_registration_hook(on_tensor),
+        register_module_module_registration_hook(on_module),
+    ]
     try:
         yield seen
     finally:
@@ -64,8 +66,9 @@ def probe_bytes(name: str, kwargs: dict, max_bytes: int, what: str) -> int:
     return seen["bytes"]
 
 
-def training_bytes(name: str, kwargs: dict, batch: int, state_per_param: int, max_bytes: int,
-                   what: str) -> int:  # fmt: skip
+def training_bytes(
+    name: str, kwargs: dict, batch: int, state_per_param: int, max_bytes: int, what: str
+) -> int:
     """A lower bound on the bytes one training step of ``create_model(name, **kwargs)`` holds at
     ``batch``, measured on the meta device before anything is allocated: the parameters, their
     gradients and ``state_per_param`` optimizer tensors each (SGD momentum 1, AdamW 2), and each
@@ -80,8 +83,11 @@ def training_bytes(name: str, kwargs: dict, batch: int, state_per_param: int, ma
     params = seen["bytes"] * (2 + state_per_param)
     cfg = getattr(model, "cfg", None)
     tokens = (cfg.img_size // cfg.downsample) ** 2 if hasattr(cfg, "downsample") else 0
-    acts = sum(batch * tokens * m.num_heads * m.head_dim * 4 for m in model.modules()
-               if isinstance(m, MultiHeadSelfAttention2d))  # fmt: skip
+    acts = sum(
+        batch * tokens * m.num_heads * m.head_dim * 4
+        for m in model.modules()
+        if isinstance(m, MultiHeadSelfAttention2d)
+    )
     if params + acts > max_bytes:
         raise ValueError(
             f"{what} needs at least {(params + acts) / 2**30:.1f} GiB to train at batch {batch} "

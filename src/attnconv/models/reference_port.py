@@ -62,15 +62,28 @@ _LAYER = {  # reference suffix -> attnconv suffix, inside encoder.layer.{i}. / l
     "output.LayerNorm.weight": "norm2.weight",
     "output.LayerNorm.bias": "norm2.bias",
 }
-_TOP = {"features_upscale.weight": "embed.weight", "features_upscale.bias": "embed.bias",
-        "classifier.weight": "head.weight", "classifier.bias": "head.bias"}  # fmt: skip
-_SKIP = ("attention.self.R", "attention_mask", "mask_embedding", "cls_embedding",
-         "relative_indices")  # fmt: skip
+_TOP = {
+    "features_upscale.weight": "embed.weight",
+    "features_upscale.bias": "embed.bias",
+    "classifier.weight": "head.weight",
+    "classifier.bias": "head.bias",
+}
+_SKIP = (
+    "attention.self.R",
+    "attention_mask",
+    "mask_embedding",
+    "cls_embedding",
+    "relative_indices",
+)
 # Learned2DRelativeSelfAttention's head-key scores (models/bert.py at 9ffaa30, get_attention_probs)
 # broadcast row_scores as (1, W, 1, W, Nh), along the image columns, and col_scores along the rows
 # (the later layer's q . row_embeddings reads the rows): its row tables are our column tables there.
-_SWAP_AXES = {"row_embeddings": "col_embeddings", "col_embeddings": "row_embeddings",
-              "head_keys_row": "head_keys_col", "head_keys_col": "head_keys_row"}  # fmt: skip
+_SWAP_AXES = {
+    "row_embeddings": "col_embeddings",
+    "col_embeddings": "row_embeddings",
+    "head_keys_row": "head_keys_col",
+    "head_keys_col": "head_keys_row",
+}
 
 
 def embed_permutation(in_chans: int, ds: int) -> torch.Tensor:

@@ -45,8 +45,9 @@ def check_model_args(name: str, kwargs: dict) -> None:
         close = difflib.get_close_matches(name, list(_MODELS), n=3, cutoff=0.5)
         some = close or list_models()[:3]
         hint = f"did you mean {', '.join(some)}?" if close else f"e.g. {', '.join(some)};"
-        raise ValueError(f"unknown model {name!r} ({hint} {len(_MODELS)} models in all: "
-                         "attnconv.list_models())")
+        raise ValueError(
+            f"unknown model {name!r} ({hint} {len(_MODELS)} models in all: attnconv.list_models())"
+        )
     for key, val in kwargs.items():
         if key in _SIZES and val is not None:
             if not isinstance(val, int) or isinstance(val, bool) or val < 1:
@@ -75,8 +76,28 @@ def create_model(name: str, **kwargs) -> nn.Module:
 
 
 _SIZES = {
-    "num_classes", "in_chans", "img_size", "width", "depth", "num_layers", "num_heads",
-    "patch_size", "embed_dim", "hidden_size", "kernel_size", "downsample", "max_size",
-    "stem_heads", "stem_kernel_size", "stem_mixtures", "d_model", "d_ff", "ff_size", "max_len",
-    "num_encoder_layers", "num_decoder_layers", "src_vocab_size", "tgt_vocab_size",
-}  # fmt: skip
+    "num_classes",
+    "in_chans",
+    "img_size",
+    "width",
+    "depth",
+    "num_layers",
+    "num_heads",
+    "patch_size",
+    "embed_dim",
+    "hidden_size",
+    "kernel_size",
+    "downsample",
+    "max_size",
+    "stem_heads",
+    "stem_kernel_size",
+    "stem_mixtures",
+    "d_model",
+    "d_ff",
+    "ff_size",
+    "max_len",
+    "num_encoder_layers",
+    "num_decoder_layers",
+    "src_vocab_size",
+    "tgt_vocab_size",
+}

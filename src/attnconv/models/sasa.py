@@ -67,9 +67,16 @@ class Bottleneck(nn.Module):
         self.bn1 = nn.BatchNorm2d(width)
         if cfg.spatial == "attention":
             self.conv2 = LocalSelfAttention2d(
-                width, width, cfg.num_heads, cfg.kernel_size, stride, cfg.positional,
-                cfg.logits, cfg.padding, cfg.impl,
-            )  # fmt: skip
+                width,
+                width,
+                cfg.num_heads,
+                cfg.kernel_size,
+                stride,
+                cfg.positional,
+                cfg.logits,
+                cfg.padding,
+                cfg.impl,
+            )
         else:
             self.conv2 = nn.Conv2d(width, width, 3, stride, padding=1, bias=False)
         self.bn2 = nn.BatchNorm2d(width)
@@ -116,9 +123,15 @@ class SASAResNet(nn.Module):
         if cfg.stem == "attention":
             pool = 1 if cfg.small_stem else 4
             self.stem = AttentionStem2d(
-                cfg.in_chans, c0, cfg.stem_heads, cfg.stem_kernel_size, cfg.stem_mixtures, pool,
-                padding=cfg.padding, impl=cfg.impl,
-            )  # fmt: skip
+                cfg.in_chans,
+                c0,
+                cfg.stem_heads,
+                cfg.stem_kernel_size,
+                cfg.stem_mixtures,
+                pool,
+                padding=cfg.padding,
+                impl=cfg.impl,
+            )
         elif cfg.small_stem:
             self.stem = nn.Sequential(
                 nn.Conv2d(cfg.in_chans, c0, 3, 1, 1, bias=False), nn.BatchNorm2d(c0), nn.ReLU()

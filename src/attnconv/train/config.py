@@ -336,9 +336,11 @@ def config_from_dict(d: dict) -> Config:
 # a float is always finite). ``validate`` checks each key of a Config against it.
 SCHEMA: dict[str, Rule] = {
     f"{section.name}.{f.name}": f.metadata["rule"]
-    for section in dataclasses.fields(Config) if (sub := _section(section)) is not None
-    for f in dataclasses.fields(sub) if "rule" in f.metadata
-}  # fmt: skip
+    for section in dataclasses.fields(Config)
+    if (sub := _section(section)) is not None
+    for f in dataclasses.fields(sub)
+    if "rule" in f.metadata
+}
 
 
 def validate(cfg: Config) -> None:

@@ -16,8 +16,7 @@ from . import distributed as D
 log = logging.getLogger(__name__)
 
 
-def evaluate(model: nn.Module, loader: Loader, info: D.DistInfo, bf16: bool = False,
-             stop=None):  # fmt: skip
+def evaluate(model: nn.Module, loader: Loader, info: D.DistInfo, bf16: bool = False, stop=None):
     """(loss, accuracy) over the loader's split, summed over the ranks; None when ``stop()``
     (checked before every batch, agreed by all ranks) asks to stop half-way (a signal).
 
@@ -35,8 +34,7 @@ def evaluate(model: nn.Module, loader: Loader, info: D.DistInfo, bf16: bool = Fa
     was = model.training
     model.eval()
     loss_sum = correct = n = 0.0
-    bar = Progress(len(loader), "eval", unit="batch", logger=log, leave=False,
-                   enabled=info.is_main)  # fmt: skip
+    bar = Progress(len(loader), "eval", unit="batch", logger=log, leave=False, enabled=info.is_main)
     with torch.no_grad(), bar:
         for x, y in loader.batches(0):
             if stop is not None and D.any_rank(stop(), info):

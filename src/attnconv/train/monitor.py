@@ -95,8 +95,14 @@ class Monitor:
         total_steps: int,
     ):
         self.enabled, self.total, self.out = enabled, total_steps, out
-        self.progress = Progress(total_steps, "train", unit="step", initial=resume_step or 0,
-                                 logger=log, enabled=progress and enabled)  # fmt: skip
+        self.progress = Progress(
+            total_steps,
+            "train",
+            unit="step",
+            initial=resume_step or 0,
+            logger=log,
+            enabled=progress and enabled,
+        )
         self.csv_path, self.centres_path = out / "metrics.csv", out / "centers.jsonl"
         self.t0 = time.time()
         self.tb = None
@@ -162,12 +168,25 @@ class Monitor:
     def bar(self, epoch: int, step: int, loss: float, acc: float, ips: float) -> None:
         """New numbers for the progress display: epoch, loss and accuracy of the last window,
         images/s (elapsed time and ETA come with it)."""
-        self.progress.update(step - self.progress.n, epoch=epoch, loss=f"{loss:.4f}",
-                             acc=f"{100 * acc:.1f}%", **{"img/s": f"{ips:.1f}"})  # fmt: skip
+        self.progress.update(
+            step - self.progress.n,
+            epoch=epoch,
+            loss=f"{loss:.4f}",
+            acc=f"{100 * acc:.1f}%",
+            **{"img/s": f"{ips:.1f}"},
+        )
 
-    def summary(self, cfg, model: nn.Module, info, data: tuple[int, int, int],
-                steps_per_epoch: int, resume_step: int | None,
-                resume_note: str = "", bf16: bool = False) -> None:  # fmt: skip
+    def summary(
+        self,
+        cfg,
+        model: nn.Module,
+        info,
+        data: tuple[int, int, int],
+        steps_per_epoch: int,
+        resume_step: int | None,
+        resume_note: str = "",
+        bf16: bool = False,
+    ) -> None:
         """The start-up block, one aligned ``name  value`` line each: model and parameters,
         device, dtype, data (``data``: training images, evaluation images, classes), steps,
         run folder."""
@@ -177,18 +196,36 @@ class Monitor:
         where += f" ({resume_note})" if resume_note else ""
         rows = [
             ("model", f"{cfg.model.name}, {n_params / 1e6:.2f}M parameters"),
-            ("device", f"{info.device} x{info.world_size} process(es), "
-                       f"{torch.get_num_threads()} thread(s) each"),
-            ("dtype", "bfloat16 autocast (float32 weights)" if bf16 else "float32" + (
-                " (train.bf16 asks for bfloat16 autocast, which this CPU has no instructions for: "
-                "no AVX512-BF16 or AMX, where it runs several times slower than float32)" if t.bf16
-                else "")),
-            ("data", f"{d.dataset}: {data[0]} {d.train_split} images, {data[1]} "
-                     f"{d.eval_split} images, {data[2]} classes"),
-            ("steps", f"{self.total} ({t.epochs} epoch(s) of {steps_per_epoch} steps, batch "
-                      f"{t.batch_size}){where}"),
+            (
+                "device",
+                f"{info.device} x{info.world_size} process(es), "
+                f"{torch.get_num_threads()} thread(s) each",
+            ),
+            (
+                "dtype",
+                "bfloat16 autocast (float32 weights)"
+                if bf16
+                else "float32"
+                + (
+                    " (train.bf16 asks for bfloat16 autocast, which this CPU has no "
+                    "instructions for: no AVX512-BF16 or AMX, where it runs several times "
+                    "slower than float32)"
+                    if t.bf16
+                    else ""
+                ),
+            ),
+            (
+                "data",
+                f"{d.dataset}: {data[0]} {d.train_split} images, {data[1]} "
+                f"{d.eval_split} images, {data[2]} classes",
+            ),
+            (
+                "steps",
+                f"{self.total} ({t.epochs} epoch(s) of {steps_per_epoch} steps, batch "
+                f"{t.batch_size}){where}",
+            ),
             ("run folder", str(self.out)),
-        ]  # fmt: skip
+        ]
         width = max(len(k) for k, _ in rows)
         self.message("\n".join(f"  {k:<{width}}  {v}" for k, v in rows))
 

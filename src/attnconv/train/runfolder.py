@@ -116,8 +116,15 @@ def clean_temps(out: Path) -> None:
 
 OVERWRITE = ".overwrite.tmp"  # the old run's files on their way out (see remove_old_run)
 # what a run, its demo figures and its analysis write into the folder; weights first
-OLD_RUN_FILES = ("checkpoints", "config.yaml", "metrics.csv", "centers.jsonl", "tb", "figures",
-                 "analysis")  # fmt: skip
+OLD_RUN_FILES = (
+    "checkpoints",
+    "config.yaml",
+    "metrics.csv",
+    "centers.jsonl",
+    "tb",
+    "figures",
+    "analysis",
+)
 
 
 def remove_old_run(out: Path) -> None:
@@ -149,9 +156,11 @@ def check_fresh(out: Path, overwrite: bool) -> None:
     ck = out / "checkpoints"
     steps = sorted(p.name for p in ck.glob("step-*") if p.is_dir()) if ck.is_dir() else []
     metrics = out / "metrics.csv"
-    logged = metrics.is_file() and metrics.stat().st_size > 0 and len(
-        metrics.read_text(errors="replace").splitlines()
-    ) > 1
+    logged = (
+        metrics.is_file()
+        and metrics.stat().st_size > 0
+        and len(metrics.read_text(errors="replace").splitlines()) > 1
+    )
     if (steps or logged) and not overwrite:
         last = f"last checkpoint {ck / steps[-1]}" if steps else "metrics logged, no checkpoint"
         raise ValueError(

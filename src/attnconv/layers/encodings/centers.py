@@ -11,11 +11,13 @@ def center_layers(model: nn.Module) -> list[nn.Module]:
     """Innermost submodules with ``attention_centers()``, in registration (input -> output)
     order: wrappers (a converted convolution) delegate to the attention layer inside them."""
     mods = [
-        m for m in model.modules()
+        m
+        for m in model.modules()
         if m is not model and callable(getattr(m, "attention_centers", None))
-    ] or ([model] if callable(getattr(model, "attention_centers", None)) else [])  # fmt: skip
-    return [m for m in mods if not any(o is not m and any(o is s for s in m.modules())
-                                       for o in mods)]  # fmt: skip
+    ] or ([model] if callable(getattr(model, "attention_centers", None)) else [])
+    return [
+        m for m in mods if not any(o is not m and any(o is s for s in m.modules()) for o in mods)
+    ]
 
 
 def _centered(model: nn.Module) -> list[tuple[nn.Module, torch.Tensor]]:
@@ -44,6 +46,7 @@ def head_centers(model: nn.Module) -> list[torch.Tensor]:
 def head_alphas(model: nn.Module) -> list[torch.Tensor | None]:
     """Per layer of ``head_centers``, its (Nh,) isotropic precisions alpha (eq. 9: logits
     -alpha ||delta - Delta||^2), or None for an encoding without one (generalized quadratic)."""
-    alphas = [getattr(getattr(m, "positional_encoding", None), "alpha", None)
-              for m, _ in _centered(model)]  # fmt: skip
+    alphas = [
+        getattr(getattr(m, "positional_encoding", None), "alpha", None) for m, _ in _centered(model)
+    ]
     return [None if a is None else a.detach().float().cpu() for a in alphas]

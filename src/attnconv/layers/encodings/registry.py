@@ -16,8 +16,13 @@ from .relative import RELATIVE_TERMS, LearnedRelativeEncoding, RelativeEncoding
 ENCODINGS: dict[str, tuple[Callable[..., PositionalEncoding], frozenset[str]]] = {}
 # the options with a default that another encoding must leave as it is (``init_centers_std`` and
 # ``init_alpha`` are not among them: a model passes its configuration whole)
-DEFAULTS = {"hard": False, "learned_r": False, "relative_terms": RELATIVE_TERMS,
-            "rel_dim": None, "head_keys": None}  # fmt: skip
+DEFAULTS = {
+    "hard": False,
+    "learned_r": False,
+    "relative_terms": RELATIVE_TERMS,
+    "rel_dim": None,
+    "head_keys": None,
+}
 
 
 def register_encoding(*names: str, options: tuple[str, ...] = ()):
@@ -60,17 +65,26 @@ def build_encoding(
             )
         enc = positional
     else:
-        enc = _from_name(positional, num_heads=num_heads, in_channels=in_channels,
-                         qk_dim=qk_dim, content=content, max_size=max_size, hard=hard,
-                         init_centers_std=init_centers_std, init_alpha=init_alpha,
-                         relative_terms=relative_terms, learned_r=learned_r,
-                         rel_dim=rel_dim, head_keys=head_keys)  # fmt: skip
+        enc = _from_name(
+            positional,
+            num_heads=num_heads,
+            in_channels=in_channels,
+            qk_dim=qk_dim,
+            content=content,
+            max_size=max_size,
+            hard=hard,
+            init_centers_std=init_centers_std,
+            init_alpha=init_alpha,
+            relative_terms=relative_terms,
+            learned_r=learned_r,
+            rel_dim=rel_dim,
+            head_keys=head_keys,
+        )
     enc.check(content)
     return enc
 
 
-def _from_name(positional: str, *, num_heads, in_channels, qk_dim, content, max_size,
-               **options):  # fmt: skip
+def _from_name(positional: str, *, num_heads, in_channels, qk_dim, content, max_size, **options):
     if positional not in ENCODINGS:
         raise ValueError(f"positional must be one of {POSITIONALS}, got {positional!r}")
     builder, owned = ENCODINGS[positional]
@@ -87,8 +101,15 @@ def _from_name(positional: str, *, num_heads, in_channels, qk_dim, content, max_
     if options["rel_dim"] is not None:
         positive_int("rel_dim", options["rel_dim"])
     kept = {k: v for k, v in options.items() if k in owned}
-    return builder(num_heads=num_heads, in_channels=in_channels, qk_dim=qk_dim, content=content,
-                   max_size=max_size, name=positional, **kept)  # fmt: skip
+    return builder(
+        num_heads=num_heads,
+        in_channels=in_channels,
+        qk_dim=qk_dim,
+        content=content,
+        max_size=max_size,
+        name=positional,
+        **kept,
+    )
 
 
 @register_encoding("none")
@@ -98,8 +119,9 @@ def _none(*, num_heads, **_):
 
 @register_encoding("absolute_learned", "absolute_sinusoidal")
 def _absolute(*, in_channels, max_size, name, **_):
-    return AbsolutePositionalEncoding2d(in_channels, learned=name == "absolute_learned",
-                                        max_size=max_size)  # fmt: skip
+    return AbsolutePositionalEncoding2d(
+        in_channels, learned=name == "absolute_learned", max_size=max_size
+    )
 
 
 @register_encoding("relative", options=("relative_terms", "learned_r", "rel_dim"))
@@ -108,20 +130,28 @@ def _relative(*, num_heads, qk_dim, content, max_size, relative_terms, learned_r
     if not terms:
         raise ValueError("positional='relative' with no term left (relative_terms/content)")
     terms = tuple(t for t in RELATIVE_TERMS if t in terms)
-    return RelativeEncoding(num_heads, qk_dim, rel_dim or qk_dim, terms, learned=learned_r,
-                            max_size=max_size)  # fmt: skip
+    return RelativeEncoding(
+        num_heads, qk_dim, rel_dim or qk_dim, terms, learned=learned_r, max_size=max_size
+    )
 
 
 @register_encoding("relative_learned", options=("rel_dim", "head_keys"))
 def _relative_learned(*, num_heads, qk_dim, content, max_size, rel_dim, head_keys, **_):
-    return LearnedRelativeEncoding(num_heads, qk_dim, rel_dim or qk_dim, content=content,
-                                   head_keys=head_keys, max_size=max_size)  # fmt: skip
+    return LearnedRelativeEncoding(
+        num_heads,
+        qk_dim,
+        rel_dim or qk_dim,
+        content=content,
+        head_keys=head_keys,
+        max_size=max_size,
+    )
 
 
 @register_encoding("quadratic", options=("hard", "init_centers_std", "init_alpha"))
 def _quadratic(*, num_heads, hard, init_centers_std, init_alpha, **_):
-    return QuadraticEncoding(num_heads, hard=hard, init_centers_std=init_centers_std,
-                             init_alpha=init_alpha)  # fmt: skip
+    return QuadraticEncoding(
+        num_heads, hard=hard, init_centers_std=init_centers_std, init_alpha=init_alpha
+    )
 
 
 @register_encoding("quadratic_generalized", options=("init_centers_std",))

@@ -75,8 +75,9 @@ def _pair_index(h: int, w: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     return rows[None, :] - rows[:, None] + h - 1, cols[None, :] - cols[:, None] + w - 1
 
 
-def fold_axis_scores(row_full, col_full, h: int, w: int, batch: int, scale: float,
-                     keys: bool = True):  # fmt: skip
+def fold_axis_scores(
+    row_full, col_full, h: int, w: int, batch: int, scale: float, keys: bool = True
+):
     """Scores per key offset (B|1, Nh, T, 2h-1) and (B|1, Nh, T, 2w-1) -> query columns
     (B, Nh, T, h + w) and the matching one-hot key columns (None unless ``keys``)."""
     t, nh, dev, dt = h * w, row_full.shape[1], row_full.device, row_full.dtype
@@ -105,8 +106,16 @@ class RelativeEncoding(PositionalEncoding):
 
     name = "relative"
 
-    def __init__(self, num_heads: int, qk_dim: int, rel_dim: int, terms: tuple[str, ...], *,
-                 learned: bool = False, max_size: int = 64):  # fmt: skip
+    def __init__(
+        self,
+        num_heads: int,
+        qk_dim: int,
+        rel_dim: int,
+        terms: tuple[str, ...],
+        *,
+        learned: bool = False,
+        max_size: int = 64,
+    ):
         super().__init__()
         self.num_heads, self.qk_dim, self.terms = num_heads, qk_dim, tuple(terms)
         self.reads_q = bool(set(self.terms) & {"content_position", "global_content"})
@@ -204,13 +213,23 @@ class LearnedRelativeEncoding(PositionalEncoding):
 
     name = "relative_learned"
 
-    def __init__(self, num_heads: int, qk_dim: int, rel_dim: int, *, content: bool,
-                 head_keys: bool | None = None, max_size: int = 64):  # fmt: skip
+    def __init__(
+        self,
+        num_heads: int,
+        qk_dim: int,
+        rel_dim: int,
+        *,
+        content: bool,
+        head_keys: bool | None = None,
+        max_size: int = 64,
+    ):
         super().__init__()
         head_keys = not content if head_keys is None else bool(head_keys)
         if not (content or head_keys):
-            raise ValueError("relative_learned without content reads its tables by head keys "
-                             "(head_keys=False needs content=True)")  # fmt: skip
+            raise ValueError(
+                "relative_learned without content reads its tables by head keys "
+                "(head_keys=False needs content=True)"
+            )
         self.num_heads, self.content, self.scale = num_heads, content, qk_dim**-0.5
         self.query_reads = self.reads_q = not head_keys  # the query reads the tables (q . r)
         self.learned_size = max_size

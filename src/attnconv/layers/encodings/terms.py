@@ -161,8 +161,9 @@ def spread_precision(spread: Tensor) -> Tensor:
 def axis_onehot(h: int, w: int, device=None, dtype=torch.float32) -> Tensor:
     """(h*w, h + w): one-hot row then one-hot column of every pixel in row-major order."""
     t = torch.arange(h * w, device=device)
-    return torch.cat([torch.nn.functional.one_hot(t // w, h),
-                      torch.nn.functional.one_hot(t % w, w)], -1).to(dtype)  # fmt: skip
+    return torch.cat(
+        [torch.nn.functional.one_hot(t // w, h), torch.nn.functional.one_hot(t % w, w)], -1
+    ).to(dtype)
 
 
 def axis_fold(row: Tensor, col: Tensor) -> tuple[Tensor, Tensor]:
@@ -171,8 +172,13 @@ def axis_fold(row: Tensor, col: Tensor) -> tuple[Tensor, Tensor]:
     q_pos . k_pos = R[q1, k1] + C[q2, k2] exactly."""
     nh, h, w = row.shape[0], row.shape[1], col.shape[1]
     t = h * w
-    q_pos = torch.cat([row[:, :, None, :].expand(nh, h, w, h).reshape(nh, t, h),
-                       col[:, None].expand(nh, h, w, w).reshape(nh, t, w)], -1)  # fmt: skip
+    q_pos = torch.cat(
+        [
+            row[:, :, None, :].expand(nh, h, w, h).reshape(nh, t, h),
+            col[:, None].expand(nh, h, w, w).reshape(nh, t, w),
+        ],
+        -1,
+    )
     return q_pos, axis_onehot(h, w, row.device, row.dtype)
 
 

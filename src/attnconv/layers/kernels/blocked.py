@@ -110,8 +110,9 @@ class _AxisAttention(torch.autograd.Function):
         return dq, dk, dv, dqa, None, None, None, None
 
 
-def axis_attention(q, k, v, q_axis, h: int, w: int, scale: float,
-                   block: int | None = None) -> torch.Tensor:  # fmt: skip
+def axis_attention(
+    q, k, v, q_axis, h: int, w: int, scale: float, block: int | None = None
+) -> torch.Tensor:
     """softmax(scale q k^T + R[q1, k1] + C[q2, k2]) v, exact, blocked over queries.
     q, k (B, Nh, T, dk), v (B, Nh, T, dv), q_axis (B|1, Nh, T, H + W) -> (B, Nh, T, dv), in
     float32 (float64 inputs stay float64); ``block`` queries a block (default: query_block).
@@ -155,8 +156,9 @@ class _GaussianAttention(torch.autograd.Function):
                     p.masked_fill_(drop[i, :, sl], 0.0)
                     rd = rd / (1.0 - p_drop)
                 out[i, :, sl] = torch.bmm(p, v[i]).mul_(rd)
-        ctx.save_for_backward(q, k, v, ctr, prec, coords, rmax, rden,
-                              *(() if drop is None else (drop,)))  # fmt: skip
+        ctx.save_for_backward(
+            q, k, v, ctr, prec, coords, rmax, rden, *(() if drop is None else (drop,))
+        )
         ctx.scale, ctx.bq, ctx.p_drop = scale, bq, p_drop
         return out
 
@@ -199,9 +201,19 @@ class _GaussianAttention(torch.autograd.Function):
         return dq, dk, dv, dctr, dprec, None, None, None, None, None
 
 
-def gaussian_attention(q, k, v, centers, precision, h: int, w: int, scale: float,
-                       block: int | None = None, drop=None,
-                       p_drop: float = 0.0) -> torch.Tensor:  # fmt: skip
+def gaussian_attention(
+    q,
+    k,
+    v,
+    centers,
+    precision,
+    h: int,
+    w: int,
+    scale: float,
+    block: int | None = None,
+    drop=None,
+    p_drop: float = 0.0,
+) -> torch.Tensor:
     """softmax(scale q k^T - 1/2 (d - Delta)^T S (d - Delta)) v, d = key - query pixel, exact,
     blocked over queries (generalized quadratic encoding with content). q, k (B, Nh, T, dk),
     v (B, Nh, T, dv), centers (Nh, 2), precision (Nh, 2, 2) symmetric -> (B, Nh, T, dv), in
@@ -210,16 +222,19 @@ def gaussian_attention(q, k, v, centers, precision, h: int, w: int, scale: float
     dt = kernel_dtype(q.dtype)
     q, k, v, centers, precision = (t.to(dt).contiguous() for t in (q, k, v, centers, precision))
     q, k, v, centers, precision = first_order_only(
-        "the blocked Gaussian attention (impl='auto')", q, k, v, centers, precision)
+        "the blocked Gaussian attention (impl='auto')", q, k, v, centers, precision
+    )
     coords = pixel_coords(h, w, q.device, dt)  # (T, 2)
     with no_autocast(q.device.type):
         bq = block or query_block(2 * q.shape[1], q.shape[2])  # e = d - Delta: 2 values a link
-        return _GaussianAttention.apply(q, k, v, centers, precision, coords, scale, bq, drop,
-                                        p_drop)  # fmt: skip
+        return _GaussianAttention.apply(
+            q, k, v, centers, precision, coords, scale, bq, drop, p_drop
+        )
 
 
-def gaussian_attention_reference(q, k, v, centers, precision, h: int, w: int,
-                                 scale: float) -> torch.Tensor:  # fmt: skip
+def gaussian_attention_reference(
+    q, k, v, centers, precision, h: int, w: int, scale: float
+) -> torch.Tensor:
     """The plain equation of ``gaussian_attention``: dense logits, softmax, @ v."""
     c = pixel_coords(h, w, q.device, q.dtype)
     g, _ = gaussian_offset_logits(c, c, centers.to(q.dtype), precision.to(q.dtype))  # (Nh, T, T)

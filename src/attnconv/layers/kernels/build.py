@@ -89,8 +89,9 @@ def import_library(name: str, library: Path):
     return module
 
 
-def locked_build(build_dir: Path, library: Path, build: Callable[[], object],
-                 wait_s: float = LOCK_WAIT_S) -> object | None:  # fmt: skip
+def locked_build(
+    build_dir: Path, library: Path, build: Callable[[], object], wait_s: float = LOCK_WAIT_S
+) -> object | None:
     """Run ``build()`` (which writes ``library``) under the build folder's flock and stamp what it
     made; returns its result, or None when another live process held the lock for ``wait_s``
     (``library`` is then not touched). A valid library found once the lock is held is not rebuilt
@@ -128,8 +129,7 @@ def say_once(message: str) -> None:
         warnings.warn(message, stacklevel=3)
 
 
-def load(prefix: str, sources: list[Path], headers: list[Path], flags: list[str],
-         disable_var: str):  # fmt: skip
+def load(prefix: str, sources: list[Path], headers: list[Path], flags: list[str], disable_var: str):
     """The compiled module of ``sources``, or None (with one line saying why, once per process):
     a valid cached build is imported; otherwise built once per machine under the flock."""
     from torch.utils import cpp_extension
@@ -144,17 +144,27 @@ def load(prefix: str, sources: list[Path], headers: list[Path], flags: list[str]
     if valid(library):
         return import_library(name, library)
     if compiler() is None:
-        say_once(f"attnconv: no C++ compiler on PATH: the fused CPU kernels are not built, the "
-                 f"dense kernels run (set {disable_var}=1 to skip the attempt)")  # fmt: skip
+        say_once(
+            f"attnconv: no C++ compiler on PATH: the fused CPU kernels are not built, the "
+            f"dense kernels run (set {disable_var}=1 to skip the attempt)"
+        )
         return None
 
     def build():
-        print(f"attnconv: building the fused CPU kernels into {build_dir} (once per machine and "
-              "version; under a minute on 2 cores; other processes run the dense kernels "
-              "meanwhile)", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"attnconv: building the fused CPU kernels into {build_dir} (once per machine and "
+            "version; under a minute on 2 cores; other processes run the dense kernels "
+            "meanwhile)",
+            file=sys.stderr,
+            flush=True,
+        )
         t0 = time.monotonic()
-        module = cpp_extension.load(name=name, sources=[str(f) for f in sources],
-                                    extra_cflags=flags, build_directory=str(build_dir))  # fmt: skip
+        module = cpp_extension.load(
+            name=name,
+            sources=[str(f) for f in sources],
+            extra_cflags=flags,
+            build_directory=str(build_dir),
+        )
         print(f"attnconv: built in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
         return module
 
@@ -162,11 +172,15 @@ def load(prefix: str, sources: list[Path], headers: list[Path], flags: list[str]
         out = locked_build(build_dir, library, build)
     except Exception as e:  # no ninja, headers missing, a compile error, a read-only cache
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        say_once(f"attnconv: the fused CPU kernels did not build ({first}); using the dense "
-                 f"kernels (set {disable_var}=1 to skip the attempt)")  # fmt: skip
+        say_once(
+            f"attnconv: the fused CPU kernels did not build ({first}); using the dense "
+            f"kernels (set {disable_var}=1 to skip the attempt)"
+        )
         return None
     if out is None:
-        say_once(f"attnconv: another process is building the fused CPU kernels ({build_dir}); "
-                 "using the dense kernels this time")  # fmt: skip
+        say_once(
+            f"attnconv: another process is building the fused CPU kernels ({build_dir}); "
+            "using the dense kernels this time"
+        )
         return None
     return import_library(name, library) if out is True else out

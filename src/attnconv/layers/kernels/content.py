@@ -38,8 +38,9 @@ def flex(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True, in_kernel=Fa
     float32."""
     with no_autocast(q.device.type):
         mod = score_mod(term, hi(q), in_kernel=in_kernel)
-        y = flex_mod_attention(q, k.to(q.dtype), v.to(q.dtype), mod, scale,
-                               compiled=q.device.type == "cuda")  # fmt: skip
+        y = flex_mod_attention(
+            q, k.to(q.dtype), v.to(q.dtype), mod, scale, compiled=q.device.type == "cuda"
+        )
     return y.to(grid.dtype).transpose(1, 2)
 
 
@@ -92,8 +93,9 @@ def dense_dropout(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True):
         q_axis = term.q_axis(q)  # (B|1, Nh, T, h + w)
         pos = q_axis[..., :h, None] + q_axis[..., None, h:]  # (B|1, Nh, T, h, w), scaled
         pos = pos.expand(b, nh, t, h, w).reshape(b * nh, t, t)
-        logits = torch.baddbmm(pos, q.reshape(b * nh, t, dk),
-                               k.reshape(b * nh, t, dk).transpose(1, 2), alpha=scale)
+        logits = torch.baddbmm(
+            pos, q.reshape(b * nh, t, dk), k.reshape(b * nh, t, dk).transpose(1, 2), alpha=scale
+        )
         probs = torch.softmax(logits, dim=-1).view(b, nh, t, t)
         probs = probs.masked_fill(dropped_links(nh, t, b, p_drop, q.device), 0.0)
         if v.shape[1] == 1 or v.stride(1) == 0:  # the heads share values: one (Nh*T, T) GEMM
@@ -122,8 +124,9 @@ def triton(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True):
     back to the dense kernels with a one-line reason."""
     why = triton_axis.unsupported(q, v, grid.h, grid.w)
     if why:
-        warnings.warn(f"attnconv: backend='triton' falls back to the dense kernel: {why}",
-                      stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"attnconv: backend='triton' falls back to the dense kernel: {why}", stacklevel=2
+        )
         dense = dense_dropout if p_drop > 0 else fold
         return dense(q, k, v, term, grid, scale, p_drop=p_drop, per_image=per_image)
     b = v.shape[0]
@@ -132,8 +135,9 @@ def triton(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True):
         if q_axis.stride(0) == 0:  # input-independent (quadratic): one copy for the batch
             q_axis = q_axis[:1]
         q, k = q.expand(b, *q.shape[1:]), k.expand(b, *k.shape[1:])
-        y = triton_axis.axis_attention_triton(q, k, v, q_axis, grid.h, grid.w, scale, p_drop,
-                                              per_image)  # fmt: skip
+        y = triton_axis.axis_attention_triton(
+            q, k, v, q_axis, grid.h, grid.w, scale, p_drop, per_image
+        )
     return y.to(grid.dtype)
 
 
@@ -144,8 +148,9 @@ def blocked_gaussian(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True):
     cancel in float32 (2e-2 of the output at 1 x 1000 pixels, 5-17x the dense path's at 32^2)."""
     b, nh, t = q.shape[:3]
     drop = dropped_links(nh, t, b, p_drop, q.device) if p_drop > 0 else None
-    y = gaussian_attention(q, k, v, hi(term.centers), term.precision, grid.h, grid.w, scale,
-                           drop=drop, p_drop=p_drop)  # fmt: skip
+    y = gaussian_attention(
+        q, k, v, hi(term.centers), term.precision, grid.h, grid.w, scale, drop=drop, p_drop=p_drop
+    )
     return y.to(grid.dtype).transpose(1, 2)
 
 

@@ -66,9 +66,16 @@ def gaussian_score_mod(alpha: torch.Tensor, centers: torch.Tensor, w: int):
 
 
 def flex_axis_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_axis: torch.Tensor, h: int, w: int,
-    scale: float, *, compiled: bool = False,
-) -> torch.Tensor:  # fmt: skip
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_axis: torch.Tensor,
+    h: int,
+    w: int,
+    scale: float,
+    *,
+    compiled: bool = False,
+) -> torch.Tensor:
     """softmax(scale q k^T + R[q1, k1] + C[q2, k2]) v. q, k (B, Nh, T, dk), v (B, Nh, T, dv),
     q_axis (B, Nh, T, h + w) -> (B, Nh, T, dv)."""
     if q_axis.shape[-1] != h + w or q_axis.shape[-2] != h * w:
@@ -78,9 +85,14 @@ def flex_axis_attention(
 
 
 def flex_mod_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, score_mod, scale: float,
-    *, compiled: bool = False,
-) -> torch.Tensor:  # fmt: skip
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    score_mod,
+    scale: float,
+    *,
+    compiled: bool = False,
+) -> torch.Tensor:
     """softmax(scale q k^T + score_mod) v, q, k (B, Nh, T, dk), v (B, Nh, T, dv) -> (B, Nh,
     T, dv); score_mod from an encoding's ``flex_score_mod``."""
     return _flex(q, k, v, compiled=compiled, score_mod=score_mod, scale=scale)
@@ -116,10 +128,15 @@ def window_block_mask(kernel_size: int, h: int, w: int, device: str):
 
 
 def flex_local_attention(
-    q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor, kernel_size: int,
-    qr_row: torch.Tensor | None = None, qr_col: torch.Tensor | None = None,
-    *, compiled: bool = False,
-) -> torch.Tensor:  # fmt: skip
+    q: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor,
+    kernel_size: int,
+    qr_row: torch.Tensor | None = None,
+    qr_col: torch.Tensor | None = None,
+    *,
+    compiled: bool = False,
+) -> torch.Tensor:
     """SASA window attention (Ramachandran et al. 2019, eq. 2-3; padding="mask") through Flex:
     a block mask for the k x k window (keys outside the image simply do not exist), the
     relative logits q . r_{a-i,b-j} as a score_mod. q (already scaled), k (B, nh, d, H, W) or

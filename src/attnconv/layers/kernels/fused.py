@@ -29,8 +29,10 @@ from . import build
 # two translation units compiled side by side: the Python bindings, and the three kernels as
 # one unit (kernels.cpp includes them: ATen's headers parsed once)
 SOURCES = [Path(__file__).with_name(f) for f in ("bindings.cpp", "kernels.cpp")]
-HEADERS = [Path(__file__).with_name(f) for f in (
-    "fused_axis.cpp", "fused_local.cpp", "dropout.cpp", "hash.h")]  # fmt: skip
+HEADERS = [
+    Path(__file__).with_name(f)
+    for f in ("fused_axis.cpp", "fused_local.cpp", "dropout.cpp", "hash.h")
+]
 DISABLE = "ATTNCONV_NO_FUSED"  # set to 1: never build or run the fused kernel
 
 
@@ -41,8 +43,9 @@ def extension():
     a wait without bound, never a damaged build loaded), then imported in a second."""
     if os.environ.get(DISABLE) == "1":
         return None
-    return build.load("attnconv_fused_axis", SOURCES, HEADERS,
-                      ["-O3", "-march=native", "-fopenmp-simd"], DISABLE)  # fmt: skip
+    return build.load(
+        "attnconv_fused_axis", SOURCES, HEADERS, ["-O3", "-march=native", "-fopenmp-simd"], DISABLE
+    )
 
 
 def available() -> bool:
@@ -51,8 +54,9 @@ def available() -> bool:
 
 class _FusedAxis(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, q_axis, h: int, w: int, scale: float, p: float, seed: int,
-                per_image: bool):  # fmt: skip
+    def forward(
+        ctx, q, k, v, q_axis, h: int, w: int, scale: float, p: float, seed: int, per_image: bool
+    ):
         args = (h, w, scale, p, seed, drop_threshold(p), per_image)
         y, mx, inv = extension().forward(q, k, v, q_axis, *args)
         ctx.save_for_backward(q, k, v, q_axis, mx, inv)
@@ -69,8 +73,18 @@ class _FusedAxis(torch.autograd.Function):
         return dq, dk, dv, dqa, None, None, None, None, None, None
 
 
-def axis_attention_fused(q, k, v, q_axis, h: int, w: int, scale: float, p: float = 0.0,
-                         per_image: bool = True, seed: int | None = None):  # fmt: skip
+def axis_attention_fused(
+    q,
+    k,
+    v,
+    q_axis,
+    h: int,
+    w: int,
+    scale: float,
+    p: float = 0.0,
+    per_image: bool = True,
+    seed: int | None = None,
+):
     """q, k (B, Nh, T, dk), v (B, Nh, T, dv) (heads may share values: stride 0), q_axis
     (B|1, Nh, T, H + W) -> (B, T, Nh, dv) in kernel_dtype (float32; float64 stays); attention
     dropout p with the links of ``dropped_links(Nh, T, B if per_image else None, p, seed=seed)``
@@ -89,8 +103,18 @@ def axis_attention_fused(q, k, v, q_axis, h: int, w: int, scale: float, p: float
         return _FusedAxis.apply(q, k, v, q_axis, h, w, scale, p, seed, per_image)
 
 
-def axis_attention_reference(q, k, v, q_axis, h: int, w: int, scale: float, p: float = 0.0,
-                             per_image: bool = True, seed: int | None = None):  # fmt: skip
+def axis_attention_reference(
+    q,
+    k,
+    v,
+    q_axis,
+    h: int,
+    w: int,
+    scale: float,
+    p: float = 0.0,
+    per_image: bool = True,
+    seed: int | None = None,
+):
     """The plain equations of ``axis_attention_fused``: the dense (B, Nh, T, T) logits, softmax,
     the links of ``dropped_links`` removed and the rest scaled by 1 / (1 - p), @ v."""
     b, nh, t = q.shape[:3]

@@ -91,8 +91,13 @@ def _axis(c: Case) -> bool:
 
 def _shared_bias(c: Case) -> bool:
     """Fixed positional logits (no q in them) in inference: one (Nh, T, T) bias for the batch."""
-    return (_axis(c) and not c.term.query_reads and not c.grad and c.p_drop == 0
-            and c.t <= SHARED_BIAS_MAX_T)  # fmt: skip
+    return (
+        _axis(c)
+        and not c.term.query_reads
+        and not c.grad
+        and c.p_drop == 0
+        and c.t <= SHARED_BIAS_MAX_T
+    )
 
 
 def _fused_wins(c: Case) -> bool:
@@ -123,37 +128,90 @@ class Row(NamedTuple):
 
 TABLE = (
     Row("reference", lambda c: c.backend == "reference", "any", 'backend="reference"'),
-    Row("shift", lambda c: c.position_only and isinstance(c.term, ShiftTerm) and c.p_drop == 0,
-        "Shift, position only", "no dropout"),
-    Row("separable", lambda c: c.position_only and _axis(c) and c.p_drop == 0
-        and c.device == "cpu", "Axis, position only", "CPU, no dropout (a GPU: shared, a few "
-        "batched launches instead of a loop over heads/blocks)"),
-    Row("shared", lambda c: c.position_only, "any, position only",
-        "(computed once for the batch)"),
-    Row("triton", lambda c: _axis(c) and c.backend == "triton", "Axis",
-        'backend="triton" (triton_axis.py; any dropout)'),
-    Row("fused", lambda c: _axis(c) and c.device == "cpu" and c.backend in (None, "fused")
-        and fused.available() and _fused_wins(c), "Axis", "CPU, extension built (fused.py); "
+    Row(
+        "shift",
+        lambda c: c.position_only and isinstance(c.term, ShiftTerm) and c.p_drop == 0,
+        "Shift, position only",
+        "no dropout",
+    ),
+    Row(
+        "separable",
+        lambda c: c.position_only and _axis(c) and c.p_drop == 0 and c.device == "cpu",
+        "Axis, position only",
+        "CPU, no dropout (a GPU: shared, a few "
+        "batched launches instead of a loop over heads/blocks)",
+    ),
+    Row("shared", lambda c: c.position_only, "any, position only", "(computed once for the batch)"),
+    Row(
+        "triton",
+        lambda c: _axis(c) and c.backend == "triton",
+        "Axis",
+        'backend="triton" (triton_axis.py; any dropout)',
+    ),
+    Row(
+        "fused",
+        lambda c: (
+            _axis(c)
+            and c.device == "cpu"
+            and c.backend in (None, "fused")
+            and fused.available()
+            and _fused_wins(c)
+        ),
+        "Axis",
+        "CPU, extension built (fused.py); "
         "dropout, or training from BLOCKED_MIN_T, inference at 16^2 (to FUSED_INFERENCE_MAX_T) "
-        "but not shared_bias's"),
-    Row("dense_dropout", lambda c: _axis(c) and c.device == "cpu" and c.p_drop > 0
-        and c.backend != "fold", "Axis", 'CPU, dropout, backend != "fold"'),
-    Row("flex_gaussian", lambda c: _axis(c) and c.flex and c.p_drop == 0
-        and c.term.gaussian is not None and not c.pos_grad, "Axis with a Gaussian",
-        "Flex, no dropout, no grad to the encoding"),
-    Row("flex", lambda c: _axis(c) and c.flex and c.p_drop == 0, "Axis",
-        'Flex (CUDA, or backend="flex"), no dropout'),
-    Row("shared_bias", _shared_bias, "Axis, fixed logits",
-        "no grad, no dropout, T <= SHARED_BIAS_MAX_T"),
-    Row("blocked", lambda c: _axis(c) and c.p_drop == 0 and c.cpu_blocked
-        and (c.t >= BLOCKED_MIN_T or c.backend == "blocked"), "Axis",
+        "but not shared_bias's",
+    ),
+    Row(
+        "dense_dropout",
+        lambda c: _axis(c) and c.device == "cpu" and c.p_drop > 0 and c.backend != "fold",
+        "Axis",
+        'CPU, dropout, backend != "fold"',
+    ),
+    Row(
+        "flex_gaussian",
+        lambda c: (
+            _axis(c) and c.flex and c.p_drop == 0 and c.term.gaussian is not None and not c.pos_grad
+        ),
+        "Axis with a Gaussian",
+        "Flex, no dropout, no grad to the encoding",
+    ),
+    Row(
+        "flex",
+        lambda c: _axis(c) and c.flex and c.p_drop == 0,
+        "Axis",
+        'Flex (CUDA, or backend="flex"), no dropout',
+    ),
+    Row(
+        "shared_bias",
+        _shared_bias,
+        "Axis, fixed logits",
+        "no grad, no dropout, T <= SHARED_BIAS_MAX_T",
+    ),
+    Row(
+        "blocked",
+        lambda c: (
+            _axis(c)
+            and c.p_drop == 0
+            and c.cpu_blocked
+            and (c.t >= BLOCKED_MIN_T or c.backend == "blocked")
+        ),
+        "Axis",
         'CPU, T >= BLOCKED_MIN_T (or "blocked"), no drop. (inference past '
-        "FUSED_INFERENCE_MAX_T; no C++)"),
-    Row("blocked_gaussian", lambda c: isinstance(c.term, GaussianTerm) and c.cpu_blocked
-        and (c.backend is not None or not c.tracing), "Gaussian",
-        'CPU, not traced (or "blocked")'),
+        "FUSED_INFERENCE_MAX_T; no C++)",
+    ),
+    Row(
+        "blocked_gaussian",
+        lambda c: (
+            isinstance(c.term, GaussianTerm)
+            and c.cpu_blocked
+            and (c.backend is not None or not c.tracing)
+        ),
+        "Gaussian",
+        'CPU, not traced (or "blocked")',
+    ),
     Row("fold", lambda c: True, "any", "otherwise: folded into q/k, the fused SDPA"),
-)  # fmt: skip
+)
 
 
 def choose(case: NamedTuple, table: tuple[Row, ...] = TABLE) -> str:
@@ -178,8 +236,9 @@ def tracing() -> bool:
     return torch.compiler.is_compiling() or torch.compiler.is_exporting()
 
 
-def for_layer(layer, x: torch.Tensor, term: Term, p_drop: float, device: str | None = None,
-              why: bool = False) -> str:  # fmt: skip
+def for_layer(
+    layer, x: torch.Tensor, term: Term, p_drop: float, device: str | None = None, why: bool = False
+) -> str:
     """``choose`` for MultiHeadSelfAttention2d ``layer`` on x (B, Cin, H, W) (``why``: ``explain``
     instead); the gradient facts are read only for the rows that ask (an AxisTerm with
     content)."""
@@ -191,8 +250,17 @@ def for_layer(layer, x: torch.Tensor, term: Term, p_drop: float, device: str | N
         grad = on and (x.requires_grad or any(p.requires_grad for p in layer.parameters()))
     traced = isinstance(term, GaussianTerm | AxisTerm) and auto and tracing()
     device = device or x.device.type
-    case = Case(term, layer.content, layer.backend, device, grad, pos_grad, p_drop,
-                x.shape[-2] * x.shape[-1], traced)  # fmt: skip
+    case = Case(
+        term,
+        layer.content,
+        layer.backend,
+        device,
+        grad,
+        pos_grad,
+        p_drop,
+        x.shape[-2] * x.shape[-1],
+        traced,
+    )
     return explain(case) if why else choose(case)
 
 
@@ -211,13 +279,29 @@ class LocalCase(NamedTuple):
 # fused_local.cpp; "window": the Python window function) or flex.flex_local_attention
 LOCAL_TABLE = (
     Row("reference", lambda c: c.backend == "reference", "any", 'backend="reference": unfold'),
-    Row("flex", lambda c: (c.device == "cuda" if c.backend is None else c.backend == "flex")
-        and c.padding == "mask" and not c.maps, 'padding="mask"',
-        'CUDA (or backend="flex"), no returned maps'),
-    Row("fused", lambda c: c.device == "cpu" and c.backend in (None, "fused") and not c.tracing
-        and fused.available(), "any", "CPU, extension built, not traced"),
+    Row(
+        "flex",
+        lambda c: (
+            (c.device == "cuda" if c.backend is None else c.backend == "flex")
+            and c.padding == "mask"
+            and not c.maps
+        ),
+        'padding="mask"',
+        'CUDA (or backend="flex"), no returned maps',
+    ),
+    Row(
+        "fused",
+        lambda c: (
+            c.device == "cpu"
+            and c.backend in (None, "fused")
+            and not c.tracing
+            and fused.available()
+        ),
+        "any",
+        "CPU, extension built, not traced",
+    ),
     Row("window", lambda c: True, "any", "otherwise: the Python window kernel"),
-)  # fmt: skip
+)
 
 
 class DropoutCase(NamedTuple):
@@ -229,12 +313,20 @@ class DropoutCase(NamedTuple):
 
 
 DROPOUT_TABLE = (
-    Row("torch", lambda c: c.module and c.device != "cpu", "HashDropout",
-        "off the CPU: torch's fused dropout (the hash's integer passes cost more there)"),
-    Row("fused", lambda c: c.device == "cpu" and fused.available(), "any",
-        "CPU, extension built (dropout.cpp)"),
+    Row(
+        "torch",
+        lambda c: c.module and c.device != "cpu",
+        "HashDropout",
+        "off the CPU: torch's fused dropout (the hash's integer passes cost more there)",
+    ),
+    Row(
+        "fused",
+        lambda c: c.device == "cpu" and fused.available(),
+        "any",
+        "CPU, extension built (dropout.cpp)",
+    ),
     Row("reference", lambda c: True, "any", "otherwise: hash_dropout_reference"),
-)  # fmt: skip
+)
 
 
 class ConvertedCase(NamedTuple):
@@ -250,9 +342,17 @@ class ConvertedCase(NamedTuple):
 
 
 CONVERTED_TABLE = (
-    Row("attention", lambda c: not c.hard or c.backend == "reference" or c.maps or c.exporting,
-        "any", 'soft heads, backend="reference", returned maps, or an export'),
-    Row("one_conv", lambda c: not c.clamped, "hard heads",
-        "no clamped border: Lemma 1's sum as one convolution (head_conv.py)"),
+    Row(
+        "attention",
+        lambda c: not c.hard or c.backend == "reference" or c.maps or c.exporting,
+        "any",
+        'soft heads, backend="reference", returned maps, or an export',
+    ),
+    Row(
+        "one_conv",
+        lambda c: not c.clamped,
+        "hard heads",
+        "no clamped border: Lemma 1's sum as one convolution (head_conv.py)",
+    ),
     Row("head_mix", lambda c: True, "hard heads", "otherwise: channel mixes of shifted slices"),
-)  # fmt: skip
+)

@@ -25,8 +25,9 @@ from ..precision import softmax_f32
 axis_softmax = softmax_f32  # row-wise, in at least float32
 
 
-def head_major(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
-               num_heads: int) -> torch.Tensor:  # fmt: skip
+def head_major(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, num_heads: int
+) -> torch.Tensor:
     """NCHW input -> values in the head-major layout (Nh, D, H, B, W) that lets both axis operators
     run as plain batched matmuls. Wval X + b runs as a 1x1 convolution on the NCHW input (oneDNN
     on CPU), with no layout copy of the input.

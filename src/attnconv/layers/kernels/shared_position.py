@@ -55,8 +55,9 @@ def separable_tokens(r: torch.Tensor, c: torch.Tensor, x: torch.Tensor) -> torch
     return torch.matmul(c[:, None], x1.view(nh, h, w, n))  # (Nh, H, W, N) columns: C_h (R_h x)
 
 
-def dropped_product(r: torch.Tensor, c: torch.Tensor, x: torch.Tensor,
-                    drop: torch.Tensor, sign: float = 1.0) -> torch.Tensor:  # fmt: skip
+def dropped_product(
+    r: torch.Tensor, c: torch.Tensor, x: torch.Tensor, drop: torch.Tensor, sign: float = 1.0
+) -> torch.Tensor:
     """sign * (P o 1_D) x: r (Nh, H, H), c (Nh, W, W), x (Nh|1, H, W, B, C), drop (Nh, T, T) or
     (B, Nh, T, T) -> (Nh, H, W, B, C), a sparse product over the dropped links only."""
     nh, h = r.shape[0], r.shape[1]
@@ -79,8 +80,9 @@ def dropped_product(r: torch.Tensor, c: torch.Tensor, x: torch.Tensor,
     return y.view(nh, h, w, b, ch)
 
 
-def position_attention(r: torch.Tensor, c: torch.Tensor, x: torch.Tensor,
-                       drop: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+def position_attention(
+    r: torch.Tensor, c: torch.Tensor, x: torch.Tensor, drop: torch.Tensor | None = None
+) -> torch.Tensor:
     """(P_h o keep) x_h for every head, UNSCALED (the caller folds 1 / (1 - p) into the output
     map, one scalar on a small matrix instead of a pass over the heads): x (Nh|1, H, W, B, C)
     -> (Nh, H, W, B, C); ``drop`` from ``dropped_links`` (None: no dropout).
@@ -144,8 +146,9 @@ class _HeadSumLinear(torch.autograd.Function):
         return gh, gw, gb
 
 
-def head_sum_linear(heads: torch.Tensor, weight: torch.Tensor,
-                    bias: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+def head_sum_linear(
+    heads: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
     """sum_h heads[h] W_h^T + b: heads (Nh, N, D), weight (Dout, Nh*D) -> (N, Dout), Nh GEMMs
     accumulating into one output (the concat_h of eq. 1 never built). Under autocast it runs in
     the autocast dtype, as ``F.linear`` would."""
@@ -219,8 +222,9 @@ class _SeparableHeadSum(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy):
         if torch.is_grad_enabled():  # create_graph: the GEMMs below write in place (out=)
-            raise HigherOrderGradError(MESSAGE.format(what="the one-head-at-a-time position "
-                                                      "attention (impl='auto')"))  # fmt: skip
+            raise HigherOrderGradError(
+                MESSAGE.format(what="the one-head-at-a-time position attention (impl='auto')")
+            )
         r, c, x, weight = ctx.saved_tensors
         nh, h, w = r.shape[0], r.shape[1], c.shape[1]
         g, b, d = x.shape[0], x.shape[3], x.shape[4]
@@ -257,8 +261,13 @@ class _SeparableHeadSum(torch.autograd.Function):
         return gr.to(r.dtype), gc.to(c.dtype), gx, gw, gb
 
 
-def separable_head_sum(r: torch.Tensor, c: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
-                       bias: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+def separable_head_sum(
+    r: torch.Tensor,
+    c: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
     """sum_h P_h x_h W_h^T + b with P_h = R_h (x) C_h, no dropout: r (Nh, H, H), c (Nh, W, W)
     row-stochastic, x (Nh|1, H, W, B, D) (1: every head reads the same values), weight (Dout,
     Nh*D) -> (H*W*B, Dout); ``head_sum_linear(position_attention(r, c, x), ...)`` one head at a
@@ -271,8 +280,13 @@ def separable_head_sum(r: torch.Tensor, c: torch.Tensor, x: torch.Tensor, weight
         return _SeparableHeadSum.apply(r, c, x, weight, bias)
 
 
-def plain_attention(r: torch.Tensor, c: torch.Tensor, x: torch.Tensor,
-                    drop: torch.Tensor | None = None, p: float = 0.0) -> torch.Tensor:  # fmt: skip
+def plain_attention(
+    r: torch.Tensor,
+    c: torch.Tensor,
+    x: torch.Tensor,
+    drop: torch.Tensor | None = None,
+    p: float = 0.0,
+) -> torch.Tensor:
     """The dense equation, for tests: P = R (x) C (Nh, T, T), keep = not drop scaled 1/(1-p),
     y[h, q, b] = sum_k P'[h, q, (b), k] x_h[k, b]; x (Nh|1, H, W, B, C) -> (Nh, H, W, B, C)."""
     nh, h, w = r.shape[0], r.shape[1], c.shape[1]

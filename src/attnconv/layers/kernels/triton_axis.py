@@ -77,8 +77,13 @@ def _meta(q, h: int, w: int, block_m: int | None) -> dict:
         prec = "tf32" if q.is_cuda and torch.backends.cuda.matmul.allow_tf32 else "ieee"
     else:
         prec = "ieee"  # bf16/fp16 multiply exactly in fp32; float64 stays
-    return dict(BLOCK_M=block_m or (16 if f64 else 64), ROWS=rows, WP=wp, PREC=prec,
-                ACC=tl.float64 if q.dtype == torch.float64 else tl.float32)  # fmt: skip
+    return dict(
+        BLOCK_M=block_m or (16 if f64 else 64),
+        ROWS=rows,
+        WP=wp,
+        PREC=prec,
+        ACC=tl.float64 if q.dtype == torch.float64 else tl.float32,
+    )
 
 
 def _strides(t: torch.Tensor) -> tuple[int, int, int]:
@@ -102,8 +107,23 @@ class _TritonAxis(torch.autograd.Function):
         grid = (triton.cdiv(t, meta["BLOCK_M"]), b * nh)
         # training in bfloat16/float16: Y's rowsum(dY o Y) in backward needs P unrounded
         split = q.dtype in (torch.bfloat16, torch.float16) and train
-        _fwd[grid](q, k, v, q_axis, y, stats, rng, *_strides(q), *_strides(k), *_strides(v),
-                   *_strides(q_axis), *_strides(y), *args, SPLIT_P=split, **meta)  # fmt: skip
+        _fwd[grid](
+            q,
+            k,
+            v,
+            q_axis,
+            y,
+            stats,
+            rng,
+            *_strides(q),
+            *_strides(k),
+            *_strides(v),
+            *_strides(q_axis),
+            *_strides(y),
+            *args,
+            SPLIT_P=split,
+            **meta,
+        )
         ctx.save_for_backward(q, k, v, q_axis, y, stats, rng)
         ctx.args, ctx.meta = args, meta
         return y.to(q.dtype)
@@ -122,20 +142,38 @@ class _TritonAxis(torch.autograd.Function):
         dqa = torch.empty(b, nh, t, h + w, dtype=acc, device=q.device)
         dk_ = torch.empty(b, nh, t, dk, dtype=acc, device=q.device)
         dv_ = torch.empty(b, nh, t, dv, dtype=acc, device=q.device)
-        common = (*_strides(q), *_strides(k), *_strides(v), *_strides(q_axis), *_strides(dy),
-                  *ctx.args)  # fmt: skip
+        common = (
+            *_strides(q),
+            *_strides(k),
+            *_strides(v),
+            *_strides(q_axis),
+            *_strides(dy),
+            *ctx.args,
+        )
         meta = ctx.meta
         _bwd_dq[(triton.cdiv(t, meta["BLOCK_M"]), b * nh)](
-            q, k, v, q_axis, dy, stats, delta, dq, dqa, rng, *common, **meta)
+            q, k, v, q_axis, dy, stats, delta, dq, dqa, rng, *common, **meta
+        )
         _bwd_dkdv[(triton.cdiv(h, meta["ROWS"]), b * nh)](
-            q, k, v, q_axis, dy, stats, delta, dk_, dv_, rng, *common, **meta)
+            q, k, v, q_axis, dy, stats, delta, dk_, dv_, rng, *common, **meta
+        )
         grads = (dq.to(q.dtype), dk_.to(k.dtype), dv_.to(v.dtype), dqa.to(q_axis.dtype))
         return (*grads, None, None, None, None, None, None, None, None)
 
 
-def axis_attention_triton(q, k, v, q_axis, h: int, w: int, scale: float, p: float = 0.0,
-                          per_image: bool = True, seed: int | None = None,
-                          block_m: int | None = None):  # fmt: skip
+def axis_attention_triton(
+    q,
+    k,
+    v,
+    q_axis,
+    h: int,
+    w: int,
+    scale: float,
+    p: float = 0.0,
+    per_image: bool = True,
+    seed: int | None = None,
+    block_m: int | None = None,
+):
     """q, k (B, Nh, T, dk), v (B, Nh, T, dv) (heads may share values: stride 0), q_axis
     (B|1, Nh, T, H + W) -> (B, T, Nh, dv) in q's dtype (bfloat16/float16/float32/float64); the
     logits q_axis in float32 at least; attention dropout p with the links of

@@ -12,7 +12,6 @@ import triton.language as tl
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # read once, as triton.jit reads it
 
 
-
 @triton.jit
 def _h32(x):  # functional._h32 / hash.h's h32, in uint32 arithmetic
     x ^= x >> 16
@@ -22,6 +21,7 @@ def _h32(x):  # functional._h32 / hash.h's h32, in uint32 arithmetic
     x ^= x >> 15
     return x
 
+
 @triton.jit
 def _kept(rng, row, key):
     """(M, N) links kept by dropout: row (M,) int64 = (b Nh + h) T + i, key (N,) indices."""
@@ -29,6 +29,7 @@ def _kept(rng, row, key):
     threshold = tl.load(rng + 1).to(tl.uint32)
     k_row = _h32(_h32(row.to(tl.uint32) ^ seed) ^ (row >> 32).to(tl.uint32))
     return _h32(k_row[:, None] ^ key.to(tl.uint32)[None, :]) >= threshold
+
 
 @triton.jit
 def _dot(a, b, PREC: tl.constexpr, ACC: tl.constexpr):
@@ -42,20 +43,69 @@ def _dot(a, b, PREC: tl.constexpr, ACC: tl.constexpr):
         a, b = a.to(tl.float32), b.to(tl.float32)
     return tl.dot(a, b, input_precision=PREC, out_dtype=ACC)
 
+
 @triton.jit
-def _logits(q, kt, r_blk, c_blk, scale, k_ok, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
-            N: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
+def _logits(
+    q,
+    kt,
+    r_blk,
+    c_blk,
+    scale,
+    k_ok,
+    PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    N: tl.constexpr,
+    ACC: tl.constexpr,
+):
     """(M, N) scale q.k + R[q, row(k)] + C[q, col(k)]; keys outside the image at -inf."""
     s = _dot(q, kt, PREC, ACC) * scale
     s += tl.reshape(r_blk[:, :, None] + c_blk[:, None, :], (BLOCK_M, N))
     return tl.where(k_ok[None, :], s, float("-inf"))
 
+
 @triton.jit
-def _fwd(Q, K, V, QA, Y, STATS, RNG, sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
-         sa_b, sa_h, sa_t, sy_b, sy_t, sy_h, NH, T, H, W, DK, DV, scale, inv_keep,
-         DKP: tl.constexpr, DVP: tl.constexpr, BLOCK_M: tl.constexpr, ROWS: tl.constexpr,
-         WP: tl.constexpr, DROP: tl.constexpr, PER_IMAGE: tl.constexpr,
-         PREC: tl.constexpr, ACC: tl.constexpr, SPLIT_P: tl.constexpr):  # fmt: skip
+def _fwd(
+    Q,
+    K,
+    V,
+    QA,
+    Y,
+    STATS,
+    RNG,
+    sq_b,
+    sq_h,
+    sq_t,
+    sk_b,
+    sk_h,
+    sk_t,
+    sv_b,
+    sv_h,
+    sv_t,
+    sa_b,
+    sa_h,
+    sa_t,
+    sy_b,
+    sy_t,
+    sy_h,
+    NH,
+    T,
+    H,
+    W,
+    DK,
+    DV,
+    scale,
+    inv_keep,
+    DKP: tl.constexpr,
+    DVP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    ROWS: tl.constexpr,
+    WP: tl.constexpr,
+    DROP: tl.constexpr,
+    PER_IMAGE: tl.constexpr,
+    PREC: tl.constexpr,
+    ACC: tl.constexpr,
+    SPLIT_P: tl.constexpr,
+):
     N: tl.constexpr = ROWS * WP
     bh = tl.program_id(1)
     b, hd = bh // NH, bh % NH
@@ -66,8 +116,11 @@ def _fwd(Q, K, V, QA, Y, STATS, RNG, sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, s
     nr, nc = n // WP, n % WP  # a key block: ROWS image rows of WP columns
     c = tl.arange(0, WP)
     qa = QA + b * sa_b + hd * sa_h + i[:, None] * sa_t  # (M, 1) pointers
-    q = tl.load(Q + b * sq_b + hd * sq_h + i[:, None] * sq_t + dk[None, :],
-                mask=i_ok[:, None] & (dk[None, :] < DK), other=0.0)  # fmt: skip
+    q = tl.load(
+        Q + b * sq_b + hd * sq_h + i[:, None] * sq_t + dk[None, :],
+        mask=i_ok[:, None] & (dk[None, :] < DK),
+        other=0.0,
+    )
     c_blk = tl.load(qa + H + c[None, :], mask=i_ok[:, None] & (c[None, :] < W), other=0.0)
     row = (bh if PER_IMAGE else hd).to(tl.int64) * T + i
     m_i = tl.full((BLOCK_M,), float("-inf"), ACC)
@@ -78,8 +131,11 @@ def _fwd(Q, K, V, QA, Y, STATS, RNG, sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, s
         r_blk = tl.load(qa + rr[None, :], mask=i_ok[:, None] & (rr[None, :] < H), other=0.0)
         key = (r0 + nr) * W + nc
         k_ok = (r0 + nr < H) & (nc < W)
-        kt = tl.load(K + b * sk_b + hd * sk_h + key[None, :] * sk_t + dk[:, None],
-                     mask=k_ok[None, :] & (dk[:, None] < DK), other=0.0)  # fmt: skip
+        kt = tl.load(
+            K + b * sk_b + hd * sk_h + key[None, :] * sk_t + dk[:, None],
+            mask=k_ok[None, :] & (dk[:, None] < DK),
+            other=0.0,
+        )
         s = _logits(q, kt, r_blk, c_blk, scale, k_ok, PREC, BLOCK_M, N, ACC)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp(m_i - m_new)
@@ -87,27 +143,73 @@ def _fwd(Q, K, V, QA, Y, STATS, RNG, sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, s
         l_i = l_i * alpha + tl.sum(p, 1)
         if DROP:
             p = tl.where(_kept(RNG, row, key), p, 0.0)
-        vb = tl.load(V + b * sv_b + hd * sv_h + key[:, None] * sv_t + dv[None, :],
-                     mask=k_ok[:, None] & (dv[None, :] < DV), other=0.0)  # fmt: skip
+        vb = tl.load(
+            V + b * sv_b + hd * sv_h + key[:, None] * sv_t + dv[None, :],
+            mask=k_ok[:, None] & (dv[None, :] < DV),
+            other=0.0,
+        )
         p_hi = p.to(vb.dtype)
         acc = acc * alpha[:, None] + _dot(p_hi, vb, PREC, ACC)
         if SPLIT_P:  # P = hi + lo in two low-precision products: Y as if P stayed float32
             acc += _dot((p - p_hi.to(ACC)).to(vb.dtype), vb, PREC, ACC)
         m_i = m_new
     y = acc * (inv_keep / l_i)[:, None]
-    tl.store(Y + b * sy_b + hd * sy_h + i[:, None] * sy_t + dv[None, :],
-             y.to(Y.dtype.element_ty), mask=i_ok[:, None] & (dv[None, :] < DV))  # fmt: skip
+    tl.store(
+        Y + b * sy_b + hd * sy_h + i[:, None] * sy_t + dv[None, :],
+        y.to(Y.dtype.element_ty),
+        mask=i_ok[:, None] & (dv[None, :] < DV),
+    )
     # P = exp(S - m) / l, each row's max and 1 / sum kept apart: a log-sum-exp m + log l
     # rounds to the ulp of |m + log l| (a large axis logit; docs/benchmarks.md)
     tl.store(STATS + bh * T + i, m_i, mask=i_ok)
     tl.store(STATS + tl.num_programs(1) * T + bh * T + i, 1.0 / l_i, mask=i_ok)
 
+
 @triton.jit
-def _bwd_dq(Q, K, V, QA, DY, STATS, DELTA, DQ, DQA, RNG, sq_b, sq_h, sq_t, sk_b, sk_h, sk_t,
-            sv_b, sv_h, sv_t, sa_b, sa_h, sa_t, sy_b, sy_t, sy_h, NH, T, H, W, DK, DV,
-            scale, inv_keep, DKP: tl.constexpr, DVP: tl.constexpr, BLOCK_M: tl.constexpr,
-            ROWS: tl.constexpr, WP: tl.constexpr, DROP: tl.constexpr,
-            PER_IMAGE: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
+def _bwd_dq(
+    Q,
+    K,
+    V,
+    QA,
+    DY,
+    STATS,
+    DELTA,
+    DQ,
+    DQA,
+    RNG,
+    sq_b,
+    sq_h,
+    sq_t,
+    sk_b,
+    sk_h,
+    sk_t,
+    sv_b,
+    sv_h,
+    sv_t,
+    sa_b,
+    sa_h,
+    sa_t,
+    sy_b,
+    sy_t,
+    sy_h,
+    NH,
+    T,
+    H,
+    W,
+    DK,
+    DV,
+    scale,
+    inv_keep,
+    DKP: tl.constexpr,
+    DVP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    ROWS: tl.constexpr,
+    WP: tl.constexpr,
+    DROP: tl.constexpr,
+    PER_IMAGE: tl.constexpr,
+    PREC: tl.constexpr,
+    ACC: tl.constexpr,
+):
     """dQ, dR, dC of one query block: dS = P o (dP - rowsum(dY o Y)); dR, dC its sums over
     the keys of each image row / column."""
     N: tl.constexpr = ROWS * WP
@@ -120,10 +222,16 @@ def _bwd_dq(Q, K, V, QA, DY, STATS, DELTA, DQ, DQA, RNG, sq_b, sq_h, sq_t, sk_b,
     nr, nc = n // WP, n % WP
     c = tl.arange(0, WP)
     qa = QA + b * sa_b + hd * sa_h + i[:, None] * sa_t
-    q = tl.load(Q + b * sq_b + hd * sq_h + i[:, None] * sq_t + dk[None, :],
-                mask=i_ok[:, None] & (dk[None, :] < DK), other=0.0)  # fmt: skip
-    dy = tl.load(DY + b * sy_b + hd * sy_h + i[:, None] * sy_t + dv[None, :],
-                 mask=i_ok[:, None] & (dv[None, :] < DV), other=0.0)  # fmt: skip
+    q = tl.load(
+        Q + b * sq_b + hd * sq_h + i[:, None] * sq_t + dk[None, :],
+        mask=i_ok[:, None] & (dk[None, :] < DK),
+        other=0.0,
+    )
+    dy = tl.load(
+        DY + b * sy_b + hd * sy_h + i[:, None] * sy_t + dv[None, :],
+        mask=i_ok[:, None] & (dv[None, :] < DV),
+        other=0.0,
+    )
     c_blk = tl.load(qa + H + c[None, :], mask=i_ok[:, None] & (c[None, :] < W), other=0.0)
     m_i = tl.load(STATS + bh * T + i, mask=i_ok, other=0.0)
     inv_l = tl.load(STATS + tl.num_programs(1) * T + bh * T + i, mask=i_ok, other=0.0)
@@ -137,10 +245,16 @@ def _bwd_dq(Q, K, V, QA, DY, STATS, DELTA, DQ, DQA, RNG, sq_b, sq_h, sq_t, sk_b,
         r_blk = tl.load(qa + rr[None, :], mask=i_ok[:, None] & (rr[None, :] < H), other=0.0)
         key = (r0 + nr) * W + nc
         k_ok = (r0 + nr < H) & (nc < W)
-        kb = tl.load(K + b * sk_b + hd * sk_h + key[:, None] * sk_t + dk[None, :],
-                     mask=k_ok[:, None] & (dk[None, :] < DK), other=0.0)  # fmt: skip
-        vt = tl.load(V + b * sv_b + hd * sv_h + key[None, :] * sv_t + dv[:, None],
-                     mask=k_ok[None, :] & (dv[:, None] < DV), other=0.0)  # fmt: skip
+        kb = tl.load(
+            K + b * sk_b + hd * sk_h + key[:, None] * sk_t + dk[None, :],
+            mask=k_ok[:, None] & (dk[None, :] < DK),
+            other=0.0,
+        )
+        vt = tl.load(
+            V + b * sv_b + hd * sv_h + key[None, :] * sv_t + dv[:, None],
+            mask=k_ok[None, :] & (dv[:, None] < DV),
+            other=0.0,
+        )
         s = _logits(q, tl.trans(kb), r_blk, c_blk, scale, k_ok, PREC, BLOCK_M, N, ACC)
         p = tl.exp(s - m_i[:, None]) * inv_l[:, None]
         dp = _dot(dy, vt, PREC, ACC)
@@ -151,17 +265,59 @@ def _bwd_dq(Q, K, V, QA, DY, STATS, DELTA, DQ, DQA, RNG, sq_b, sq_h, sq_t, sk_b,
         ds3 = tl.reshape(ds, (BLOCK_M, ROWS, WP))
         tl.store(dqa + rr[None, :], tl.sum(ds3, 2), mask=i_ok[:, None] & (rr[None, :] < H))
         dc += tl.sum(ds3, 1)
-    tl.store(DQ + bh * T * DK + i[:, None] * DK + dk[None, :], dq * scale,
-             mask=i_ok[:, None] & (dk[None, :] < DK))  # fmt: skip
+    tl.store(
+        DQ + bh * T * DK + i[:, None] * DK + dk[None, :],
+        dq * scale,
+        mask=i_ok[:, None] & (dk[None, :] < DK),
+    )
     tl.store(dqa + H + c[None, :], dc, mask=i_ok[:, None] & (c[None, :] < W))
 
+
 @triton.jit
-def _bwd_dkdv(Q, K, V, QA, DY, STATS, DELTA, DK_, DV_, RNG, sq_b, sq_h, sq_t, sk_b, sk_h,
-              sk_t, sv_b, sv_h, sv_t, sa_b, sa_h, sa_t, sy_b, sy_t, sy_h, NH, T, H, W, DK,
-              DV, scale, inv_keep, DKP: tl.constexpr, DVP: tl.constexpr,
-              BLOCK_M: tl.constexpr, ROWS: tl.constexpr, WP: tl.constexpr,
-              DROP: tl.constexpr, PER_IMAGE: tl.constexpr, PREC: tl.constexpr,
-              ACC: tl.constexpr):  # fmt: skip
+def _bwd_dkdv(
+    Q,
+    K,
+    V,
+    QA,
+    DY,
+    STATS,
+    DELTA,
+    DK_,
+    DV_,
+    RNG,
+    sq_b,
+    sq_h,
+    sq_t,
+    sk_b,
+    sk_h,
+    sk_t,
+    sv_b,
+    sv_h,
+    sv_t,
+    sa_b,
+    sa_h,
+    sa_t,
+    sy_b,
+    sy_t,
+    sy_h,
+    NH,
+    T,
+    H,
+    W,
+    DK,
+    DV,
+    scale,
+    inv_keep,
+    DKP: tl.constexpr,
+    DVP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    ROWS: tl.constexpr,
+    WP: tl.constexpr,
+    DROP: tl.constexpr,
+    PER_IMAGE: tl.constexpr,
+    PREC: tl.constexpr,
+    ACC: tl.constexpr,
+):
     """dK, dV of one key block (ROWS image rows), over every query block."""
     N: tl.constexpr = ROWS * WP
     bh = tl.program_id(1)
@@ -174,23 +330,34 @@ def _bwd_dkdv(Q, K, V, QA, DY, STATS, DELTA, DK_, DV_, RNG, sq_b, sq_h, sq_t, sk
     rr = r0 + tl.arange(0, ROWS)
     key = (r0 + nr) * W + nc
     k_ok = (r0 + nr < H) & (nc < W)
-    kb = tl.load(K + b * sk_b + hd * sk_h + key[:, None] * sk_t + dk[None, :],
-                 mask=k_ok[:, None] & (dk[None, :] < DK), other=0.0)  # fmt: skip
-    vb = tl.load(V + b * sv_b + hd * sv_h + key[:, None] * sv_t + dv[None, :],
-                 mask=k_ok[:, None] & (dv[None, :] < DV), other=0.0)  # fmt: skip
+    kb = tl.load(
+        K + b * sk_b + hd * sk_h + key[:, None] * sk_t + dk[None, :],
+        mask=k_ok[:, None] & (dk[None, :] < DK),
+        other=0.0,
+    )
+    vb = tl.load(
+        V + b * sv_b + hd * sv_h + key[:, None] * sv_t + dv[None, :],
+        mask=k_ok[:, None] & (dv[None, :] < DV),
+        other=0.0,
+    )
     dk_acc = tl.zeros((N, DKP), ACC)
     dv_acc = tl.zeros((N, DVP), ACC)
     for m0 in range(0, T, BLOCK_M):
         i = m0 + tl.arange(0, BLOCK_M)
         i_ok = i < T
         qa = QA + b * sa_b + hd * sa_h + i[:, None] * sa_t
-        q = tl.load(Q + b * sq_b + hd * sq_h + i[:, None] * sq_t + dk[None, :],
-                    mask=i_ok[:, None] & (dk[None, :] < DK), other=0.0)  # fmt: skip
-        dy = tl.load(DY + b * sy_b + hd * sy_h + i[:, None] * sy_t + dv[None, :],
-                     mask=i_ok[:, None] & (dv[None, :] < DV), other=0.0)  # fmt: skip
+        q = tl.load(
+            Q + b * sq_b + hd * sq_h + i[:, None] * sq_t + dk[None, :],
+            mask=i_ok[:, None] & (dk[None, :] < DK),
+            other=0.0,
+        )
+        dy = tl.load(
+            DY + b * sy_b + hd * sy_h + i[:, None] * sy_t + dv[None, :],
+            mask=i_ok[:, None] & (dv[None, :] < DV),
+            other=0.0,
+        )
         r_blk = tl.load(qa + rr[None, :], mask=i_ok[:, None] & (rr[None, :] < H), other=0.0)
-        c_blk = tl.load(qa + H + c[None, :], mask=i_ok[:, None] & (c[None, :] < W),
-                        other=0.0)  # fmt: skip
+        c_blk = tl.load(qa + H + c[None, :], mask=i_ok[:, None] & (c[None, :] < W), other=0.0)
         m_i = tl.load(STATS + bh * T + i, mask=i_ok, other=0.0)
         inv_l = tl.load(STATS + tl.num_programs(1) * T + bh * T + i, mask=i_ok, other=0.0)
         delta = tl.load(DELTA + bh * T + i, mask=i_ok, other=0.0)

@@ -152,8 +152,9 @@ class _LocalAttention(torch.autograd.Function):
         probs = logits.sub_(logits.amax(dim=2, keepdim=True)).exp_()
         probs.div_(probs.sum(dim=2, keepdim=True))
         y = _window_aggregate(probs, v, mix, ks)  # (B, nh, dv, H, W)
-        _LocalAttention._save(ctx, _LocalAttention._window_backward, q, k, v, mix, probs,
-                              qr_row, qr_col, valid, ks)  # fmt: skip
+        _LocalAttention._save(
+            ctx, _LocalAttention._window_backward, q, k, v, mix, probs, qr_row, qr_col, valid, ks
+        )
         return y, probs
 
     @staticmethod
@@ -224,8 +225,9 @@ class _FusedLocal(_LocalAttention):
     def forward(ctx, q, k, v, mix, qr_row, qr_col, valid, ks: int):
         ext = extension()
         y, probs = ext.local_forward(q, k, v, mix, qr_row, qr_col, ks, valid is not None)
-        _LocalAttention._save(ctx, _FusedLocal._fused_backward, q, k, v, mix, probs, qr_row,
-                              qr_col, valid, ks)  # fmt: skip
+        _LocalAttention._save(
+            ctx, _FusedLocal._fused_backward, q, k, v, mix, probs, qr_row, qr_col, valid, ks
+        )
         return y, probs
 
     @staticmethod
@@ -234,7 +236,8 @@ class _FusedLocal(_LocalAttention):
         """The C++ kernel's gradients (first order)."""
         q, k, v, mix, probs, _, _, _ = ctx.saved_tensors
         gq, gk, gv, gm, g_row, g_col = extension().local_backward(
-            gy.contiguous(), q, k, v, mix, probs, ctx.ks, ctx.has_qr)
+            gy.contiguous(), q, k, v, mix, probs, ctx.ks, ctx.has_qr
+        )
         return gq, gk, gv, gm, g_row, g_col, None, None
 
 
@@ -284,10 +287,18 @@ def local_attention(
             return None if t is None else t.float()
 
         out = local_attention(
-            up(q), up(k), up(v.squeeze(2) if mix is None else v), kernel_size=ks,
-            rel_row=up(rel_row), rel_col=up(rel_col), mix=up(mix), padding=padding, impl=impl,
-            return_attention=return_attention, fused=fused,
-        )  # fmt: skip
+            up(q),
+            up(k),
+            up(v.squeeze(2) if mix is None else v),
+            kernel_size=ks,
+            rel_row=up(rel_row),
+            rel_col=up(rel_col),
+            mix=up(mix),
+            padding=padding,
+            impl=impl,
+            return_attention=return_attention,
+            fused=fused,
+        )
         return (out[0].to(q.dtype), out[1]) if return_attention else out.to(q.dtype)
     qr = None
     if rel_row is not None:  # q^T r_{a-i,b-j} = q_row . rel_row[di] + q_col . rel_col[dj]
@@ -302,8 +313,10 @@ def local_attention(
     valid = window_valid(ks, h, w, q.device) if padding == "mask" else None
     qr_row, qr_col = qr if qr is not None else (None, None)
     if fused and q.device.type == "cpu" and available():
-        q, k, v, mix, qr_row, qr_col = (None if t is None else t.to(q.dtype).contiguous()
-                                        for t in (q, k, v, mix, qr_row, qr_col))  # autocast: bf16
+        q, k, v, mix, qr_row, qr_col = (
+            None if t is None else t.to(q.dtype).contiguous()
+            for t in (q, k, v, mix, qr_row, qr_col)
+        )  # autocast: bf16
         y, probs = _FusedLocal.apply(q, k, v, mix, qr_row, qr_col, valid, ks)
     else:
         y, probs = _LocalAttention.apply(q, k, v, mix, qr_row, qr_col, valid, ks)
