@@ -102,7 +102,7 @@ def test_resume_refuses_changed_config(baseline, cifar_zip, tmp_path, monkeypatc
     def no_data(*a, **k):
         raise AssertionError("the data was read before the changed config was refused")
 
-    monkeypatch.setattr("attnconv.train.loop.load_dataset", no_data)  # refused from the metadata
+    monkeypatch.setattr("attnconv.train.loaders.load_dataset", no_data)  # refused from the metadata
     with pytest.raises(ValueError, match="config differs from the checkpoint's in optim.lr"):
         Trainer(config_from_dict(d), resume=True)
 

@@ -157,8 +157,8 @@ def _centres_moved(path: Path) -> float | None:
 def run(args: argparse.Namespace) -> int:
     from attnconv.data import load_dataset
     from attnconv.train.config import apply_overrides, config_from_dict
-    from attnconv.train.loop import train
     from attnconv.train.optim import lr_at
+    from attnconv.train.run import train
 
     if args.minutes <= 0:
         raise ValueError(f"--minutes must be > 0, got {args.minutes}")

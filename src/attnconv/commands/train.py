@@ -44,7 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from attnconv.train.config import load_config
-    from attnconv.train.loop import Interrupted, NonFiniteLoss, train
+    from attnconv.train.run import train
+    from attnconv.train.stopping import Interrupted, NonFiniteLoss
 
     cfg = load_config(args.config, args.overrides)
     if args.out:

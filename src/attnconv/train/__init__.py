@@ -12,7 +12,9 @@ from attnconv.loading import CheckpointError, load_model
 from .checkpoint import save_checkpoint
 from .config import Config, config_from_dict, load_config
 from .evaluation import evaluate
-from .loop import Interrupted, NonFiniteLoss, Trainer, train
+from .loop import Trainer
+from .run import train
+from .stopping import Interrupted, NonFiniteLoss
 
 __all__ = [
     "CheckpointError",

@@ -219,3 +219,13 @@ def save_checkpoint(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+def prune_checkpoints(ckdir: Path, current: Path, keep: int, every: int | None) -> None:
+    """Remove all but the newest ``keep`` step folders of ``ckdir``, never ``current`` nor a
+    milestone (step-N with N a multiple of ``every``)."""
+    steps = sorted(p for p in ckdir.glob("step-*") if p.is_dir())
+    for old in steps[:-keep]:
+        n = old.name[5:]
+        if old != current and not (every and n.isdigit() and int(n) % every == 0):
+            shutil.rmtree(old, ignore_errors=True)

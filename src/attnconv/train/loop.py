@@ -9,9 +9,7 @@ bit-identical to an uninterrupted one on CPU.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -21,13 +19,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 import yaml
 
-from attnconv.data import Loader, data_device, load_dataset
 from attnconv.loading.checkpoint import (
     LATEST,
-    CheckpointError,
-    check_fits,
-    follow_latest,
-    read_checkpoint,
     read_meta,
 )
 from attnconv.memory import memory_bytes
@@ -35,40 +28,21 @@ from attnconv.models import create_model
 from attnconv.models.budget import training_bytes
 
 from . import distributed as D
-from .checkpoint import atomic_write, optimizer_from_tensors
+from .checkpoint import atomic_write, prune_checkpoints
 from .checkpoint import save_checkpoint as _save
 from .config import Config
 from .device import native_bf16
 from .evaluation import evaluate
+from .loaders import build_loaders
 from .monitor import Monitor
 from .optim import build_optimizer, lr_at, set_lr
-from .resume import check_resumable, check_same_config
+from .resume import check_same_config, restore
 from .runfolder import LOCK as LOCK_FILE
 from .runfolder import RunLock, claim
+from .stopping import Interrupted, NonFiniteLoss, last_good, stop_signals
 
 log = logging.getLogger(__name__)
 SUMS = ("ep_loss", "ep_correct", "ep_n", "win_loss", "win_correct", "win_n")
-
-
-class NonFiniteLoss(RuntimeError):
-    """Training diverged; the message names the step and the last good checkpoint.
-
-    A RuntimeError raised by ``Trainer.fit`` / ``train``; weights that are not all finite are
-    never saved.
-    """
-
-
-class Interrupted(Exception):
-    """SIGINT / SIGTERM: a resumable checkpoint was saved.
-
-    Args:
-        signum: the signal that stopped the training.
-        message: what was saved and how to resume.
-    """
-
-    def __init__(self, signum: int, message: str):
-        super().__init__(message)
-        self.signum = signum
 
 
 class Trainer:
@@ -83,16 +57,29 @@ class Trainer:
         device: cpu, cuda, cuda:N, mps (default: CUDA if available).
     """
 
-    def __init__(self, cfg: Config, *, resume: bool = False, stop_at_step: int | None = None,
-                 overwrite: bool = False, device: str | None = None):  # fmt: skip
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        resume: bool = False,
+        stop_at_step: int | None = None,
+        overwrite: bool = False,
+        device: str | None = None,
+    ):
         self.cfg, self.stop_at_step = cfg, stop_at_step
         self.resume_note = ""
         t = cfg.train
         # the declared model and what a training step of it holds, measured on the meta device
         # before the data or the model is allocated (refused in seconds; models/budget.py)
-        state = (2 if cfg.optim.name == "adamw" else 1 if cfg.optim.momentum else 0)
-        training_bytes(cfg.model.name, dict(cfg.model.kwargs), t.batch_size, state,
-                       memory_bytes() // 2, f"model {cfg.model.name!r}")  # fmt: skip
+        state = 2 if cfg.optim.name == "adamw" else 1 if cfg.optim.momentum else 0
+        training_bytes(
+            cfg.model.name,
+            dict(cfg.model.kwargs),
+            t.batch_size,
+            state,
+            memory_bytes() // 2,
+            f"model {cfg.model.name!r}",
+        )
         self.info = D.init_distributed(device)
         # bf16 autocast where the hardware has bf16 arithmetic; on a CPU without it, float32
         # (the summary says so): there bf16 runs several times slower (docs/benchmarks.md)
@@ -129,28 +116,14 @@ class Trainer:
     # ---- building ------------------------------------------------------------------------------
     def _build_data(self) -> None:
         """The training and evaluation splits and this rank's loaders over them."""
-        d, t, info = self.cfg.data, self.cfg.train, self.info
-        if info.is_main:
-            log.info(f"train: {self.cfg.model.name}, run folder {self.out}; reading {d.dataset}")
-        common = dict(root=d.root, download=d.download and info.is_main, cache_dir=d.cache_dir)
-        if info.enabled and d.download:  # rank 0 downloads, the others wait
-            if info.is_main:
-                load_dataset(d.dataset, d.train_split, **common)
-            D.barrier(info)
-        train_ds = load_dataset(d.dataset, d.train_split, max_per_class=d.max_per_class, **common)
-        eval_ds = load_dataset(
-            d.dataset, d.eval_split, max_per_class=d.eval_max_per_class, **common
-        )
-        self.classes = train_ds.classes
-        dev = data_device(info.device, train_ds, eval_ds)  # a GPU holds CIFAR whole: not starved
-        if info.is_main and dev.type != "cpu":
-            log.info(f"data: both splits on {dev} (uint8), crop and flip there")
-        norm = dict(mean=d.mean, std=d.std, rank=info.rank, world_size=info.world_size, device=dev)
-        self.loader = Loader(train_ds, t.batch_size, shuffle=True, seed=t.seed, augment=d.augment,
-                             pad=d.crop_padding, flip=d.flip, max_steps=t.steps_per_epoch,
-                             **norm)  # fmt: skip
-        self.eval_loader = Loader(eval_ds, t.eval_batch_size, shuffle=False, **norm)
-        self.total = t.epochs * len(self.loader)
+        if self.info.is_main:
+            log.info(
+                f"train: {self.cfg.model.name}, run folder {self.out}; "
+                f"reading {self.cfg.data.dataset}"
+            )
+        self.loader, self.eval_loader = build_loaders(self.cfg, self.info)
+        self.classes = self.loader.ds.classes
+        self.total = self.cfg.train.epochs * len(self.loader)
 
     def _build_model(self) -> None:
         """The model, initialised from ``train.seed``, for the data's number of classes."""
@@ -169,16 +142,27 @@ class Trainer:
     def _start_logs(self, resume: bool) -> None:
         """metrics.csv, centers.jsonl, TensorBoard, the run's config.yaml and the summary."""
         t, train_ds = self.cfg.train, self.loader.ds
-        self.mon = Monitor(self.out, enabled=self.info.is_main,
-                           resume_step=self.step if resume else None, progress=t.progress,
-                           tensorboard=t.tensorboard, total_steps=self.total)  # fmt: skip
+        self.mon = Monitor(
+            self.out,
+            enabled=self.info.is_main,
+            resume_step=self.step if resume else None,
+            progress=t.progress,
+            tensorboard=t.tensorboard,
+            total_steps=self.total,
+        )
         if self.info.is_main:
             text = yaml.safe_dump(self.cfg.to_dict(), sort_keys=False)
             atomic_write(self.out / "config.yaml", text.encode())  # replaces, never follows
-        self.mon.summary(self.cfg, self.model, self.info,
-                         (len(train_ds), len(self.eval_loader.ds), train_ds.num_classes),
-                         len(self.loader), self.step if resume else None,
-                         self.resume_note, bf16=self.bf16)  # fmt: skip
+        self.mon.summary(
+            self.cfg,
+            self.model,
+            self.info,
+            (len(train_ds), len(self.eval_loader.ds), train_ds.num_classes),
+            len(self.loader),
+            self.step if resume else None,
+            self.resume_note,
+            bf16=self.bf16,
+        )
 
     # ---- checkpoints -------------------------------------------------------------------------
     def _saved(self) -> bool:
@@ -193,21 +177,8 @@ class Trainer:
                 raise FileNotFoundError(f"--resume: no checkpoint in {self.ckdir}")
             self.resume_note = "no checkpoint was complete, starting again from step 0"
             return
-        meta, weights, st = read_checkpoint(self.ckdir, with_state=True)
-        rng = check_resumable(meta, st, self.cfg, self.model_kwargs, set(self.sums))
-        check_fits(self.model, weights, meta["path"], meta["model"])
-        try:
-            optimizer_from_tensors(self.opt, st, meta["optimizer"])
-        except CheckpointError as e:
-            raise CheckpointError(f"{meta['path']}: corrupted checkpoint: {e}") from None
-        self.model.load_state_dict(weights)
-        bad = [n for n, p in self.model.named_parameters() if not bool(torch.isfinite(p).all())]
-        if bad:  # never resumed from, never called "last good"
-            raise CheckpointError(
-                f"{meta['path']}: checkpoint holds non-finite weights ({', '.join(bad[:3])}"
-                f"{', ...' if len(bad) > 3 else ''}); resume from an earlier checkpoint"
-            )
-        torch.set_rng_state(rng)
+        sums = set(self.sums)
+        meta = restore(self.ckdir, self.cfg, self.model, self.opt, self.model_kwargs, sums)
         self.step = meta["state"]["step"]
         self.evaluated = meta["state"].get("evaluated", self.step)  # older checkpoints: not said
         self.sums.update(meta["state"]["sums"])
@@ -229,49 +200,50 @@ class Trainer:
             NonFiniteLoss: the weights are not all finite.
         """
         path = self.ckdir / f"step-{self.step:08d}"
-        bad = [n for n, t in self.model.state_dict().items()
-               if t.is_floating_point() and not bool(torch.isfinite(t).all())]  # fmt: skip
+        bad = [
+            n
+            for n, t in self.model.state_dict().items()
+            if t.is_floating_point() and not bool(torch.isfinite(t).all())
+        ]
         if D.any_rank(bool(bad), self.info):
             raise NonFiniteLoss(
                 f"non-finite weights ({', '.join(bad[:2]) or 'on another rank'}) after step "
-                f"{self.step}; training stopped without saving them; {self._last_good()}"
+                f"{self.step}; training stopped without saving them; {last_good(self.ckdir)}"
             )
         if self.info.is_main:
-            state = {"step": self.step, "epoch": self.step // len(self.loader),
-                     "sums": self.sums, "total_steps": self.total,
-                     "evaluated": self.evaluated}  # fmt: skip
-            data = {"classes": self.classes, "mean": self.cfg.data.mean, "std": self.cfg.data.std,
-                    "image_size": list(self.loader.ds.image_size)}  # fmt: skip
-            _save(path, self.model, self.cfg.model.name, self.model_kwargs, optimizer=self.opt,
-                  state=state, state_tensors={"rng.torch": torch.get_rng_state()},
-                  config=self.cfg.to_dict(), extra={"data": data})  # fmt: skip
+            state = {
+                "step": self.step,
+                "epoch": self.step // len(self.loader),
+                "sums": self.sums,
+                "total_steps": self.total,
+                "evaluated": self.evaluated,
+            }
+            data = {
+                "classes": self.classes,
+                "mean": self.cfg.data.mean,
+                "std": self.cfg.data.std,
+                "image_size": list(self.loader.ds.image_size),
+            }
+            _save(
+                path,
+                self.model,
+                self.cfg.model.name,
+                self.model_kwargs,
+                optimizer=self.opt,
+                state=state,
+                state_tensors={"rng.torch": torch.get_rng_state()},
+                config=self.cfg.to_dict(),
+                extra={"data": data},
+            )
             atomic_write(self.ckdir / LATEST, path.name.encode())
-            steps = sorted(p for p in self.ckdir.glob("step-*") if p.is_dir())
-            every = self.cfg.train.keep_every  # milestones: step-N with N a multiple, kept
-            for old in steps[: -self.cfg.train.keep_checkpoints]:
-                n = old.name[5:]
-                if old != path and not (every and n.isdigit() and int(n) % every == 0):
-                    shutil.rmtree(old, ignore_errors=True)
+            t = self.cfg.train
+            prune_checkpoints(self.ckdir, path, t.keep_checkpoints, t.keep_every)
         D.barrier(self.info)
         return path
 
     # ---- the loop ----------------------------------------------------------------------------
     def _on_signal(self, signum, frame) -> None:
         self.stop_signal = signum
-
-    @contextlib.contextmanager
-    def _signals(self):
-        old = {}
-        try:
-            for s in (signal.SIGINT, signal.SIGTERM):
-                old[s] = signal.signal(s, self._on_signal)
-        except ValueError:  # not the main thread: no handlers
-            pass
-        try:
-            yield
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
 
     def _log_window(self, epoch: int) -> None:
         """One metrics row (and the bar) for the steps since the last one, summed over ranks."""
@@ -310,7 +282,7 @@ class Trainer:
             self.mon.centers(self.model, 0, 0)
         self.net.train()
         self.last, self.lr, self.out_of_time = {}, self.cfg.optim.lr, False
-        with self._signals():
+        with stop_signals(self._on_signal):
             self.t0 = self.t_start = time.time()
             while self.step < self.total and not self.out_of_time:
                 self._epoch()
@@ -391,16 +363,26 @@ class Trainer:
     def _evaluate(self, epoch: int) -> None:
         """Evaluate, log the row, keep the metrics ``fit`` returns; a signal during evaluation
         stops now, not at its end."""
-        res = evaluate(self.model, self.eval_loader, self.info, self.bf16,
-                       stop=lambda: self.stop_signal is not None)  # fmt: skip
+        res = evaluate(
+            self.model,
+            self.eval_loader,
+            self.info,
+            self.bf16,
+            stop=lambda: self.stop_signal is not None,
+        )
         if res is None:
             self.mon.message(f"evaluation at step {self.step} stopped by a signal (not logged)")
             self._interrupt()
         loss, acc = res
         self.evaluated = self.step
         self.mon.row("eval", epoch + 1, self.step, self.lr, loss, acc, 0.0)
-        self.last = {"eval_loss": loss, "eval_acc": acc, "step": self.step, "epoch": epoch + 1,
-                     "seconds": time.time() - self.t_start}  # fmt: skip
+        self.last = {
+            "eval_loss": loss,
+            "eval_acc": acc,
+            "step": self.step,
+            "epoch": epoch + 1,
+            "seconds": time.time() - self.t_start,
+        }
 
     def _check_finite(self, value: torch.Tensor, epoch: int, batch: int, what: str) -> None:
         bad = not bool(torch.isfinite(value).all())
@@ -408,17 +390,8 @@ class Trainer:
             raise NonFiniteLoss(
                 f"non-finite {what} ({value.item() if bad else 'on another rank'}) at step "
                 f"{self.step + 1} (epoch {epoch + 1}, batch {batch + 1}); training stopped, "
-                f"weights not updated; {self._last_good()}"
+                f"weights not updated; {last_good(self.ckdir)}"
             )
-
-    def _last_good(self) -> str:
-        """Where ``latest`` points, read as every loader reads it (never followed out of the
-        run folder), for the messages that name the last good checkpoint."""
-        try:
-            good = follow_latest(self.ckdir) if (self.ckdir / LATEST).exists() else None
-        except CheckpointError:
-            good = None
-        return f"last good checkpoint: {good}" if good else "no checkpoint was saved yet"
 
     def _interrupt(self) -> None:
         path = self.save()
@@ -429,35 +402,3 @@ class Trainer:
         )
         self.mon.close()
         raise Interrupted(self.stop_signal or 0, str(path))
-
-
-def train(cfg: Config, *, resume: bool = False, stop_at_step: int | None = None,
-          overwrite: bool = False, device: str | None = None) -> dict:  # fmt: skip
-    """Build everything from ``cfg`` and train; see :class:`Trainer`.
-
-    Args:
-        cfg: the run's configuration (``attnconv.train.config``).
-        resume: continue from the run folder's newest checkpoint.
-        stop_at_step: stop (resumably) once this step is reached.
-        overwrite: replace a run already in the folder (refused otherwise, unless ``resume``).
-        device: cpu, cuda, cuda:N, mps (default: CUDA if available).
-
-    Returns:
-        The last evaluation's metrics (``eval_loss``, ``eval_acc``, ``step``, ``epoch``,
-        ``seconds``).
-    """
-    tr = Trainer(cfg, resume=resume, stop_at_step=stop_at_step, overwrite=overwrite,
-                 device=device)  # fmt: skip
-    # every rank past its last collective before the group is unregistered (the group object
-    # itself lives on: D.wrap says why freeing it hung or aborted a rank); on the success and
-    # stop paths only, so that a failing rank never waits on a peer stuck elsewhere
-    try:
-        last = tr.fit()
-    except Interrupted:  # a stop every rank agreed on (any_rank, stop_at_step): all are here
-        D.barrier(tr.info)
-        raise
-    else:
-        D.barrier(tr.info)
-        return last
-    finally:
-        D.shutdown(tr.info)

@@ -6,9 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+import torch.nn as nn
 
-from attnconv.loading.checkpoint import CheckpointError
+from attnconv.loading.checkpoint import CheckpointError, check_fits, read_checkpoint
 
+from .checkpoint import optimizer_from_tensors
 from .config import Config
 
 # config keys that may change on --resume without changing the run. Not bit for bit in every
@@ -84,3 +86,33 @@ def check_resumable(
     if not isinstance(meta.get("optimizer"), dict):
         raise CheckpointError(f"{where}: corrupted checkpoint: no optimizer state")
     return rng
+
+
+def restore(
+    ckdir: Path,
+    cfg: Config,
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    model_kwargs: dict,
+    sums: set[str],
+) -> dict:
+    """Load the newest checkpoint of ``ckdir`` into ``model`` and ``opt`` and restore torch's RNG,
+    after checking that it continues the run ``cfg`` (``check_resumable``), fits the model and
+    holds only finite weights (never resumed from, never called "last good"); returns its meta
+    (``meta["state"]``: step, evaluated, sums)."""
+    meta, weights, st = read_checkpoint(ckdir, with_state=True)
+    rng = check_resumable(meta, st, cfg, model_kwargs, sums)
+    check_fits(model, weights, meta["path"], meta["model"])
+    try:
+        optimizer_from_tensors(opt, st, meta["optimizer"])
+    except CheckpointError as e:
+        raise CheckpointError(f"{meta['path']}: corrupted checkpoint: {e}") from None
+    model.load_state_dict(weights)
+    bad = [n for n, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+    if bad:
+        raise CheckpointError(
+            f"{meta['path']}: checkpoint holds non-finite weights ({', '.join(bad[:3])}"
+            f"{', ...' if len(bad) > 3 else ''}); resume from an earlier checkpoint"
+        )
+    torch.set_rng_state(rng)
+    return meta

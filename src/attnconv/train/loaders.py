@@ -1,0 +1,42 @@
+"""The training and evaluation loaders a config describes, on this rank: the splits read once
+(rank 0 downloads, the others wait), held where the device can crop and flip them."""
+
+from __future__ import annotations
+
+import logging
+
+from attnconv.data import Loader, data_device, load_dataset
+
+from . import distributed as D
+from .config import Config
+
+log = logging.getLogger(__name__)
+
+
+def build_loaders(cfg: Config, info: D.DistInfo) -> tuple[Loader, Loader]:
+    """The shuffled, augmented training loader and the evaluation loader of ``cfg.data`` at
+    ``cfg.train``'s batch sizes, this rank's share of each."""
+    d, t = cfg.data, cfg.train
+    common = dict(root=d.root, download=d.download and info.is_main, cache_dir=d.cache_dir)
+    if info.enabled and d.download:  # rank 0 downloads, the others wait
+        if info.is_main:
+            load_dataset(d.dataset, d.train_split, **common)
+        D.barrier(info)
+    train_ds = load_dataset(d.dataset, d.train_split, max_per_class=d.max_per_class, **common)
+    eval_ds = load_dataset(d.dataset, d.eval_split, max_per_class=d.eval_max_per_class, **common)
+    dev = data_device(info.device, train_ds, eval_ds)  # a GPU holds CIFAR whole: not starved
+    if info.is_main and dev.type != "cpu":
+        log.info(f"data: both splits on {dev} (uint8), crop and flip there")
+    norm = dict(mean=d.mean, std=d.std, rank=info.rank, world_size=info.world_size, device=dev)
+    loader = Loader(
+        train_ds,
+        t.batch_size,
+        shuffle=True,
+        seed=t.seed,
+        augment=d.augment,
+        pad=d.crop_padding,
+        flip=d.flip,
+        max_steps=t.steps_per_epoch,
+        **norm,
+    )
+    return loader, Loader(eval_ds, t.eval_batch_size, shuffle=False, **norm)

@@ -1,0 +1,59 @@
+"""How a training stops: the two ends that are not its last step (a signal or ``stop_at_step``:
+``Interrupted``, with a resumable checkpoint; a non-finite value: ``NonFiniteLoss``), the signal
+handlers of a training, and the last good checkpoint their messages name."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from pathlib import Path
+
+from attnconv.loading.checkpoint import LATEST, CheckpointError, follow_latest
+
+
+class NonFiniteLoss(RuntimeError):
+    """Training diverged; the message names the step and the last good checkpoint.
+
+    A RuntimeError raised by ``Trainer.fit`` / ``train``; weights that are not all finite are
+    never saved.
+    """
+
+
+class Interrupted(Exception):
+    """SIGINT / SIGTERM: a resumable checkpoint was saved.
+
+    Args:
+        signum: the signal that stopped the training.
+        message: what was saved and how to resume.
+    """
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stop_signals(handler):
+    """SIGINT and SIGTERM call ``handler(signum, frame)`` inside the block (the previous
+    handlers back after it); off the main thread, where Python takes no handlers, nothing."""
+    old = {}
+    try:
+        for s in (signal.SIGINT, signal.SIGTERM):
+            old[s] = signal.signal(s, handler)
+    except ValueError:  # not the main thread: no handlers
+        pass
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def last_good(ckdir: Path) -> str:
+    """Where ``latest`` points, read as every loader reads it (never followed out of the run
+    folder), for the messages that name the last good checkpoint."""
+    try:
+        good = follow_latest(ckdir) if (ckdir / LATEST).exists() else None
+    except CheckpointError:
+        good = None
+    return f"last good checkpoint: {good}" if good else "no checkpoint was saved yet"
