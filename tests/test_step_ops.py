@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "step_ops.py"
 sys.path.insert(0, str(SCRIPT.parent))
@@ -22,18 +24,22 @@ def test_gpu_plan_launches_fewer_ops_and_a_cnn_does_not_depend_on_the_plan():
     assert cnn[0] == cnn[1] > 0
 
 
-def test_results_written_where_asked_and_bad_input_is_one_line(tmp_path):
+@pytest.mark.slow  # about 30 s: a dispatch mode counts every op of six steps
+def test_results_written_where_asked(tmp_path):
     cmd = [sys.executable, str(SCRIPT), "--models", "sa_learned", "--out", str(tmp_path)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "| sa_learned |" in (tmp_path / "step_ops.md").read_text()
-    for bad, msg in (
+
+
+@pytest.mark.parametrize(
+    "bad, msg",
+    [
         (["--batch", "0"], "--batch 0: must be at least 1"),
         (["--models", "nope"], "--models: unknown nope"),
-    ):
-        r = subprocess.run(
-            [sys.executable, str(SCRIPT), *bad, "--out", str(tmp_path / "x")],
-            capture_output=True,
-            text=True,
-        )
-        assert r.returncode != 0 and msg in r.stderr and not (tmp_path / "x").exists()
+    ],
+)
+def test_bad_input_is_one_line_before_any_work(tmp_path, bad, msg):
+    cmd = [sys.executable, str(SCRIPT), *bad, "--out", str(tmp_path / "x")]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode != 0 and msg in r.stderr and not (tmp_path / "x").exists()
