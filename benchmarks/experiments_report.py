@@ -13,6 +13,7 @@ from pathlib import Path
 
 import experiments_captions as captions
 from experiments_grid import grid_formation
+from experiments_long import long_budget
 from experiments_runs import CONFIGS, FIGS, RESULTS, ROOT, kept, mean_std, per_layer, run_cells
 
 RUNS = Path(os.environ.get("ATTNCONV_RUNS") or ROOT.parent / "attnconv-runs")  # see --runs
@@ -329,6 +330,7 @@ def report(runs: Path) -> None:
             "",
         ]
     table1(lines)
+    long_budget(lines, RUNS)
     grid_formation(lines, RUNS)
     sasa(lines)
     analysis(lines)

@@ -132,3 +132,35 @@ def test_displacement_at_interpolates_a_run_at_a_summed_learning_rate():
     pts = [(0.0, layers(0.0)), (100.0, layers(1.0)), (300.0, layers(2.0))]
     assert sens.displacement_at(pts, 50.0) == 0.5 and sens.displacement_at(pts, 200.0) == 1.5
     assert sens.displacement_at(pts, 300.0) == 2.0 and sens.displacement_at(pts, 301.0) is None
+
+
+def _run(root, name, accs, model="tiny_cnn"):
+    import json
+
+    run = root / name
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(f"model:\n  name: {model}\n  kwargs: {{}}\n")
+    (run / "wall.json").write_text(json.dumps({"train_seconds": 60.0}))
+    rows = ["kind,epoch,step,lr,loss,acc,images_per_s,seconds"]
+    for step in range(250, 1001, 250):
+        rows.append(f"train,1,{step},0.1,1.0,{0.5 + step / 4000},500,{step / 10}")
+    rows += [f"eval,1,{s},0.1,1.0,{a},0,0" for s, a in accs.items()]
+    (run / "metrics.csv").write_text("\n".join(rows) + "\n")
+
+
+def test_long_budget_puts_the_two_runs_side_by_side(tmp_path, monkeypatch):
+    import experiments_long as long
+
+    monkeypatch.setattr(runs_, "RESULTS", tmp_path / "none.md")
+    lines = []
+    long.long_budget(lines, tmp_path)
+    assert lines == []  # neither run here, nothing regenerated before: nothing to show
+    _run(tmp_path, "grid_long", {500: 0.6, 1000: 0.8})
+    _run(tmp_path, "resnet18_long", {500: 0.7, 1000: 0.75})
+    long.long_budget(lines, tmp_path)
+    text = "\n".join(lines)
+    assert lines[0] == long.TITLE
+    assert "| 500 | 0.03M | 50 | 60.0% | 70.0% |" in text
+    assert "| 1,000 | 0.06M | 100 | 80.0% | 75.0% |" in text
+    # the last 750 steps' train windows (500, 750, 1000 -> 0.625, 0.6875, 0.75, weighted)
+    assert "| 80.0% | 68.8% | 500 |" in text and "| 75.0% | 68.8% | 500 |" in text

@@ -1,0 +1,72 @@
+"""Table 1 at a real budget (the report's section; Cordonnier et al. 2020, Table 1): grid_long
+(sa_quadratic) and resnet18_long (Table 1's quarter-width ResNet18) trained with the same
+150,000 steps of 64 images, schedule and augmentation, their test accuracy at every evaluation
+side by side, from the two run folders only."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from experiments_runs import kept, n_params, read_metrics, summed_lr
+
+TITLE = "### Table 1 at grid_long's budget: sa_quadratic against ResNet18 trained as long"
+RUNS_COMPARED = (("sa_quadratic", "grid_long"), ("ResNet18", "resnet18_long"))
+
+
+def evals(run: Path) -> dict[int, float]:
+    """step -> test accuracy of every evaluation in the run's metrics.csv."""
+    rows = csv.DictReader(open(run / "metrics.csv"))
+    return {int(r["step"]): float(r["acc"]) for r in rows if r["kind"] == "eval"}
+
+
+def train_acc_end(run: Path, last: int = 750) -> float:
+    """Training accuracy over the run's last ``last`` steps (the logged windows, weighted by
+    their steps): the fit of the training set, beside the test accuracy."""
+    rows = [r for r in csv.DictReader(open(run / "metrics.csv")) if r["kind"] == "train"]
+    end = int(rows[-1]["step"])
+    prev, acc, n = None, 0.0, 0
+    for r in rows:
+        step = int(r["step"])
+        if step > end - last and prev is not None:
+            acc, n = acc + float(r["acc"]) * (step - prev), n + step - prev
+        prev = step
+    return acc / n if n else float("nan")
+
+
+def long_budget(lines: list[str], runs: Path) -> None:
+    folders = [runs / run for _, run in RUNS_COMPARED]
+    if not all((f / "wall.json").exists() for f in folders):
+        lines += kept(TITLE, "\n### ")
+        return
+    curves = [evals(f) for f in folders]
+    lr = summed_lr(folders[0])
+    lines += [
+        TITLE,
+        "",
+        "One seed each, float32, on this CPU; the same recipe as every Table 1 run (SGD 0.1, "
+        "momentum 0.9, cosine with 5% warm-up per step, crop + flip, the reference's weight decay) "
+        "for 150,000 steps of 64 images. Test accuracy on the 10,000 test images:",
+        "",
+        "| step | images seen | summed lr | "
+        + " | ".join(f"{m} (`{r}`)" for m, r in RUNS_COMPARED)
+        + " |",
+        "|---|---|---|---|---|",
+    ]
+    for step in sorted(set(curves[0]) & set(curves[1])):
+        accs = " | ".join(f"{100 * c[step]:.1f}%" for c in curves)
+        lines.append(f"| {step:,} | {64 * step / 1e6:.2f}M | {lr(step):,.0f} | {accs} |")
+    rows = []
+    for (model, _), f in zip(RUNS_COMPARED, folders):
+        m = read_metrics(f)
+        rows.append(
+            f"| {model} | {n_params(f) / 1e6:.2f}M | {100 * m['test_acc']:.1f}% | "
+            f"{100 * train_acc_end(f):.1f}% | {m['images_per_s']:.0f} |"
+        )
+    lines += [
+        "",
+        "| model | params | final test acc. | train acc. (last 750 steps) | train images/s |",
+        "|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
