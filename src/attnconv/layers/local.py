@@ -112,6 +112,8 @@ class LocalSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
             ``"window"``.
     """
 
+    BACKENDS = plan.LOCAL_BACKENDS  # the ``backend`` names it takes (kernels/plan.py)
+
     def __init__(
         self,
         in_channels: int,
@@ -170,8 +172,6 @@ class LocalSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
         else:
             self.register_parameter("rel_row", None)
             self.register_parameter("rel_col", None)
-
-    BACKENDS = plan.LOCAL_BACKENDS
 
     def kernel(
         self, device: torch.device | str, return_attention: bool = False, why: bool = False

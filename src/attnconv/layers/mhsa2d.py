@@ -89,6 +89,8 @@ class MultiHeadSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
         ``return_attention=True`` also the probabilities ``(B or 1, Nh, H * W, H * W)``.
     """
 
+    BACKENDS = plan.BACKENDS  # the ``backend`` names it takes (kernels/plan.py)
+
     def __init__(
         self,
         in_channels: int,
@@ -159,8 +161,6 @@ class MultiHeadSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
                 f"attention_centers() needs a quadratic encoding, not {self.positional!r}"
             )
         return self.positional_encoding.centers.detach().clone()
-
-    BACKENDS = plan.BACKENDS
 
     def check_backend(self, value: str | None) -> str | None:
         if value == "triton" and not triton_axis.INSTALLED:

@@ -47,7 +47,7 @@ class AttentionStem2d(NotScriptable, BackendKnob, nn.Module):
             (unfold, the plain equations), ``"fused"`` or ``"window"``.
     """
 
-    BACKENDS = plan.STEM_BACKENDS
+    BACKENDS = plan.STEM_BACKENDS  # the ``backend`` names it takes (kernels/plan.py)
 
     def __init__(
         self,
