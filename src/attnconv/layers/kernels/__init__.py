@@ -3,7 +3,7 @@
 (``(q, k, v, term, grid, scale)`` -> (B|1, Nh, T, T), before dropout); plan.py picks one.
 
 ``layout``: "tokens" kernels read q, k, v (B, Nh, T, d) and return (B, T, Nh, Dv);
-"head_major" ones read v (Nh|1, D, H, B, W) (quadratic.head_major) and return (Nh, D, H, B, W).
+"head_major" ones read v (Nh|1, D, H, B, W) (separable.head_major) and return (Nh, D, H, B, W).
 """
 
 from __future__ import annotations
