@@ -100,22 +100,13 @@ def _probe(cfg, ds, threads: int, probe_s: float, steps: int = 6) -> tuple[float
 
     from attnconv.data import Loader
     from attnconv.models import create_model
+    from attnconv.train.loaders import train_loader
 
     torch.set_num_threads(threads)
     d, t = cfg.data, cfg.train
     model = create_model(cfg.model.name, num_classes=ds.num_classes, **cfg.model.kwargs)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loader = Loader(
-        ds,
-        t.batch_size,
-        shuffle=True,
-        seed=t.seed,
-        augment=d.augment,
-        pad=d.crop_padding,
-        flip=d.flip,
-        mean=d.mean,
-        std=d.std,
-    )
+    loader = train_loader(cfg, ds)
     times, t0 = [], time.perf_counter()
     for i, (x, y) in enumerate(loader.batches(0)):
         loss = F.cross_entropy(model(x), y)

@@ -55,12 +55,18 @@ def hash_dropout(
     """Dropout of x with ``dropped_elements``' mask (seed: drawn from the default generator when
     None; counters from ``offset``). The fused kernel on CPU when it built, the plain equations
     otherwise."""
+    kernel = plan.choose(plan.DropoutCase(x.device.type), plan.DROPOUT_TABLE)
+    return _dropout(x, p, training, seed, offset, kernel)
+
+
+def _dropout(x: torch.Tensor, p: float, training: bool, seed: int | None, offset: int, kernel: str):
+    """``hash_dropout`` with its kernel chosen (DROPOUT_TABLE's "fused" or "reference")."""
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
     if not training or p == 0.0:
         return x
     seed = dropout_seed() if seed is None else seed
-    if plan.choose(plan.DropoutCase(x.device.type), plan.DROPOUT_TABLE) == "fused":
+    if kernel == "fused":
         return _HashDropout.apply(x, p, seed, offset)
     return hash_dropout_reference(x, p, seed, offset)
 
@@ -77,7 +83,7 @@ class HashDropout(nn.Dropout):
         super().__init__(p)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        case = plan.DropoutCase(x.device.type, module=True)
-        if plan.choose(case, plan.DROPOUT_TABLE) == "torch":  # see the module docstring
+        kernel = plan.choose(plan.DropoutCase(x.device.type, module=True), plan.DROPOUT_TABLE)
+        if kernel == "torch":  # see the module docstring
             return F.dropout(x, self.p, self.training)
-        return hash_dropout(x, self.p, self.training)
+        return _dropout(x, self.p, self.training, None, 0, kernel)  # the table chosen once

@@ -161,7 +161,7 @@ class LocalSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
         self.positional, self.logits, self.padding = positional, logits, padding
         self.encoding = encoding  # SasaPositional: what the forward adds, decided once
         self.scale = dh**-0.5
-        self.backend = backend_of(impl, backend, plan.LOCAL_BACKENDS)  # None: the plan's
+        self.backend = backend_of(impl, backend, self.BACKENDS)  # None: the plan's
         self.query = nn.Conv2d(in_channels, out_channels, 1, bias=False)  # W_Q
         keys = LOGITS_KINDS[logits].keys
         self.key = nn.Conv2d(in_channels, out_channels, 1, bias=False) if keys else None

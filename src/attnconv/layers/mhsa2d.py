@@ -129,7 +129,7 @@ class MultiHeadSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
         self.head_dim, self.qk_dim, self.value = head_dim, qk_dim, value
         self.content, self.dropout, self.max_size = bool(content), dropout, max_size
         self.scale = qk_dim**-0.5
-        self.backend = backend_of(impl, backend, plan.BACKENDS)  # None: the plan's choice
+        self.backend = backend_of(impl, backend, self.BACKENDS)  # None: the plan's choice
         self.positional_encoding = build_encoding(
             positional,
             num_heads=num_heads,

@@ -84,7 +84,7 @@ class AttentionStem2d(NotScriptable, BackendKnob, nn.Module):
         self.num_heads, self.head_dim = num_heads, out_channels // num_heads
         self.kernel_size, self.mixtures, self.pool = kernel_size, mixtures, pool
         self.padding = padding
-        self.backend = backend_of(impl, backend, plan.STEM_BACKENDS)  # None: the plan's
+        self.backend = backend_of(impl, backend, self.BACKENDS)  # None: the plan's
         self.scale = self.head_dim**-0.5
         self.query = nn.Conv2d(in_channels, out_channels, 1, bias=False)  # W_Q
         self.key = nn.Conv2d(in_channels, out_channels, 1, bias=False)  # W_K

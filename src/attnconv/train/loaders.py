@@ -27,16 +27,25 @@ def build_loaders(cfg: Config, info: D.DistInfo) -> tuple[Loader, Loader]:
     dev = data_device(info.device, train_ds, eval_ds)  # a GPU holds CIFAR whole: not starved
     if info.is_main and dev.type != "cpu":
         log.info(f"data: both splits on {dev} (uint8), crop and flip there")
-    norm = dict(mean=d.mean, std=d.std, rank=info.rank, world_size=info.world_size, device=dev)
-    loader = Loader(
-        train_ds,
+    shard = dict(rank=info.rank, world_size=info.world_size, device=dev)
+    loader = train_loader(cfg, train_ds, max_steps=t.steps_per_epoch, **shard)
+    eval_loader = Loader(eval_ds, t.eval_batch_size, shuffle=False, mean=d.mean, std=d.std, **shard)
+    return loader, eval_loader
+
+
+def train_loader(cfg: Config, ds, **options) -> Loader:
+    """The shuffled, augmented, normalized training loader ``cfg`` describes over ``ds``
+    (``options``: Loader's rank, world_size, device, max_steps)."""
+    d, t = cfg.data, cfg.train
+    return Loader(
+        ds,
         t.batch_size,
         shuffle=True,
         seed=t.seed,
         augment=d.augment,
         pad=d.crop_padding,
         flip=d.flip,
-        max_steps=t.steps_per_epoch,
-        **norm,
+        mean=d.mean,
+        std=d.std,
+        **options,
     )
-    return loader, Loader(eval_ds, t.eval_batch_size, shuffle=False, **norm)
