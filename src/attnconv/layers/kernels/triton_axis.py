@@ -90,42 +90,58 @@ def _strides(t: torch.Tensor) -> tuple[int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2)
 
 
+def forward_launch(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, train):
+    """The forward kernel's (grid, arguments, compile-time values) and its outputs (y, stats,
+    rng): what ``_TritonAxis`` launches and ``triton_compile`` compiles for a GPU."""
+    b, nh, t, dk = q.shape
+    dv = v.shape[-1]
+    meta = _meta(q, h, w, block_m)
+    meta.update(DKP=_pow2(dk, 16), DVP=_pow2(dv, 16), DROP=p > 0, PER_IMAGE=per_image)
+    rng = torch.tensor([seed, drop_threshold(p)], dtype=torch.int64, device=q.device)
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    # (B, T, Nh, Dv) in float32: the backward's rowsum(dY o Y) from a bfloat16 Y lost
+    # precision in the positional gradients (docs/benchmarks.md)
+    y = torch.empty(b, t, nh, dv, dtype=acc, device=q.device)
+    stats = torch.empty(2, b, nh, t, dtype=acc, device=q.device)  # each query's m, 1 / l
+    sizes = (nh, t, h, w, dk, dv, scale, 1.0 / (1.0 - p))
+    strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(q_axis), *_strides(y))
+    args = (q, k, v, q_axis, y, stats, rng, *strides, *sizes)
+    # training in bfloat16/float16: Y's rowsum(dY o Y) in backward needs P unrounded
+    split = q.dtype in (torch.bfloat16, torch.float16) and train
+    grid = (triton.cdiv(t, meta["BLOCK_M"]), b * nh)
+    return (grid, args, dict(meta, SPLIT_P=split)), (y, stats, rng, sizes, meta)
+
+
+def backward_launches(q, k, v, q_axis, y, stats, rng, dy, sizes, meta):
+    """The two backward kernels' (kernel, grid, arguments, compile-time values) and the
+    gradients they write (dq, dk, dv, d q_axis), in the accumulation dtype."""
+    b, nh, t, dk = q.shape
+    h, w, dv = sizes[2], sizes[3], v.shape[-1]
+    acc = stats.dtype
+    delta = (dy.to(acc) * y.to(acc)).sum(-1).transpose(1, 2).contiguous()  # (B, Nh, T)
+    dq = torch.empty(b, nh, t, dk, dtype=acc, device=q.device)
+    dqa = torch.empty(b, nh, t, h + w, dtype=acc, device=q.device)
+    dk_ = torch.empty(b, nh, t, dk, dtype=acc, device=q.device)
+    dv_ = torch.empty(b, nh, t, dv, dtype=acc, device=q.device)
+    strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(q_axis), *_strides(dy))
+    common = (q, k, v, q_axis, dy, stats, delta)
+    launches = [
+        (_bwd_dq, (triton.cdiv(t, meta["BLOCK_M"]), b * nh), (*common, dq, dqa, rng), meta),
+        (_bwd_dkdv, (triton.cdiv(h, meta["ROWS"]), b * nh), (*common, dk_, dv_, rng), meta),
+    ]
+    launches = [(f, g, (*a, *strides, *sizes), m) for f, g, a, m in launches]
+    return launches, (dq, dk_, dv_, dqa)
+
+
 class _TritonAxis(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, train):
-        b, nh, t, dk = q.shape
-        dv = v.shape[-1]
-        meta = _meta(q, h, w, block_m)
-        meta.update(DKP=_pow2(dk, 16), DVP=_pow2(dv, 16), DROP=p > 0, PER_IMAGE=per_image)
-        rng = torch.tensor([seed, drop_threshold(p)], dtype=torch.int64, device=q.device)
-        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-        # (B, T, Nh, Dv) in float32: the backward's rowsum(dY o Y) from a bfloat16 Y lost
-        # precision in the positional gradients (docs/benchmarks.md)
-        y = torch.empty(b, t, nh, dv, dtype=acc, device=q.device)
-        stats = torch.empty(2, b, nh, t, dtype=acc, device=q.device)  # each query's m, 1 / l
-        args = (nh, t, h, w, dk, dv, scale, 1.0 / (1.0 - p))
-        grid = (triton.cdiv(t, meta["BLOCK_M"]), b * nh)
-        # training in bfloat16/float16: Y's rowsum(dY o Y) in backward needs P unrounded
-        split = q.dtype in (torch.bfloat16, torch.float16) and train
-        _fwd[grid](
-            q,
-            k,
-            v,
-            q_axis,
-            y,
-            stats,
-            rng,
-            *_strides(q),
-            *_strides(k),
-            *_strides(v),
-            *_strides(q_axis),
-            *_strides(y),
-            *args,
-            SPLIT_P=split,
-            **meta,
+        (grid, args, meta), (y, stats, rng, sizes, ctx.meta) = forward_launch(
+            q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, train
         )
+        _fwd[grid](*args, **meta)
         ctx.save_for_backward(q, k, v, q_axis, y, stats, rng)
-        ctx.args, ctx.meta = args, meta
+        ctx.sizes = sizes
         return y.to(q.dtype)
 
     @staticmethod
@@ -133,31 +149,13 @@ class _TritonAxis(torch.autograd.Function):
     @backward_without_autocast
     def backward(ctx, dy):
         q, k, v, q_axis, y, stats, rng = ctx.saved_tensors
-        nh, t, h, w, dk, dv = ctx.args[:6]
-        b = q.shape[0]
         dy = dy.to(q.dtype).contiguous()
-        acc = stats.dtype
-        delta = (dy.to(acc) * y.to(acc)).sum(-1).transpose(1, 2).contiguous()  # (B, Nh, T)
-        dq = torch.empty(b, nh, t, dk, dtype=acc, device=q.device)
-        dqa = torch.empty(b, nh, t, h + w, dtype=acc, device=q.device)
-        dk_ = torch.empty(b, nh, t, dk, dtype=acc, device=q.device)
-        dv_ = torch.empty(b, nh, t, dv, dtype=acc, device=q.device)
-        common = (
-            *_strides(q),
-            *_strides(k),
-            *_strides(v),
-            *_strides(q_axis),
-            *_strides(dy),
-            *ctx.args,
+        launches, (dq, dk, dv, dqa) = backward_launches(
+            q, k, v, q_axis, y, stats, rng, dy, ctx.sizes, ctx.meta
         )
-        meta = ctx.meta
-        _bwd_dq[(triton.cdiv(t, meta["BLOCK_M"]), b * nh)](
-            q, k, v, q_axis, dy, stats, delta, dq, dqa, rng, *common, **meta
-        )
-        _bwd_dkdv[(triton.cdiv(h, meta["ROWS"]), b * nh)](
-            q, k, v, q_axis, dy, stats, delta, dk_, dv_, rng, *common, **meta
-        )
-        grads = (dq.to(q.dtype), dk_.to(k.dtype), dv_.to(v.dtype), dqa.to(q_axis.dtype))
+        for kernel, grid, args, meta in launches:
+            kernel[grid](*args, **meta)
+        grads = (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dqa.to(q_axis.dtype))
         return (*grads, None, None, None, None, None, None, None, None)
 
 

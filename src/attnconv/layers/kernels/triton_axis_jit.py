@@ -9,7 +9,8 @@ import os
 import triton
 import triton.language as tl
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # read once, as triton.jit reads it
+# read once, as triton.jit reads it; a constexpr, the only kind of global a compiled kernel may read
+INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 
 @triton.jit

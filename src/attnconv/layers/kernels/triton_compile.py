@@ -1,0 +1,210 @@
+"""The Triton kernels compiled for a GPU on a machine without one: the same launches as
+``triton_axis._TritonAxis`` (``forward_launch``, ``backward_launches``), handed to Triton's
+compiler for an NVIDIA target instead of a device. It catches what the interpreter cannot (a
+kernel reading a global that is not a constexpr, a ``tl.dot`` shape or dtype the GPU refuses,
+more shared memory than the GPU has) and reports each kernel's registers and spills, so that a
+lent GPU's minutes go to measuring, not to compile errors.
+
+    python -m attnconv.layers.kernels.triton_compile [--arch 90 80] [--quick] [--json]
+
+Not under TRITON_INTERPRET=1 (the kernels are then the interpreter's, with its products).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import re
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import triton_axis
+
+# the most shared memory one block may ask for (bytes; CUDA's per-architecture limits)
+SHARED_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
+SIG = {
+    torch.float32: "fp32",
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+    torch.float64: "fp64",
+    torch.int64: "i64",
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One call of ``axis_attention_triton``: an image of h x w tokens, head widths dk, dv."""
+
+    dtype: torch.dtype
+    h: int
+    w: int
+    dk: int
+    dv: int
+    p: float = 0.0
+    per_image: bool = True
+    train: bool = True
+    tf32: bool = False  # float32 with torch.backends.cuda.matmul.allow_tf32
+
+    def __str__(self) -> str:
+        kind = "tf32" if self.tf32 else SIG[self.dtype]
+        mode = "train" if self.train else "infer"
+        return f"{kind} {self.h}x{self.w} d{self.dk}/{self.dv} p{self.p:g} {mode}"
+
+
+@dataclass(frozen=True)
+class Compiled:
+    kernel: str
+    case: Case
+    arch: int
+    shared: int  # bytes of shared memory a block asks for
+    registers: int | None  # per thread (None: no cuobjdump beside triton)
+    spilled: int | None  # bytes of local memory per thread: registers spilled
+    seconds: float
+
+    @property
+    def fits(self) -> bool:
+        return self.shared <= SHARED_LIMIT.get(self.arch, SHARED_LIMIT[80])
+
+
+def launches(case: Case) -> list[tuple]:
+    """(kernel, arguments, compile-time values) of the forward and, in training, both backward
+    kernels, built by the launch code itself from small CPU tensors (only dtypes and strides
+    reach the compiler)."""
+    t, z = case.h * case.w, torch.zeros
+    q, k = z(1, 1, t, case.dk, dtype=case.dtype), z(1, 1, t, case.dk, dtype=case.dtype)
+    v = z(1, 1, t, case.dv, dtype=case.dtype)
+    qa = z(1, 1, t, case.h + case.w, dtype=torch.promote_types(case.dtype, torch.float32))
+    args = (q, k, v, qa, case.h, case.w, case.dk**-0.5, case.p, 0, case.per_image, None)
+    (_, fargs, fmeta), (y, stats, rng, sizes, meta) = triton_axis.forward_launch(*args, case.train)
+    if case.tf32:
+        fmeta, meta = dict(fmeta, PREC="tf32"), dict(meta, PREC="tf32")
+    out = [(triton_axis._fwd, fargs, fmeta)]
+    if case.train:
+        dy = z(1, t, 1, case.dv, dtype=case.dtype)
+        back, _ = triton_axis.backward_launches(q, k, v, qa, y, stats, rng, dy, sizes, meta)
+        out += [(kernel, a, m) for kernel, _, a, m in back]
+    return out
+
+
+def signature(kernel, args: tuple, meta: dict) -> dict[str, str]:
+    """Triton's signature of a launch, in the kernel's parameter order: each positional
+    argument's type, "constexpr" for the compile-time values; a constexpr left to its default
+    is left out (a parameter the launch does not give is an error here, not on the GPU)."""
+    given = dict(zip(kernel.arg_names, args, strict=False))
+    params = inspect.signature(kernel.fn).parameters
+    sig = {}
+    for name in kernel.arg_names:
+        if name in meta:
+            sig[name] = "constexpr"
+            continue
+        a = given.get(name, KeyError)
+        if a is KeyError and params[name].default is not inspect.Parameter.empty:
+            continue  # its default (N = ROWS * WP)
+        if a is KeyError:
+            raise TypeError(f"{kernel.__name__}: the launch gives no {name}")
+        if isinstance(a, torch.Tensor):
+            sig[name] = "*" + SIG[a.dtype]
+        elif isinstance(a, float):
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32" if -(2**31) <= a < 2**31 else "i64"
+    return sig
+
+
+def resources(cubin: bytes) -> tuple[int | None, int | None]:
+    """(registers, local bytes) per thread from the cubin, by the cuobjdump Triton ships."""
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.exists():
+        return None, None
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cubin")
+        Path(path).write_bytes(cubin)
+        text = subprocess.run([str(tool), "-res-usage", path], capture_output=True, text=True)
+    m = re.search(r"REG:(\d+).*LOCAL:(\d+)", text.stdout)
+    return (int(m[1]), int(m[2])) if m else (None, None)
+
+
+def compile_case(case: Case, arch: int = 90) -> list[Compiled]:
+    """Compile every kernel a call of ``case`` launches for the NVIDIA architecture sm_<arch>."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    out = []
+    for kernel, args, meta in launches(case):
+        start = time.perf_counter()
+        src = ASTSource(kernel, signature(kernel, args, meta), constexprs=dict(meta))
+        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32))
+        seconds = time.perf_counter() - start
+        regs, local = resources(compiled.asm["cubin"]) if "cubin" in compiled.asm else (None, None)
+        shared = compiled.metadata.shared
+        out.append(Compiled(kernel.__name__, case, arch, shared, regs, local, seconds))
+    return out
+
+
+def cases(quick: bool = False) -> list[Case]:
+    """What the tests and the GPU suite run: every dtype, the paper's 16x16 and the suite's
+    32x32 / 64x64 images, odd sizes, head widths from 8 (padded to 16) to 128, dropout.
+    ``quick``: bfloat16 training with dropout, float64 (gradcheck) and tf32, one each."""
+    bf16, f32 = torch.bfloat16, torch.float32
+    if quick:
+        return [
+            Case(bf16, 5, 7, 8, 8, p=0.1),
+            Case(torch.float64, 6, 10, 8, 8, p=0.1),
+            Case(f32, 32, 32, 64, 64, tf32=True),
+        ]
+    return [
+        Case(bf16, 16, 16, 48, 48, p=0.1, per_image=True),
+        Case(bf16, 16, 16, 48, 48, train=False),
+        Case(torch.float16, 32, 32, 64, 64),
+        Case(bf16, 64, 64, 64, 64, p=0.1, per_image=False),
+        Case(bf16, 64, 64, 128, 128),
+        Case(bf16, 5, 7, 8, 8, p=0.1),
+        Case(bf16, 1, 128, 16, 16),
+        Case(f32, 16, 16, 48, 48, p=0.1),
+        Case(f32, 32, 32, 64, 64, tf32=True),
+        Case(torch.float64, 6, 10, 8, 8, p=0.1),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--arch", type=int, nargs="+", default=[90], help="sm_<arch> targets (90)")
+    p.add_argument("--quick", action="store_true", help="three cases (cases(quick=True))")
+    p.add_argument("--json", action="store_true", help="one JSON object per kernel")
+    args = p.parse_args(argv)
+    if triton_axis.interpreted():
+        raise SystemExit("triton_compile: unset TRITON_INTERPRET (the interpreter compiles none)")
+    import triton
+
+    if not args.json:
+        print(f"triton {triton.__version__}, torch {torch.__version__}")
+        print("| case | kernel | arch | shared KiB | registers | spilled B | fits | compile s |")
+        print("|---|---|---|---|---|---|---|---|")
+    bad = 0
+    for case in cases(args.quick):
+        for arch in args.arch:
+            for c in compile_case(case, arch):
+                bad += not c.fits
+                if args.json:
+                    row = {k: getattr(c, k) for k in ("kernel", "arch", "shared", "registers")}
+                    print(json.dumps(row | {"case": str(case), "spilled": c.spilled}))
+                    continue
+                print(
+                    f"| {case} | {c.kernel} | sm_{arch} | {c.shared / 1024:.1f} | {c.registers} "
+                    f"| {c.spilled} | {'yes' if c.fits else 'NO'} | {c.seconds:.1f} |"
+                )
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

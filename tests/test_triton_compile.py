@@ -1,0 +1,82 @@
+"""The Triton kernels compile for the GPUs they are written for (sm_90: the H100/H200 a session
+may be lent; sm_80: A100), on this CPU machine, through the same launch code a GPU call runs
+(layers/kernels/triton_compile.py, in a process without TRITON_INTERPRET). The interpreter tests
+(test_triton_axis.py) check values; these check what only the compiler refuses: a global that
+is not a constexpr (the kernels read one, INTERPRET, and no GPU could compile them until this
+test), tl.dot shapes and dtypes, and the shared memory each block asks for against the
+architecture's limit."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from attnconv.layers.kernels import triton_axis, triton_compile  # noqa: E402
+from attnconv.layers.kernels.triton_compile import SHARED_LIMIT, Case  # noqa: E402
+
+
+def _compile(*args: str) -> list[dict]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    cmd = [sys.executable, "-m", "attnconv.layers.kernels.triton_compile", "--json", *args]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:] + out.stdout[-2000:]
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+def _check(rows: list[dict], cases: list[Case], archs: list[int]):
+    want = [
+        (str(c), a, k)
+        for c in cases
+        for a in archs
+        for k in (["_fwd", "_bwd_dq", "_bwd_dkdv"] if c.train else ["_fwd"])
+    ]
+    assert [(r["case"], r["arch"], r["kernel"]) for r in rows] == want
+    for r in rows:
+        assert 0 < r["shared"] <= SHARED_LIMIT[r["arch"]], r
+        if r["registers"] is not None:  # cuobjdump beside triton: the cubin was really built
+            assert 0 < r["registers"] <= 255, r
+
+
+def test_kernels_compile_for_sm90_within_its_shared_memory():
+    _check(_compile("--quick"), triton_compile.cases(quick=True), [90])
+
+
+@pytest.mark.slow
+def test_every_case_compiles_for_sm90_and_sm80():
+    _check(_compile("--arch", "90", "80"), triton_compile.cases(), [90, 80])
+
+
+def test_the_compile_check_refuses_the_interpreter():
+    cmd = [sys.executable, "-m", "attnconv.layers.kernels.triton_compile", "--quick"]
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "unset TRITON_INTERPRET" in out.stderr
+
+
+def test_the_compiled_signature_names_every_parameter_of_each_launch():
+    for kernel, args, meta in triton_compile.launches(Case(torch.bfloat16, 6, 10, 48, 40, p=0.1)):
+        sig = triton_compile.signature(kernel, args, meta)
+        names = [n for n in kernel.arg_names if n != "N"]  # N: a constexpr's default
+        assert list(sig) == names, kernel.__name__  # nothing missing or extra, in order
+        assert sig["Q"] == "*bf16" and sig["QA"] == "*fp32" and sig["inv_keep"] == "fp32"
+
+
+def test_the_check_compiles_what_the_launch_code_builds():
+    """The compile check takes its launches from triton_axis itself (not a copy of them)."""
+    case = Case(torch.float16, 4, 9, 24, 16, p=0.2, per_image=False)
+    (fwd, _, meta), *back = triton_compile.launches(case)
+    assert fwd is triton_axis._fwd
+    assert [k for k, _, _ in back] == [triton_axis._bwd_dq, triton_axis._bwd_dkdv]
+    assert meta["DKP"] == 32 and meta["DVP"] == 16 and meta["WP"] == 16 and meta["DROP"]
+    assert meta["SPLIT_P"] and not meta["PER_IMAGE"]
+
+
+def test_a_parameter_the_launch_does_not_give_is_named():
+    kernel, args, meta = triton_compile.launches(Case(torch.bfloat16, 4, 4, 16, 16))[0]
+    with pytest.raises(TypeError, match="gives no inv_keep"):
+        triton_compile.signature(kernel, args[:-1], meta)
