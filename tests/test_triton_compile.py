@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
 
 from attnconv.layers.kernels import triton_axis, triton_compile  # noqa: E402
 from attnconv.layers.kernels.triton_compile import SHARED_LIMIT, Case  # noqa: E402
@@ -47,8 +47,75 @@ def test_kernels_compile_for_sm90_within_its_shared_memory():
 
 
 @pytest.mark.slow
-def test_every_case_compiles_for_sm90_and_sm80():
-    _check(_compile("--arch", "90", "80"), triton_compile.cases(), [90, 80])
+def test_every_case_compiles_for_sm90_sm80_and_sm86():
+    """sm_86/89 (RTX 30xx/40xx) give a block 99 KiB: there some backward kernels fit only at
+    fewer pipelining stages, the depth triton_axis.launch steps down to."""
+    rows = _compile("--arch", "90", "80", "86")
+    _check(rows, triton_compile.cases(), [90, 80, 86])
+    assert {r["stages"] for r in rows if r["arch"] == 90} == {3}
+    assert min(r["stages"] for r in rows if r["arch"] == 86) < 3
+
+
+class _Kernel:
+    """A launch target whose blocks fit only at `stages` or fewer and a query block of `m` or
+    less, refused as Triton refuses a block: OutOfResources at launch."""
+
+    __name__ = "k"
+
+    def __init__(self, stages, m=64):
+        self.stages, self.m, self.tried = stages, m, []
+
+    def __getitem__(self, grid):
+        def run(*args, num_stages, BLOCK_M, **meta):
+            self.tried.append((num_stages, BLOCK_M, grid))
+            if num_stages > self.stages or BLOCK_M > self.m:
+                raise triton.runtime.errors.OutOfResources(num_stages * 50_000, 101376, "shared")
+
+        return run
+
+
+def test_launch_steps_down_until_the_block_fits():
+    x, grid = torch.zeros(1), lambda m: (100 // m["BLOCK_M"],)
+    assert triton_axis.rungs({"BLOCK_M": 64}) == [(3, 64), (2, 64), (1, 64), (1, 32), (1, 16)]
+    k = _Kernel(stages=1)
+    triton_axis.launch(k, grid, (x,), {"A": 1, "BLOCK_M": 64})
+    assert k.tried == [(3, 64, (1,)), (2, 64, (1,)), (1, 64, (1,))]
+    triton_axis.launch(k, grid, (x,), {"A": 1, "BLOCK_M": 64})  # remembered: no refusal again
+    assert k.tried[3:] == [(1, 64, (1,))]
+    k = _Kernel(stages=1, m=16)  # the query block halves; the grid follows it
+    triton_axis.launch(k, grid, (x,), {"A": 2, "BLOCK_M": 64})
+    assert k.tried[-2:] == [(1, 32, (3,)), (1, 16, (6,))]
+    k = _Kernel(stages=3)  # fits at once: Triton's default, the grid as given
+    triton_axis.launch(k, (7,), (x,), {"A": 3, "BLOCK_M": 64})
+    assert k.tried == [(3, 64, (7,))]
+    with pytest.raises(triton.runtime.errors.OutOfResources):
+        triton_axis.launch(_Kernel(stages=0), (1,), (x,), {"A": 4, "BLOCK_M": 16})
+
+
+_REFUSAL = """
+from attnconv.layers.kernels.triton_compile import Case, refusal, SHARED_LIMIT
+import torch
+big = Case(torch.bfloat16, 8, 128, 256, 256)  # the widest rows and heads the kernel takes
+print(refusal(big, 86, SHARED_LIMIT[86]))
+print(refusal(Case(torch.bfloat16, 5, 7, 8, 8, p=0.1), 86, SHARED_LIMIT[86]))
+"""
+
+
+@pytest.mark.slow
+def test_a_call_whose_blocks_exceed_the_gpus_shared_memory_is_refused_in_one_line():
+    """content.triton falls back to the dense kernel with this line (triton_compile.too_large
+    asks it for the GPU at hand): bf16 at head width 256 and rows of 128 needs more than
+    sm_86's 99 KiB at every rung of triton_axis.launch."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run(
+        [sys.executable, "-c", _REFUSAL], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    big, small = out.stdout.splitlines()
+    assert (
+        "block needs" in big and "the GPU gives 99 KiB (head width 256, image rows of 128)" in big
+    )
+    assert small == "None"
 
 
 def test_the_compile_check_refuses_the_interpreter():

@@ -17,7 +17,7 @@ import torch
 from ..encodings.terms import AxisTerm, GaussianTerm
 from ..functional import dropped_links, scaled_dot_product_attention
 from ..precision import hi, kernel_dtype, no_autocast, softmax_f32, upcast
-from . import triton_axis
+from . import triton_axis, triton_compile
 from .blocked import axis_attention, gaussian_attention
 from .flex import axis_score_mod, flex_mod_attention, gaussian_score_mod
 from .fused import axis_attention_fused
@@ -123,6 +123,8 @@ def triton(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True):
     v in their (autocast) dtype, the axis logits in float32 at least. Inputs it cannot take fall
     back to the dense kernels with a one-line reason."""
     why = triton_axis.unsupported(q, v, grid.h, grid.w)
+    train = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+    why = why or triton_compile.too_large(q, v, grid.h, grid.w, p_drop, per_image, train)
     if why:
         warnings.warn(
             f"attnconv: backend='triton' falls back to the dense kernel: {why}", stacklevel=2

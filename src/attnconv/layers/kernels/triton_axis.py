@@ -86,6 +86,40 @@ def _meta(q, h: int, w: int, block_m: int | None) -> dict:
     )
 
 
+STAGES = (3, 2, 1)  # software-pipelining depths tried in turn (Triton's NVIDIA default first)
+_rung: dict[tuple, tuple[int, int]] = {}  # (kernel, compile-time values, device) -> what fit
+
+
+def rungs(meta: dict) -> list[tuple[int, int]]:
+    """(stages, BLOCK_M) a launch tries in turn: Triton's default pipelining, fewer stages,
+    then half the query block at one stage, down to 16 (tl.dot's least)."""
+    out, m = [(stages, meta["BLOCK_M"]) for stages in STAGES], meta["BLOCK_M"]
+    while m > 16:
+        m //= 2
+        out.append((1, m))
+    return out
+
+
+def launch(kernel, grid, args: tuple, meta: dict) -> None:
+    """kernel[grid](*args, **meta) at the first rung whose shared memory fits the GPU: a block
+    can ask for more than sm_86/89's 99 KiB (RTX 30xx/40xx; kernels/triton_compile.py says
+    which), and Triton's OutOfResources steps down the rungs, once per kernel, compile-time
+    values and device. ``grid``: a tuple or a function of the compile-time values."""
+    key = (kernel.__name__, str(sorted(meta.items())), str(args[0].device))
+    ladder = rungs(meta)
+    first = ladder.index(_rung[key]) if key in _rung else 0
+    for i, (stages, block_m) in enumerate(ladder[first:], first):
+        m = dict(meta, BLOCK_M=block_m)
+        try:
+            kernel[grid(m) if callable(grid) else grid](*args, **m, num_stages=stages)
+        except triton.runtime.errors.OutOfResources:
+            if i == len(ladder) - 1:
+                raise
+            continue
+        _rung[key] = (stages, block_m)
+        return
+
+
 def _strides(t: torch.Tensor) -> tuple[int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2)
 
@@ -108,7 +142,7 @@ def forward_launch(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, tr
     args = (q, k, v, q_axis, y, stats, rng, *strides, *sizes)
     # training in bfloat16/float16: Y's rowsum(dY o Y) in backward needs P unrounded
     split = q.dtype in (torch.bfloat16, torch.float16) and train
-    grid = (triton.cdiv(t, meta["BLOCK_M"]), b * nh)
+    grid = lambda m: (triton.cdiv(t, m["BLOCK_M"]), b * nh)  # noqa: E731 (launch's rungs)
     return (grid, args, dict(meta, SPLIT_P=split)), (y, stats, rng, sizes, meta)
 
 
@@ -126,7 +160,7 @@ def backward_launches(q, k, v, q_axis, y, stats, rng, dy, sizes, meta):
     strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(q_axis), *_strides(dy))
     common = (q, k, v, q_axis, dy, stats, delta)
     launches = [
-        (_bwd_dq, (triton.cdiv(t, meta["BLOCK_M"]), b * nh), (*common, dq, dqa, rng), meta),
+        (_bwd_dq, lambda m: (triton.cdiv(t, m["BLOCK_M"]), b * nh), (*common, dq, dqa, rng), meta),
         (_bwd_dkdv, (triton.cdiv(h, meta["ROWS"]), b * nh), (*common, dk_, dv_, rng), meta),
     ]
     launches = [(f, g, (*a, *strides, *sizes), m) for f, g, a, m in launches]
@@ -139,7 +173,7 @@ class _TritonAxis(torch.autograd.Function):
         (grid, args, meta), (y, stats, rng, sizes, ctx.meta) = forward_launch(
             q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, train
         )
-        _fwd[grid](*args, **meta)
+        launch(_fwd, grid, args, meta)
         ctx.save_for_backward(q, k, v, q_axis, y, stats, rng)
         ctx.sizes = sizes
         return y.to(q.dtype)
@@ -154,7 +188,7 @@ class _TritonAxis(torch.autograd.Function):
             q, k, v, q_axis, y, stats, rng, dy, ctx.sizes, ctx.meta
         )
         for kernel, grid, args, meta in launches:
-            kernel[grid](*args, **meta)
+            launch(kernel, grid, args, meta)
         grads = (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dqa.to(q_axis.dtype))
         return (*grads, None, None, None, None, None, None, None, None)
 

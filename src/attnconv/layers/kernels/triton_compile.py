@@ -67,10 +67,16 @@ class Compiled:
     registers: int | None  # per thread (None: no cuobjdump beside triton)
     spilled: int | None  # bytes of local memory per thread: registers spilled
     seconds: float
+    stages: int  # software-pipelining depth and query block: triton_axis.launch's first rung
+    block_m: int  # whose shared memory fits
 
     @property
     def fits(self) -> bool:
-        return self.shared <= SHARED_LIMIT.get(self.arch, SHARED_LIMIT[80])
+        return fits(self.shared, self.arch)
+
+
+def fits(shared: int, arch: int) -> bool:
+    return shared <= SHARED_LIMIT.get(arch, SHARED_LIMIT[80])
 
 
 def launches(case: Case) -> list[tuple]:
@@ -134,21 +140,60 @@ def resources(cubin: bytes) -> tuple[int | None, int | None]:
 
 
 def compile_case(case: Case, arch: int = 90) -> list[Compiled]:
-    """Compile every kernel a call of ``case`` launches for the NVIDIA architecture sm_<arch>."""
+    """Compile every kernel a call of ``case`` launches for the NVIDIA architecture sm_<arch>,
+    each at the rung ``triton_axis.launch`` would settle on there (its first (stages, BLOCK_M)
+    whose shared memory fits the architecture)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     out = []
     for kernel, args, meta in launches(case):
-        start = time.perf_counter()
-        src = ASTSource(kernel, signature(kernel, args, meta), constexprs=dict(meta))
-        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32))
-        seconds = time.perf_counter() - start
-        regs, local = resources(compiled.asm["cubin"]) if "cubin" in compiled.asm else (None, None)
+        sig = signature(kernel, args, meta)
+        for stages, block_m in triton_axis.rungs(meta):
+            src = ASTSource(kernel, sig, constexprs=dict(meta, BLOCK_M=block_m))
+            start = time.perf_counter()
+            target, options = GPUTarget("cuda", arch, 32), {"num_stages": stages}
+            compiled = triton.compile(src, target=target, options=options)
+            seconds = time.perf_counter() - start
+            if fits(compiled.metadata.shared, arch):
+                break
+        cubin = compiled.asm.get("cubin")
+        regs, local = resources(cubin) if cubin else (None, None)
         shared = compiled.metadata.shared
-        out.append(Compiled(kernel.__name__, case, arch, shared, regs, local, seconds))
+        out.append(
+            Compiled(kernel.__name__, case, arch, shared, regs, local, seconds, stages, block_m)
+        )
     return out
+
+
+_reasons: dict[tuple, str | None] = {}
+
+
+def refusal(case: Case, arch: int, limit: int) -> str | None:
+    """Why ``case``'s kernels cannot run on an sm_<arch> GPU that gives a block ``limit`` bytes
+    of shared memory (one line), or None; compiled once per (case, arch, limit)."""
+    key = (case, arch, limit)
+    if key not in _reasons:
+        big = [c for c in compile_case(case, arch) if c.shared > limit]
+        _reasons[key] = (
+            f"its {big[0].kernel} block needs {big[0].shared // 1024} KiB of shared memory, "
+            f"the GPU gives {limit // 1024} KiB (head width {case.dk}, image rows of {case.w})"
+            if big
+            else None
+        )
+    return _reasons[key]
+
+
+def too_large(q: torch.Tensor, v: torch.Tensor, h: int, w: int, p: float, per_image: bool, train):
+    """``refusal`` for this call on q's GPU, for its own architecture and shared memory; None
+    off CUDA."""
+    if q.device.type != "cuda" or triton_axis.interpreted():
+        return None
+    tf32 = q.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    case = Case(q.dtype, h, w, q.shape[-1], v.shape[-1], p, per_image, train, tf32)
+    props = torch.cuda.get_device_properties(q.device)
+    return refusal(case, props.major * 10 + props.minor, props.shared_memory_per_block_optin)
 
 
 def cases(quick: bool = False) -> list[Case]:
@@ -178,7 +223,9 @@ def cases(quick: bool = False) -> list[Case]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--arch", type=int, nargs="+", default=[90], help="sm_<arch> targets (90)")
+    p.add_argument(
+        "--arch", type=int, nargs="+", default=[90], help="sm_<arch> targets: 80 86 89 90 (90)"
+    )
     p.add_argument("--quick", action="store_true", help="three cases (cases(quick=True))")
     p.add_argument("--json", action="store_true", help="one JSON object per kernel")
     args = p.parse_args(argv)
@@ -188,20 +235,22 @@ def main(argv: list[str] | None = None) -> int:
 
     if not args.json:
         print(f"triton {triton.__version__}, torch {torch.__version__}")
-        print("| case | kernel | arch | shared KiB | registers | spilled B | fits | compile s |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("| case | kernel | arch | stages | BLOCK_M | KiB shared | regs | spilled B | fits |")
+        print("|---|---|---|---|---|---|---|---|---|")
     bad = 0
     for case in cases(args.quick):
         for arch in args.arch:
             for c in compile_case(case, arch):
                 bad += not c.fits
                 if args.json:
-                    row = {k: getattr(c, k) for k in ("kernel", "arch", "shared", "registers")}
+                    keys = ("kernel", "arch", "stages", "block_m", "shared", "registers")
+                    row = {k: getattr(c, k) for k in keys}
                     print(json.dumps(row | {"case": str(case), "spilled": c.spilled}))
                     continue
                 print(
-                    f"| {case} | {c.kernel} | sm_{arch} | {c.shared / 1024:.1f} | {c.registers} "
-                    f"| {c.spilled} | {'yes' if c.fits else 'NO'} | {c.seconds:.1f} |"
+                    f"| {case} | {c.kernel} | sm_{arch} | {c.stages} | {c.block_m} "
+                    f"| {c.shared / 1024:.1f} "
+                    f"| {c.registers} | {c.spilled} | {'yes' if c.fits else 'NO'} |"
                 )
     return 1 if bad else 0
 
