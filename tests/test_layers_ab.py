@@ -95,3 +95,22 @@ def test_layers_equal_reports_every_kind_of_difference(tmp_path):
         "unequal: c/dx",
     ]
     assert layers_equal.compare((a, meta_a), (a, meta_a)) == []
+
+
+def test_content_vs_dense_times_both_at_each_batch_and_precision(capsys):
+    import content_vs_dense
+
+    argv = ["--channels", "18", "--size", "4", "--batches", "1", "2", "--rounds", "2"]
+    content_vs_dense.main(argv)
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[0].startswith("quadratic + content, C=18, 4x4, inference forward, 1 thread(s)")
+    body = [r.strip("|").split("|") for r in rows[3:]]
+    assert [(c[0].strip(), c[1].strip()) for c in body] == [
+        ("1", "fp32"),
+        ("1", "bf16"),
+        ("2", "fp32"),
+        ("2", "bf16"),
+    ]
+    for c in body:  # dense / attnconv is the quotient of the two times printed
+        ours, dense, ratio = (float(x) for x in c[2:])
+        assert ours > 0 and dense > 0 and abs(dense / ours - ratio) <= 0.01 * max(1, ratio)
