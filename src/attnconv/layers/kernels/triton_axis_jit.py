@@ -65,6 +65,38 @@ def _logits(
 
 
 @triton.jit
+def _tokens(PTR, tok, tok_ok, d, D):
+    """(M, Dp) block of a token-major tensor: PTR at (image, head), rows = tokens ``tok``
+    (stride 1 in d), the columns d < D; zeros outside."""
+    return tl.load(
+        PTR + tok[:, None] + d[None, :], mask=tok_ok[:, None] & (d[None, :] < D), other=0.0
+    )
+
+
+@triton.jit
+def _tokens_t(PTR, tok, tok_ok, d, D):
+    """The (Dp, M) transpose of ``_tokens``, loaded transposed."""
+    return tl.load(
+        PTR + tok[None, :] + d[:, None], mask=tok_ok[None, :] & (d[:, None] < D), other=0.0
+    )
+
+
+@triton.jit
+def _key_block(r0, nr, nc, H, W):
+    """Token index and validity of the key block of image rows r0, r0 + 1, ... (nr, nc: each
+    key's row and column within the block)."""
+    return (r0 + nr) * W + nc, (r0 + nr < H) & (nc < W)
+
+
+@triton.jit
+def _query_stats(STATS, DELTA, bh, T, i, i_ok):
+    """A query block's saved max m, 1 / l (forward) and rowsum(dY o Y) (backward's delta)."""
+    m_i = tl.load(STATS + bh * T + i, mask=i_ok, other=0.0)
+    inv_l = tl.load(STATS + tl.num_programs(1) * T + bh * T + i, mask=i_ok, other=0.0)
+    return m_i, inv_l, tl.load(DELTA + bh * T + i, mask=i_ok, other=0.0)
+
+
+@triton.jit
 def _fwd(
     Q,
     K,
@@ -117,11 +149,7 @@ def _fwd(
     nr, nc = n // WP, n % WP  # a key block: ROWS image rows of WP columns
     c = tl.arange(0, WP)
     qa = QA + b * sa_b + hd * sa_h + i[:, None] * sa_t  # (M, 1) pointers
-    q = tl.load(
-        Q + b * sq_b + hd * sq_h + i[:, None] * sq_t + dk[None, :],
-        mask=i_ok[:, None] & (dk[None, :] < DK),
-        other=0.0,
-    )
+    q = _tokens(Q + b * sq_b + hd * sq_h, i * sq_t, i_ok, dk, DK)
     c_blk = tl.load(qa + H + c[None, :], mask=i_ok[:, None] & (c[None, :] < W), other=0.0)
     row = (bh if PER_IMAGE else hd).to(tl.int64) * T + i
     m_i = tl.full((BLOCK_M,), float("-inf"), ACC)
@@ -130,13 +158,8 @@ def _fwd(
     for r0 in range(0, H, ROWS):
         rr = r0 + tl.arange(0, ROWS)
         r_blk = tl.load(qa + rr[None, :], mask=i_ok[:, None] & (rr[None, :] < H), other=0.0)
-        key = (r0 + nr) * W + nc
-        k_ok = (r0 + nr < H) & (nc < W)
-        kt = tl.load(
-            K + b * sk_b + hd * sk_h + key[None, :] * sk_t + dk[:, None],
-            mask=k_ok[None, :] & (dk[:, None] < DK),
-            other=0.0,
-        )
+        key, k_ok = _key_block(r0, nr, nc, H, W)
+        kt = _tokens_t(K + b * sk_b + hd * sk_h, key * sk_t, k_ok, dk, DK)
         s = _logits(q, kt, r_blk, c_blk, scale, k_ok, PREC, BLOCK_M, N, ACC)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp(m_i - m_new)
@@ -144,11 +167,7 @@ def _fwd(
         l_i = l_i * alpha + tl.sum(p, 1)
         if DROP:
             p = tl.where(_kept(RNG, row, key), p, 0.0)
-        vb = tl.load(
-            V + b * sv_b + hd * sv_h + key[:, None] * sv_t + dv[None, :],
-            mask=k_ok[:, None] & (dv[None, :] < DV),
-            other=0.0,
-        )
+        vb = _tokens(V + b * sv_b + hd * sv_h, key * sv_t, k_ok, dv, DV)
         p_hi = p.to(vb.dtype)
         acc = acc * alpha[:, None] + _dot(p_hi, vb, PREC, ACC)
         if SPLIT_P:  # P = hi + lo in two low-precision products: Y as if P stayed float32
@@ -223,20 +242,10 @@ def _bwd_dq(
     nr, nc = n // WP, n % WP
     c = tl.arange(0, WP)
     qa = QA + b * sa_b + hd * sa_h + i[:, None] * sa_t
-    q = tl.load(
-        Q + b * sq_b + hd * sq_h + i[:, None] * sq_t + dk[None, :],
-        mask=i_ok[:, None] & (dk[None, :] < DK),
-        other=0.0,
-    )
-    dy = tl.load(
-        DY + b * sy_b + hd * sy_h + i[:, None] * sy_t + dv[None, :],
-        mask=i_ok[:, None] & (dv[None, :] < DV),
-        other=0.0,
-    )
+    q = _tokens(Q + b * sq_b + hd * sq_h, i * sq_t, i_ok, dk, DK)
+    dy = _tokens(DY + b * sy_b + hd * sy_h, i * sy_t, i_ok, dv, DV)
     c_blk = tl.load(qa + H + c[None, :], mask=i_ok[:, None] & (c[None, :] < W), other=0.0)
-    m_i = tl.load(STATS + bh * T + i, mask=i_ok, other=0.0)
-    inv_l = tl.load(STATS + tl.num_programs(1) * T + bh * T + i, mask=i_ok, other=0.0)
-    delta = tl.load(DELTA + bh * T + i, mask=i_ok, other=0.0)
+    m_i, inv_l, delta = _query_stats(STATS, DELTA, bh, T, i, i_ok)
     row = (bh if PER_IMAGE else hd).to(tl.int64) * T + i
     dqa = DQA + bh * T * (H + W) + i[:, None] * (H + W)  # (B, Nh, T, H + W) contiguous
     dq = tl.zeros((BLOCK_M, DKP), ACC)
@@ -244,18 +253,9 @@ def _bwd_dq(
     for r0 in range(0, H, ROWS):
         rr = r0 + tl.arange(0, ROWS)
         r_blk = tl.load(qa + rr[None, :], mask=i_ok[:, None] & (rr[None, :] < H), other=0.0)
-        key = (r0 + nr) * W + nc
-        k_ok = (r0 + nr < H) & (nc < W)
-        kb = tl.load(
-            K + b * sk_b + hd * sk_h + key[:, None] * sk_t + dk[None, :],
-            mask=k_ok[:, None] & (dk[None, :] < DK),
-            other=0.0,
-        )
-        vt = tl.load(
-            V + b * sv_b + hd * sv_h + key[None, :] * sv_t + dv[:, None],
-            mask=k_ok[None, :] & (dv[:, None] < DV),
-            other=0.0,
-        )
+        key, k_ok = _key_block(r0, nr, nc, H, W)
+        kb = _tokens(K + b * sk_b + hd * sk_h, key * sk_t, k_ok, dk, DK)
+        vt = _tokens_t(V + b * sv_b + hd * sv_h, key * sv_t, k_ok, dv, DV)
         s = _logits(q, tl.trans(kb), r_blk, c_blk, scale, k_ok, PREC, BLOCK_M, N, ACC)
         p = tl.exp(s - m_i[:, None]) * inv_l[:, None]
         dp = _dot(dy, vt, PREC, ACC)
@@ -329,39 +329,20 @@ def _bwd_dkdv(
     nr, nc = n // WP, n % WP
     c = tl.arange(0, WP)
     rr = r0 + tl.arange(0, ROWS)
-    key = (r0 + nr) * W + nc
-    k_ok = (r0 + nr < H) & (nc < W)
-    kb = tl.load(
-        K + b * sk_b + hd * sk_h + key[:, None] * sk_t + dk[None, :],
-        mask=k_ok[:, None] & (dk[None, :] < DK),
-        other=0.0,
-    )
-    vb = tl.load(
-        V + b * sv_b + hd * sv_h + key[:, None] * sv_t + dv[None, :],
-        mask=k_ok[:, None] & (dv[None, :] < DV),
-        other=0.0,
-    )
+    key, k_ok = _key_block(r0, nr, nc, H, W)
+    kb = _tokens(K + b * sk_b + hd * sk_h, key * sk_t, k_ok, dk, DK)
+    vb = _tokens(V + b * sv_b + hd * sv_h, key * sv_t, k_ok, dv, DV)
     dk_acc = tl.zeros((N, DKP), ACC)
     dv_acc = tl.zeros((N, DVP), ACC)
     for m0 in range(0, T, BLOCK_M):
         i = m0 + tl.arange(0, BLOCK_M)
         i_ok = i < T
         qa = QA + b * sa_b + hd * sa_h + i[:, None] * sa_t
-        q = tl.load(
-            Q + b * sq_b + hd * sq_h + i[:, None] * sq_t + dk[None, :],
-            mask=i_ok[:, None] & (dk[None, :] < DK),
-            other=0.0,
-        )
-        dy = tl.load(
-            DY + b * sy_b + hd * sy_h + i[:, None] * sy_t + dv[None, :],
-            mask=i_ok[:, None] & (dv[None, :] < DV),
-            other=0.0,
-        )
+        q = _tokens(Q + b * sq_b + hd * sq_h, i * sq_t, i_ok, dk, DK)
+        dy = _tokens(DY + b * sy_b + hd * sy_h, i * sy_t, i_ok, dv, DV)
         r_blk = tl.load(qa + rr[None, :], mask=i_ok[:, None] & (rr[None, :] < H), other=0.0)
         c_blk = tl.load(qa + H + c[None, :], mask=i_ok[:, None] & (c[None, :] < W), other=0.0)
-        m_i = tl.load(STATS + bh * T + i, mask=i_ok, other=0.0)
-        inv_l = tl.load(STATS + tl.num_programs(1) * T + bh * T + i, mask=i_ok, other=0.0)
-        delta = tl.load(DELTA + bh * T + i, mask=i_ok, other=0.0)
+        m_i, inv_l, delta = _query_stats(STATS, DELTA, bh, T, i, i_ok)
         s = _logits(q, tl.trans(kb), r_blk, c_blk, scale, k_ok, PREC, BLOCK_M, N, ACC)
         p = tl.where(i_ok[:, None], tl.exp(s - m_i[:, None]) * inv_l[:, None], 0.0)
         dp = _dot(dy, tl.trans(vb), PREC, ACC)
