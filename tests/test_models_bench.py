@@ -38,6 +38,28 @@ def test_bench_models_quick_writes_json_and_table(tmp_path):
     assert "| scale | model |" in md and "attnconv bench --suite models --quick" in md
 
 
+def test_several_batches_run_as_groups_each_against_its_own_reference(tmp_path):
+    argv = ["bench", "--suite", "models", "--quick", "--repeats", "2", "--out-dir", str(tmp_path)]
+    assert main(argv + ["--", "--only", "sa_quadratic", "--batch-cpu", "2", "3"]) == 0
+    data = json.loads((tmp_path / "models_throughput.json").read_text())
+    groups = [(r["group"], r["batch"], r["impl"], r["precision"]) for r in data["rows"]]
+    assert groups == [
+        (f"quick B{b}", b, impl, prec)
+        for b in (2, 3)
+        for impl, prec in (("reference", "fp32"), ("attnconv", "fp32"), ("attnconv", "bf16"))
+    ]
+    for b in (2, 3):  # each batch's ratios against the reference at that batch
+        rows = [r for r in data["rows"] if r["batch"] == b]
+        ref = next(r for r in rows if r["impl"] == "reference")
+        assert all(r["x_reference"] == r["img_s"] / ref["img_s"] for r in rows)
+    assert sorted(data["peak_gflops"]) == ["quick B2", "quick B3"]
+    assert {t["target"].split(" sa_quadratic")[0] for t in data["targets"]} == {
+        "quick B2",
+        "quick B3",
+    }
+    assert data["command"].endswith("--only sa_quadratic --batch-cpu 2 3")
+
+
 def test_reference_anchor_is_checked_equal_before_timing(monkeypatch):
     """A re-statement that computes another function is refused, not timed."""
     from attnconv.bench import reference_algo

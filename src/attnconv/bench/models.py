@@ -2,7 +2,8 @@
 al. 2020, Table 1 (sa_quadratic, sa_learned, sa_learned_content) as users train them.
 
 `attnconv bench --suite models [--quick] [--threads N] [--repeats N] [--out-dir DIR]
-[-- --scale paper|cpu|both --models M [M ...] --batch-paper B --batch-cpu B --docs --report]`
+[-- --scale paper|cpu|both --models M [M ...] --batch-paper B [B ...] --batch-cpu B [B ...]
+--docs --report]`
 
 Per model, at two scales: ``paper`` (the models' defaults: hidden 400, feed-forward 512, 16x16
 tokens, 6 layers, 9 heads) and ``cpu`` (configs/experiments/_sa_small.yaml: hidden 64,
@@ -18,9 +19,13 @@ draws it, a mask per image with content), three ways:
 - ``attnconv`` in float32 and under bfloat16 autocast (``--compile``: also float32 under
   ``torch.compile``, its first step's time reported as the compile cost).
 
-Method: every case of a scale is built in one fresh subprocess (one thread by default); after a
-warm-up step each, the cases run round-robin, ``--repeats`` rounds (default 5), so every ratio
-compares steps taken under the same machine load; img/s from the median step. ``x reference``
+Several batches (``--batch-paper 8 16``): each scale runs once per batch, a group of its own
+("paper B8", "paper B16"), so small batches are checked beside the default ones.
+
+Method: every case of a group (a scale at one batch) is built in one fresh subprocess (one
+thread by default); after a warm-up step each, the cases run round-robin, ``--repeats`` rounds
+(default 5), so every ratio compares steps taken under the same machine load; img/s from the
+median step. ``x reference``
 = img/s / the reference's float32 img/s. FLOPs: one float32 step under FlopCounterMode
 (matmul/conv/attention kernels, executed by that path) / batch; % of GEMM peak = achieved
 GFLOP/s / a 1024^3 matmul's GFLOP/s in the same precision, timed in the same rounds (the step's
@@ -278,6 +283,12 @@ def targets(rows: list[dict], scale: str) -> list[dict]:
     return out
 
 
+def batch_list(args, scale: str) -> list[int]:
+    """The batches a scale runs at: --batch-paper / --batch-cpu, else 16 / 64."""
+    given = args.batch_paper if scale == "paper" else args.batch_cpu
+    return given or [16 if scale == "paper" else 64]
+
+
 def results_dir(args) -> Path:
     """Where this suite reads and writes its results: bench/common.py's ``output_dir`` (the
     committed benchmarks/results/ only with --update-results)."""
@@ -292,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         default="both",
         help="paper configuration, CPU experiment scale, or both (both)",
     )
-    p.add_argument("--batch-paper", type=int, default=16, help="batch at the paper scale (16)")
+    p.add_argument("--batch-paper", type=int, nargs="+", help="batches at the paper scale (16)")
     p.add_argument(
         "--compile",
         action="store_true",
@@ -301,7 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--no-memory", action="store_true", help="skip the peak-memory subprocesses (faster)"
     )
-    p.add_argument("--batch-cpu", type=int, default=64, help="batch at the CPU scale (64)")
+    p.add_argument(
+        "--batch-cpu", type=int, nargs="+", help="batches at the CPU scale (64; --quick: 2)"
+    )
     p.add_argument("--models", nargs="+", choices=MODELS, help="several models (default: all)")
     p.add_argument(
         "--docs", action="store_true", help="replace the results block of docs/benchmarks.md"
@@ -322,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--report: no results to re-render at {src}")
         payload, checks = json.loads(src.read_text()), []
         for scale, pk in payload["peak_gflops"].items():  # derived columns from the timings
-            srows = [r for r in payload["rows"] if r["scale"] == scale]
+            srows = [r for r in payload["rows"] if r.get("group", r["scale"]) == scale]
             derive(srows, pk)
             checks += targets(srows, scale)
         payload["targets"] = checks
@@ -334,34 +347,38 @@ def main(argv: list[str] | None = None) -> int:
     scales = ["quick"] if args.quick else ["paper", "cpu"] if args.scale == "both" else [args.scale]
     rows, peaks, checks = [], {}, []
     for scale in scales:
-        batch = 2 if args.quick else args.batch_paper if scale == "paper" else args.batch_cpu
-        specs = cases(scale, models, batch, args.compile)
-        res = (
-            run_scale(specs, repeats, args.threads)
-            if args.quick
-            else run_scale_subprocess(specs, repeats, args.threads, args.malloc)
-        )
-        if not (args.quick or args.no_memory):
-            measure_memory(res["rows"], args.threads, args.malloc)
-        derive(res["rows"], res["peak_gflops"])
-        rows += res["rows"]
-        peaks[scale] = res["peak_gflops"]
-        checks += targets(res["rows"], scale)
-        for r in res["rows"]:
-            x = f"{r['x_reference']:.2f}x ref" if r["x_reference"] else ""
-            print(
-                f"{scale:<6} {r['model']:<20} {r['impl']:<9} {r['precision']} "
-                f"{r['img_s']:8.1f} img/s {r['gflops_s']:7.1f} GFLOP/s {x}",
-                flush=True,
+        batches = (args.batch_cpu or [2]) if args.quick else batch_list(args, scale)
+        for batch in batches:
+            group = scale if len(batches) == 1 else f"{scale} B{batch}"
+            specs = cases(scale, models, batch, args.compile)
+            res = (
+                run_scale(specs, repeats, args.threads)
+                if args.quick
+                else run_scale_subprocess(specs, repeats, args.threads, args.malloc)
             )
+            for r in res["rows"]:
+                r["group"] = group
+            if not (args.quick or args.no_memory):
+                measure_memory(res["rows"], args.threads, args.malloc)
+            derive(res["rows"], res["peak_gflops"])
+            rows += res["rows"]
+            peaks[group] = res["peak_gflops"]
+            checks += targets(res["rows"], group)
+            for r in res["rows"]:
+                x = f"{r['x_reference']:.2f}x ref" if r["x_reference"] else ""
+                print(
+                    f"{group:<9} {r['model']:<20} {r['impl']:<9} {r['precision']} "
+                    f"{r['img_s']:8.1f} img/s {r['gflops_s']:7.1f} GFLOP/s {x}",
+                    flush=True,
+                )
     cmd = suite_command("models", args)
     extra = [f"--scale {args.scale}"] if args.scale != "both" else []
     extra += ["--models " + " ".join(args.models)] if args.models and not args.only else []
     extra += [f"--{k.replace('_', '-')}" for k in ("compile", "no_memory") if getattr(args, k)]
     extra += [
-        f"--batch-{s} {getattr(args, f'batch_{s}')}"
-        for s, d in (("paper", 16), ("cpu", 64))
-        if getattr(args, f"batch_{s}") != d
+        f"--batch-{s} " + " ".join(map(str, getattr(args, f"batch_{s}")))
+        for s in ("paper", "cpu")
+        if getattr(args, f"batch_{s}")
     ]
     if extra:
         cmd += (" " if " -- " in cmd else " -- ") + " ".join(extra)
