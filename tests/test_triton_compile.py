@@ -56,6 +56,24 @@ def test_every_case_compiles_for_sm90_sm80_and_sm86():
     assert min(r["stages"] for r in rows if r["arch"] == 86) < 3
 
 
+@pytest.mark.slow
+def test_the_envelope_fits_sm80_and_sm90_at_the_first_rung():
+    """too_large compiles nothing inside ENVELOPE on sm_80/sm_90-sized GPUs: this is why."""
+    rows = _compile("--envelope", "--arch", "80", "90")
+    _check(rows, triton_compile.envelope(), [80, 90])
+    assert {(r["stages"], r["block_m"]) for r in rows} == {(3, 64)}
+
+
+def test_inside_the_envelope_means_rows_to_64_the_tested_widths_and_a_large_gpu():
+    inside, limit = triton_compile.inside, SHARED_LIMIT[80]
+    bf16, f32 = torch.bfloat16, torch.float32
+    assert inside(Case(bf16, 64, 64, 128, 128), limit) and inside(Case(f32, 3, 5, 64, 8), limit)
+    assert not inside(Case(f32, 16, 16, 128, 64), limit)  # wider than float32's corner
+    assert not inside(Case(bf16, 1, 128, 16, 16), limit)  # rows over 64: 128-key blocks
+    assert not inside(Case(torch.float64, 4, 4, 8, 8), limit)  # gradcheck's: always compiled
+    assert not inside(Case(bf16, 8, 8, 16, 16), SHARED_LIMIT[86])  # a 99 KiB GPU: compiled
+
+
 class _Kernel:
     """A launch target whose blocks fit only at `stages` or fewer and a query block of `m` or
     less, refused as Triton refuses a block: OutOfResources at launch."""
