@@ -143,6 +143,12 @@ def test_the_compile_check_refuses_the_interpreter():
     assert out.returncode != 0 and "unset TRITON_INTERPRET" in out.stderr
 
 
+def test_the_compile_check_without_triton_names_the_install(monkeypatch):
+    monkeypatch.setattr(triton_axis, "INSTALLED", False)
+    with pytest.raises(SystemExit, match=r"triton is not installed \(pip install triton\)"):
+        triton_compile.main(["--quick"])
+
+
 def test_the_compiled_signature_names_every_parameter_of_each_launch():
     for kernel, args, meta in triton_compile.launches(Case(torch.bfloat16, 6, 10, 48, 40, p=0.1)):
         sig = triton_compile.signature(kernel, args, meta)

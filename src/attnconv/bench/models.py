@@ -312,9 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--no-memory", action="store_true", help="skip the peak-memory subprocesses (faster)"
     )
-    p.add_argument(
-        "--batch-cpu", type=int, nargs="+", help="batches at the CPU scale (64; --quick: 2)"
-    )
+    p.add_argument("--batch-cpu", type=int, nargs="+", help="CPU-scale batches (64; quick 2)")
     p.add_argument("--models", nargs="+", choices=MODELS, help="several models (default: all)")
     p.add_argument(
         "--docs", action="store_true", help="replace the results block of docs/benchmarks.md"

@@ -252,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--envelope", action="store_true", help="the envelope's corners instead")
     p.add_argument("--json", action="store_true", help="one JSON object per kernel")
     args = p.parse_args(argv)
+    if not triton_axis.INSTALLED:
+        raise SystemExit("triton_compile: triton is not installed (pip install triton)")
     if triton_axis.interpreted():
         raise SystemExit("triton_compile: unset TRITON_INTERPRET (the interpreter compiles none)")
     import triton
