@@ -105,7 +105,7 @@ def launch(kernel, grid, args: tuple, meta: dict) -> None:
     can ask for more than sm_86/89's 99 KiB (RTX 30xx/40xx; kernels/triton_compile.py says
     which), and Triton's OutOfResources steps down the rungs, once per kernel, compile-time
     values and device. ``grid``: a tuple or a function of the compile-time values."""
-    key = (kernel.__name__, str(sorted(meta.items())), str(args[0].device))
+    key = (kernel.__name__, *meta.items(), args[0].device)  # meta's order is the launch code's
     ladder = rungs(meta)
     first = ladder.index(_rung[key]) if key in _rung else 0
     for i, (stages, block_m) in enumerate(ladder[first:], first):
