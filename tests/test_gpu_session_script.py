@@ -56,3 +56,17 @@ def test_its_commands_parse(monkeypatch):
         monkeypatch.setattr(argparse.ArgumentParser, "parse_args", real)
         ns = e.value.args[0]
         assert ns.only in ("models", "content") and ns.out_dir == "out"
+
+
+def test_each_k_selection_names_tests_that_exist():
+    """A renamed test would make a `-k` step select nothing and pass in silence."""
+    for path, expr in re.findall(r"(tests/[\w/]+\.py) -k (\w+)", SCRIPT.replace("\\\n", " ")):
+        names = re.findall(r"^def (test_\w+)", (ROOT / path).read_text(), flags=re.M)
+        assert any(expr in n for n in names), (path, expr)
+
+
+def test_its_timeouts_fit_one_lent_call():
+    """The steps' timeouts add up to less than the 540 s a run call is given (9 minutes,
+    leaving the machine's start inside a 15-minute device budget)."""
+    steps = [int(t) for t in re.findall(r"^timeout (\d+) ", SCRIPT, flags=re.M)]
+    assert len(steps) >= 4 and sum(steps) <= 540, steps
