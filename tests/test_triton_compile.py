@@ -136,6 +136,40 @@ def test_a_call_whose_blocks_exceed_the_gpus_shared_memory_is_refused_in_one_lin
     assert small == "None"
 
 
+_DEVICE_LIMIT = """
+from attnconv.layers.kernels.triton_compile import Case, compile_case, SHARED_LIMIT
+import torch
+case = Case(torch.float32, 32, 32, 64, 64, tf32=True)
+for c in compile_case(case, 90, SHARED_LIMIT[86]):  # sm_90 code, a 99 KiB GPU's limit
+    print(c.kernel, c.stages, c.block_m, c.shared, c.limit, c.fits)
+"""
+
+
+@pytest.mark.slow
+def test_the_rung_search_fits_the_limit_it_is_given_not_the_architectures():
+    """refusal passes the GPU's own shared memory: the rungs walk down to it (tf32 dK/dV needs
+    more than 99 KiB at 3 stages), where sm_90's table limit would have stopped at the first."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run(
+        [sys.executable, "-c", _DEVICE_LIMIT], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line.split() for line in out.stdout.splitlines()]
+    assert [r[0] for r in rows] == ["_fwd", "_bwd_dq", "_bwd_dkdv"]
+    assert all(int(r[3]) <= SHARED_LIMIT[86] == int(r[4]) and r[5] == "True" for r in rows)
+    assert min((int(r[1]), -int(r[2])) for r in rows) < (3, -64)  # some kernel stepped down
+
+
+def test_a_call_trains_when_any_input_needs_a_gradient_the_axis_logits_too():
+    """too_large is asked about the backward kernels whenever one will run: also when only the
+    positional encoding learns (frozen projections), through the axis logits."""
+    q, k, v = (torch.zeros(1, 1, 4, 8) for _ in "qkv")
+    qa = torch.zeros(1, 1, 4, 4, requires_grad=True)
+    assert triton_axis.trains(q, k, v, qa) and not triton_axis.trains(q, k, v, qa.detach())
+    with torch.no_grad():
+        assert not triton_axis.trains(q, k, v, qa)
+
+
 def test_the_compile_check_refuses_the_interpreter():
     cmd = [sys.executable, "-m", "attnconv.layers.kernels.triton_compile", "--quick"]
     env = dict(os.environ, TRITON_INTERPRET="1")

@@ -123,8 +123,11 @@ def triton(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True):
     v in their (autocast) dtype, the axis logits in float32 at least. Inputs it cannot take fall
     back to the dense kernels with a one-line reason."""
     why = triton_axis.unsupported(q, v, grid.h, grid.w)
-    train = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-    why = why or triton_compile.too_large(q, v, grid.h, grid.w, p_drop, per_image, train)
+    if not why:  # the axis logits count too: a learned encoding trains through them
+        with no_autocast(q.device.type):
+            q_axis = term.q_axis(hi(q))  # (B|1, Nh, T, h + w), float32 at least
+        train = triton_axis.trains(q, k, v, q_axis)
+        why = triton_compile.too_large(q, v, grid.h, grid.w, p_drop, per_image, train)
     if why:
         warnings.warn(
             f"attnconv: backend='triton' falls back to the dense kernel: {why}", stacklevel=2
@@ -133,7 +136,6 @@ def triton(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True):
         return dense(q, k, v, term, grid, scale, p_drop=p_drop, per_image=per_image)
     b = v.shape[0]
     with no_autocast(q.device.type):
-        q_axis = term.q_axis(hi(q))  # (B|1, Nh, T, h + w), float32 at least
         if q_axis.stride(0) == 0:  # input-independent (quadratic): one copy for the batch
             q_axis = q_axis[:1]
         q, k = q.expand(b, *q.shape[1:]), k.expand(b, *k.shape[1:])

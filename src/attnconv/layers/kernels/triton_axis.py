@@ -63,6 +63,11 @@ if INSTALLED:
     from .triton_axis_jit import _bwd_dkdv, _bwd_dq, _fwd
 
 
+def trains(*xs: torch.Tensor) -> bool:
+    """Whether a backward will follow a call on ``xs``: grad mode on, an input needing it."""
+    return torch.is_grad_enabled() and any(x.requires_grad for x in xs)
+
+
 def _pow2(x: int, least: int = 1) -> int:
     return max(least, 1 << max(0, x - 1).bit_length())
 
@@ -226,5 +231,5 @@ def axis_attention_triton(
         q_axis = q_axis.contiguous()
     q, k, v, q_axis = first_order_only("the Triton axis attention", q, k, v, q_axis)
     with no_autocast(q.device.type):
-        train = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, q_axis))
+        train = trains(q, k, v, q_axis)
         return _TritonAxis.apply(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, train)

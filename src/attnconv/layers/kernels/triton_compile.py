@@ -69,14 +69,11 @@ class Compiled:
     seconds: float
     stages: int  # software-pipelining depth and query block: triton_axis.launch's first rung
     block_m: int  # whose shared memory fits
+    limit: int  # the shared memory a block may ask for on the target
 
     @property
     def fits(self) -> bool:
-        return fits(self.shared, self.arch)
-
-
-def fits(shared: int, arch: int) -> bool:
-    return shared <= SHARED_LIMIT.get(arch, SHARED_LIMIT[80])
+        return self.shared <= self.limit
 
 
 def launches(case: Case) -> list[tuple]:
@@ -139,10 +136,12 @@ def resources(cubin: bytes) -> tuple[int | None, int | None]:
     return (int(m[1]), int(m[2])) if m else (None, None)
 
 
-def compile_case(case: Case, arch: int = 90) -> list[Compiled]:
+def compile_case(case: Case, arch: int = 90, limit: int | None = None) -> list[Compiled]:
     """Compile every kernel a call of ``case`` launches for the NVIDIA architecture sm_<arch>,
-    each at the rung ``triton_axis.launch`` would settle on there (its first (stages, BLOCK_M)
-    whose shared memory fits the architecture)."""
+    each at the rung ``triton_axis.launch`` would settle on there: its first (stages, BLOCK_M)
+    whose shared memory fits ``limit`` bytes (a GPU's own; None: SHARED_LIMIT's for the
+    architecture, sm_80's for one it does not list)."""
+    limit = limit or SHARED_LIMIT.get(arch, SHARED_LIMIT[80])
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -156,13 +155,15 @@ def compile_case(case: Case, arch: int = 90) -> list[Compiled]:
             target, options = GPUTarget("cuda", arch, 32), {"num_stages": stages}
             compiled = triton.compile(src, target=target, options=options)
             seconds = time.perf_counter() - start
-            if fits(compiled.metadata.shared, arch):
+            if compiled.metadata.shared <= limit:
                 break
         cubin = compiled.asm.get("cubin")
         regs, local = resources(cubin) if cubin else (None, None)
         shared = compiled.metadata.shared
         out.append(
-            Compiled(kernel.__name__, case, arch, shared, regs, local, seconds, stages, block_m)
+            Compiled(
+                kernel.__name__, case, arch, shared, regs, local, seconds, stages, block_m, limit
+            )
         )
     return out
 
@@ -195,7 +196,7 @@ def refusal(case: Case, arch: int, limit: int) -> str | None:
     of shared memory (one line), or None; compiled once per (case, arch, limit)."""
     key = (case, arch, limit)
     if key not in _reasons:
-        big = [c for c in compile_case(case, arch) if c.shared > limit]
+        big = [c for c in compile_case(case, arch, limit) if not c.fits]
         _reasons[key] = (
             f"its {big[0].kernel} block needs {big[0].shared // 1024} KiB of shared memory, "
             f"the GPU gives {limit // 1024} KiB (head width {case.dk}, image rows of {case.w})"
