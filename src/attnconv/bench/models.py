@@ -25,14 +25,13 @@ Several batches (``--batch-paper 8 16``): each scale runs once per batch, a grou
 Method: every case of a group (a scale at one batch) is built in one fresh subprocess (one
 thread by default); after a warm-up step each, the cases run round-robin, ``--repeats`` rounds
 (default 5), so every ratio compares steps taken under the same machine load; img/s from the
-median step. ``x reference``
-= img/s / the reference's float32 img/s. FLOPs: one float32 step under FlopCounterMode
-(matmul/conv/attention kernels, executed by that path) / batch; % of GEMM peak = achieved
-GFLOP/s / a 1024^3 matmul's GFLOP/s in the same precision, timed in the same rounds (the step's
-physical limit). Peak memory: the RSS a first training step adds to the built model, each case
-in its own fresh subprocess. Writes <out-dir>/models_throughput.{json,md} (default
-benchmarks/results/); ``--docs`` also replaces the block between the models-throughput markers of
-the documentation's benchmarks page (docs/benchmarks.md).
+median step. ``x reference`` = img/s / the reference's float32 img/s. FLOPs: one float32 step
+under FlopCounterMode (matmul/conv/attention kernels, executed by that path) / batch; % of GEMM
+peak = achieved GFLOP/s / a 1024^3 matmul's GFLOP/s in the same precision, timed in the same
+rounds (the step's physical limit). Peak memory: the RSS a first training step adds to the
+built model, each case in its own fresh subprocess. Writes <out-dir>/models_throughput.{json,md}
+(default benchmarks/results/); ``--docs`` also replaces the block between the models-throughput
+markers of the documentation's benchmarks page (docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -148,16 +148,16 @@ def _fwd(
     n = tl.arange(0, N)
     nr, nc = n // WP, n % WP  # a key block: ROWS image rows of WP columns
     c = tl.arange(0, WP)
-    qa = QA + b * sa_b + hd * sa_h + i[:, None] * sa_t  # (M, 1) pointers
+    qa = QA + b * sa_b + hd * sa_h  # the axis logits [R | C] of (image, head)
     q = _tokens(Q + b * sq_b + hd * sq_h, i * sq_t, i_ok, dk, DK)
-    c_blk = tl.load(qa + H + c[None, :], mask=i_ok[:, None] & (c[None, :] < W), other=0.0)
+    c_blk = _tokens(qa + H, i * sa_t, i_ok, c, W)
     row = (bh if PER_IMAGE else hd).to(tl.int64) * T + i
     m_i = tl.full((BLOCK_M,), float("-inf"), ACC)
     l_i = tl.zeros((BLOCK_M,), ACC)
     acc = tl.zeros((BLOCK_M, DVP), ACC)
     for r0 in range(0, H, ROWS):
         rr = r0 + tl.arange(0, ROWS)
-        r_blk = tl.load(qa + rr[None, :], mask=i_ok[:, None] & (rr[None, :] < H), other=0.0)
+        r_blk = _tokens(qa, i * sa_t, i_ok, rr, H)
         key, k_ok = _key_block(r0, nr, nc, H, W)
         kt = _tokens_t(K + b * sk_b + hd * sk_h, key * sk_t, k_ok, dk, DK)
         s = _logits(q, kt, r_blk, c_blk, scale, k_ok, PREC, BLOCK_M, N, ACC)
@@ -241,10 +241,10 @@ def _bwd_dq(
     n = tl.arange(0, N)
     nr, nc = n // WP, n % WP
     c = tl.arange(0, WP)
-    qa = QA + b * sa_b + hd * sa_h + i[:, None] * sa_t
+    qa = QA + b * sa_b + hd * sa_h
     q = _tokens(Q + b * sq_b + hd * sq_h, i * sq_t, i_ok, dk, DK)
     dy = _tokens(DY + b * sy_b + hd * sy_h, i * sy_t, i_ok, dv, DV)
-    c_blk = tl.load(qa + H + c[None, :], mask=i_ok[:, None] & (c[None, :] < W), other=0.0)
+    c_blk = _tokens(qa + H, i * sa_t, i_ok, c, W)
     m_i, inv_l, delta = _query_stats(STATS, DELTA, bh, T, i, i_ok)
     row = (bh if PER_IMAGE else hd).to(tl.int64) * T + i
     dqa = DQA + bh * T * (H + W) + i[:, None] * (H + W)  # (B, Nh, T, H + W) contiguous
@@ -252,7 +252,7 @@ def _bwd_dq(
     dc = tl.zeros((BLOCK_M, WP), ACC)
     for r0 in range(0, H, ROWS):
         rr = r0 + tl.arange(0, ROWS)
-        r_blk = tl.load(qa + rr[None, :], mask=i_ok[:, None] & (rr[None, :] < H), other=0.0)
+        r_blk = _tokens(qa, i * sa_t, i_ok, rr, H)
         key, k_ok = _key_block(r0, nr, nc, H, W)
         kb = _tokens(K + b * sk_b + hd * sk_h, key * sk_t, k_ok, dk, DK)
         vt = _tokens_t(V + b * sv_b + hd * sv_h, key * sv_t, k_ok, dv, DV)
@@ -325,6 +325,7 @@ def _bwd_dkdv(
     b, hd = bh // NH, bh % NH
     r0 = tl.program_id(0) * ROWS
     dk, dv = tl.arange(0, DKP), tl.arange(0, DVP)
+    qa = QA + b * sa_b + hd * sa_h  # the axis logits [R | C] of (image, head)
     n = tl.arange(0, N)
     nr, nc = n // WP, n % WP
     c = tl.arange(0, WP)
@@ -337,11 +338,10 @@ def _bwd_dkdv(
     for m0 in range(0, T, BLOCK_M):
         i = m0 + tl.arange(0, BLOCK_M)
         i_ok = i < T
-        qa = QA + b * sa_b + hd * sa_h + i[:, None] * sa_t
         q = _tokens(Q + b * sq_b + hd * sq_h, i * sq_t, i_ok, dk, DK)
         dy = _tokens(DY + b * sy_b + hd * sy_h, i * sy_t, i_ok, dv, DV)
-        r_blk = tl.load(qa + rr[None, :], mask=i_ok[:, None] & (rr[None, :] < H), other=0.0)
-        c_blk = tl.load(qa + H + c[None, :], mask=i_ok[:, None] & (c[None, :] < W), other=0.0)
+        r_blk = _tokens(qa, i * sa_t, i_ok, rr, H)
+        c_blk = _tokens(qa + H, i * sa_t, i_ok, c, W)
         m_i, inv_l, delta = _query_stats(STATS, DELTA, bh, T, i, i_ok)
         s = _logits(q, tl.trans(kb), r_blk, c_blk, scale, k_ok, PREC, BLOCK_M, N, ACC)
         p = tl.where(i_ok[:, None], tl.exp(s - m_i[:, None]) * inv_l[:, None], 0.0)
