@@ -18,7 +18,7 @@ py=python3
   $py -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \
   2>&1 | tee "$LOG"
 # Measurements before the long tests: on a GPU every new shape of the Triton tests is a compile
-# (tests/test_triton_axis.py compiled 92 kernels, 158 s for sm_90 on a 2-core CPU, 122 s of them
+# (tests/test_triton_axis.py compiled 92 kernels, 199 s for sm_90 on a 2-core CPU, 155 s of them
 # float64), and the suites below record each kernel's error against float64 themselves.
 echo "== smoke: the Triton kernel in the layer, float64 and bf16 autocast" | tee -a "$LOG"
 timeout 60 $py -m pytest -q -p no:cacheprovider tests/test_triton_axis.py -k layer_backend_triton \

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -205,3 +206,25 @@ def test_a_parameter_the_launch_does_not_give_is_named():
     kernel, args, meta = triton_compile.launches(Case(torch.bfloat16, 4, 4, 16, 16))[0]
     with pytest.raises(TypeError, match="gives no inv_keep"):
         triton_compile.signature(kernel, args[:-1], meta)
+
+
+def test_the_test_compiles_benchmark_compiles_what_it_recorded():
+    """benchmarks/triton_test_compiles.py's compiling half, on one recorded launch."""
+    (kernel, _, meta), *_ = triton_compile.launches(Case(torch.bfloat16, 4, 4, 16, 16))
+    seen = [
+        (kernel.__name__, tuple((k, v) for k, v in meta.items() if k != "ACC"), "torch.bfloat16")
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = str(Path(__file__).resolve().parents[1] / "benchmarks" / "triton_test_compiles.py")
+    out = subprocess.run(
+        [sys.executable, script, "--child", repr(seen)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith(
+        "1 kernels launched by tests/test_triton_axis.py; compiled for sm_90"
+    )
+    assert "bfloat16" in out.stdout.splitlines()[1]
