@@ -18,8 +18,8 @@ py=python3
   $py -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \
   2>&1 | tee "$LOG"
 # Measurements before the long tests: on a GPU every new shape of the Triton tests is a compile
-# (tests/test_triton_axis.py compiled 92 kernels, 199 s for sm_90 on a 2-core CPU, 155 s of them
-# float64), and the suites below record each kernel's error against float64 themselves.
+# (their count and compile time: benchmarks/triton_test_compiles.py, docs/benchmarks.md), and
+# the suites below record each kernel's error against float64 themselves.
 echo "== smoke: the Triton kernel in the layer, float64 and bf16 autocast" | tee -a "$LOG"
 timeout 60 $py -m pytest -q -p no:cacheprovider tests/test_triton_axis.py -k layer_backend_triton \
   2>&1 | tail -15 | tee -a "$LOG"

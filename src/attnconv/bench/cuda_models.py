@@ -56,8 +56,8 @@ def dense_sdpa_forward(layer: MultiHeadSelfAttention2d):
 def triton_applies(model: str, scale: str) -> bool:
     """Whether the Triton kernel takes the model's content heads: they are hidden_size wide
     (each head reads the raw input; value="identity"), 400 at the paper's configuration, over
-    the MAX_HEAD_DIM (256) it takes, like FlashAttention: there the row would time the dense
-    fallback under the kernel's name."""
+    the MAX_HEAD_DIM (256) it takes (the FlashAttention library's limit too): there the row would
+    time the dense fallback under the kernel's name."""
     width = model_kwargs(model, scale).get("hidden_size", SACifarConfig.hidden_size)
     content = model == "sa_learned_content"
     return content and triton_axis.INSTALLED and width <= triton_axis.MAX_HEAD_DIM
