@@ -24,12 +24,12 @@ echo "== smoke: the Triton kernel in the layer, float64 and bf16 autocast" | tee
 timeout 60 $py -m pytest -q -p no:cacheprovider tests/test_triton_axis.py -k layer_backend_triton \
   2>&1 | tail -15 | tee -a "$LOG"
 echo "== paper models, full training step" | tee -a "$LOG"
-timeout 160 $py -m attnconv.cli bench --suite cuda --repeats 5 --out-dir "$OUT" -- --only models \
+timeout 180 $py -m attnconv.cli bench --suite cuda --repeats 5 --out-dir "$OUT" -- --only models \
   2>&1 | tail -30 | tee -a "$LOG"
 echo "== content attention kernels" | tee -a "$LOG"
 timeout 190 $py -m attnconv.cli bench --suite cuda --repeats 3 --out-dir "$OUT" -- --only content \
   --inner 5 2>&1 | tail -60 | tee -a "$LOG"
 echo "== CUDA tests (the time left)" | tee -a "$LOG"
-timeout 110 $py -m pytest -q -p no:cacheprovider tests/test_triton_axis.py \
+timeout 90 $py -m pytest -q -p no:cacheprovider tests/test_triton_axis.py \
   tests/test_cuda_models_bench.py tests/test_cuda_backend.py 2>&1 | tail -40 | tee -a "$LOG"
 echo "== done $(date -u)" | tee -a "$LOG"

@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from attnconv.layers.kernels import triton_axis
     from attnconv.layers.kernels import triton_compile as tc
 
     dtypes = {str(d): d for d in (torch.float64, torch.float32, torch.bfloat16, torch.float16)}
@@ -70,9 +71,10 @@ def main(argv: list[str] | None = None) -> None:
         kernel, kargs = next((k, a) for k, a, _ in base if k.__name__ == name)
         meta = dict(meta)
         meta["ACC"] = tl.float64 if dtypes[dtype] == torch.float64 else tl.float32
+        meta, warps = triton_axis.compile_options(meta)
         start = time.perf_counter()
         src = ASTSource(kernel, tc.signature(kernel, kargs, meta), constexprs=meta)
-        triton.compile(src, target=GPUTarget("cuda", args.arch, 32))
+        triton.compile(src, target=GPUTarget("cuda", args.arch, 32), options={"num_warps": warps})
         by[dtype] = by.get(dtype, 0.0) + time.perf_counter() - start
     total = sum(by.values())
     parts = ", ".join(f"{d.removeprefix('torch.')} {s:.0f} s" for d, s in sorted(by.items()))

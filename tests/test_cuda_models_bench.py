@@ -40,17 +40,21 @@ def test_every_model_is_timed_against_the_reference_and_the_dense_model():
         for scale in ("paper", "quick"):
             names = [name for name, _, _ in cuda_models.variants(model, scale)]
             assert names[0] == "reference" and names[-1] == "dense bf16"
-            # the Triton row only where the kernel takes the content heads: hidden_size wide,
-            # 400 at the paper's configuration (over its 256), 16 at the quick one
+            # the Triton row where the kernel takes the content heads: hidden_size wide, 400 at
+            # the paper's configuration, 16 at the quick one
             assert ("attnconv bf16 triton" in names) == (
-                model == "sa_learned_content" and triton_axis.INSTALLED and scale == "quick"
+                model == "sa_learned_content" and triton_axis.INSTALLED
             )
 
 
-def test_the_paper_content_heads_are_wider_than_the_triton_kernel_takes():
-    """Why the paper-scale models run has no Triton row: the built model's heads, not a copy."""
+@pytest.mark.skipif(not triton_axis.INSTALLED, reason="needs triton")
+def test_the_paper_content_heads_are_within_what_the_triton_kernel_takes():
+    """The paper-scale Triton row times the kernel, not the dense fallback: the built model's
+    heads (400 wide, over FlashAttention's 256) are within its head widths."""
     from attnconv.bench.models import build
 
     net = build("sa_learned_content", "paper")
     widths = {m.head_dim for m in net.modules() if type(m).__name__ == "MultiHeadSelfAttention2d"}
-    assert widths == {400} and min(widths) > triton_axis.MAX_HEAD_DIM
+    assert widths == {400}
+    q = torch.zeros(1, 1, 16 * 16, 400)
+    assert "head widths" not in (triton_axis.unsupported(q, q, 16, 16) or "")

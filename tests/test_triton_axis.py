@@ -80,10 +80,16 @@ def test_triton_gradcheck_float64(p, per_image):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(
-    "b, nh, h, w, dk, p",
-    [(2, 3, 5, 7, 8, 0.0), (1, 1, 6, 10, 48, 0.2), (2, 2, 1, 12, 8, 0.0), (1, 2, 16, 16, 32, 0.1)],
+    "b, nh, h, w, dk, dv, p",
+    [
+        (2, 3, 5, 7, 8, 16, 0.0),
+        (1, 1, 6, 10, 48, 16, 0.2),
+        (2, 2, 1, 12, 8, 16, 0.0),
+        (1, 2, 16, 16, 32, 16, 0.1),
+        (1, 2, 4, 6, 400, 400, 0.1),  # the paper's content heads: hidden 400 wide
+    ],
 )
-def test_triton_precision_as_tight_as_plain(dtype, b, nh, h, w, dk, p):
+def test_triton_precision_as_tight_as_plain(dtype, b, nh, h, w, dk, dv, p):
     """float32 inputs, or bfloat16 / float16 (as autocast hands them to the kernel: q, k, v
     rounded, the axis logits in float32): the kernel's distance to the float64 equations, values
     and every gradient, within 2x the plain equations' in float32, or in that dtype's autocast.
@@ -93,7 +99,7 @@ def test_triton_precision_as_tight_as_plain(dtype, b, nh, h, w, dk, p):
     error's norm over the tensor (its max over a few hundred elements varies 2x between seeds)."""
     low = dtype != torch.float32
     gen = torch.Generator().manual_seed(b + dk)
-    xs = _inputs(b, nh, h, w, dk, 16, torch.float64, shared=True, gen=gen)
+    xs = _inputs(b, nh, h, w, dk, dv, torch.float64, shared=True, gen=gen)
     if low:
         xs = [x.detach().to(dtype).double().requires_grad_() for x in xs[:3]] + xs[3:]
     exact = _run(axis_attention_reference, *xs, h, w, p, True, seed=11)
@@ -114,6 +120,21 @@ def test_triton_precision_as_tight_as_plain(dtype, b, nh, h, w, dk, p):
         ]
     for got, plain in zip(outs["triton"], outs["plain"]):
         assert got <= 2 * plain, (outs["triton"], outs["plain"])
+
+
+@pytest.mark.parametrize("dk, dv", [(400, 400), (257, 130)])
+def test_triton_takes_heads_wider_than_flash_attention(dk, dv):
+    """Head widths over 256 (FlashAttention's limit) up to MAX_HEAD_DIM, the paper's content
+    model's 400 among them: float64 values and every gradient equal the plain equations."""
+    gen = torch.Generator().manual_seed(dk)
+    xs = _inputs(2, 2, 3, 5, dk, dv, torch.float64, gen=gen)
+    y = _run(axis_attention_triton, *xs, 3, 5, 0.1, True, seed=3)
+    ref = _run(axis_attention_reference, *xs, 3, 5, 0.1, True, seed=3)
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+    g = torch.randn(y.shape, dtype=y.dtype, generator=gen).to(DEVICE)
+    for a, r in zip(torch.autograd.grad(y, xs, g), torch.autograd.grad(ref, xs, g)):
+        torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
+    assert triton_axis.unsupported(xs[0][..., :1].expand(-1, -1, -1, 513), xs[2], 3, 5)
 
 
 def test_triton_dropout_mask_is_dropped_links():

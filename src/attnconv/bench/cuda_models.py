@@ -12,7 +12,8 @@ random batch already on the GPU, five ways, interleaved round-robin in one proce
   model before anything is timed) in float32, as the reference trains;
 - ``attnconv fp32`` and ``attnconv bf16`` (autocast): the plan's kernels;
 - ``attnconv bf16 triton``: content layers on the Triton kernel (backend="triton"), where it
-  takes the heads (``triton_applies``: not at the paper's width, whose heads are 400 wide);
+  takes the heads (``triton_applies``: the content model, whose heads are hidden_size wide,
+  400 at the paper's width);
 - ``dense bf16``: the same model with each attention layer written as a user would on a GPU,
   ``F.scaled_dot_product_attention`` with the dense positional logits as a float bias (softmax
   of the bias @ v for position-only attention), dropout by SDPA's own ``dropout_p``.
@@ -55,8 +56,8 @@ def dense_sdpa_forward(layer: MultiHeadSelfAttention2d):
 
 def triton_applies(model: str, scale: str) -> bool:
     """Whether the Triton kernel takes the model's content heads: they are hidden_size wide
-    (each head reads the raw input; value="identity"), 400 at the paper's configuration, over
-    the MAX_HEAD_DIM (256) it takes (the FlashAttention library's limit too): there the row would
+    (each head reads the raw input; value="identity"), 400 at the paper's configuration, within
+    the kernel's MAX_HEAD_DIM (over the FlashAttention library's 256); a wider model's row would
     time the dense fallback under the kernel's name."""
     width = model_kwargs(model, scale).get("hidden_size", SACifarConfig.hidden_size)
     content = model == "sa_learned_content"

@@ -30,10 +30,11 @@ from torch.autograd.function import once_differentiable
 from ..first_order import first_order_only
 from ..functional import drop_threshold, dropout_seed
 from ..precision import backward_without_autocast, no_autocast
+from . import triton_tiles
 
 INSTALLED = importlib.util.find_spec("triton") is not None
 MAX_WIDTH = 128  # a key block is at least one image row: wider rows would spill registers
-MAX_HEAD_DIM = 256
+MAX_HEAD_DIM = 512
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
@@ -72,23 +73,29 @@ def _pow2(x: int, least: int = 1) -> int:
     return max(least, 1 << max(0, x - 1).bit_length())
 
 
-def _meta(q, h: int, w: int, block_m: int | None) -> dict:
-    """The kernels' compile-time shape: a key block of ROWS rows of WP >= W columns (ROWS * WP
-    about 64 keys, at least 16 for tl.dot), head widths padded to 16 in registers only."""
-    wp = _pow2(w)
-    f64 = q.dtype == torch.float64  # products held in registers (_dot): small blocks
-    rows = max(1, (16 if f64 else 64) // wp)
+def _meta(q, h: int, w: int) -> dict:
+    """The compile-time values the three kernels share: image rows padded to WP >= W columns,
+    the products' precision and accumulation dtype. Each kernel adds its tile (``_tiled``)."""
     if q.dtype == torch.float32:
         prec = "tf32" if q.is_cuda and torch.backends.cuda.matmul.allow_tf32 else "ieee"
     else:
         prec = "ieee"  # bf16/fp16 multiply exactly in fp32; float64 stays
-    return dict(
-        BLOCK_M=block_m or (16 if f64 else 64),
-        ROWS=rows,
-        WP=wp,
-        PREC=prec,
-        ACC=tl.float64 if q.dtype == torch.float64 else tl.float32,
-    )
+    acc = tl.float64 if q.dtype == torch.float64 else tl.float32
+    return dict(WP=_pow2(w), PREC=prec, ACC=acc)
+
+
+def _tiled(kernel, meta: dict, dtype: torch.dtype, block_m: int | None) -> dict:
+    """``meta`` with ``kernel``'s tile (triton_tiles.tile): BLOCK_M queries, a key block of
+    ROWS image rows (at least one), num_warps; ``block_m`` overrides the query block."""
+    width = max(meta["DKP"], meta["DVP"])
+    t = triton_tiles.tile(kernel.__name__, triton_tiles.kind(dtype, meta["PREC"]), width)
+    rows = max(1, t.keys // meta["WP"])
+    return dict(meta, BLOCK_M=block_m or t.block_m, ROWS=rows, num_warps=t.warps)
+
+
+def compile_options(meta: dict) -> tuple[dict, int]:
+    """A launch's compile-time values (the kernel's constexpr parameters) and its num_warps."""
+    return {k: v for k, v in meta.items() if k != "num_warps"}, meta["num_warps"]
 
 
 STAGES = (3, 2, 1)  # software-pipelining depths tried in turn (Triton's NVIDIA default first)
@@ -114,7 +121,7 @@ def launch(kernel, grid, args: tuple, meta: dict) -> None:
     ladder = rungs(meta)
     first = ladder.index(_rung[key]) if key in _rung else 0
     for i, (stages, block_m) in enumerate(ladder[first:], first):
-        m = dict(meta, BLOCK_M=block_m)
+        m = dict(meta, BLOCK_M=block_m)  # num_warps among them: a launch option
         try:
             kernel[grid(m) if callable(grid) else grid](*args, **m, num_stages=stages)
         except triton.runtime.errors.OutOfResources:
@@ -134,7 +141,7 @@ def forward_launch(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, tr
     rng): what ``_TritonAxis`` launches and ``triton_compile`` compiles for a GPU."""
     b, nh, t, dk = q.shape
     dv = v.shape[-1]
-    meta = _meta(q, h, w, block_m)
+    meta = _meta(q, h, w)
     meta.update(DKP=_pow2(dk, 16), DVP=_pow2(dv, 16), DROP=p > 0, PER_IMAGE=per_image)
     rng = torch.tensor([seed, drop_threshold(p)], dtype=torch.int64, device=q.device)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -148,12 +155,14 @@ def forward_launch(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, tr
     # training in bfloat16/float16: Y's rowsum(dY o Y) in backward needs P unrounded
     split = q.dtype in (torch.bfloat16, torch.float16) and train
     grid = lambda m: (triton.cdiv(t, m["BLOCK_M"]), b * nh)  # noqa: E731 (launch's rungs)
-    return (grid, args, dict(meta, SPLIT_P=split)), (y, stats, rng, sizes, meta)
+    fmeta = _tiled(_fwd, dict(meta, SPLIT_P=split), q.dtype, block_m)
+    return (grid, args, fmeta), (y, stats, rng, sizes, meta)
 
 
-def backward_launches(q, k, v, q_axis, y, stats, rng, dy, sizes, meta):
-    """The two backward kernels' (kernel, grid, arguments, compile-time values) and the
-    gradients they write (dq, dk, dv, d q_axis), in the accumulation dtype."""
+def backward_launches(q, k, v, q_axis, y, stats, rng, dy, sizes, meta, block_m=None):
+    """The two backward kernels' (kernel, grid, arguments, compile-time values, each with its
+    own tile) and the gradients they write (dq, dk, dv, d q_axis), in the accumulation dtype;
+    ``meta``: the forward's shared values (``forward_launch``)."""
     b, nh, t, dk = q.shape
     h, w, dv = sizes[2], sizes[3], v.shape[-1]
     acc = stats.dtype
@@ -164,9 +173,15 @@ def backward_launches(q, k, v, q_axis, y, stats, rng, dy, sizes, meta):
     dv_ = torch.empty(b, nh, t, dv, dtype=acc, device=q.device)
     strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(q_axis), *_strides(dy))
     common = (q, k, v, q_axis, dy, stats, delta)
+    dq_meta, kv_meta = (_tiled(f, meta, q.dtype, block_m) for f in (_bwd_dq, _bwd_dkdv))
     launches = [
-        (_bwd_dq, lambda m: (triton.cdiv(t, m["BLOCK_M"]), b * nh), (*common, dq, dqa, rng), meta),
-        (_bwd_dkdv, (triton.cdiv(h, meta["ROWS"]), b * nh), (*common, dk_, dv_, rng), meta),
+        (
+            _bwd_dq,
+            lambda m: (triton.cdiv(t, m["BLOCK_M"]), b * nh),
+            (*common, dq, dqa, rng),
+            dq_meta,
+        ),
+        (_bwd_dkdv, (triton.cdiv(h, kv_meta["ROWS"]), b * nh), (*common, dk_, dv_, rng), kv_meta),
     ]
     launches = [(f, g, (*a, *strides, *sizes), m) for f, g, a, m in launches]
     return launches, (dq, dk_, dv_, dqa)
@@ -180,7 +195,7 @@ class _TritonAxis(torch.autograd.Function):
         )
         launch(_fwd, grid, args, meta)
         ctx.save_for_backward(q, k, v, q_axis, y, stats, rng)
-        ctx.sizes = sizes
+        ctx.sizes, ctx.block_m = sizes, block_m
         return y.to(q.dtype)
 
     @staticmethod
@@ -190,7 +205,7 @@ class _TritonAxis(torch.autograd.Function):
         q, k, v, q_axis, y, stats, rng = ctx.saved_tensors
         dy = dy.to(q.dtype).contiguous()
         launches, (dq, dk, dv, dqa) = backward_launches(
-            q, k, v, q_axis, y, stats, rng, dy, ctx.sizes, ctx.meta
+            q, k, v, q_axis, y, stats, rng, dy, ctx.sizes, ctx.meta, ctx.block_m
         )
         for kernel, grid, args, meta in launches:
             launch(kernel, grid, args, meta)

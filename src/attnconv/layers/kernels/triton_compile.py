@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from . import triton_axis
+from . import triton_axis, triton_tiles
 
 # the most shared memory one block may ask for (bytes; CUDA's per-architecture limits)
 SHARED_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
@@ -65,11 +65,13 @@ class Compiled:
     arch: int
     shared: int  # bytes of shared memory a block asks for
     registers: int | None  # per thread (None: no cuobjdump beside triton)
-    spilled: int | None  # bytes of local memory per thread: registers spilled
+    stack: int | None  # bytes of stack frame per thread: registers spilled (and local arrays)
     seconds: float
     stages: int  # software-pipelining depth and query block: triton_axis.launch's first rung
     block_m: int  # whose shared memory fits
     limit: int  # the shared memory a block may ask for on the target
+    keys: int = 0  # keys a step walks (ROWS x WP)
+    warps: int = 4
 
     @property
     def fits(self) -> bool:
@@ -86,8 +88,9 @@ def launches(case: Case) -> list[tuple]:
     qa = z(1, 1, t, case.h + case.w, dtype=torch.promote_types(case.dtype, torch.float32))
     args = (q, k, v, qa, case.h, case.w, case.dk**-0.5, case.p, 0, case.per_image, None)
     (_, fargs, fmeta), (y, stats, rng, sizes, meta) = triton_axis.forward_launch(*args, case.train)
-    if case.tf32:
-        fmeta, meta = dict(fmeta, PREC="tf32"), dict(meta, PREC="tf32")
+    if case.tf32:  # as on a GPU with allow_tf32: tf32 products, tf32's tiles
+        fmeta = triton_axis._tiled(triton_axis._fwd, dict(fmeta, PREC="tf32"), case.dtype, None)
+        meta = dict(meta, PREC="tf32")
     out = [(triton_axis._fwd, fargs, fmeta)]
     if case.train:
         dy = z(1, t, 1, case.dv, dtype=case.dtype)
@@ -122,7 +125,8 @@ def signature(kernel, args: tuple, meta: dict) -> dict[str, str]:
 
 
 def resources(cubin: bytes) -> tuple[int | None, int | None]:
-    """(registers, local bytes) per thread from the cubin, by the cuobjdump Triton ships."""
+    """(registers, stack bytes) per thread from the cubin, by the cuobjdump Triton ships.
+    ptxas spills registers to the stack frame (STACK), not to LOCAL (0 for Triton kernels)."""
     import triton
 
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
@@ -132,8 +136,28 @@ def resources(cubin: bytes) -> tuple[int | None, int | None]:
         path = os.path.join(d, "k.cubin")
         Path(path).write_bytes(cubin)
         text = subprocess.run([str(tool), "-res-usage", path], capture_output=True, text=True)
-    m = re.search(r"REG:(\d+).*LOCAL:(\d+)", text.stdout)
+    m = re.search(r"REG:(\d+) STACK:(\d+)", text.stdout)
     return (int(m[1]), int(m[2])) if m else (None, None)
+
+
+def compile_fitting(kernel, args: tuple, meta: dict, arch: int, limit: int):
+    """One launch compiled for sm_<arch> at the first rung of ``triton_axis.launch`` whose
+    shared memory fits ``limit`` bytes: (compiled kernel, stages, BLOCK_M, seconds)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    constexprs, warps = triton_axis.compile_options(meta)
+    sig = signature(kernel, args, constexprs)
+    for stages, block_m in triton_axis.rungs(meta):
+        src = ASTSource(kernel, sig, constexprs=dict(constexprs, BLOCK_M=block_m))
+        start = time.perf_counter()
+        options = {"num_stages": stages, "num_warps": warps}
+        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+        seconds = time.perf_counter() - start
+        if compiled.metadata.shared <= limit:
+            break
+    return compiled, stages, block_m, seconds
 
 
 def compile_case(case: Case, arch: int = 90, limit: int | None = None) -> list[Compiled]:
@@ -142,27 +166,26 @@ def compile_case(case: Case, arch: int = 90, limit: int | None = None) -> list[C
     whose shared memory fits ``limit`` bytes (a GPU's own; None: SHARED_LIMIT's for the
     architecture, sm_80's for one it does not list)."""
     limit = limit or SHARED_LIMIT.get(arch, SHARED_LIMIT[80])
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     out = []
     for kernel, args, meta in launches(case):
-        sig = signature(kernel, args, meta)
-        for stages, block_m in triton_axis.rungs(meta):
-            src = ASTSource(kernel, sig, constexprs=dict(meta, BLOCK_M=block_m))
-            start = time.perf_counter()
-            target, options = GPUTarget("cuda", arch, 32), {"num_stages": stages}
-            compiled = triton.compile(src, target=target, options=options)
-            seconds = time.perf_counter() - start
-            if compiled.metadata.shared <= limit:
-                break
+        compiled, stages, block_m, seconds = compile_fitting(kernel, args, meta, arch, limit)
         cubin = compiled.asm.get("cubin")
-        regs, local = resources(cubin) if cubin else (None, None)
+        regs, stack = resources(cubin) if cubin else (None, None)
         shared = compiled.metadata.shared
         out.append(
             Compiled(
-                kernel.__name__, case, arch, shared, regs, local, seconds, stages, block_m, limit
+                kernel.__name__,
+                case,
+                arch,
+                shared,
+                regs,
+                stack,
+                seconds,
+                stages,
+                block_m,
+                limit,
+                meta["ROWS"] * meta["WP"],
+                meta["num_warps"],
             )
         )
     return out
@@ -170,8 +193,9 @@ def compile_case(case: Case, arch: int = 90, limit: int | None = None) -> list[C
 
 _reasons: dict[tuple, str | None] = {}
 # Head widths up to which every block fits sm_80 and sm_90 at the first rung when image rows are
-# at most 64 pixels (a key block is then always 64 keys, so a block's size depends only on the
-# dtype, the head widths and the flags): envelope() are its corners, compiled by the tests.
+# at most 64 pixels (a key block is then at most 64 keys, its most at rows of 64, and a kernel's
+# tile depends only on the dtype and the width, triton_tiles): envelope() are its corners,
+# compiled by the tests.
 ENVELOPE = {torch.float32: 64, torch.bfloat16: 128, torch.float16: 128}
 ENVELOPE_ROW = 64
 
@@ -184,11 +208,16 @@ def inside(case: Case, limit: int) -> bool:
 
 
 def envelope() -> list[Case]:
-    """The envelope's corners: its widest heads in each dtype, every flag that adds a product
-    (dropout, bfloat16's split P, tf32), rows of 64."""
-    f32, r = torch.float32, ENVELOPE_ROW
-    out = [Case(dt, 4, r, ENVELOPE[dt], ENVELOPE[dt], p=0.1) for dt in ENVELOPE]
-    return out + [Case(f32, 4, r, ENVELOPE[f32], ENVELOPE[f32], p=0.1, tf32=True)]
+    """The envelope's corners: in each dtype the widest heads of each width the tiles tell
+    apart (triton_tiles.WIDTHS: a narrower width may take a larger tile), every flag that adds
+    a product (dropout, bfloat16's split P, tf32), rows of 64."""
+    out = []
+    for dt, widest in ENVELOPE.items():
+        for d in (d for d in triton_tiles.WIDTHS if d <= widest):
+            out.append(Case(dt, 4, ENVELOPE_ROW, d, d, p=0.1))
+            if dt == torch.float32:
+                out.append(Case(dt, 4, ENVELOPE_ROW, d, d, p=0.1, tf32=True))
+    return out
 
 
 def refusal(case: Case, arch: int, limit: int) -> str | None:
@@ -261,22 +290,27 @@ def main(argv: list[str] | None = None) -> int:
 
     if not args.json:
         print(f"triton {triton.__version__}, torch {torch.__version__}")
-        print("| case | kernel | arch | stages | BLOCK_M | KiB shared | regs | spilled B | fits |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print(
+            "| case | kernel | arch | stages | BLOCK_M | keys | warps | KiB shared | regs "
+            "| stack B | fits |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
     bad = 0
     for case in envelope() if args.envelope else cases(args.quick):
         for arch in args.arch:
             for c in compile_case(case, arch):
                 bad += not c.fits
                 if args.json:
-                    keys = ("kernel", "arch", "stages", "block_m", "shared", "registers")
+                    keys = ("kernel", "arch", "stages", "block_m", "keys", "warps", "shared")
+                    keys += ("registers",)
                     row = {k: getattr(c, k) for k in keys}
-                    print(json.dumps(row | {"case": str(case), "spilled": c.spilled}))
+                    print(json.dumps(row | {"case": str(case), "stack": c.stack}))
                     continue
                 print(
-                    f"| {case} | {c.kernel} | sm_{arch} | {c.stages} | {c.block_m} "
+                    f"| {case} | {c.kernel} | sm_{arch} | {c.stages} | {c.block_m} | {c.keys} "
+                    f"| {c.warps} "
                     f"| {c.shared / 1024:.1f} "
-                    f"| {c.registers} | {c.spilled} | {'yes' if c.fits else 'NO'} |"
+                    f"| {c.registers} | {c.stack} | {'yes' if c.fits else 'NO'} |"
                 )
     return 1 if bad else 0
 

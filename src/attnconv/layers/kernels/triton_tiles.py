@@ -1,0 +1,112 @@
+"""The tiles of triton_axis.py's kernels: the queries a program holds (BLOCK_M) and the keys a
+step walks, one block shape for the three kernels of a call, and each kernel's num_warps, per
+operand kind and padded head width.
+
+One block shape: the backward recomputes every logit S with the forward's product shape, so
+with the same rounding, and P = exp(S - m) / l stays normalized by the forward's own l (a block
+per kernel, tried first, made the gradients of 400-wide float32 heads err over 2x the plain
+path's under the interpreter: docs/benchmarks.md).
+
+Chosen without a GPU: each candidate compiled for sm_90 under the GPU machines' triton (3.6) and
+PyPI's (3.9), keeping the largest block that every kernel compiles without spilling registers to
+the stack under both, at its fewer warps (``pick``): ``python -m
+attnconv.layers.kernels.triton_sweep``, benchmarks/results/triton_sweep_*.jsonl and
+triton_tiles.md. A spill count is the compiler's, not a timing: a GPU's measurement may overrule
+a row.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Tile:
+    block_m: int  # queries a program holds (dK/dV's: queries a step walks)
+    keys: int  # keys a step walks (dK/dV's: keys a program holds): whole image rows, at least
+    # one, so more where rows are wider than ``keys``
+    warps: int
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A call's tiles: the block every kernel steps over, and num_warps per kernel."""
+
+    block_m: int
+    keys: int
+    warps: tuple[int, int, int]  # _fwd, _bwd_dq, _bwd_dkdv
+
+
+KERNELS = ("_fwd", "_bwd_dq", "_bwd_dkdv")
+KINDS = ("16bit", "ieee", "tf32")  # bf16/fp16 operands; float32 exact; float32 as tf32
+WIDTHS = (16, 64, 128, 256, 512)  # padded head widths swept; a width uses the next one up
+CANDIDATES = [Tile(m, n, w) for n, m, w in itertools.product((64, 32, 16), (64, 32, 16), (4, 8))]
+FLOAT64 = Tile(16, 16, 4)  # gradcheck's: products summed in registers (triton_axis_jit._dot)
+
+C = Choice
+# kind -> its tiles at WIDTHS 16, 64, 128, 256, 512: ``pick`` over the recorded sweeps
+TILES: dict[str, tuple[Choice, ...]] = {
+    "16bit": (
+        C(64, 64, (4, 4, 4)),
+        C(64, 64, (8, 4, 8)),
+        C(32, 64, (4, 4, 8)),
+        C(16, 32, (4, 4, 8)),
+        C(16, 16, (8, 4, 8)),
+    ),
+    "ieee": (
+        C(64, 16, (4, 4, 8)),
+        C(16, 16, (4, 4, 8)),
+        C(16, 16, (4, 4, 8)),
+        C(16, 16, (4, 4, 8)),
+        C(16, 16, (4, 8, 8)),
+    ),
+    "tf32": (
+        C(64, 64, (4, 4, 4)),
+        C(64, 32, (4, 4, 8)),
+        C(32, 32, (4, 8, 4)),
+        C(16, 32, (4, 8, 8)),
+        C(16, 16, (4, 8, 8)),
+    ),
+}
+
+
+def kind(dtype: torch.dtype, prec: str) -> str:
+    """The operand kind of a call: "16bit", "ieee", "tf32" or "fp64"."""
+    if dtype == torch.float64:
+        return "fp64"
+    if dtype == torch.float32:
+        return prec
+    return "16bit"
+
+
+def tile(kernel: str, kind: str, width: int) -> Tile:
+    """``kernel``'s tile for operands of ``kind`` and heads padded to ``width``."""
+    if kind == "fp64":
+        return FLOAT64
+    row = TILES[kind]
+    c = next((c for w, c in zip(WIDTHS, row, strict=True) if width <= w), row[-1])
+    return Tile(c.block_m, c.keys, c.warps[KERNELS.index(kernel)])
+
+
+def pick(stacks: dict[str, dict[Tile, int]]) -> Choice:
+    """The tiles a sweep keeps from each kernel's candidates and their stack bytes (summed over
+    the triton versions): the largest block (BLOCK_M x keys, then the taller) at which every
+    kernel has a warp count without a spill, each kernel at its fewer such warps; where every
+    block spills somewhere, the block of the fewest bytes spilled over the three kernels."""
+
+    def best(kernel: str, block: tuple[int, int]) -> tuple[int, int]:  # (stack, warps)
+        return min((s, t.warps) for t, s in stacks[kernel].items() if (t.block_m, t.keys) == block)
+
+    def spilled(block: tuple[int, int]) -> int:
+        return sum(best(k, block)[0] for k in KERNELS)
+
+    blocks = {(t.block_m, t.keys) for t in stacks[KERNELS[0]]}
+    clean = [b for b in blocks if spilled(b) == 0]
+    if clean:
+        block = max(clean, key=lambda b: (b[0] * b[1], b[0]))
+    else:
+        block = min(blocks, key=lambda b: (spilled(b), -b[0] * b[1], -b[0]))
+    return Choice(*block, tuple(best(k, block)[1] for k in KERNELS))
