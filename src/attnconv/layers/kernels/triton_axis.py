@@ -85,8 +85,9 @@ def _meta(q, h: int, w: int) -> dict:
 
 
 def _tiled(kernel, meta: dict, dtype: torch.dtype, block_m: int | None) -> dict:
-    """``meta`` with ``kernel``'s tile (triton_tiles.tile): BLOCK_M queries, a key block of
-    ROWS image rows (at least one), num_warps; ``block_m`` overrides the query block."""
+    """``meta`` with ``kernel``'s tile (triton_tiles.tile; the three kernels of a call share
+    its block): BLOCK_M queries, a key block of ROWS image rows (at least one), num_warps;
+    ``block_m`` overrides the query block."""
     width = max(meta["DKP"], meta["DVP"])
     t = triton_tiles.tile(kernel.__name__, triton_tiles.kind(dtype, meta["PREC"]), width)
     rows = max(1, t.keys // meta["WP"])
@@ -160,9 +161,9 @@ def forward_launch(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, tr
 
 
 def backward_launches(q, k, v, q_axis, y, stats, rng, dy, sizes, meta, block_m=None):
-    """The two backward kernels' (kernel, grid, arguments, compile-time values, each with its
-    own tile) and the gradients they write (dq, dk, dv, d q_axis), in the accumulation dtype;
-    ``meta``: the forward's shared values (``forward_launch``)."""
+    """The two backward kernels' (kernel, grid, arguments, compile-time values: the forward's
+    block shape, each its own num_warps) and the gradients they write (dq, dk, dv, d q_axis),
+    in the accumulation dtype; ``meta``: the forward's shared values (``forward_launch``)."""
     b, nh, t, dk = q.shape
     h, w, dv = sizes[2], sizes[3], v.shape[-1]
     acc = stats.dtype

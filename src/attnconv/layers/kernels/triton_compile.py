@@ -70,8 +70,8 @@ class Compiled:
     stages: int  # software-pipelining depth and query block: triton_axis.launch's first rung
     block_m: int  # whose shared memory fits
     limit: int  # the shared memory a block may ask for on the target
-    keys: int = 0  # keys a step walks (ROWS x WP)
-    warps: int = 4
+    keys: int  # keys a step walks (ROWS x WP): the tile's, in whole image rows
+    warps: int
 
     @property
     def fits(self) -> bool:
