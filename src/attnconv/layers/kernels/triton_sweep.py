@@ -33,7 +33,8 @@ def case(kind: str, width: int) -> Case:
 
 def sweep(arch: int = 90, kinds=KINDS, widths=WIDTHS):
     """One record per (kind, width, kernel, candidate): the tile, the rung it compiled at, its
-    shared memory, registers and stack (spilled) bytes per thread. Smaller blocks first; a
+    shared memory, registers and stack (spilled) bytes per thread, and the compile's seconds
+    (near 0 where Triton's cache held the kernel). Smaller blocks first; a
     candidate at least as large in both dimensions as one that spilled at the same warps is
     not compiled (``skipped``: a larger tile needs more registers a thread), which spares the
     float32 kernels' widest blocks (minutes of compile each, kilobytes spilled)."""
