@@ -11,8 +11,9 @@ Chosen without a GPU: each candidate compiled for sm_90 under the GPU machines' 
 PyPI's (3.9), keeping the largest block that every kernel compiles without spilling registers to
 the stack under both, at its fewer warps (``pick``): ``python -m
 attnconv.layers.kernels.triton_sweep``, benchmarks/results/triton_sweep_*.jsonl and
-triton_tiles.md. A spill count is the compiler's, not a timing: a GPU's measurement may overrule
-a row.
+triton_tiles.md. Swept on a 16x16 image: wider rows make the key step a whole row whatever the
+tile (some spill there, docs/benchmarks.md). A spill count is the compiler's, not a timing: a
+GPU's measurement may overrule a row.
 """
 
 from __future__ import annotations
