@@ -19,14 +19,12 @@ triton = pytest.importorskip("triton")
 
 from attnconv.layers.kernels import triton_axis, triton_compile  # noqa: E402
 from attnconv.layers.kernels.triton_compile import SHARED_LIMIT, Case  # noqa: E402
+from compile_helpers import compiled_python  # noqa: E402
 
 
 def _compile(*args: str) -> list[dict]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    cmd = [sys.executable, "-m", "attnconv.layers.kernels.triton_compile", "--json", *args]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:] + out.stdout[-2000:]
-    return [json.loads(line) for line in out.stdout.splitlines()]
+    out = compiled_python("-m", "attnconv.layers.kernels.triton_compile", "--json", *args)
+    return [json.loads(line) for line in out.splitlines()]
 
 
 def _check(rows: list[dict], cases: list[Case], archs: list[int]):
@@ -125,12 +123,7 @@ def test_a_call_whose_blocks_exceed_the_gpus_shared_memory_is_refused_in_one_lin
     """content.triton falls back to the dense kernel with this line (triton_compile.too_large
     asks it for the GPU at hand): bf16 at head width 256 and rows of 128 needs more than
     sm_86's 99 KiB at every rung of triton_axis.launch."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run(
-        [sys.executable, "-c", _REFUSAL], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    big, small = out.stdout.splitlines()
+    big, small = compiled_python("-c", _REFUSAL).splitlines()
     assert (
         "block needs" in big and "the GPU gives 99 KiB (head width 256, image rows of 128)" in big
     )
@@ -151,12 +144,7 @@ def test_the_rung_search_fits_the_limit_it_is_given_not_the_architectures():
     """refusal passes the GPU's own shared memory: the rungs walk down to it (tf32 dK/dV at head
     width 128 needs more than 99 KiB at 3 stages), where sm_90's table limit would have
     stopped at the first."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run(
-        [sys.executable, "-c", _DEVICE_LIMIT], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    rows = [line.split() for line in out.stdout.splitlines()]
+    rows = [line.split() for line in compiled_python("-c", _DEVICE_LIMIT).splitlines()]
     assert [r[0] for r in rows] == ["_fwd", "_bwd_dq", "_bwd_dkdv"]
     assert all(int(r[3]) <= SHARED_LIMIT[86] == int(r[4]) and r[5] == "True" for r in rows)
     assert min(int(r[1]) for r in rows) < 3  # some kernel stepped down
@@ -215,17 +203,7 @@ def test_the_test_compiles_benchmark_compiles_what_it_recorded():
     seen = [
         (kernel.__name__, tuple((k, v) for k, v in meta.items() if k != "ACC"), "torch.bfloat16")
     ]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     script = str(Path(__file__).resolve().parents[1] / "benchmarks" / "triton_test_compiles.py")
-    out = subprocess.run(
-        [sys.executable, script, "--child", repr(seen)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.startswith(
-        "1 kernels launched by tests/test_triton_axis.py; compiled for sm_90"
-    )
-    assert "bfloat16" in out.stdout.splitlines()[1]
+    out = compiled_python(script, "--child", repr(seen), timeout=300)
+    assert out.startswith("1 kernels launched by tests/test_triton_axis.py; compiled for sm_90")
+    assert "bfloat16" in out.splitlines()[1]

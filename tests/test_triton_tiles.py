@@ -5,9 +5,6 @@ launch carries its kernel's tile, and the picked tiles compile without spilling 
 installed triton."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +12,7 @@ import torch
 
 from attnconv.layers.kernels import triton_sweep, triton_tiles
 from attnconv.layers.kernels.triton_tiles import TILES, Choice, Tile, pick, tile
+from compile_helpers import compiled_python
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
@@ -99,12 +97,7 @@ def test_the_picked_tiles_compile_for_sm90_as_the_sweep_recorded():
     with the stack bytes the recorded sweep holds for it (0: no spill, for all but the rows
     where no candidate compiled without one)."""
     pytest.importorskip("triton")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run(
-        [sys.executable, "-c", _CHOSEN], env=env, capture_output=True, text=True, timeout=900
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    rows = [json.loads(line) for line in compiled_python("-c", _CHOSEN, timeout=900).splitlines()]
     assert len(rows) == 18
     records = triton_sweep.read(sorted(RESULTS.glob("triton_sweep_*.jsonl")))
     if rows[0]["triton"] not in {r["triton"] for r in records}:

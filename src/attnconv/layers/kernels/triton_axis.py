@@ -137,6 +137,12 @@ def _strides(t: torch.Tensor) -> tuple[int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2)
 
 
+def _query_blocks(t: int, programs: int):
+    """The grid of a kernel whose programs own query blocks, for each (image, head): a function
+    of the compile-time values, since ``launch``'s rungs may halve BLOCK_M."""
+    return lambda m: (triton.cdiv(t, m["BLOCK_M"]), programs)
+
+
 def forward_launch(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, train):
     """The forward kernel's (grid, arguments, compile-time values) and its outputs (y, stats,
     rng): what ``_TritonAxis`` launches and ``triton_compile`` compiles for a GPU."""
@@ -155,9 +161,8 @@ def forward_launch(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, tr
     args = (q, k, v, q_axis, y, stats, rng, *strides, *sizes)
     # training in bfloat16/float16: Y's rowsum(dY o Y) in backward needs P unrounded
     split = q.dtype in (torch.bfloat16, torch.float16) and train
-    grid = lambda m: (triton.cdiv(t, m["BLOCK_M"]), b * nh)  # noqa: E731 (launch's rungs)
     fmeta = _tiled(_fwd, dict(meta, SPLIT_P=split), q.dtype, block_m)
-    return (grid, args, fmeta), (y, stats, rng, sizes, meta)
+    return (_query_blocks(t, b * nh), args, fmeta), (y, stats, rng, sizes, meta)
 
 
 def backward_launches(q, k, v, q_axis, y, stats, rng, dy, sizes, meta, block_m=None):
@@ -176,12 +181,7 @@ def backward_launches(q, k, v, q_axis, y, stats, rng, dy, sizes, meta, block_m=N
     common = (q, k, v, q_axis, dy, stats, delta)
     dq_meta, kv_meta = (_tiled(f, meta, q.dtype, block_m) for f in (_bwd_dq, _bwd_dkdv))
     launches = [
-        (
-            _bwd_dq,
-            lambda m: (triton.cdiv(t, m["BLOCK_M"]), b * nh),
-            (*common, dq, dqa, rng),
-            dq_meta,
-        ),
+        (_bwd_dq, _query_blocks(t, b * nh), (*common, dq, dqa, rng), dq_meta),
         (_bwd_dkdv, (triton.cdiv(h, kv_meta["ROWS"]), b * nh), (*common, dk_, dv_, rng), kv_meta),
     ]
     launches = [(f, g, (*a, *strides, *sizes), m) for f, g, a, m in launches]

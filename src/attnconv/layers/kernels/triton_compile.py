@@ -140,9 +140,9 @@ def resources(cubin: bytes) -> tuple[int | None, int | None]:
     return (int(m[1]), int(m[2])) if m else (None, None)
 
 
-def compile_fitting(kernel, args: tuple, meta: dict, arch: int, limit: int):
+def compile_launch(kernel, args: tuple, meta: dict, case: Case, arch: int, limit: int):
     """One launch compiled for sm_<arch> at the first rung of ``triton_axis.launch`` whose
-    shared memory fits ``limit`` bytes: (compiled kernel, stages, BLOCK_M, seconds)."""
+    shared memory fits ``limit`` bytes, with its resources read from the cubin."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -157,38 +157,27 @@ def compile_fitting(kernel, args: tuple, meta: dict, arch: int, limit: int):
         seconds = time.perf_counter() - start
         if compiled.metadata.shared <= limit:
             break
-    return compiled, stages, block_m, seconds
+    cubin = compiled.asm.get("cubin")
+    regs, stack = resources(cubin) if cubin else (None, None)
+    shared, keys = compiled.metadata.shared, meta["ROWS"] * meta["WP"]
+    name = kernel.__name__
+    return Compiled(
+        name, case, arch, shared, regs, stack, seconds, stages, block_m, limit, keys, warps
+    )
+
+
+def limit_of(arch: int) -> int:
+    """SHARED_LIMIT's bytes for sm_<arch>, sm_80's for an architecture it does not list."""
+    return SHARED_LIMIT.get(arch, SHARED_LIMIT[80])
 
 
 def compile_case(case: Case, arch: int = 90, limit: int | None = None) -> list[Compiled]:
     """Compile every kernel a call of ``case`` launches for the NVIDIA architecture sm_<arch>,
     each at the rung ``triton_axis.launch`` would settle on there: its first (stages, BLOCK_M)
-    whose shared memory fits ``limit`` bytes (a GPU's own; None: SHARED_LIMIT's for the
-    architecture, sm_80's for one it does not list)."""
-    limit = limit or SHARED_LIMIT.get(arch, SHARED_LIMIT[80])
-    out = []
-    for kernel, args, meta in launches(case):
-        compiled, stages, block_m, seconds = compile_fitting(kernel, args, meta, arch, limit)
-        cubin = compiled.asm.get("cubin")
-        regs, stack = resources(cubin) if cubin else (None, None)
-        shared = compiled.metadata.shared
-        out.append(
-            Compiled(
-                kernel.__name__,
-                case,
-                arch,
-                shared,
-                regs,
-                stack,
-                seconds,
-                stages,
-                block_m,
-                limit,
-                meta["ROWS"] * meta["WP"],
-                meta["num_warps"],
-            )
-        )
-    return out
+    whose shared memory fits ``limit`` bytes (a GPU's own; None: ``limit_of`` the
+    architecture)."""
+    limit = limit or limit_of(arch)
+    return [compile_launch(*launch, case, arch, limit) for launch in launches(case)]
 
 
 _reasons: dict[tuple, str | None] = {}

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from . import triton_axis
-from .triton_compile import SHARED_LIMIT, Case, compile_fitting, launches, resources
+from .triton_compile import Case, compile_launch, launches, limit_of
 from .triton_tiles import CANDIDATES, KERNELS, KINDS, WIDTHS, Choice, Tile, pick
 
 IMAGE = 16  # a 16x16 image: a row of 16 keys, so a step of 16, 32 or 64 keys is whole rows
@@ -40,11 +40,12 @@ def sweep(arch: int = 90, kinds=KINDS, widths=WIDTHS):
     float32 kernels' widest blocks (minutes of compile each, kilobytes spilled)."""
     import triton
 
-    limit = SHARED_LIMIT.get(arch, SHARED_LIMIT[80])
+    limit = limit_of(arch)
     order = sorted(CANDIDATES, key=lambda t: (t.block_m * t.keys, t.block_m, t.warps))
     for kind in kinds:
         for width in widths:
-            for kernel, args, meta in launches(case(kind, width)):
+            c = case(kind, width)
+            for kernel, args, meta in launches(c):
                 spilled: list[Tile] = []
                 for t in order:
                     rec = dict(triton=triton.__version__, arch=arch, kind=kind, width=width)
@@ -54,20 +55,17 @@ def sweep(arch: int = 90, kinds=KINDS, widths=WIDTHS):
                         yield dict(rec, skipped=True)
                         continue
                     m = dict(meta, BLOCK_M=t.block_m, ROWS=t.keys // IMAGE, num_warps=t.warps)
-                    compiled, stages, block_m, seconds = compile_fitting(
-                        kernel, args, m, arch, limit
-                    )
-                    regs, stack = resources(compiled.asm["cubin"])
-                    if stack or block_m != t.block_m:
+                    got = compile_launch(kernel, args, m, c, arch, limit)
+                    if got.stack or got.block_m != t.block_m:
                         spilled.append(t)
                     yield dict(
                         rec,
-                        stages=stages,
-                        fitted_block_m=block_m,
-                        shared=compiled.metadata.shared,
-                        registers=regs,
-                        stack=stack,
-                        seconds=round(seconds, 2),
+                        stages=got.stages,
+                        fitted_block_m=got.block_m,
+                        shared=got.shared,
+                        registers=got.registers,
+                        stack=got.stack,
+                        seconds=round(got.seconds, 2),
                     )
 
 
