@@ -257,3 +257,29 @@ def test_plan_picks_triton_only_for_content_axis_terms():
     lay.content = True
     assert lay.kernel(x) == "triton"
     assert "triton" in plan.BACKENDS
+
+
+def test_the_backward_runs_at_the_forwards_query_block(monkeypatch):
+    """One block shape a call: when the forward's launch settles on a smaller query block (a GPU
+    whose shared memory refused its tile's), both backward kernels start from that block, not
+    from their tiles' (their products would round the recomputed logits otherwise)."""
+    real, seen = triton_axis.launch, []
+
+    def launch(kernel, grid, args, meta):
+        if kernel is triton_axis._fwd:  # as if Triton had refused the tile's block
+            meta = dict(meta, BLOCK_M=16)
+        seen.append((kernel.__name__, meta["BLOCK_M"]))
+        return real(kernel, grid, args, meta)
+
+    monkeypatch.setattr(triton_axis, "launch", launch)
+    q, k, v, qa = _inputs(1, 2, 5, 7, 8, 8, torch.float64)
+    y = _run(axis_attention_triton, q, k, v, qa, 5, 7, 0.0, True, 0, block_m=64)
+    y.sum().backward()
+    assert seen == [("_fwd", 16), ("_bwd_dq", 16), ("_bwd_dkdv", 16)]
+    monkeypatch.setattr(triton_axis, "launch", real)
+    grads = [x.grad.clone() for x in (q, k, v, qa)]
+    for x in (q, k, v, qa):
+        x.grad = None
+    _run(axis_attention_triton, q, k, v, qa, 5, 7, 0.0, True, 0, block_m=16).sum().backward()
+    for g, x in zip(grads, (q, k, v, qa)):
+        torch.testing.assert_close(g, x.grad, rtol=0, atol=0)

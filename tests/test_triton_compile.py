@@ -57,7 +57,7 @@ def test_every_case_compiles_for_sm90_sm80_and_sm86():
 
 @pytest.mark.slow
 def test_the_envelope_fits_sm80_and_sm90_at_the_first_rung():
-    """too_large compiles nothing inside ENVELOPE on sm_80/sm_90-sized GPUs: this is why."""
+    """fit compiles nothing inside ENVELOPE on sm_80/sm_90-sized GPUs: this is why."""
     rows = _compile("--envelope", "--arch", "80", "90")
     _check(rows, triton_compile.envelope(), [80, 90])
     assert {r["stages"] for r in rows} == {3}  # the first rung: the tile's own query block
@@ -120,7 +120,7 @@ print(refusal(Case(torch.bfloat16, 5, 7, 8, 8, p=0.1), 86, SHARED_LIMIT[86]))
 
 @pytest.mark.slow
 def test_a_call_whose_blocks_exceed_the_gpus_shared_memory_is_refused_in_one_line():
-    """content.triton falls back to the dense kernel with this line (triton_compile.too_large
+    """content.triton falls back to the dense kernel with this line (triton_compile.fit
     asks it for the GPU at hand): bf16 at head width 256 and rows of 128 needs more than
     sm_86's 99 KiB at every rung of triton_axis.launch."""
     big, small = compiled_python("-c", _REFUSAL).splitlines()
@@ -151,7 +151,7 @@ def test_the_rung_search_fits_the_limit_it_is_given_not_the_architectures():
 
 
 def test_a_call_trains_when_any_input_needs_a_gradient_the_axis_logits_too():
-    """too_large is asked about the backward kernels whenever one will run: also when only the
+    """fit is asked about the backward kernels whenever one will run: also when only the
     positional encoding learns (frozen projections), through the axis logits."""
     q, k, v = (torch.zeros(1, 1, 4, 8) for _ in "qkv")
     qa = torch.zeros(1, 1, 4, 4, requires_grad=True)
@@ -207,3 +207,25 @@ def test_the_test_compiles_benchmark_compiles_what_it_recorded():
     out = compiled_python(script, "--child", repr(seen), timeout=300)
     assert out.startswith("1 kernels launched by tests/test_triton_axis.py; compiled for sm_90")
     assert "bfloat16" in out.splitlines()[1]
+
+
+_SHARED_BLOCK = """
+from attnconv.layers.kernels.triton_compile import Case, check, SHARED_LIMIT
+import torch
+case = Case(torch.float32, 16, 64, 128, 128, tf32=True)
+fit = check(case, 86, SHARED_LIMIT[86])  # sm_86: a 99 KiB GPU
+print(fit.why, fit.block_m)
+from attnconv.layers.kernels.triton_compile import launches
+for kernel, _, meta in launches(case, fit.block_m):
+    print(kernel.__name__, meta["BLOCK_M"])
+"""
+
+
+@pytest.mark.slow
+def test_a_gpu_that_refuses_one_kernels_block_gets_one_block_for_all_three():
+    """tf32 at head width 128 and rows of 64 on sm_86: the forward fits a 32-query block, the
+    dK/dV kernel only 16. The check hands the call the smaller block for all three kernels
+    (content.triton passes it on), so the backward recomputes the logits as the forward did."""
+    out = compiled_python("-c", _SHARED_BLOCK).splitlines()
+    assert out[0] == "None 16"
+    assert out[1:] == ["_fwd 16", "_bwd_dq 16", "_bwd_dkdv 16"]

@@ -122,12 +122,12 @@ def triton(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True):
     removed, times v: the flash-style Triton kernel of triton_axis.py (``backend="triton"``), q, k,
     v in their (autocast) dtype, the axis logits in float32 at least. Inputs it cannot take fall
     back to the dense kernels with a one-line reason."""
-    why = triton_axis.unsupported(q, v, grid.h, grid.w)
+    why, block_m = triton_axis.unsupported(q, v, grid.h, grid.w), None
     if not why:  # the axis logits count too: a learned encoding trains through them
         with no_autocast(q.device.type):
             q_axis = term.q_axis(hi(q))  # (B|1, Nh, T, h + w), float32 at least
         train = triton_axis.trains(q, k, v, q_axis)
-        why = triton_compile.too_large(q, v, grid.h, grid.w, p_drop, per_image, train)
+        why, block_m = triton_compile.fit(q, v, grid.h, grid.w, p_drop, per_image, train)
     if why:
         warnings.warn(
             f"attnconv: backend='triton' falls back to the dense kernel: {why}", stacklevel=2
@@ -140,7 +140,7 @@ def triton(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True):
             q_axis = q_axis[:1]
         q, k = q.expand(b, *q.shape[1:]), k.expand(b, *k.shape[1:])
         y = triton_axis.axis_attention_triton(
-            q, k, v, q_axis, grid.h, grid.w, scale, p_drop, per_image
+            q, k, v, q_axis, grid.h, grid.w, scale, p_drop, per_image, block_m=block_m
         )
     return y.to(grid.dtype)
 

@@ -113,24 +113,28 @@ def rungs(meta: dict) -> list[tuple[int, int]]:
     return out
 
 
-def launch(kernel, grid, args: tuple, meta: dict) -> None:
+def launch(kernel, grid, args: tuple, meta: dict) -> int:
     """kernel[grid](*args, **meta) at the first rung whose shared memory fits the GPU: a block
     can ask for more than sm_86/89's 99 KiB (RTX 30xx/40xx; kernels/triton_compile.py says
     which), and Triton's OutOfResources steps down the rungs, once per kernel, compile-time
-    values and device. ``grid``: a tuple or a function of the compile-time values."""
+    values and device. ``grid``: a tuple or a function of the compile-time values. Returns the
+    query block it ran with (the backward starts from the forward's: one block shape a call)."""
     key = (kernel.__name__, *meta.items(), args[0].device)  # meta's order is the launch code's
     ladder = rungs(meta)
     first = ladder.index(_rung[key]) if key in _rung else 0
-    for i, (stages, block_m) in enumerate(ladder[first:], first):
+
+    def run(stages: int, block_m: int) -> int:
         m = dict(meta, BLOCK_M=block_m)  # num_warps among them: a launch option
-        try:
-            kernel[grid(m) if callable(grid) else grid](*args, **m, num_stages=stages)
-        except triton.runtime.errors.OutOfResources:
-            if i == len(ladder) - 1:
-                raise
-            continue
+        kernel[grid(m) if callable(grid) else grid](*args, **m, num_stages=stages)
         _rung[key] = (stages, block_m)
-        return
+        return block_m
+
+    for stages, block_m in ladder[first:-1]:
+        try:
+            return run(stages, block_m)
+        except triton.runtime.errors.OutOfResources:
+            continue
+    return run(*ladder[-1])  # Triton's OutOfResources when even the last rung does not fit
 
 
 def _strides(t: torch.Tensor) -> tuple[int, int, int]:
@@ -194,9 +198,11 @@ class _TritonAxis(torch.autograd.Function):
         (grid, args, meta), (y, stats, rng, sizes, ctx.meta) = forward_launch(
             q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, train
         )
-        launch(_fwd, grid, args, meta)
+        # the backward kernels take the forward's query block (a smaller one only where their
+        # own shared memory forces it): other product shapes would round the logits otherwise
+        ctx.block_m = launch(_fwd, grid, args, meta)
         ctx.save_for_backward(q, k, v, q_axis, y, stats, rng)
-        ctx.sizes, ctx.block_m = sizes, block_m
+        ctx.sizes = sizes
         return y.to(q.dtype)
 
     @staticmethod

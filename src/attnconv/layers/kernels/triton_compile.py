@@ -22,6 +22,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -78,23 +79,25 @@ class Compiled:
         return self.shared <= self.limit
 
 
-def launches(case: Case) -> list[tuple]:
+def launches(case: Case, block_m: int | None = None) -> list[tuple]:
     """(kernel, arguments, compile-time values) of the forward and, in training, both backward
     kernels, built by the launch code itself from small CPU tensors (only dtypes and strides
-    reach the compiler)."""
+    reach the compiler); ``block_m`` overrides the tile's query block, as the call's."""
     t, z = case.h * case.w, torch.zeros
     q, k = z(1, 1, t, case.dk, dtype=case.dtype), z(1, 1, t, case.dk, dtype=case.dtype)
     v = z(1, 1, t, case.dv, dtype=case.dtype)
     qa = z(1, 1, t, case.h + case.w, dtype=torch.promote_types(case.dtype, torch.float32))
-    args = (q, k, v, qa, case.h, case.w, case.dk**-0.5, case.p, 0, case.per_image, None)
+    args = (q, k, v, qa, case.h, case.w, case.dk**-0.5, case.p, 0, case.per_image, block_m)
     (_, fargs, fmeta), (y, stats, rng, sizes, meta) = triton_axis.forward_launch(*args, case.train)
     if case.tf32:  # as on a GPU with allow_tf32: tf32 products, tf32's tiles
-        fmeta = triton_axis._tiled(triton_axis._fwd, dict(fmeta, PREC="tf32"), case.dtype, None)
+        fmeta = triton_axis._tiled(triton_axis._fwd, dict(fmeta, PREC="tf32"), case.dtype, block_m)
         meta = dict(meta, PREC="tf32")
     out = [(triton_axis._fwd, fargs, fmeta)]
     if case.train:
         dy = z(1, t, 1, case.dv, dtype=case.dtype)
-        back, _ = triton_axis.backward_launches(q, k, v, qa, y, stats, rng, dy, sizes, meta)
+        back, _ = triton_axis.backward_launches(
+            q, k, v, qa, y, stats, rng, dy, sizes, meta, block_m
+        )
         out += [(kernel, a, m) for kernel, _, a, m in back]
     return out
 
@@ -175,12 +178,14 @@ def compile_case(case: Case, arch: int = 90, limit: int | None = None) -> list[C
     """Compile every kernel a call of ``case`` launches for the NVIDIA architecture sm_<arch>,
     each at the rung ``triton_axis.launch`` would settle on there: its first (stages, BLOCK_M)
     whose shared memory fits ``limit`` bytes (a GPU's own; None: ``limit_of`` the
-    architecture)."""
+    architecture), the backward kernels from the forward's query block as a call runs them."""
     limit = limit or limit_of(arch)
-    return [compile_launch(*launch, case, arch, limit) for launch in launches(case)]
+    forward = compile_launch(*launches(case)[0], case, arch, limit)
+    back = launches(case, forward.block_m)[1:]
+    return [forward, *(compile_launch(*launch, case, arch, limit) for launch in back)]
 
 
-_reasons: dict[tuple, str | None] = {}
+_compiled: dict[tuple, list[Compiled]] = {}  # (case, arch, limit) -> compile_case's
 # Head widths up to which every block fits sm_80 and sm_90 at the first rung when image rows are
 # at most 64 pixels (a key block is then at most 64 keys, its most at rows of 64, and a kernel's
 # tile depends only on the dtype and the width, triton_tiles): envelope() are its corners,
@@ -209,32 +214,51 @@ def envelope() -> list[Case]:
     return out
 
 
-def refusal(case: Case, arch: int, limit: int) -> str | None:
-    """Why ``case``'s kernels cannot run on an sm_<arch> GPU that gives a block ``limit`` bytes
-    of shared memory (one line), or None; compiled once per (case, arch, limit)."""
+class Fit(NamedTuple):
+    """What the compile check says of a call on the GPU at hand: why it cannot run (one line) or
+    None; and the query block its three kernels share, where the GPU's shared memory makes one
+    kernel step below the tile's (None: the tile's). One block for all three: the backward
+    recomputes the logits with the forward's product shapes, rounded alike."""
+
+    why: str | None = None
+    block_m: int | None = None
+
+
+def check(case: Case, arch: int, limit: int) -> Fit:
+    """``Fit`` of ``case``'s kernels on an sm_<arch> GPU that gives a block ``limit`` bytes of
+    shared memory; compiled once per (case, arch, limit)."""
     key = (case, arch, limit)
-    if key not in _reasons:
-        big = [c for c in compile_case(case, arch, limit) if not c.fits]
-        _reasons[key] = (
+    if key not in _compiled:
+        _compiled[key] = compile_case(case, arch, limit)
+    kernels = _compiled[key]
+    big = [c for c in kernels if not c.fits]
+    if big:
+        why = (
             f"its {big[0].kernel} block needs {big[0].shared // 1024} KiB of shared memory, "
             f"the GPU gives {limit // 1024} KiB (head width {case.dk}, image rows of {case.w})"
-            if big
-            else None
         )
-    return _reasons[key]
+        return Fit(why)
+    block_m = min(c.block_m for c in kernels)
+    return Fit(None, block_m if block_m < kernels[0].block_m else None)
 
 
-def too_large(q: torch.Tensor, v: torch.Tensor, h: int, w: int, p: float, per_image: bool, train):
-    """``refusal`` for this call on q's GPU, for its own architecture and shared memory (a
-    compile only outside the tested envelope); None off CUDA."""
+def refusal(case: Case, arch: int, limit: int) -> str | None:
+    """Why ``case``'s kernels cannot run on an sm_<arch> GPU that gives a block ``limit`` bytes
+    of shared memory (one line), or None."""
+    return check(case, arch, limit).why
+
+
+def fit(q: torch.Tensor, v: torch.Tensor, h: int, w: int, p: float, per_image: bool, train) -> Fit:
+    """``check`` for this call on q's GPU, for its own architecture and shared memory (a compile
+    only outside the tested envelope, where every kernel fits at its tile); Fit() off CUDA."""
     if q.device.type != "cuda" or triton_axis.interpreted():
-        return None
+        return Fit()
     tf32 = q.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
     case = Case(q.dtype, h, w, q.shape[-1], v.shape[-1], p, per_image, train, tf32)
     props = torch.cuda.get_device_properties(q.device)
     if inside(case, props.shared_memory_per_block_optin):  # no compile: the tests did it
-        return None
-    return refusal(case, props.major * 10 + props.minor, props.shared_memory_per_block_optin)
+        return Fit()
+    return check(case, props.major * 10 + props.minor, props.shared_memory_per_block_optin)
 
 
 def cases(quick: bool = False) -> list[Case]:
