@@ -30,6 +30,7 @@ from .kernels.window import (  # noqa: F401  (re-exported: the kernel's public n
     window_pad,
     window_valid,
 )
+from .precision import autocast_dtype
 from .scripting import NotScriptable
 
 
@@ -174,12 +175,21 @@ class LocalSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
             self.register_parameter("rel_col", None)
 
     def kernel(
-        self, device: torch.device | str, return_attention: bool = False, why: bool = False
+        self,
+        device: torch.device | str,
+        return_attention: bool = False,
+        why: bool = False,
+        x: torch.Tensor | None = None,
     ) -> str:
         """The kernel (plan.LOCAL_TABLE) ``forward`` runs on ``device`` (``why``: each earlier
-        row passed over, then the one chosen, ``plan.explain``)."""
+        row passed over, then the one chosen, ``plan.explain``); ``x`` (B, C, H, W): the input,
+        whose size and (autocast's) dtype the table reads on CUDA."""
         device = torch.device(device).type
-        case = plan.LocalCase(self.backend, device, self.padding, return_attention, plan.tracing())
+        dtype = None if x is None else autocast_dtype(device, x.dtype)
+        t = 0 if x is None else x.shape[-2] * x.shape[-1]
+        case = plan.LocalCase(
+            self.backend, device, self.padding, return_attention, plan.tracing(), dtype, t
+        )
         return (plan.explain if why else plan.choose)(case, plan.LOCAL_TABLE)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, nh, dh, H, W)
@@ -207,7 +217,7 @@ class LocalSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
             pe = sinusoid_2d(h, w, self.head_dim, device=x.device).to(x.dtype).t()  # (dh, H*W)
             pe = pe.view(self.head_dim, h, w)
             k = pe.expand(bsz, self.num_heads, -1, h, w) if k is None else k + pe
-        kernel = self.kernel(x.device, return_attention)
+        kernel = self.kernel(x.device, return_attention, x=x)
         if kernel == "flex":
             out = self._flex(q, k, v)
         else:

@@ -266,13 +266,26 @@ def for_layer(
 
 class LocalCase(NamedTuple):
     """What LOCAL_TABLE reads: the backend override, the device, the border, whether the maps
-    are returned, whether a compiler traces the forward (no C++ extension call then)."""
+    are returned, whether a compiler traces the forward (no C++ extension call then), the dtype
+    q, k, v compute in (autocast's) and the number of pixels."""
 
     backend: str | None = None
     device: str = "cpu"
     padding: str = "mask"
     maps: bool = False
     tracing: bool = False
+    dtype: torch.dtype | None = None
+    t: int = 0
+
+
+# On an H100 (benchmarks/results/cuda_layers_local.md, k=7, batch 32) the window function beat
+# Flex in float32 at 56x56 (C=64: training 1.37x, inference 1.14x) and lost from 28x28 down
+# (C=128: 0.32x); bfloat16: Flex everywhere. Sizes between were not measured.
+WINDOW_CUDA_MIN_T = 56 * 56
+
+
+def _window_beats_flex(c: LocalCase) -> bool:
+    return c.backend is None and c.dtype == torch.float32 and c.t >= WINDOW_CUDA_MIN_T
 
 
 # kernels/window.py's local_attention ("reference": unfold; "fused": the C++ window kernel of
@@ -285,9 +298,11 @@ LOCAL_TABLE = (
             (c.device == "cuda" if c.backend is None else c.backend == "flex")
             and c.padding == "mask"
             and not c.maps
+            and not _window_beats_flex(c)
         ),
         'padding="mask"',
-        'CUDA (or backend="flex"), no returned maps',
+        'CUDA (or backend="flex"), no returned maps; not float32 from WINDOW_CUDA_MIN_T '
+        "pixels (the window function measured faster there)",
     ),
     Row(
         "fused",
