@@ -12,6 +12,8 @@ from experiments_runs import kept, n_params, read_metrics, summed_lr
 
 TITLE = "### Table 1 at grid_long's budget: sa_quadratic against ResNet18 trained as long"
 RUNS_COMPARED = (("sa_quadratic", "grid_long"), ("ResNet18", "resnet18_long"))
+# more seeds of a compared model at the same budget, shown once finished (the seed spread)
+SEED_RUNS = (("ResNet18 seed 1", "resnet18_long_seed1"),)
 
 
 def evals(run: Path) -> dict[int, float]:
@@ -39,26 +41,29 @@ def long_budget(lines: list[str], runs: Path) -> None:
     if not all((f / "wall.json").exists() for f in folders):
         lines += kept(TITLE, "\n### ")
         return
+    shown = [*RUNS_COMPARED, *((m, r) for m, r in SEED_RUNS if (runs / r / "wall.json").exists())]
+    folders = [runs / run for _, run in shown]
     curves = [evals(f) for f in folders]
     lr = summed_lr(folders[0])
+    seeds = "one seed each" if len(shown) == 2 else "seed 0 each, and ResNet18's seed 1"
     lines += [
         TITLE,
         "",
-        "One seed each, float32, on this CPU; the same recipe as every Table 1 run (SGD 0.1, "
-        "momentum 0.9, cosine with 5% warm-up per step, crop + flip, the reference's weight decay) "
-        "for 150,000 steps of 64 images. Test accuracy on the 10,000 test images:",
+        f"{seeds[0].upper() + seeds[1:]}, float32, on this CPU; the same recipe as every Table 1 "
+        "run (SGD 0.1, momentum 0.9, cosine with 5% warm-up per step, crop + flip, the "
+        "reference's weight decay) for 150,000 steps of 64 images. Test accuracy on the 10,000 "
+        "test images:",
         "",
-        "| step | images seen | summed lr | "
-        + " | ".join(f"{m} (`{r}`)" for m, r in RUNS_COMPARED)
-        + " |",
-        "|---|---|---|---|---|",
+        "| step | images seen | summed lr | " + " | ".join(f"{m} (`{r}`)" for m, r in shown) + " |",
+        "|---" * (3 + len(shown)) + "|",
     ]
-    for step in sorted(set(curves[0]) & set(curves[1])):
+    for step in sorted(set.intersection(*(set(c) for c in curves))):
         accs = " | ".join(f"{100 * c[step]:.1f}%" for c in curves)
         lines.append(f"| {step:,} | {64 * step / 1e6:.2f}M | {lr(step):,.0f} | {accs} |")
-    rows = []
-    for (model, _), f in zip(RUNS_COMPARED, folders):
+    rows, final = [], []
+    for (model, _), f in zip(shown, folders):
         m = read_metrics(f)
+        final.append(100 * m["test_acc"])
         rows.append(
             f"| {model} | {n_params(f) / 1e6:.2f}M | {100 * m['test_acc']:.1f}% | "
             f"{100 * train_acc_end(f):.1f}% | {m['images_per_s']:.0f} |"
@@ -70,3 +75,11 @@ def long_budget(lines: list[str], runs: Path) -> None:
         *rows,
         "",
     ]
+    if len(shown) > 2:  # the seed spread beside the models' gap
+        lines += [
+            f"ResNet18's two seeds end {abs(final[2] - final[1]):.2f} points apart "
+            f"({final[1]:.2f}% and {final[2]:.2f}%); ResNet18 minus sa_quadratic (its seed 0): "
+            f"{final[1] - final[0]:+.2f} points with ResNet18's seed 0, "
+            f"{final[2] - final[0]:+.2f} with its seed 1.",
+            "",
+        ]

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The prepared script for a lent GPU (minutes at a time): under 9 minutes on one H100/H200, it
-# runs a smoke test of the Triton kernel, the cuda suite's paper-model training step and its
-# content-attention group (the Triton kernel against Flex, dense SDPA + bias and no-bias SDPA),
-# each case saved as it finishes, then the CUDA tests of the GPU kernels in the time left (the
-# timeouts add to 520 s). Run from the repository root on the GPU machine, whose python3 holds
+# runs a smoke test of the Triton kernel, the cuda suite's paper-model training step, its
+# content-attention group (the Triton kernel against Flex, dense SDPA + bias and no-bias SDPA)
+# and what time allows of its SASA group (Flex, the window function, unfold, the Triton window
+# kernel), each case saved as it finishes, then the CUDA tests of the GPU kernels in the time
+# left (the timeouts add to 540 s). Run from the repository root on the GPU machine, whose python3 holds
 # torch and triton:  OUT=<folder> bash benchmarks/gpu_session.sh
-# Results: $OUT/gpu_session.log, $OUT/cuda_models.{json,md}, $OUT/cuda_layers_content.{json,md}
-# (or cuda_layers.partial.* when the time ran out); copy them to benchmarks/results/.
+# Results: $OUT/gpu_session.log, $OUT/cuda_models.{json,md}, $OUT/cuda_layers_content.{json,md},
+# $OUT/cuda_layers_local.{json,md} (or cuda_layers.partial.* when the time ran out); copy them to
+# benchmarks/results/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=src
@@ -29,7 +31,10 @@ timeout 180 $py -m attnconv.cli bench --suite cuda --repeats 5 --out-dir "$OUT" 
 echo "== content attention kernels" | tee -a "$LOG"
 timeout 190 $py -m attnconv.cli bench --suite cuda --repeats 3 --out-dir "$OUT" -- --only content \
   --inner 5 2>&1 | tail -60 | tee -a "$LOG"
+echo "== SASA window kernels (as many cases as the time allows; 56x56 first)" | tee -a "$LOG"
+timeout 50 $py -m attnconv.cli bench --suite cuda --repeats 3 --out-dir "$OUT" -- --only local \
+  --inner 5 2>&1 | tail -30 | tee -a "$LOG"
 echo "== CUDA tests (the time left)" | tee -a "$LOG"
-timeout 90 $py -m pytest -q -p no:cacheprovider tests/test_triton_axis.py \
+timeout 60 $py -m pytest -q -p no:cacheprovider tests/test_triton_axis.py tests/test_triton_local.py \
   tests/test_cuda_models_bench.py tests/test_cuda_backend.py 2>&1 | tail -40 | tee -a "$LOG"
 echo "== done $(date -u)" | tee -a "$LOG"

@@ -164,3 +164,12 @@ def test_long_budget_puts_the_two_runs_side_by_side(tmp_path, monkeypatch):
     assert "| 1,000 | 0.06M | 100 | 80.0% | 75.0% |" in text
     # the last 750 steps' train windows (500, 750, 1000 -> 0.625, 0.6875, 0.75, weighted)
     assert "| 80.0% | 68.8% | 500 |" in text and "| 75.0% | 68.8% | 500 |" in text
+    assert "seed 1" not in text  # not run yet: not shown
+    _run(tmp_path, "resnet18_long_seed1", {500: 0.65, 1000: 0.77})
+    lines = []
+    long.long_budget(lines, tmp_path)
+    text = "\n".join(lines)
+    assert "| 1,000 | 0.06M | 100 | 80.0% | 75.0% | 77.0% |" in text
+    assert "| ResNet18 seed 1 | " in text and "|---|---|---|---|---|---|" in text
+    assert "ResNet18's two seeds end 2.00 points apart (75.00% and 77.00%)" in text
+    assert "(its seed 0): -5.00 points with ResNet18's seed 0, -3.00 with its seed 1." in text

@@ -55,7 +55,7 @@ def test_its_commands_parse(monkeypatch):
             cuda.main(suite_argv(args))  # what `attnconv bench` hands the suite
         monkeypatch.setattr(argparse.ArgumentParser, "parse_args", real)
         ns = e.value.args[0]
-        assert ns.only in ("models", "content") and ns.out_dir == "out"
+        assert ns.only in ("models", "content", "local") and ns.out_dir == "out"
 
 
 def test_each_k_selection_names_tests_that_exist():

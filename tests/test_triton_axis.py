@@ -69,6 +69,20 @@ def test_triton_equals_plain_equations(
         torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
 
 
+@pytest.mark.parametrize("h, w, dk", [(2, 40, 8), (3, 20, 48), (1, 100, 16)])
+def test_triton_equals_plain_equations_on_wide_rows(h, w, dk):
+    """Rows wider than 16 pixels take the tiles swept at rows of 32, 64 (and 128: 64's), a key
+    step of whole rows: float64 values and every gradient, with dropout."""
+    gen = torch.Generator().manual_seed(w)
+    xs = _inputs(2, 2, h, w, dk, 8, torch.float64, gen=gen)
+    y = _run(axis_attention_triton, *xs, h, w, 0.2, True, 5)
+    ref = _run(axis_attention_reference, *xs, h, w, 0.2, True, 5)
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+    g = torch.randn(y.shape, dtype=y.dtype, generator=gen).to(DEVICE)
+    for a, r in zip(torch.autograd.grad(y, xs, g), torch.autograd.grad(ref, xs, g)):
+        torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
+
+
 @pytest.mark.parametrize("p, per_image", [(0.0, True), (0.3, True), (0.3, False)])
 def test_triton_gradcheck_float64(p, per_image):
     """gradcheck's fast mode (random projections of the Jacobian: the interpreter runs a forward
@@ -87,6 +101,8 @@ def test_triton_gradcheck_float64(p, per_image):
         (2, 2, 1, 12, 8, 16, 0.0),
         (1, 2, 16, 16, 32, 16, 0.1),
         (1, 2, 4, 6, 400, 400, 0.1),  # the paper's content heads: hidden 400 wide
+        (1, 2, 2, 40, 16, 16, 0.1),  # rows padded to 64: the tiles swept at rows of 64
+        (1, 1, 3, 20, 48, 16, 0.0),  # rows padded to 32
     ],
 )
 def test_triton_precision_as_tight_as_plain(dtype, b, nh, h, w, dk, dv, p):

@@ -28,11 +28,13 @@ def _compile(*args: str) -> list[dict]:
 
 
 def _check(rows: list[dict], cases: list[Case], archs: list[int]):
+    names = {0: ["_fwd", "_bwd_dq", "_bwd_dkdv"]}  # the axis kernels; triton_local's:
+    names.update({c.window: ["_lfwd", "_lbwd_dq", "_lbwd_dkdv"] for c in cases if c.window})
     want = [
         (str(c), a, k)
         for c in cases
         for a in archs
-        for k in (["_fwd", "_bwd_dq", "_bwd_dkdv"] if c.train else ["_fwd"])
+        for k in (names[c.window] if c.train else names[c.window][:1])
     ]
     assert [(r["case"], r["arch"], r["kernel"]) for r in rows] == want
     for r in rows:
@@ -49,7 +51,9 @@ def test_kernels_compile_for_sm90_within_its_shared_memory():
 def test_every_case_compiles_for_sm90_sm80_and_sm86():
     """sm_86/89 (RTX 30xx/40xx) give a block 99 KiB: with Triton's default 64 x 64 blocks some
     backward kernels fitted there only at fewer pipelining stages (triton_axis.launch steps
-    down); with the swept tiles (triton_tiles) every case fits at Triton's default 3."""
+    down); with the swept tiles (triton_tiles) every case fits at Triton's default 3. The SASA
+    window kernels (triton_local.py) among them."""
+    assert any(c.window for c in triton_compile.cases())
     rows = _compile("--arch", "90", "80", "86")
     _check(rows, triton_compile.cases(), [90, 80, 86])
     assert {r["stages"] for r in rows} == {3}
@@ -212,7 +216,7 @@ def test_the_test_compiles_benchmark_compiles_what_it_recorded():
 _SHARED_BLOCK = """
 from attnconv.layers.kernels.triton_compile import Case, check, SHARED_LIMIT
 import torch
-case = Case(torch.float32, 16, 64, 128, 128, tf32=True)
+case = Case(torch.float32, 8, 128, 64, 64, tf32=True)
 fit = check(case, 86, SHARED_LIMIT[86])  # sm_86: a 99 KiB GPU
 print(fit.why, fit.block_m)
 from attnconv.layers.kernels.triton_compile import launches
@@ -223,7 +227,7 @@ for kernel, _, meta in launches(case, fit.block_m):
 
 @pytest.mark.slow
 def test_a_gpu_that_refuses_one_kernels_block_gets_one_block_for_all_three():
-    """tf32 at head width 128 and rows of 64 on sm_86: the forward fits a 32-query block, the
+    """tf32 at head width 64 and rows of 128 on sm_86: the forward fits a 32-query block, the
     dK/dV kernel only 16. The check hands the call the smaller block for all three kernels
     (content.triton passes it on), so the backward recomputes the logits as the forward did."""
     out = compiled_python("-c", _SHARED_BLOCK).splitlines()

@@ -22,16 +22,19 @@ def test_the_tiles_are_the_recorded_sweeps_pick():
     records = triton_sweep.read(files)
     # the GPU machines' triton and PyPI's: a tile spill-free under one only is not picked
     assert len({r["triton"] for r in records}) >= 2 and "3.6.0" in {r["triton"] for r in records}
-    n = len(triton_tiles.KINDS) * len(triton_tiles.WIDTHS) * 3 * len(triton_tiles.CANDIDATES)
+    per_row = len(triton_tiles.KINDS) * len(triton_tiles.WIDTHS) * 3
+    n = sum(per_row * len(triton_tiles.candidates(r)) for r in triton_tiles.ROW_WIDTHS)
     assert all(len([r for r in records if r["triton"] == v]) == n for v in ("3.6.0", "3.9.0"))
     assert triton_sweep.picks(records) == TILES
 
 
-def test_every_kind_has_a_tile_per_swept_width():
-    assert set(TILES) == set(triton_tiles.KINDS)
-    assert all(len(row) == len(triton_tiles.WIDTHS) for row in TILES.values())
-    for c in (c for row in TILES.values() for c in row):
-        assert all(Tile(c.block_m, c.keys, w) in triton_tiles.CANDIDATES for w in c.warps)
+def test_every_kind_and_row_width_has_a_tile_per_swept_width():
+    kinds, rows = triton_tiles.KINDS, triton_tiles.ROW_WIDTHS
+    assert set(TILES) == {(k, r) for k in kinds for r in rows}
+    assert all(len(tiles) == len(triton_tiles.WIDTHS) for tiles in TILES.values())
+    for (_, row), tiles in TILES.items():
+        for c in tiles:  # a key step of whole rows
+            assert all(Tile(c.block_m, c.keys, w) in triton_tiles.candidates(row) for w in c.warps)
 
 
 def _stacks(fwd, dq, dkdv):
@@ -51,7 +54,7 @@ def test_pick_takes_the_largest_block_every_kernel_compiles_without_spills():
 
 
 def test_a_width_takes_the_tile_of_the_next_swept_width():
-    row = TILES["16bit"]
+    row = TILES["16bit", 16]
     c = row[1]
     assert tile("_fwd", "16bit", 32) == Tile(c.block_m, c.keys, c.warps[0])
     assert tile("_bwd_dkdv", "16bit", 64) == Tile(c.block_m, c.keys, c.warps[2])
@@ -62,16 +65,22 @@ def test_a_width_takes_the_tile_of_the_next_swept_width():
     assert triton_tiles.kind(torch.float32, "tf32") == "tf32"
 
 
+def test_a_row_width_takes_the_tiles_of_the_next_swept_row_width():
+    for row, swept in ((1, 16), (16, 16), (17, 32), (32, 32), (64, 64), (128, 64)):
+        c = TILES["tf32", swept][2]
+        assert tile("_bwd_dq", "tf32", 128, row) == Tile(c.block_m, c.keys, c.warps[1])
+
+
 @pytest.mark.parametrize("dtype, tf32", [(torch.bfloat16, False), (torch.float32, True)])
 def test_each_launch_carries_its_kernels_tile(dtype, tf32):
     pytest.importorskip("triton")
     from attnconv.layers.kernels.triton_compile import Case, launches
 
-    for width, h in ((400, 16), (48, 5)):
+    for width, h, w in ((400, 16, 16), (48, 5, 5), (64, 4, 64), (16, 3, 24)):
         metas = []
-        for kernel, _, meta in launches(Case(dtype, h, h, width, width, p=0.1, tf32=tf32)):
+        for kernel, _, meta in launches(Case(dtype, h, w, width, width, p=0.1, tf32=tf32)):
             kind = triton_tiles.kind(dtype, "tf32" if tf32 else "ieee")
-            t = tile(kernel.__name__, kind, meta["DKP"])
+            t = tile(kernel.__name__, kind, meta["DKP"], meta["WP"])
             assert (meta["BLOCK_M"], meta["num_warps"]) == (t.block_m, t.warps)
             assert meta["ROWS"] == max(1, t.keys // meta["WP"])
             metas.append((meta["BLOCK_M"], meta["ROWS"]))
@@ -109,8 +118,8 @@ def test_the_picked_tiles_compile_for_sm90_as_the_sweep_recorded():
         (rec,) = [
             r
             for r in records
-            if (r["triton"], r["kind"], r["width"], r["kernel"])
-            == (row["triton"], row["kind"], width, row["kernel"])
+            if (r["triton"], r["row"], r["kind"], r["width"], r["kernel"])
+            == (row["triton"], 16, row["kind"], width, row["kernel"])
             and Tile(r["block_m"], r["keys"], r["warps"]) == t
         ]
         assert row["stack"] == rec["stack"], (row, rec)

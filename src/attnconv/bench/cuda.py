@@ -11,9 +11,11 @@ FlashAttention-backed SDPA on the same q, k, v with NO positional term (what con
 attention of equal shapes costs: a floor, not an equal); "SDPA fold" is the layer's CPU
 kernels on the GPU (backend="fold": the exact fold through SDPA in training, the shared bias in
 inference).
-SASA local attention (k = 7, relative row/column embeddings, 8 heads): attnconv
-(FlexAttention with a block mask), our window kernel (kernels/window.py, backend="window"), the
-unfold reference and NATTEN's fused kernels when the natten package is installed.
+SASA local attention (k = 7, relative row/column embeddings, 8 heads): attnconv (the plan's
+choice: FlexAttention with a block mask, or the window function in float32 from 56x56), our
+window function (kernels/window.py, backend="window"), the Triton window kernel
+(kernels/triton_local.py, backend="triton", when triton is installed), the unfold reference and
+NATTEN's fused kernels when the natten package is installed.
 The paper models' full training step (``--only models``): bench/cuda_models.py.
 
 Time: CUDA events around --inner calls, median of --repeats, after warm-up calls (compilation
@@ -129,6 +131,9 @@ def models_for(case: dict) -> dict[str, torch.nn.Module]:
         window, unfold = copy.deepcopy(layer), copy.deepcopy(layer)
         window.backend, unfold.backend = "window", "reference"
         models = {"attnconv": layer, "window": window, "unfold": unfold}
+        if triton_axis.INSTALLED:  # the Triton window kernel (triton_local.py)
+            models["triton"] = copy.deepcopy(layer)
+            models["triton"].backend = "triton"
         try:
             models["natten"] = Natten(layer)
         except ImportError:
@@ -254,13 +259,16 @@ TRITON_COLUMNS = [
 ]
 LOCAL_COLUMNS = [
     ("name", "case", ""),
-    ("attnconv_ms", "ours (Flex) ms", ".3f"),
+    ("attnconv_ms", "ours (the plan's kernel) ms", ".3f"),
     ("ratio_window", "window kernel / ours", ".2f"),
     ("ratio_unfold", "unfold / ours", ".2f"),
     ("ratio_natten", "NATTEN / ours", ".2f"),
+    ("ratio_triton", "Triton window kernel / ours", ".2f"),
     ("mem_unfold", "ours/unfold memory", ".2f"),
+    ("mem_triton", "ours/Triton memory", ".2f"),
     ("err_attnconv", "ours err vs f64", ".1e"),
     ("err_window", "window err vs f64", ".1e"),
+    ("err_triton", "Triton err vs f64", ".1e"),
 ]
 
 

@@ -19,19 +19,16 @@ draws it, a mask per image with content), three ways:
 - ``attnconv`` in float32 and under bfloat16 autocast (``--compile``: also float32 under
   ``torch.compile``, its first step's time reported as the compile cost).
 
-Several batches (``--batch-paper 8 16``): each scale runs once per batch, a group of its own
-("paper B8", "paper B16"), so small batches are checked beside the default ones.
-
-Method: every case of a group (a scale at one batch) is built in one fresh subprocess (one
-thread by default); after a warm-up step each, the cases run round-robin, ``--repeats`` rounds
-(default 5), so every ratio compares steps taken under the same machine load; img/s from the
-median step. ``x reference`` = img/s / the reference's float32 img/s. FLOPs: one float32 step
-under FlopCounterMode (matmul/conv/attention kernels, executed by that path) / batch; % of GEMM
-peak = achieved GFLOP/s / a 1024^3 matmul's GFLOP/s in the same precision, timed in the same
+Method: each group (a scale at one batch; ``--batch-paper 8 16``: "paper B8", "paper B16") is
+built in one fresh subprocess (one thread by default); after a warm-up step each, its cases run
+round-robin, ``--repeats`` rounds (default 5): every ratio compares steps under the same load;
+img/s from the median step. ``x reference`` = img/s / the reference's float32 img/s. FLOPs: one
+float32 step under FlopCounterMode (matmul/conv/attention kernels, executed by that path) /
+batch; % of GEMM peak = achieved GFLOP/s / a 1024^3 matmul's GFLOP/s in the same precision and
 rounds (the step's physical limit). Peak memory: the RSS a first training step adds to the
-built model, each case in its own fresh subprocess. Writes <out-dir>/models_throughput.{json,md}
-(default benchmarks/results/); ``--docs`` also replaces the block between the models-throughput
-markers of the documentation's benchmarks page (docs/benchmarks.md).
+built model, in a fresh subprocess each. Writes <out-dir>/models_throughput.{json,md}
+(benchmarks/results/); ``--docs`` also replaces the models-throughput block of the benchmarks
+page.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ The kernel (fast path and plain reference) is kernels/window.py.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -21,7 +22,7 @@ import torch.nn.functional as F
 
 from .checks import BackendKnob, backend_of, check_tensor, positive_int
 from .encodings.sinusoidal import sinusoid_2d
-from .kernels import plan
+from .kernels import plan, triton_axis, triton_compile, triton_local
 from .kernels.flex import flex_local_attention
 from .kernels.window import (  # noqa: F401  (re-exported: the kernel's public names)
     PADDINGS,
@@ -109,11 +110,12 @@ class LocalSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
             ``"zeros"`` (they are zero keys and values, as a zero-padded convolution reads).
         impl: the older spelling of ``backend="reference"``: ``"auto"`` or ``"reference"``.
         backend: None (the plan's choice, ``kernel``; kernels/plan.py's LOCAL_TABLE),
-            ``"reference"`` (unfold, the plain equations), ``"flex"``, ``"fused"`` or
-            ``"window"``.
+            ``"reference"`` (unfold, the plain equations), ``"flex"``, ``"fused"``,
+            ``"window"`` or ``"triton"`` (kernels/triton_local.py; needs triton).
     """
 
     BACKENDS = plan.LOCAL_BACKENDS  # the ``backend`` names it takes (kernels/plan.py)
+    check_backend = staticmethod(triton_axis.check_backend)
 
     def __init__(
         self,
@@ -218,9 +220,10 @@ class LocalSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
             pe = pe.view(self.head_dim, h, w)
             k = pe.expand(bsz, self.num_heads, -1, h, w) if k is None else k + pe
         kernel = self.kernel(x.device, return_attention, x=x)
+        out = self._triton(q, k, v) if kernel == "triton" else None
         if kernel == "flex":
             out = self._flex(q, k, v)
-        else:
+        elif out is None:
             out = local_attention(
                 q,
                 k,
@@ -239,6 +242,27 @@ class LocalSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
             # downsampling after attention (sec. 3.1); ceil: ceil(H/s) like a strided conv
             y = F.avg_pool2d(y, self.stride, ceil_mode=True)
         return (y, attn) if return_attention else y
+
+    def _triton(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor):
+        """The Triton window kernel on q, k, v (B, nh, d, H, W), or None, with a one-line warning,
+        where it cannot run them on the device at hand (the window function runs instead)."""
+        h, w = q.shape[-2:]
+        why, block_m = triton_local.unsupported(q, v, h, w, self.padding), None
+        if not why:  # the GPU's own shared memory (a compile, once per shape)
+            train = triton_axis.trains(q, v, *self.parameters())
+            dq, dv = q.shape[2], v.shape[2]
+            why, block_m = triton_compile.fit(
+                q.new_empty(0, dq), v.new_empty(0, dv), h, w, 0.0, True, train, self.kernel_size
+            )
+        if why:
+            warnings.warn(
+                f"attnconv: backend='triton' falls back to the window function: {why}",
+                stacklevel=3,
+            )
+            return None
+        return triton_local.local_attention_triton(
+            q, k, v, self.kernel_size, self.rel_row, self.rel_col, block_m
+        )
 
     def _flex(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor) -> torch.Tensor:
         qr_row = qr_col = None

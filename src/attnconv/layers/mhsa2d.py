@@ -162,10 +162,7 @@ class MultiHeadSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
             )
         return self.positional_encoding.centers.detach().clone()
 
-    def check_backend(self, value: str | None) -> str | None:
-        if value == "triton" and not triton_axis.INSTALLED:
-            raise ValueError("backend='triton' needs triton: pip install triton")
-        return value
+    check_backend = staticmethod(triton_axis.check_backend)
 
     @property
     def separable(self) -> bool:

@@ -44,7 +44,7 @@ from ..encodings.terms import AxisTerm, GaussianTerm, ShiftTerm, Term
 from . import fused
 
 BACKENDS = ("reference", "flex", "blocked", "fused", "fold", "triton")  # MHSA2d's
-LOCAL_BACKENDS = ("reference", "flex", "fused", "window")  # the window attention's
+LOCAL_BACKENDS = ("reference", "flex", "fused", "window", "triton")  # the window attention's
 STEM_BACKENDS = ("reference", "fused", "window")  # the attention stem's (no Flex path)
 FLEX = importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
 SHARED_BIAS_MAX_T = 64 * 64  # (Nh, T, T) float32 bias in inference: 64 MiB per head at 64^2
@@ -289,9 +289,16 @@ def _window_beats_flex(c: LocalCase) -> bool:
 
 
 # kernels/window.py's local_attention ("reference": unfold; "fused": the C++ window kernel of
-# fused_local.cpp; "window": the Python window function) or flex.flex_local_attention
+# fused_local.cpp; "window": the Python window function), flex.flex_local_attention or
+# triton_local.local_attention_triton
 LOCAL_TABLE = (
     Row("reference", lambda c: c.backend == "reference", "any", 'backend="reference": unfold'),
+    Row(
+        "triton",
+        lambda c: c.backend == "triton" and c.padding == "mask" and not c.maps,
+        'padding="mask"',
+        'backend="triton" (triton_local.py), no returned maps',
+    ),
     Row(
         "flex",
         lambda c: (

@@ -57,6 +57,14 @@ def unsupported(q: torch.Tensor, v: torch.Tensor, h: int, w: int) -> str | None:
     return None
 
 
+def check_backend(value: str | None) -> str | None:
+    """A layer's ``backend``, refused in one line where it names a Triton kernel and triton is
+    not installed (MultiHeadSelfAttention2d's and LocalSelfAttention2d's)."""
+    if value == "triton" and not INSTALLED:
+        raise ValueError("backend='triton' needs triton: pip install triton")
+    return value
+
+
 if INSTALLED:
     import triton
     import triton.language as tl
@@ -84,12 +92,14 @@ def _meta(q, h: int, w: int) -> dict:
     return dict(WP=_pow2(w), PREC=prec, ACC=acc)
 
 
-def _tiled(kernel, meta: dict, dtype: torch.dtype, block_m: int | None) -> dict:
+def _tiled(kernel, meta: dict, dtype: torch.dtype, block_m: int | None, name=None) -> dict:
     """``meta`` with ``kernel``'s tile (triton_tiles.tile; the three kernels of a call share
     its block): BLOCK_M queries, a key block of ROWS image rows (at least one), num_warps;
-    ``block_m`` overrides the query block."""
+    ``block_m`` overrides the query block; ``name``: the axis kernel whose tile it takes
+    (triton_local's, of the same shape)."""
     width = max(meta["DKP"], meta["DVP"])
-    t = triton_tiles.tile(kernel.__name__, triton_tiles.kind(dtype, meta["PREC"]), width)
+    kind = triton_tiles.kind(dtype, meta["PREC"])
+    t = triton_tiles.tile(name or kernel.__name__, kind, width, meta["WP"])
     rows = max(1, t.keys // meta["WP"])
     return dict(meta, BLOCK_M=block_m or t.block_m, ROWS=rows, num_warps=t.warps)
 

@@ -52,11 +52,13 @@ class Case:
     per_image: bool = True
     train: bool = True
     tf32: bool = False  # float32 with torch.backends.cuda.matmul.allow_tf32
+    window: int = 0  # k: SASA's k x k window kernel (triton_local.py); 0: the axis kernel
 
     def __str__(self) -> str:
         kind = "tf32" if self.tf32 else SIG[self.dtype]
         mode = "train" if self.train else "infer"
-        return f"{kind} {self.h}x{self.w} d{self.dk}/{self.dv} p{self.p:g} {mode}"
+        what = f" window{self.window}" if self.window else ""
+        return f"{kind}{what} {self.h}x{self.w} d{self.dk}/{self.dv} p{self.p:g} {mode}"
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,8 @@ def launches(case: Case, block_m: int | None = None) -> list[tuple]:
     t, z = case.h * case.w, torch.zeros
     q, k = z(1, 1, t, case.dk, dtype=case.dtype), z(1, 1, t, case.dk, dtype=case.dtype)
     v = z(1, 1, t, case.dv, dtype=case.dtype)
+    if case.window:
+        return _window_launches(case, q, k, v, block_m)
     qa = z(1, 1, t, case.h + case.w, dtype=torch.promote_types(case.dtype, torch.float32))
     args = (q, k, v, qa, case.h, case.w, case.dk**-0.5, case.p, 0, case.per_image, block_m)
     (_, fargs, fmeta), (y, stats, rng, sizes, meta) = triton_axis.forward_launch(*args, case.train)
@@ -98,6 +102,23 @@ def launches(case: Case, block_m: int | None = None) -> list[tuple]:
         back, _ = triton_axis.backward_launches(
             q, k, v, qa, y, stats, rng, dy, sizes, meta, block_m
         )
+        out += [(kernel, a, m) for kernel, _, a, m in back]
+    return out
+
+
+def _window_launches(case: Case, q, k, v, block_m: int | None) -> list[tuple]:
+    """``launches`` of triton_local's window kernels (no dropout, no tf32 case)."""
+    from . import triton_local
+
+    ks, table = case.window, torch.promote_types(case.dtype, torch.float32)
+    qa = torch.zeros(1, 1, q.shape[2], 2 * ks, dtype=table)
+    (_, fargs, fmeta), (y, stats, sizes, meta) = triton_local.forward_launch(
+        q, k, v, qa, case.h, case.w, ks, block_m, case.train
+    )
+    out = [(triton_local._lfwd, fargs, fmeta)]
+    if case.train:
+        dy = torch.zeros(1, 1, q.shape[2], case.dv, dtype=case.dtype)
+        back, _ = triton_local.backward_launches(q, k, v, qa, y, stats, dy, sizes, meta, block_m)
         out += [(kernel, a, m) for kernel, _, a, m in back]
     return out
 
@@ -198,7 +219,7 @@ def inside(case: Case, limit: int) -> bool:
     """Whether ``case`` lies in the envelope the tests compiled, on a GPU giving ``limit``."""
     widest = ENVELOPE.get(case.dtype, 0)
     small = case.w <= ENVELOPE_ROW and max(case.dk, case.dv) <= widest
-    return small and limit >= SHARED_LIMIT[80]
+    return small and limit >= SHARED_LIMIT[80] and not case.window
 
 
 def envelope() -> list[Case]:
@@ -248,13 +269,14 @@ def refusal(case: Case, arch: int, limit: int) -> str | None:
     return check(case, arch, limit).why
 
 
-def fit(q: torch.Tensor, v: torch.Tensor, h: int, w: int, p: float, per_image: bool, train) -> Fit:
+def fit(q, v, h: int, w: int, p: float, per_image: bool, train, window: int = 0) -> Fit:
     """``check`` for this call on q's GPU, for its own architecture and shared memory (a compile
-    only outside the tested envelope, where every kernel fits at its tile); Fit() off CUDA."""
+    only outside the tested envelope, where every kernel fits at its tile; always for the window
+    kernels, ``window`` = k); Fit() off CUDA."""
     if q.device.type != "cuda" or triton_axis.interpreted():
         return Fit()
     tf32 = q.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
-    case = Case(q.dtype, h, w, q.shape[-1], v.shape[-1], p, per_image, train, tf32)
+    case = Case(q.dtype, h, w, q.shape[-1], v.shape[-1], p, per_image, train, tf32, window)
     props = torch.cuda.get_device_properties(q.device)
     if inside(case, props.shared_memory_per_block_optin):  # no compile: the tests did it
         return Fit()
@@ -283,6 +305,8 @@ def cases(quick: bool = False) -> list[Case]:
         Case(f32, 16, 16, 48, 48, p=0.1),
         Case(f32, 32, 32, 64, 64, tf32=True),
         Case(torch.float64, 6, 10, 8, 8, p=0.1),
+        Case(bf16, 56, 56, 8, 8, window=7),  # SASA's first stage at ImageNet size
+        Case(f32, 14, 14, 32, 32, window=7),
     ]
 
 

@@ -11,9 +11,11 @@ Chosen without a GPU: each candidate compiled for sm_90 under the GPU machines' 
 PyPI's (3.9), keeping the largest block that every kernel compiles without spilling registers to
 the stack under both, at its fewer warps (``pick``): ``python -m
 attnconv.layers.kernels.triton_sweep``, benchmarks/results/triton_sweep_*.jsonl and
-triton_tiles.md. Swept on a 16x16 image: wider rows make the key step a whole row whatever the
-tile (some spill there, docs/benchmarks.md). A spill count is the compiler's, not a timing: a
-GPU's measurement may overrule a row.
+triton_tiles.md. A key step is whole image rows, so a row wider than a tile's keys makes the
+step longer than the tile says: the tiles are swept per row width (ROW_WIDTHS: rows up to 16
+pixels on a 16x16 image, rows of 32 and of 64 with the keys a whole number of rows; rows of 128
+take the 64's block, unswept). A spill count is the compiler's, not a timing: a GPU's
+measurement may overrule a row.
 """
 
 from __future__ import annotations
@@ -44,32 +46,82 @@ class Choice:
 KERNELS = ("_fwd", "_bwd_dq", "_bwd_dkdv")
 KINDS = ("16bit", "ieee", "tf32")  # bf16/fp16 operands; float32 exact; float32 as tf32
 WIDTHS = (16, 64, 128, 256, 512)  # padded head widths swept; a width uses the next one up
+ROW_WIDTHS = (16, 32, 64)  # padded image rows swept; a row uses the next one up (128: 64's)
 CANDIDATES = [Tile(m, n, w) for n, m, w in itertools.product((64, 32, 16), (64, 32, 16), (4, 8))]
 FLOAT64 = Tile(16, 16, 4)  # gradcheck's: products summed in registers (triton_axis_jit._dot)
 
+
+def candidates(row: int) -> list[Tile]:
+    """The tiles a sweep compiles for image rows of ``row`` pixels: keys whole rows."""
+    return [t for t in CANDIDATES if t.keys >= row]
+
+
 C = Choice
-# kind -> its tiles at WIDTHS 16, 64, 128, 256, 512: ``pick`` over the recorded sweeps
-TILES: dict[str, tuple[Choice, ...]] = {
-    "16bit": (
+# (kind, row width) -> its tiles at WIDTHS 16, 64, 128, 256, 512: ``pick`` over the recorded
+# sweeps (triton_sweep --pick)
+TILES: dict[tuple[str, int], tuple[Choice, ...]] = {
+    ("16bit", 16): (
         C(64, 64, (4, 4, 4)),
         C(64, 64, (8, 4, 8)),
         C(32, 64, (4, 4, 8)),
         C(16, 32, (4, 4, 8)),
         C(16, 16, (8, 4, 8)),
     ),
-    "ieee": (
+    ("16bit", 32): (
+        C(64, 64, (4, 4, 4)),
+        C(64, 64, (8, 4, 8)),
+        C(32, 64, (4, 8, 8)),
+        C(16, 32, (4, 4, 8)),
+        C(16, 32, (8, 8, 8)),
+    ),
+    ("16bit", 64): (
+        C(64, 64, (4, 4, 4)),
+        C(32, 64, (4, 8, 4)),
+        C(16, 64, (4, 8, 8)),
+        C(16, 64, (8, 8, 8)),
+        C(16, 64, (8, 8, 8)),
+    ),
+    ("ieee", 16): (
         C(64, 16, (4, 4, 8)),
         C(16, 16, (4, 4, 8)),
         C(16, 16, (4, 4, 8)),
         C(16, 16, (4, 4, 8)),
         C(16, 16, (4, 8, 8)),
     ),
-    "tf32": (
+    ("ieee", 32): (
+        C(32, 32, (4, 4, 8)),
+        C(16, 32, (8, 4, 8)),
+        C(16, 32, (8, 4, 8)),
+        C(16, 32, (8, 8, 8)),
+        C(16, 32, (8, 8, 8)),
+    ),
+    ("ieee", 64): (
+        C(16, 64, (4, 4, 8)),
+        C(16, 64, (8, 4, 8)),
+        C(16, 64, (8, 8, 8)),
+        C(16, 64, (4, 8, 8)),
+        C(16, 64, (8, 8, 8)),
+    ),
+    ("tf32", 16): (
         C(64, 64, (4, 4, 4)),
         C(64, 32, (4, 4, 8)),
         C(32, 32, (4, 8, 4)),
         C(16, 32, (4, 8, 8)),
         C(16, 16, (4, 8, 8)),
+    ),
+    ("tf32", 32): (
+        C(64, 64, (4, 4, 4)),
+        C(64, 32, (4, 4, 8)),
+        C(32, 32, (4, 4, 4)),
+        C(32, 32, (8, 8, 8)),
+        C(16, 32, (8, 8, 8)),
+    ),
+    ("tf32", 64): (
+        C(64, 64, (4, 8, 4)),
+        C(32, 64, (8, 8, 4)),
+        C(16, 64, (8, 8, 8)),
+        C(16, 64, (8, 8, 8)),
+        C(16, 64, (8, 8, 8)),
     ),
 }
 
@@ -83,12 +135,14 @@ def kind(dtype: torch.dtype, prec: str) -> str:
     return "16bit"
 
 
-def tile(kernel: str, kind: str, width: int) -> Tile:
-    """``kernel``'s tile for operands of ``kind`` and heads padded to ``width``."""
+def tile(kernel: str, kind: str, width: int, row: int = 16) -> Tile:
+    """``kernel``'s tile for operands of ``kind``, heads padded to ``width`` and image rows
+    padded to ``row`` pixels (the tiles of the next swept row width up, the widest's past it)."""
     if kind == "fp64":
         return FLOAT64
-    row = TILES[kind]
-    c = next((c for w, c in zip(WIDTHS, row, strict=True) if width <= w), row[-1])
+    rows = [r for r in ROW_WIDTHS if (kind, r) in TILES]  # all, but while a sweep runs
+    tiles = TILES[kind, next((r for r in rows if row <= r), rows[-1])]
+    c = next((c for w, c in zip(WIDTHS, tiles, strict=True) if width <= w), tiles[-1])
     return Tile(c.block_m, c.keys, c.warps[KERNELS.index(kernel)])
 
 

@@ -1,0 +1,187 @@
+"""SASA's k x k window attention as one flash-style Triton kernel (a GPU's; ``TRITON_INTERPRET=1``
+runs the same source on CPU tensors, how the tests run it):
+
+    y_ij = sum_ab softmax_ab(q_ij . k_ab + q_ij . r_{a-i, b-j}) v_ab      (Ramachandran et al.
+                                                                     2019, eq. 3; padding="mask")
+
+with r_{a-i, b-j} = [r_row[a-i] | r_col[b-j]] split over the head's two halves, so the relative
+logit is Rq[ij, a-i] + Cq[ij, b-j] (Rq, Cq: (B, Nh, T, k), q . r per query and offset, built
+here with torch ops, so the tables learn through autograd). The kernels (triton_local_jit.py)
+are triton_axis's restricted to the image rows a window reaches: nothing of size T x T or
+T x k^2 in memory, no unfolded keys. The launch (tiles, shared-memory rungs, one block shape a
+call) is triton_axis's. The plain equations beside it: ``window.local_attention(impl=
+"reference")`` (unfold). No attention dropout (SASA has none).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from ..first_order import first_order_only
+from ..precision import backward_without_autocast, no_autocast
+from . import triton_axis
+from .fused import axis_attention_reference
+from .triton_axis import _pow2, _query_blocks, _tiled, launch
+
+if triton_axis.INSTALLED:
+    import triton
+
+    from .triton_local_jit import _lbwd_dkdv, _lbwd_dq, _lfwd
+
+
+def unsupported(q: torch.Tensor, v: torch.Tensor, h: int, w: int, padding: str) -> str | None:
+    """Why the kernel cannot run these inputs (one line), or None when it can."""
+    if padding != "mask":
+        return f'the Triton window kernel takes padding="mask", not {padding!r}'
+    return triton_axis.unsupported(q, v, h, w)
+
+
+def _seq(t: torch.Tensor) -> torch.Tensor:
+    """(B, Nh, c, H, W) -> (B, Nh, T, c), contiguous in c."""
+    return t.flatten(3).transpose(-1, -2).contiguous()
+
+
+def _strides(t: torch.Tensor) -> tuple[int, int, int]:  # (image, head, token)
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def forward_launch(q, k, v, qa, h, w, ks, block_m, train):
+    """The forward kernel's (grid, arguments, compile-time values), its outputs (y, stats) and
+    the sizes and compile-time values the backward shares; q, k, v (B, Nh, T, d), qa (B, Nh, T,
+    2k) = [Rq | Cq]."""
+    b, nh, t, dk = q.shape
+    dv = v.shape[-1]
+    meta = triton_axis._meta(q, h, w)
+    meta.update(DKP=_pow2(dk, 16), DVP=_pow2(dv, 16))
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    y = torch.empty(b, nh, t, dv, dtype=acc, device=q.device)
+    stats = torch.empty(2, b, nh, t, dtype=acc, device=q.device)  # each query's m, 1 / l
+    sizes = (nh, t, h, w, dk, dv, ks, (ks - 1) // 2)
+    strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(qa), *_strides(y))
+    split = q.dtype in (torch.bfloat16, torch.float16) and train
+    fmeta = _tiled(_lfwd, dict(meta, SPLIT_P=split), q.dtype, block_m, name="_fwd")
+    args = (q, k, v, qa, y, stats, *strides, *sizes)
+    return (_query_blocks(t, b * nh), args, fmeta), (y, stats, sizes, meta)
+
+
+def backward_launches(q, k, v, qa, y, stats, dy, sizes, meta, block_m=None):
+    """The two backward kernels' (kernel, grid, arguments, compile-time values: the forward's
+    query block) and the gradients they write (dq, dk, dv, d qa) in the accumulation dtype."""
+    b, nh, t, dk = q.shape
+    h, dv, ks = sizes[2], v.shape[-1], sizes[6]
+    acc = stats.dtype
+    delta = (dy.to(acc) * y).sum(-1).contiguous()  # (B, Nh, T)
+    dq = torch.empty(b, nh, t, dk, dtype=acc, device=q.device)
+    dqa = torch.zeros(b, nh, t, 2 * ks, dtype=acc, device=q.device)  # offsets off the image
+    dk_ = torch.empty(b, nh, t, dk, dtype=acc, device=q.device)
+    dv_ = torch.empty(b, nh, t, dv, dtype=acc, device=q.device)
+    strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(qa), *_strides(dy))
+    common = (q, k, v, qa, dy, stats, delta)
+    m_dq = _tiled(_lbwd_dq, meta, q.dtype, block_m, name="_bwd_dq")
+    m_kv = _tiled(_lbwd_dkdv, meta, q.dtype, block_m, name="_bwd_dkdv")
+    launches = [
+        (_lbwd_dq, _query_blocks(t, b * nh), (*common, dq, dqa, *strides, *sizes), m_dq),
+        (
+            _lbwd_dkdv,
+            (triton.cdiv(h, m_kv["ROWS"]), b * nh),
+            (*common, dk_, dv_, *strides, *sizes),
+            m_kv,
+        ),
+    ]
+    return launches, (dq, dk_, dv_, dqa)
+
+
+class _TritonLocal(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, qa, h, w, ks, block_m, train):
+        (grid, args, meta), (y, stats, ctx.sizes, ctx.meta) = forward_launch(
+            q, k, v, qa, h, w, ks, block_m, train
+        )
+        ctx.block_m = launch(_lfwd, grid, args, meta)  # the backward's block too
+        ctx.save_for_backward(q, k, v, qa, y, stats)
+        return y.to(q.dtype)
+
+    @staticmethod
+    @once_differentiable
+    @backward_without_autocast
+    def backward(ctx, dy):
+        q, k, v, qa, y, stats = ctx.saved_tensors
+        dy = dy.to(q.dtype).contiguous()
+        launches, (dq, dk, dv, dqa) = backward_launches(
+            q, k, v, qa, y, stats, dy, ctx.sizes, ctx.meta, ctx.block_m
+        )
+        for kernel, grid, args, meta in launches:
+            launch(kernel, grid, args, meta)
+        grads = (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dqa.to(qa.dtype))
+        return (*grads, None, None, None, None, None)
+
+
+def relative_logits(q, rel_row, rel_col, kernel_size: int) -> torch.Tensor:
+    """[Rq | Cq] (B, Nh, T, 2k): q . r_row and q . r_col per query and window offset (the head's
+    two halves), float32 at least; zeros without tables (broadcast, stride 0)."""
+    b, nh, dk, h, w = q.shape
+    table = torch.promote_types(q.dtype, torch.float32)
+    if rel_row is None:
+        zero = torch.zeros(1, 1, 1, 2 * kernel_size, dtype=table, device=q.device)
+        return zero.expand(b, nh, h * w, -1)
+    half, qs = dk // 2, _seq(q).to(table)
+    rq = qs[..., :half] @ rel_row.to(table).t()
+    return torch.cat([rq, qs[..., half:] @ rel_col.to(table).t()], -1)
+
+
+def window_axis_logits(qa: torch.Tensor, h: int, w: int, kernel_size: int) -> torch.Tensor:
+    """The window's relative logits [Rq | Cq] (B, Nh, T, 2k) as axis logits [R | C] (B, Nh, T,
+    H + W) over every image row and column: Rq[i, row - row(i) + c] where the window reaches the
+    row, -inf where it does not (columns alike)."""
+    before, t = (kernel_size - 1) // 2, h * w
+    i = torch.arange(t, device=qa.device)
+    axes = []
+    for n, pos, table in ((h, i // w, qa[..., :kernel_size]), (w, i % w, qa[..., kernel_size:])):
+        off = torch.arange(n, device=qa.device)[None, :] - pos[:, None] + before  # (T, n)
+        inside = (off >= 0) & (off < kernel_size)
+        idx = off.clamp(0, kernel_size - 1).expand(*table.shape[:2], t, n)
+        axes.append(table.gather(-1, idx).masked_fill(~inside, float("-inf")))
+    return torch.cat(axes, -1)
+
+
+def window_attention_reference(q, k, v, kernel_size: int, rel_row=None, rel_col=None):
+    """The plain equations of ``local_attention_triton``, term for term: the window's relative
+    logits as axis logits (-inf off the window) through ``fused.axis_attention_reference`` (the
+    dense logits, softmax, @ v); equal to the unfold kernel (tests/test_triton_local.py)."""
+    b, nh, _, h, w = q.shape
+    qa = window_axis_logits(relative_logits(q, rel_row, rel_col, kernel_size), h, w, kernel_size)
+    qs, vs = _seq(q), _seq(v)
+    ks = _seq(k) if k is not None else torch.zeros_like(qs)
+    y = axis_attention_reference(qs, ks, vs, qa, h, w, 1.0)  # (B, T, Nh, dv)
+    return y.permute(0, 2, 3, 1).reshape(b, nh, -1, h, w)
+
+
+def local_attention_triton(
+    q: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor,
+    kernel_size: int,
+    rel_row: torch.Tensor | None = None,
+    rel_col: torch.Tensor | None = None,
+    block_m: int | None = None,
+) -> torch.Tensor:
+    """q (already scaled), k (B, Nh, dk, H, W) or None (no content logits), v (B, Nh, dv, H, W),
+    rel_row / rel_col (k, dk/2) or None -> (B, Nh, dv, H, W) in q's dtype (bfloat16 / float16 /
+    float32 / float64), as ``window.local_attention(..., padding="mask")``. First derivative
+    only."""
+    b, nh, _, h, w = q.shape
+    why = unsupported(q, v, h, w, "mask")
+    if why:
+        raise RuntimeError(f"attnconv: {why}")
+    if k is None and rel_row is None:
+        raise ValueError("local_attention_triton needs keys k or relative tables rel_row/rel_col")
+    ks = kernel_size
+    with no_autocast(q.device.type):
+        qa = relative_logits(q, rel_row, rel_col, ks)  # (B, Nh, T, 2k)
+        qs, vs = _seq(q), _seq(v.to(q.dtype))
+        kseq = _seq(k.to(q.dtype)) if k is not None else torch.zeros_like(qs)
+        qs, kseq, vs, qa = first_order_only("the Triton window attention", qs, kseq, vs, qa)
+        train = triton_axis.trains(qs, kseq, vs, qa)
+        y = _TritonLocal.apply(qs, kseq, vs, qa, h, w, ks, block_m, train)  # (B, Nh, T, dv)
+    return y.transpose(-1, -2).reshape(b, nh, -1, h, w)

@@ -1,0 +1,179 @@
+"""The Triton kernel of SASA's window attention (layers/kernels/triton_local.py) against its plain
+equations (window.local_attention(impl="reference"): unfolded keys, the plain softmax). Without
+a GPU the kernel source runs through Triton's interpreter on CPU tensors (conftest sets
+TRITON_INTERPRET=1): values and every gradient (q, k, v, the relative tables) in float64 at
+random small shapes, windows of 3 to 7 and rows wider than a tile, gradcheck, float32 and
+bfloat16 against float64 within 2x the plain path's error, the layer end to end, the
+fallbacks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnconv.layers.kernels import plan, triton_axis
+from attnconv.layers.kernels.triton_local import (
+    local_attention_triton,
+    window_attention_reference,
+)
+from attnconv.layers.kernels.window import local_attention
+from attnconv.layers.local import LocalSelfAttention2d
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(
+    not triton_axis.INSTALLED or (DEVICE == "cpu" and not triton_axis.interpreted()),
+    reason="needs triton (pip install triton) and a GPU or TRITON_INTERPRET=1",
+)
+
+
+def _inputs(b, nh, h, w, dk, dv, ks, dtype, keys=True, rel=True, gen=None):
+    def rand(*shape):
+        return torch.randn(*shape, dtype=dtype, generator=gen).to(DEVICE).requires_grad_()
+
+    q, v = rand(b, nh, dk, h, w), rand(b, nh, dv, h, w)
+    k = rand(b, nh, dk, h, w) if keys else None
+    rows, cols = (rand(ks, dk // 2), rand(ks, dk - dk // 2)) if rel else (None, None)
+    return q, k, v, rows, cols
+
+
+def _plain(q, k, v, ks, rows, cols):
+    return local_attention(
+        q, k, v, kernel_size=ks, rel_row=rows, rel_col=cols, padding="mask", impl="reference"
+    )
+
+
+def _leaves(*xs):
+    return [x for x in xs if x is not None]
+
+
+@settings(max_examples=20 if DEVICE == "cpu" else 4, deadline=None)
+@given(
+    b=st.integers(1, 2),
+    nh=st.integers(1, 3),
+    h=st.integers(1, 9),
+    w=st.sampled_from([1, 2, 5, 8, 11, 20]),
+    dk=st.sampled_from([2, 4, 8, 48]),
+    dv=st.sampled_from([3, 8]),
+    ks=st.sampled_from([3, 4, 5, 7]),
+    parts=st.sampled_from([(True, True), (True, False), (False, True)]),
+    block_m=st.sampled_from([16, 64]),
+    seed=st.integers(0, 999),
+)
+def test_triton_window_equals_plain_equations(b, nh, h, w, dk, dv, ks, parts, block_m, seed):
+    """float64: values and the gradients of q, k, v and both relative tables; keys only, tables
+    only, or both (SASA's qk+qr); even windows lean to +, as the plain kernel's."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v, rows, cols = _inputs(b, nh, h, w, dk, dv, ks, torch.float64, *parts, gen=gen)
+    y = local_attention_triton(q, k, v, ks, rows, cols, block_m=block_m)
+    ref = _plain(q, k, v, ks, rows, cols)
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+    g = torch.randn(y.shape, dtype=y.dtype, generator=gen).to(DEVICE)
+    xs = _leaves(q, k, v, rows, cols)
+    for a, r in zip(torch.autograd.grad(y, xs, g), torch.autograd.grad(ref, xs, g)):
+        torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
+
+
+def test_triton_window_gradcheck_float64():
+    q, k, v, rows, cols = _inputs(1, 2, 4, 5, 4, 3, 3, torch.float64)
+    f = lambda *a: local_attention_triton(*a[:3], 3, *a[3:])  # noqa: E731
+    assert torch.autograd.gradcheck(f, (q, k, v, rows, cols), fast_mode=True)
+
+
+def test_the_plain_equations_of_the_kernel_are_the_window_attention():
+    """window_attention_reference (the window as axis logits, -inf off it, through the dense
+    plain equations) equals the unfold kernel in float64: values and every gradient."""
+    gen = torch.Generator().manual_seed(3)
+    for ks, keys in ((3, True), (4, True), (7, False)):
+        q, k, v, rows, cols = _inputs(2, 2, 5, 9, 6, 3, ks, torch.float64, keys, gen=gen)
+        y = window_attention_reference(q, k, v, ks, rows, cols)
+        ref = _plain(q, k, v, ks, rows, cols)
+        torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+        xs = _leaves(q, k, v, rows, cols)
+        g = torch.randn(y.shape, dtype=y.dtype, generator=gen).to(DEVICE)
+        for a, r in zip(torch.autograd.grad(y, xs, g), torch.autograd.grad(ref, xs, g)):
+            torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "b, nh, h, w, dk, dv, ks",
+    [(2, 2, 6, 7, 8, 8, 3), (1, 2, 9, 20, 16, 16, 7), (2, 3, 8, 8, 16, 8, 5)],
+)
+def test_triton_window_precision_as_tight_as_plain(dtype, b, nh, h, w, dk, dv, ks):
+    """float32 inputs, or bfloat16 / float16 (as autocast hands them to the kernel): the
+    kernel's distance to the float64 equations, values and every gradient, within 2x its plain
+    equations' (window_attention_reference) in float32, or in that dtype's autocast; both from
+    the same rounded q, k, v and output gradient (the error's norm over the tensor)."""
+    gen = torch.Generator().manual_seed(h * w)
+    xs = list(_inputs(b, nh, h, w, dk, dv, ks, torch.float64, gen=gen))
+    low = dtype != torch.float32
+    if low:  # both paths start from the same rounded q, k, v
+        xs = [x.detach().to(dtype).double().requires_grad_() for x in xs[:3]] + xs[3:]
+    exact = _plain(xs[0], xs[1], xs[2], ks, xs[3], xs[4])
+    g = torch.randn(exact.shape, dtype=torch.float64, generator=gen).to(dtype).double()
+    exact_g = torch.autograd.grad(exact, xs, g)
+    errs = {}
+    for name in ("triton", "plain"):
+        x32 = [x.detach().float().requires_grad_() for x in xs]
+        if name == "triton":  # the kernel's inputs as autocast gives them
+            qkv = [x.to(dtype) for x in x32[:3]]
+            y = local_attention_triton(*qkv, ks, x32[3], x32[4])
+        else:
+            with torch.autocast(DEVICE, dtype=dtype, enabled=low):
+                y = window_attention_reference(x32[0], x32[1], x32[2], ks, x32[3], x32[4])
+        grads = torch.autograd.grad(y, x32, g.to(y.dtype))
+        errs[name] = [(y.double() - exact).norm().item()] + [
+            (a.double() - e).norm().item() for a, e in zip(grads, exact_g)
+        ]
+    for got, plain in zip(errs["triton"], errs["plain"]):
+        assert got <= 2 * plain, (errs["triton"], errs["plain"])
+
+
+@pytest.mark.parametrize(
+    "positional, logits", [("relative", "qk+qr"), ("absolute", "qk+qr"), ("relative", "qr")]
+)
+@pytest.mark.parametrize("stride", [1, 2])
+def test_layer_backend_triton_equals_reference(positional, logits, stride):
+    torch.manual_seed(0)
+    lay = LocalSelfAttention2d(6, 8, 2, 5, stride, positional, logits, backend="triton")
+    lay = lay.double().to(DEVICE)
+    assert lay.kernel(DEVICE) == "triton"
+    x = torch.randn(2, 6, 7, 9, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    y = lay(x)
+    g = torch.autograd.grad(y.square().sum(), [x, *lay.parameters()])
+    lay.backend = "reference"
+    y_ref = lay(x)
+    g_ref = torch.autograd.grad(y_ref.square().sum(), [x, *lay.parameters()])
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    for a, r in zip(g, g_ref):
+        torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
+
+
+def test_the_table_takes_triton_only_where_it_can_run():
+    lay = LocalSelfAttention2d(4, 4, 2, 3, backend="triton")
+    assert lay.kernel("cuda") == "triton"
+    assert lay.kernel("cuda", return_attention=True) != "triton"  # maps: the window function
+    zeros = LocalSelfAttention2d(4, 4, 2, 3, padding="zeros", backend="triton")
+    why = zeros.kernel("cuda", why=True).splitlines()
+    assert why[1].startswith("passed over: triton (") and zeros.kernel("cuda") == "window"
+    assert "triton" in plan.LOCAL_BACKENDS
+
+
+def test_unsupported_inputs_fall_back_with_one_line(monkeypatch):
+    """Rows wider than the kernel takes run the window function with a one-line warning naming
+    why: the same result, never a wrong one."""
+    torch.manual_seed(0)
+    lay = LocalSelfAttention2d(4, 4, 2, 3, backend="triton").double().to(DEVICE)
+    x = torch.randn(1, 4, 2, triton_axis.MAX_WIDTH + 3, dtype=torch.float64, device=DEVICE)
+    with pytest.warns(UserWarning, match="falls back to the window function: .*rows up to"):
+        y = lay(x)
+    lay.backend = "reference"
+    torch.testing.assert_close(y, lay(x), rtol=1e-12, atol=1e-12)
+
+
+def test_backend_triton_without_triton_names_the_install(monkeypatch):
+    monkeypatch.setattr(triton_axis, "INSTALLED", False)
+    with pytest.raises(ValueError, match="pip install triton"):
+        LocalSelfAttention2d(4, 4, 2, 3, backend="triton")
