@@ -31,9 +31,9 @@ timeout 180 $py -m attnconv.cli bench --suite cuda --repeats 5 --out-dir "$OUT" 
 echo "== content attention kernels" | tee -a "$LOG"
 timeout 190 $py -m attnconv.cli bench --suite cuda --repeats 3 --out-dir "$OUT" -- --only content \
   --inner 5 2>&1 | tail -60 | tee -a "$LOG"
-echo "== SASA window kernels (as many cases as the time allows; 56x56 first)" | tee -a "$LOG"
+echo "== SASA window kernels, training (as many cases as the time allows; 56x56 first)" | tee -a "$LOG"
 timeout 50 $py -m attnconv.cli bench --suite cuda --repeats 3 --out-dir "$OUT" -- --only local \
-  --inner 5 2>&1 | tail -30 | tee -a "$LOG"
+  --mode train --inner 5 2>&1 | tail -30 | tee -a "$LOG"
 echo "== CUDA tests (the time left)" | tee -a "$LOG"
 timeout 60 $py -m pytest -q -p no:cacheprovider tests/test_triton_axis.py tests/test_triton_local.py \
   tests/test_cuda_models_bench.py tests/test_cuda_backend.py 2>&1 | tail -40 | tee -a "$LOG"

@@ -56,6 +56,7 @@ def test_its_commands_parse(monkeypatch):
         monkeypatch.setattr(argparse.ArgumentParser, "parse_args", real)
         ns = e.value.args[0]
         assert ns.only in ("models", "content", "local") and ns.out_dir == "out"
+        assert ns.mode == ("train" if ns.only == "local" else "both")
 
 
 def test_each_k_selection_names_tests_that_exist():

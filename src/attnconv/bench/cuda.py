@@ -1,6 +1,7 @@
 """Issue 17 on a CUDA GPU: attnconv's layers against what a user would run there instead.
 
-`attnconv bench --suite cuda [--quick] [--repeats N] [-- --only content|local|models]`
+`attnconv bench --suite cuda [--quick] [--repeats N] [-- --only content|local|models]
+[--mode both|train|infer] [--inner N]]`
 
 Content attention (quadratic / learned-relative + content, 9 heads, 16x16 to 64x64 tokens;
 train = fwd+bwd or inference; fp32 or bf16 autocast): attnconv (impl="auto": compiled
@@ -303,6 +304,12 @@ def render(rows: list[dict], header: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = suite_parser("cuda", __doc__, ["content", "local", "models"])
     p.add_argument("--inner", type=int, default=10, help="calls per timed repeat (10)")
+    p.add_argument(
+        "--mode",
+        choices=("both", "train", "infer"),
+        default="both",
+        help="the layer groups' cases: training, inference or both (both)",
+    )
     args = p.parse_args(argv)
     out_dir = output_dir(args)
     if not torch.cuda.is_available():
@@ -315,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     cases = ([] if args.only == "local" else content_cases(args.quick)) + (
         [] if args.only == "content" else local_cases(args.quick)
     )
+    if args.mode != "both":  # a lent GPU's minutes: training first, say
+        cases = [c for c in cases if c["train"] == (args.mode == "train")]
 
     def save(rows):
         write_results("cuda_layers.partial", dict(rows=rows), "", out_dir)  # removed at the end
@@ -328,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         f"(median ms per call), CUDA events. Device: {dev}; torch {torch.__version__}; "
         f"Python {platform.python_version()}."
     )
+    if args.mode != "both":
+        header += f" Only the {args.mode} cases (`--mode {args.mode}`)."
     md = render(rows, header)
     name = "cuda_layers" + (f"_{args.only}" if args.only else "")
     path = write_results(
