@@ -18,6 +18,7 @@ _EXPORTS = {
     "LocalSelfAttention2d": "attnconv.layers.local",
     "AttentionStem2d": "attnconv.layers.stem",
     "AttentionMap": "attnconv.layers.attention_map",
+    "set_backend": "attnconv.layers.checks",
     "create_model": "attnconv.loading",
     "list_models": "attnconv.models",
     "scaled_dot_product_attention": "attnconv.layers.functional",

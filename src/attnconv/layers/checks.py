@@ -95,3 +95,20 @@ class BackendKnob:
     def impl(self, value: str) -> None:
         keep = None if self.backend == "reference" else self.backend
         self.backend = backend_of(value, None if value == "reference" else keep, self.BACKENDS)
+
+
+def set_backend(model, backend: str | None) -> int:
+    """Set ``backend`` on every attention layer of ``model`` that takes it (its ``BACKENDS``;
+    None: back to the plan's choice); layers that do not take it keep theirs (the attention
+    stem has no Triton path). Returns how many were set; a name no layer takes is one line."""
+    layers = [m for m in model.modules() if isinstance(m, BackendKnob)]
+    takes = [m for m in layers if backend is None or backend in m.BACKENDS]
+    if backend is not None and not takes:
+        names = sorted({b for m in layers for b in m.BACKENDS})
+        raise ValueError(
+            f"backend {backend!r}: no attention layer of {type(model).__name__} takes it"
+            + (f" (they take {', '.join(names)})" if names else " (it has none)")
+        )
+    for m in takes:
+        m.backend = backend
+    return len(takes)

@@ -17,6 +17,9 @@ from typing import Any
 
 import yaml
 
+from attnconv.layers.kernels.plan import BACKENDS as MHSA_BACKENDS
+from attnconv.layers.kernels.plan import LOCAL_BACKENDS, STEM_BACKENDS
+
 from .rules import (
     COUNT,
     FRACTION,
@@ -32,6 +35,8 @@ from .rules import (
     as_float,
 )
 
+BACKENDS = tuple(sorted({*MHSA_BACKENDS, *LOCAL_BACKENDS, *STEM_BACKENDS}))
+
 
 def checked(default: Any, rule: Rule) -> Any:
     """A config field and its rule, in one place (``SCHEMA`` collects the rules); a list or
@@ -45,6 +50,8 @@ def checked(default: Any, rule: Rule) -> Any:
 class ModelConfig:
     name: str = checked("sa_quadratic", Name())
     kwargs: dict = checked({}, Plain())  # create_model(name, num_classes=..., **kwargs)
+    # the attention layers' kernel (attnconv.set_backend; None: the plan's), e.g. "triton"
+    backend: str | None = checked(None, OneOf(BACKENDS))
 
 
 @dataclass

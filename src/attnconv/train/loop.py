@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import yaml
 
+from attnconv.layers.checks import set_backend
 from attnconv.loading.checkpoint import (
     LATEST,
     read_meta,
@@ -130,6 +131,8 @@ class Trainer:
         torch.manual_seed(self.cfg.train.seed)
         self.model_kwargs = {"num_classes": self.loader.ds.num_classes, **self.cfg.model.kwargs}
         self.model = create_model(self.cfg.model.name, **self.model_kwargs).to(self.info.device)
+        if self.cfg.model.backend is not None:
+            set_backend(self.model, self.cfg.model.backend)
 
     def _build_optimizer(self) -> None:
         """The optimizer and the training state each checkpoint saves with it."""
