@@ -9,8 +9,9 @@ logit is Rq[ij, a-i] + Cq[ij, b-j] (Rq, Cq: (B, Nh, T, k), q . r per query and o
 here with torch ops, so the tables learn through autograd). The kernels (triton_local_jit.py)
 are triton_axis's restricted to the image rows a window reaches: nothing of size T x T or
 T x k^2 in memory, no unfolded keys. The launch (tiles, shared-memory rungs, one block shape a
-call) is triton_axis's. The plain equations beside it: ``window.local_attention(impl=
-"reference")`` (unfold). No attention dropout (SASA has none).
+call) is triton_axis's. The plain equations beside it: ``window_attention_reference`` (term for
+term; tested equal to the unfold kernel, ``window.local_attention(impl="reference")``). No
+attention dropout (SASA has none).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ..first_order import first_order_only
 from ..precision import backward_without_autocast, no_autocast
 from . import triton_axis
 from .fused import axis_attention_reference
-from .triton_axis import _pow2, _query_blocks, _tiled, launch
+from .triton_axis import _pow2, _query_blocks, _strides, _tiled, launch
 
 if triton_axis.INSTALLED:
     import triton
@@ -40,10 +41,6 @@ def unsupported(q: torch.Tensor, v: torch.Tensor, h: int, w: int, padding: str) 
 def _seq(t: torch.Tensor) -> torch.Tensor:
     """(B, Nh, c, H, W) -> (B, Nh, T, c), contiguous in c."""
     return t.flatten(3).transpose(-1, -2).contiguous()
-
-
-def _strides(t: torch.Tensor) -> tuple[int, int, int]:  # (image, head, token)
-    return t.stride(0), t.stride(1), t.stride(2)
 
 
 def forward_launch(q, k, v, qa, h, w, ks, block_m, train):
