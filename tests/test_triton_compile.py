@@ -28,13 +28,11 @@ def _compile(*args: str) -> list[dict]:
 
 
 def _check(rows: list[dict], cases: list[Case], archs: list[int]):
-    names = {0: ["_fwd", "_bwd_dq", "_bwd_dkdv"]}  # the axis kernels; triton_local's:
-    names.update({c.window: ["_lfwd", "_lbwd_dq", "_lbwd_dkdv"] for c in cases if c.window})
     want = [
         (str(c), a, k)
         for c in cases
         for a in archs
-        for k in (names[c.window] if c.train else names[c.window][:1])
+        for k in (["_fwd", "_bwd_dq", "_bwd_dkdv"] if c.train else ["_fwd"])
     ]
     assert [(r["case"], r["arch"], r["kernel"]) for r in rows] == want
     for r in rows:
@@ -197,7 +195,7 @@ def test_the_check_compiles_what_the_launch_code_builds():
 
 def test_a_parameter_the_launch_does_not_give_is_named():
     kernel, args, meta = triton_compile.launches(Case(torch.bfloat16, 4, 4, 16, 16))[0]
-    with pytest.raises(TypeError, match="gives no inv_keep"):
+    with pytest.raises(TypeError, match="gives no BEFORE"):
         triton_compile.signature(kernel, args[:-1], meta)
 
 

@@ -92,14 +92,13 @@ def _meta(q, h: int, w: int) -> dict:
     return dict(WP=_pow2(w), PREC=prec, ACC=acc)
 
 
-def _tiled(kernel, meta: dict, dtype: torch.dtype, block_m: int | None, name=None) -> dict:
+def _tiled(kernel, meta: dict, dtype: torch.dtype, block_m: int | None) -> dict:
     """``meta`` with ``kernel``'s tile (triton_tiles.tile; the three kernels of a call share
     its block): BLOCK_M queries, a key block of ROWS image rows (at least one), num_warps;
-    ``block_m`` overrides the query block; ``name``: the axis kernel whose tile it takes
-    (triton_local's, of the same shape)."""
+    ``block_m`` overrides the query block."""
     width = max(meta["DKP"], meta["DVP"])
     kind = triton_tiles.kind(dtype, meta["PREC"])
-    t = triton_tiles.tile(name or kernel.__name__, kind, width, meta["WP"])
+    t = triton_tiles.tile(kernel.__name__, kind, width, meta["WP"])
     rows = max(1, t.keys // meta["WP"])
     return dict(meta, BLOCK_M=block_m or t.block_m, ROWS=rows, num_warps=t.warps)
 
@@ -157,20 +156,22 @@ def _query_blocks(t: int, programs: int):
     return lambda m: (triton.cdiv(t, m["BLOCK_M"]), programs)
 
 
-def forward_launch(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, train):
+def forward_launch(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, train, window=0):
     """The forward kernel's (grid, arguments, compile-time values) and its outputs (y, stats,
-    rng): what ``_TritonAxis`` launches and ``triton_compile`` compiles for a GPU."""
+    rng): what ``_TritonAxis`` launches and ``triton_compile`` compiles for a GPU. ``window``:
+    k for SASA's k x k window (triton_local.py; q_axis then holds each query's [Rq | Cq])."""
     b, nh, t, dk = q.shape
     dv = v.shape[-1]
     meta = _meta(q, h, w)
     meta.update(DKP=_pow2(dk, 16), DVP=_pow2(dv, 16), DROP=p > 0, PER_IMAGE=per_image)
+    meta.update(WINDOW=window > 0)
     rng = torch.tensor([seed, drop_threshold(p)], dtype=torch.int64, device=q.device)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     # (B, T, Nh, Dv) in float32: the backward's rowsum(dY o Y) from a bfloat16 Y lost
     # precision in the positional gradients (docs/benchmarks.md)
     y = torch.empty(b, t, nh, dv, dtype=acc, device=q.device)
     stats = torch.empty(2, b, nh, t, dtype=acc, device=q.device)  # each query's m, 1 / l
-    sizes = (nh, t, h, w, dk, dv, scale, 1.0 / (1.0 - p))
+    sizes = (nh, t, h, w, dk, dv, scale, 1.0 / (1.0 - p), window, (window - 1) // 2)
     strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(q_axis), *_strides(y))
     args = (q, k, v, q_axis, y, stats, rng, *strides, *sizes)
     # training in bfloat16/float16: Y's rowsum(dY o Y) in backward needs P unrounded
@@ -188,7 +189,10 @@ def backward_launches(q, k, v, q_axis, y, stats, rng, dy, sizes, meta, block_m=N
     acc = stats.dtype
     delta = (dy.to(acc) * y.to(acc)).sum(-1).transpose(1, 2).contiguous()  # (B, Nh, T)
     dq = torch.empty(b, nh, t, dk, dtype=acc, device=q.device)
-    dqa = torch.empty(b, nh, t, h + w, dtype=acc, device=q.device)
+    ks = sizes[8]  # the window's side, 0: the axis logits; a window's offsets off the image
+    dqa = (torch.zeros if ks else torch.empty)(  # get no key: zero
+        b, nh, t, 2 * ks if ks else h + w, dtype=acc, device=q.device
+    )
     dk_ = torch.empty(b, nh, t, dk, dtype=acc, device=q.device)
     dv_ = torch.empty(b, nh, t, dv, dtype=acc, device=q.device)
     strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(q_axis), *_strides(dy))
@@ -204,9 +208,9 @@ def backward_launches(q, k, v, q_axis, y, stats, rng, dy, sizes, meta, block_m=N
 
 class _TritonAxis(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, train):
+    def forward(ctx, q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, train, window=0):
         (grid, args, meta), (y, stats, rng, sizes, ctx.meta) = forward_launch(
-            q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, train
+            q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, train, window
         )
         # the backward kernels take the forward's query block (a smaller one only where their
         # own shared memory forces it): other product shapes would round the logits otherwise
@@ -227,7 +231,7 @@ class _TritonAxis(torch.autograd.Function):
         for kernel, grid, args, meta in launches:
             launch(kernel, grid, args, meta)
         grads = (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dqa.to(q_axis.dtype))
-        return (*grads, None, None, None, None, None, None, None, None)
+        return (*grads, None, None, None, None, None, None, None, None, None)
 
 
 def axis_attention_triton(

@@ -96,6 +96,42 @@ def _query_stats(STATS, DELTA, bh, T, i, i_ok):
     return m_i, inv_l, tl.load(DELTA + bh * T + i, mask=i_ok, other=0.0)
 
 
+# SASA's k x k window (triton_local.py) is these kernels with WINDOW set: QA holds each query's
+# window tables [Rq | Cq] (k values each) read at the key's row / column offset, -inf off the
+# window, and every loop walks only the image rows a window reaches.
+
+
+@triton.jit
+def _offsets(i, W, rr, c, BEFORE):
+    """Each query's row and column offsets into its window tables for key rows ``rr`` and key
+    columns ``c``: (M, ROWS) and (M, WP)."""
+    dr = rr[None, :] - (i // W)[:, None] + BEFORE
+    dc = c[None, :] - (i % W)[:, None] + BEFORE
+    return dr, dc
+
+
+@triton.jit
+def _window_tables(QA, i, i_ok, rr, c, H, W, KS, BEFORE):
+    """r_blk (M, ROWS), c_blk (M, WP): each query's window logits for key rows ``rr`` and columns
+    ``c`` (QA: (M, 1) pointers to the queries' tables); -inf off the window or the image."""
+    dr, dc = _offsets(i, W, rr, c, BEFORE)
+    r_ok = i_ok[:, None] & (dr >= 0) & (dr < KS) & (rr[None, :] < H)
+    c_ok = i_ok[:, None] & (dc >= 0) & (dc < KS) & (c[None, :] < W)
+    r_blk = tl.load(QA + dr, mask=r_ok, other=float("-inf"))
+    c_blk = tl.load(QA + KS + dc, mask=c_ok, other=float("-inf"))
+    return r_blk, c_blk
+
+
+@triton.jit
+def _row_band(first, last, H, W, BEFORE, AFTER, STEP):
+    """The image rows [lo, hi) whose keys the queries ``first`` .. ``last`` (token indices) may
+    see (for a key block, the query rows that see it: BEFORE and AFTER swapped), lo rounded
+    down to the grid of STEP rows every kernel steps on: each logit is then recomputed at the
+    same place of the same product shape, so rounded alike."""
+    lo = tl.maximum(first // W - BEFORE, 0)
+    return (lo // STEP) * STEP, tl.minimum(last // W + AFTER + 1, H)
+
+
 @triton.jit
 def _fwd(
     Q,
@@ -128,6 +164,8 @@ def _fwd(
     DV,
     scale,
     inv_keep,
+    KS,
+    BEFORE,
     DKP: tl.constexpr,
     DVP: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -138,6 +176,7 @@ def _fwd(
     PREC: tl.constexpr,
     ACC: tl.constexpr,
     SPLIT_P: tl.constexpr,
+    WINDOW: tl.constexpr,
 ):
     N: tl.constexpr = ROWS * WP
     bh = tl.program_id(1)
@@ -150,18 +189,29 @@ def _fwd(
     c = tl.arange(0, WP)
     qa = QA + b * sa_b + hd * sa_h  # the axis logits [R | C] of (image, head)
     q = _tokens(Q + b * sq_b + hd * sq_h, i * sq_t, i_ok, dk, DK)
-    c_blk = _tokens(qa + H, i * sa_t, i_ok, c, W)
+    if WINDOW:
+        m0 = tl.program_id(0) * BLOCK_M
+        last = tl.minimum(m0 + BLOCK_M, T) - 1
+        lo, hi = _row_band(m0, last, H, W, BEFORE, KS - 1 - BEFORE, ROWS)
+    else:
+        c_blk = _tokens(qa + H, i * sa_t, i_ok, c, W)
+        lo, hi = 0, H
     row = (bh if PER_IMAGE else hd).to(tl.int64) * T + i
     m_i = tl.full((BLOCK_M,), float("-inf"), ACC)
     l_i = tl.zeros((BLOCK_M,), ACC)
     acc = tl.zeros((BLOCK_M, DVP), ACC)
-    for r0 in range(0, H, ROWS):
+    for r0 in range(lo, hi, ROWS):
         rr = r0 + tl.arange(0, ROWS)
-        r_blk = _tokens(qa, i * sa_t, i_ok, rr, H)
+        if WINDOW:
+            r_blk, c_blk = _window_tables(qa + i[:, None] * sa_t, i, i_ok, rr, c, H, W, KS, BEFORE)
+        else:
+            r_blk = _tokens(qa, i * sa_t, i_ok, rr, H)
         key, k_ok = _key_block(r0, nr, nc, H, W)
         kt = _tokens_t(K + b * sk_b + hd * sk_h, key * sk_t, k_ok, dk, DK)
         s = _logits(q, kt, r_blk, c_blk, scale, k_ok, PREC, BLOCK_M, N, ACC)
         m_new = tl.maximum(m_i, tl.max(s, 1))
+        if WINDOW:  # a block with no key of a query's window yet: its max is -inf
+            m_new = tl.where(m_new == float("-inf"), -3.0e38, m_new)
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
@@ -173,6 +223,8 @@ def _fwd(
         if SPLIT_P:  # P = hi + lo in two low-precision products: Y as if P stayed float32
             acc += _dot((p - p_hi.to(ACC)).to(vb.dtype), vb, PREC, ACC)
         m_i = m_new
+    if WINDOW:  # the rows past T saw no key (their l is 0); not stored, but kept finite
+        l_i = tl.where(i_ok, l_i, 1.0)
     y = acc * (inv_keep / l_i)[:, None]
     tl.store(
         Y + b * sy_b + hd * sy_h + i[:, None] * sy_t + dv[None, :],
@@ -220,6 +272,8 @@ def _bwd_dq(
     DV,
     scale,
     inv_keep,
+    KS,
+    BEFORE,
     DKP: tl.constexpr,
     DVP: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -229,6 +283,7 @@ def _bwd_dq(
     PER_IMAGE: tl.constexpr,
     PREC: tl.constexpr,
     ACC: tl.constexpr,
+    WINDOW: tl.constexpr,
 ):
     """dQ, dR, dC of one query block: dS = P o (dP - rowsum(dY o Y)); dR, dC its sums over
     the keys of each image row / column."""
@@ -244,15 +299,27 @@ def _bwd_dq(
     qa = QA + b * sa_b + hd * sa_h
     q = _tokens(Q + b * sq_b + hd * sq_h, i * sq_t, i_ok, dk, DK)
     dy = _tokens(DY + b * sy_b + hd * sy_h, i * sy_t, i_ok, dv, DV)
-    c_blk = _tokens(qa + H, i * sa_t, i_ok, c, W)
+    if WINDOW:
+        m0 = tl.program_id(0) * BLOCK_M
+        last = tl.minimum(m0 + BLOCK_M, T) - 1
+        lo, hi = _row_band(m0, last, H, W, BEFORE, KS - 1 - BEFORE, ROWS)
+    else:
+        c_blk = _tokens(qa + H, i * sa_t, i_ok, c, W)
+        lo, hi = 0, H
     m_i, inv_l, delta = _query_stats(STATS, DELTA, bh, T, i, i_ok)
     row = (bh if PER_IMAGE else hd).to(tl.int64) * T + i
-    dqa = DQA + bh * T * (H + W) + i[:, None] * (H + W)  # (B, Nh, T, H + W) contiguous
+    if WINDOW:  # (B, Nh, T, 2 KS) contiguous, zeroed: offsets off the image get no key
+        dqa = DQA + bh * T * 2 * KS + i[:, None] * 2 * KS
+    else:
+        dqa = DQA + bh * T * (H + W) + i[:, None] * (H + W)  # (B, Nh, T, H + W) contiguous
     dq = tl.zeros((BLOCK_M, DKP), ACC)
     dc = tl.zeros((BLOCK_M, WP), ACC)
-    for r0 in range(0, H, ROWS):
+    for r0 in range(lo, hi, ROWS):
         rr = r0 + tl.arange(0, ROWS)
-        r_blk = _tokens(qa, i * sa_t, i_ok, rr, H)
+        if WINDOW:
+            r_blk, c_blk = _window_tables(qa + i[:, None] * sa_t, i, i_ok, rr, c, H, W, KS, BEFORE)
+        else:
+            r_blk = _tokens(qa, i * sa_t, i_ok, rr, H)
         key, k_ok = _key_block(r0, nr, nc, H, W)
         kb = _tokens(K + b * sk_b + hd * sk_h, key * sk_t, k_ok, dk, DK)
         vt = _tokens_t(V + b * sv_b + hd * sv_h, key * sv_t, k_ok, dv, DV)
@@ -264,14 +331,24 @@ def _bwd_dq(
         ds = p * (dp - delta[:, None])
         dq += _dot(ds.to(kb.dtype), kb, PREC, ACC)
         ds3 = tl.reshape(ds, (BLOCK_M, ROWS, WP))
-        tl.store(dqa + rr[None, :], tl.sum(ds3, 2), mask=i_ok[:, None] & (rr[None, :] < H))
+        if WINDOW:  # at each query's row offset
+            dr, _ = _offsets(i, W, rr, c, BEFORE)
+            r_ok = i_ok[:, None] & (dr >= 0) & (dr < KS) & (rr[None, :] < H)
+            tl.store(dqa + dr, tl.sum(ds3, 2), mask=r_ok)
+        else:
+            tl.store(dqa + rr[None, :], tl.sum(ds3, 2), mask=i_ok[:, None] & (rr[None, :] < H))
         dc += tl.sum(ds3, 1)
     tl.store(
         DQ + bh * T * DK + i[:, None] * DK + dk[None, :],
         dq * scale,
         mask=i_ok[:, None] & (dk[None, :] < DK),
     )
-    tl.store(dqa + H + c[None, :], dc, mask=i_ok[:, None] & (c[None, :] < W))
+    if WINDOW:  # at each query's column offset
+        _, dco = _offsets(i, W, c, c, BEFORE)
+        c_ok = i_ok[:, None] & (dco >= 0) & (dco < KS) & (c[None, :] < W)
+        tl.store(dqa + KS + dco, dc, mask=c_ok)
+    else:
+        tl.store(dqa + H + c[None, :], dc, mask=i_ok[:, None] & (c[None, :] < W))
 
 
 @triton.jit
@@ -309,6 +386,8 @@ def _bwd_dkdv(
     DV,
     scale,
     inv_keep,
+    KS,
+    BEFORE,
     DKP: tl.constexpr,
     DVP: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -318,6 +397,7 @@ def _bwd_dkdv(
     PER_IMAGE: tl.constexpr,
     PREC: tl.constexpr,
     ACC: tl.constexpr,
+    WINDOW: tl.constexpr,
 ):
     """dK, dV of one key block (ROWS image rows), over every query block."""
     N: tl.constexpr = ROWS * WP
@@ -335,13 +415,22 @@ def _bwd_dkdv(
     vb = _tokens(V + b * sv_b + hd * sv_h, key * sv_t, k_ok, dv, DV)
     dk_acc = tl.zeros((N, DKP), ACC)
     dv_acc = tl.zeros((N, DVP), ACC)
-    for m0 in range(0, T, BLOCK_M):
+    if WINDOW:  # the query rows whose windows reach the block, on the forward's query grid
+        last = tl.minimum(r0 + ROWS, H) * W - 1
+        lo, hi = _row_band(r0 * W, last, H, W, KS - 1 - BEFORE, BEFORE, 1)
+        t_lo, t_hi = (lo * W // BLOCK_M) * BLOCK_M, hi * W
+    else:
+        t_lo, t_hi = 0, T
+    for m0 in range(t_lo, t_hi, BLOCK_M):
         i = m0 + tl.arange(0, BLOCK_M)
-        i_ok = i < T
+        i_ok = i < t_hi
         q = _tokens(Q + b * sq_b + hd * sq_h, i * sq_t, i_ok, dk, DK)
         dy = _tokens(DY + b * sy_b + hd * sy_h, i * sy_t, i_ok, dv, DV)
-        r_blk = _tokens(qa, i * sa_t, i_ok, rr, H)
-        c_blk = _tokens(qa + H, i * sa_t, i_ok, c, W)
+        if WINDOW:
+            r_blk, c_blk = _window_tables(qa + i[:, None] * sa_t, i, i_ok, rr, c, H, W, KS, BEFORE)
+        else:
+            r_blk = _tokens(qa, i * sa_t, i_ok, rr, H)
+            c_blk = _tokens(qa + H, i * sa_t, i_ok, c, W)
         m_i, inv_l, delta = _query_stats(STATS, DELTA, bh, T, i, i_ok)
         s = _logits(q, tl.trans(kb), r_blk, c_blk, scale, k_ok, PREC, BLOCK_M, N, ACC)
         p = tl.where(i_ok[:, None], tl.exp(s - m_i[:, None]) * inv_l[:, None], 0.0)

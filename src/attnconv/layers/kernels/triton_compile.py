@@ -52,7 +52,7 @@ class Case:
     per_image: bool = True
     train: bool = True
     tf32: bool = False  # float32 with torch.backends.cuda.matmul.allow_tf32
-    window: int = 0  # k: SASA's k x k window kernel (triton_local.py); 0: the axis kernel
+    window: int = 0  # k: SASA's k x k window (triton_local.py; the kernels' WINDOW); 0: axis
 
     def __str__(self) -> str:
         kind = "tf32" if self.tf32 else SIG[self.dtype]
@@ -88,11 +88,12 @@ def launches(case: Case, block_m: int | None = None) -> list[tuple]:
     t, z = case.h * case.w, torch.zeros
     q, k = z(1, 1, t, case.dk, dtype=case.dtype), z(1, 1, t, case.dk, dtype=case.dtype)
     v = z(1, 1, t, case.dv, dtype=case.dtype)
-    if case.window:
-        return _window_launches(case, q, k, v, block_m)
-    qa = z(1, 1, t, case.h + case.w, dtype=torch.promote_types(case.dtype, torch.float32))
+    na = 2 * case.window if case.window else case.h + case.w  # [Rq | Cq] or [R | C]
+    qa = z(1, 1, t, na, dtype=torch.promote_types(case.dtype, torch.float32))
     args = (q, k, v, qa, case.h, case.w, case.dk**-0.5, case.p, 0, case.per_image, block_m)
-    (_, fargs, fmeta), (y, stats, rng, sizes, meta) = triton_axis.forward_launch(*args, case.train)
+    (_, fargs, fmeta), (y, stats, rng, sizes, meta) = triton_axis.forward_launch(
+        *args, case.train, case.window
+    )
     if case.tf32:  # as on a GPU with allow_tf32: tf32 products, tf32's tiles
         fmeta = triton_axis._tiled(triton_axis._fwd, dict(fmeta, PREC="tf32"), case.dtype, block_m)
         meta = dict(meta, PREC="tf32")
@@ -102,23 +103,6 @@ def launches(case: Case, block_m: int | None = None) -> list[tuple]:
         back, _ = triton_axis.backward_launches(
             q, k, v, qa, y, stats, rng, dy, sizes, meta, block_m
         )
-        out += [(kernel, a, m) for kernel, _, a, m in back]
-    return out
-
-
-def _window_launches(case: Case, q, k, v, block_m: int | None) -> list[tuple]:
-    """``launches`` of triton_local's window kernels (no dropout, no tf32 case)."""
-    from . import triton_local
-
-    ks, table = case.window, torch.promote_types(case.dtype, torch.float32)
-    qa = torch.zeros(1, 1, q.shape[2], 2 * ks, dtype=table)
-    (_, fargs, fmeta), (y, stats, sizes, meta) = triton_local.forward_launch(
-        q, k, v, qa, case.h, case.w, ks, block_m, case.train
-    )
-    out = [(triton_local._lfwd, fargs, fmeta)]
-    if case.train:
-        dy = torch.zeros(1, 1, q.shape[2], case.dv, dtype=case.dtype)
-        back, _ = triton_local.backward_launches(q, k, v, qa, y, stats, dy, sizes, meta, block_m)
         out += [(kernel, a, m) for kernel, _, a, m in back]
     return out
 

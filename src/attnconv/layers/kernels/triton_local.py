@@ -6,10 +6,11 @@ runs the same source on CPU tensors, how the tests run it):
 
 with r_{a-i, b-j} = [r_row[a-i] | r_col[b-j]] split over the head's two halves, so the relative
 logit is Rq[ij, a-i] + Cq[ij, b-j] (Rq, Cq: (B, Nh, T, k), q . r per query and offset, built
-here with torch ops, so the tables learn through autograd). The kernels (triton_local_jit.py)
-are triton_axis's restricted to the image rows a window reaches: nothing of size T x T or
-T x k^2 in memory, no unfolded keys. The launch (tiles, shared-memory rungs, one block shape a
-call) is triton_axis's. The plain equations beside it: ``window_attention_reference`` (term for
+here with torch ops, so the tables learn through autograd). The kernels are triton_axis's with
+WINDOW set (triton_axis_jit.py): the tables read at each key's offset, -inf off the window, and
+every loop restricted to the image rows a window reaches: nothing of size T x T or T x k^2 in
+memory, no unfolded keys. The launch (tiles, shared-memory rungs, one block shape a call) is
+triton_axis's too. The plain equations beside it: ``window_attention_reference`` (term for
 term; tested equal to the unfold kernel, ``window.local_attention(impl="reference")``). No
 attention dropout (SASA has none).
 """
@@ -17,18 +18,11 @@ attention dropout (SASA has none).
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from ..first_order import first_order_only
-from ..precision import backward_without_autocast, no_autocast
+from ..precision import no_autocast
 from . import triton_axis
 from .fused import axis_attention_reference
-from .triton_axis import _pow2, _query_blocks, _strides, _tiled, launch
-
-if triton_axis.INSTALLED:
-    import triton
-
-    from .triton_local_jit import _lbwd_dkdv, _lbwd_dq, _lfwd
 
 
 def unsupported(q: torch.Tensor, v: torch.Tensor, h: int, w: int, padding: str) -> str | None:
@@ -41,77 +35,6 @@ def unsupported(q: torch.Tensor, v: torch.Tensor, h: int, w: int, padding: str) 
 def _seq(t: torch.Tensor) -> torch.Tensor:
     """(B, Nh, c, H, W) -> (B, Nh, T, c), contiguous in c."""
     return t.flatten(3).transpose(-1, -2).contiguous()
-
-
-def forward_launch(q, k, v, qa, h, w, ks, block_m, train):
-    """The forward kernel's (grid, arguments, compile-time values), its outputs (y, stats) and
-    the sizes and compile-time values the backward shares; q, k, v (B, Nh, T, d), qa (B, Nh, T,
-    2k) = [Rq | Cq]."""
-    b, nh, t, dk = q.shape
-    dv = v.shape[-1]
-    meta = triton_axis._meta(q, h, w)
-    meta.update(DKP=_pow2(dk, 16), DVP=_pow2(dv, 16))
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    y = torch.empty(b, nh, t, dv, dtype=acc, device=q.device)
-    stats = torch.empty(2, b, nh, t, dtype=acc, device=q.device)  # each query's m, 1 / l
-    sizes = (nh, t, h, w, dk, dv, ks, (ks - 1) // 2)
-    strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(qa), *_strides(y))
-    split = q.dtype in (torch.bfloat16, torch.float16) and train
-    fmeta = _tiled(_lfwd, dict(meta, SPLIT_P=split), q.dtype, block_m, name="_fwd")
-    args = (q, k, v, qa, y, stats, *strides, *sizes)
-    return (_query_blocks(t, b * nh), args, fmeta), (y, stats, sizes, meta)
-
-
-def backward_launches(q, k, v, qa, y, stats, dy, sizes, meta, block_m=None):
-    """The two backward kernels' (kernel, grid, arguments, compile-time values: the forward's
-    query block) and the gradients they write (dq, dk, dv, d qa) in the accumulation dtype."""
-    b, nh, t, dk = q.shape
-    h, dv, ks = sizes[2], v.shape[-1], sizes[6]
-    acc = stats.dtype
-    delta = (dy.to(acc) * y).sum(-1).contiguous()  # (B, Nh, T)
-    dq = torch.empty(b, nh, t, dk, dtype=acc, device=q.device)
-    dqa = torch.zeros(b, nh, t, 2 * ks, dtype=acc, device=q.device)  # offsets off the image
-    dk_ = torch.empty(b, nh, t, dk, dtype=acc, device=q.device)
-    dv_ = torch.empty(b, nh, t, dv, dtype=acc, device=q.device)
-    strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(qa), *_strides(dy))
-    common = (q, k, v, qa, dy, stats, delta)
-    m_dq = _tiled(_lbwd_dq, meta, q.dtype, block_m, name="_bwd_dq")
-    m_kv = _tiled(_lbwd_dkdv, meta, q.dtype, block_m, name="_bwd_dkdv")
-    launches = [
-        (_lbwd_dq, _query_blocks(t, b * nh), (*common, dq, dqa, *strides, *sizes), m_dq),
-        (
-            _lbwd_dkdv,
-            (triton.cdiv(h, m_kv["ROWS"]), b * nh),
-            (*common, dk_, dv_, *strides, *sizes),
-            m_kv,
-        ),
-    ]
-    return launches, (dq, dk_, dv_, dqa)
-
-
-class _TritonLocal(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, qa, h, w, ks, block_m, train):
-        (grid, args, meta), (y, stats, ctx.sizes, ctx.meta) = forward_launch(
-            q, k, v, qa, h, w, ks, block_m, train
-        )
-        ctx.block_m = launch(_lfwd, grid, args, meta)  # the backward's block too
-        ctx.save_for_backward(q, k, v, qa, y, stats)
-        return y.to(q.dtype)
-
-    @staticmethod
-    @once_differentiable
-    @backward_without_autocast
-    def backward(ctx, dy):
-        q, k, v, qa, y, stats = ctx.saved_tensors
-        dy = dy.to(q.dtype).contiguous()
-        launches, (dq, dk, dv, dqa) = backward_launches(
-            q, k, v, qa, y, stats, dy, ctx.sizes, ctx.meta, ctx.block_m
-        )
-        for kernel, grid, args, meta in launches:
-            launch(kernel, grid, args, meta)
-        grads = (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dqa.to(qa.dtype))
-        return (*grads, None, None, None, None, None)
 
 
 def relative_logits(q, rel_row, rel_col, kernel_size: int) -> torch.Tensor:
@@ -180,5 +103,7 @@ def local_attention_triton(
         kseq = _seq(k.to(q.dtype)) if k is not None else torch.zeros_like(qs)
         qs, kseq, vs, qa = first_order_only("the Triton window attention", qs, kseq, vs, qa)
         train = triton_axis.trains(qs, kseq, vs, qa)
-        y = _TritonLocal.apply(qs, kseq, vs, qa, h, w, ks, block_m, train)  # (B, Nh, T, dv)
-    return y.transpose(-1, -2).reshape(b, nh, -1, h, w)
+        y = triton_axis._TritonAxis.apply(  # (B, T, Nh, dv); q is scaled, no dropout
+            qs, kseq, vs, qa, h, w, 1.0, 0.0, 0, True, block_m, train, ks
+        )
+    return y.permute(0, 2, 3, 1).reshape(b, nh, -1, h, w)
