@@ -142,7 +142,7 @@ def test_triton_precision_as_tight_as_plain(dtype, b, nh, h, w, dk, dv, p):
 def test_triton_takes_heads_wider_than_flash_attention(dk, dv):
     """Head widths over 256 (FlashAttention's limit) up to MAX_HEAD_DIM, the paper's content
     model's 400 among them: float64 values and every gradient equal the plain equations. Through
-    the interpreter only: on a GPU float64 products are summed in registers (triton_axis_jit._dot),
+    the interpreter only: on a GPU float64 products are summed in registers (triton_parts._dot),
     which at these widths makes a slow compile and a kernel that spills most of them (compile
     ``Case(torch.float64, 3, 5, 400, 400)`` with triton_compile to see); the precision test runs
     400-wide heads in float32, bfloat16 and float16 there."""

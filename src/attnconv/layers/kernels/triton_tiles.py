@@ -48,7 +48,7 @@ KINDS = ("16bit", "ieee", "tf32")  # bf16/fp16 operands; float32 exact; float32 
 WIDTHS = (16, 64, 128, 256, 512)  # padded head widths swept; a width uses the next one up
 ROW_WIDTHS = (16, 32, 64)  # padded image rows swept; a row uses the next one up (128: 64's)
 CANDIDATES = [Tile(m, n, w) for n, m, w in itertools.product((64, 32, 16), (64, 32, 16), (4, 8))]
-FLOAT64 = Tile(16, 16, 4)  # gradcheck's: products summed in registers (triton_axis_jit._dot)
+FLOAT64 = Tile(16, 16, 4)  # gradcheck's: products summed in registers (triton_parts._dot)
 
 
 def candidates(row: int) -> list[Tile]:
