@@ -34,6 +34,7 @@ from attnconv.bench import cuda
 from attnconv.bench.anchors import dense_sdpa
 from attnconv.bench.common import markdown_table, suite_command, write_results
 from attnconv.bench.models import P_DROP, SA_MODELS, build, model_kwargs, training_step
+from attnconv.layers.checks import set_backend
 from attnconv.layers.kernels import triton_axis
 from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
 from attnconv.models.sa_cifar import SACifarConfig
@@ -78,12 +79,12 @@ def variants(model: str, scale: str = "paper") -> list[tuple[str, str, bool]]:
 
 def make_step(model: str, scale: str, batch: int, how: str, bf16: bool):
     net = build(model, scale, "reference" if how == "reference" else "attnconv")
-    for m in net.modules():
-        if isinstance(m, MultiHeadSelfAttention2d):
-            if how == "dense":
+    if how == "dense":
+        for m in net.modules():
+            if isinstance(m, MultiHeadSelfAttention2d):
                 dense_sdpa_forward(m)
-            elif how == "triton" and m.content:
-                m.backend = "triton"
+    elif how == "triton":  # position-only layers: the plan's position kernels, as unset
+        set_backend(net, "triton")
     return training_step(net.cuda(), batch, bf16, "cuda")
 
 
