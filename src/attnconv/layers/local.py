@@ -250,10 +250,8 @@ class LocalSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
         why, block_m = triton_local.unsupported(q, v, h, w, self.padding), None
         if not why:  # the GPU's own shared memory (a compile, once per shape)
             train = triton_axis.trains(q, v, *self.parameters())
-            dq, dv = q.shape[2], v.shape[2]
-            why, block_m = triton_compile.fit(
-                q.new_empty(0, dq), v.new_empty(0, dv), h, w, 0.0, True, train, self.kernel_size
-            )
+            qs, vs = q.flatten(3).mT, v.flatten(3).mT  # (B, nh, T, d) views, as the kernel's
+            why, block_m = triton_compile.fit(qs, vs, h, w, 0.0, True, train, self.kernel_size)
         if why:
             warnings.warn(
                 f"attnconv: backend='triton' falls back to the window function: {why}",

@@ -14,6 +14,7 @@ from .triton_parts import (
     _key_block,
     _logits,
     _offsets,
+    _query_band,
     _query_stats,
     _row_band,
     _tokens,
@@ -80,9 +81,7 @@ def _fwd(
     qa = QA + b * sa_b + hd * sa_h  # the axis logits [R | C] of (image, head)
     q = _tokens(Q + b * sq_b + hd * sq_h, i * sq_t, i_ok, dk, DK)
     if WINDOW:
-        m0 = tl.program_id(0) * BLOCK_M
-        last = tl.minimum(m0 + BLOCK_M, T) - 1
-        lo, hi = _row_band(m0, last, H, W, BEFORE, KS - 1 - BEFORE, ROWS)
+        lo, hi = _query_band(T, H, W, KS, BEFORE, BLOCK_M, ROWS)
     else:
         c_blk = _tokens(qa + H, i * sa_t, i_ok, c, W)
         lo, hi = 0, H
@@ -190,9 +189,7 @@ def _bwd_dq(
     q = _tokens(Q + b * sq_b + hd * sq_h, i * sq_t, i_ok, dk, DK)
     dy = _tokens(DY + b * sy_b + hd * sy_h, i * sy_t, i_ok, dv, DV)
     if WINDOW:
-        m0 = tl.program_id(0) * BLOCK_M
-        last = tl.minimum(m0 + BLOCK_M, T) - 1
-        lo, hi = _row_band(m0, last, H, W, BEFORE, KS - 1 - BEFORE, ROWS)
+        lo, hi = _query_band(T, H, W, KS, BEFORE, BLOCK_M, ROWS)
     else:
         c_blk = _tokens(qa + H, i * sa_t, i_ok, c, W)
         lo, hi = 0, H

@@ -130,3 +130,12 @@ def _row_band(first, last, H, W, BEFORE, AFTER, STEP):
     same place of the same product shape, so rounded alike."""
     lo = tl.maximum(first // W - BEFORE, 0)
     return (lo // STEP) * STEP, tl.minimum(last // W + AFTER + 1, H)
+
+
+@triton.jit
+def _query_band(T, H, W, KS, BEFORE, BLOCK_M: tl.constexpr, ROWS: tl.constexpr):
+    """``_row_band`` of this program's query block (BLOCK_M queries from program_id(0)): the
+    key rows [lo, hi) its windows reach, on the ROWS grid."""
+    m0 = tl.program_id(0) * BLOCK_M
+    last = tl.minimum(m0 + BLOCK_M, T) - 1
+    return _row_band(m0, last, H, W, BEFORE, KS - 1 - BEFORE, ROWS)
