@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnconv.layers.kernels import plan, triton_axis
+from attnconv.layers.kernels import plan, triton_axis, triton_tiles
 from attnconv.layers.kernels.triton_local import (
     local_attention_triton,
     window_attention_reference,
@@ -56,7 +56,7 @@ def _leaves(*xs):
     w=st.sampled_from([1, 2, 5, 8, 11, 20]),
     dk=st.sampled_from([2, 4, 8, 48]),
     dv=st.sampled_from([3, 8]),
-    ks=st.sampled_from([3, 4, 5, 7]),
+    ks=st.sampled_from([3, 4, 5, 7, 9]),
     parts=st.sampled_from([(True, True), (True, False), (False, True)]),
     block_m=st.sampled_from([16, 64]),
     seed=st.integers(0, 999),
@@ -66,6 +66,53 @@ def test_triton_window_equals_plain_equations(b, nh, h, w, dk, dv, ks, parts, bl
     only, or both (SASA's qk+qr); even windows lean to +, as the plain kernel's."""
     gen = torch.Generator().manual_seed(seed)
     q, k, v, rows, cols = _inputs(b, nh, h, w, dk, dv, ks, torch.float64, *parts, gen=gen)
+    y = local_attention_triton(q, k, v, ks, rows, cols, block_m=block_m)
+    ref = _plain(q, k, v, ks, rows, cols)
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+    g = torch.randn(y.shape, dtype=y.dtype, generator=gen).to(DEVICE)
+    xs = _leaves(q, k, v, rows, cols)
+    for a, r in zip(torch.autograd.grad(y, xs, g), torch.autograd.grad(ref, xs, g)):
+        torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
+
+
+TILED = [
+    (24, 20, 7, 64),
+    (17, 9, 9, 16),
+    (3, 33, 5, 32),
+    (12, 16, 3, 64),
+    (7, 7, 7, 64),
+    (2, 20, 3, 16),
+]
+
+
+def _shift(h, w, ks, block_m):  # the float64 launch's key grid (its tile: triton_tiles.FLOAT64)
+    keys = triton_tiles.FLOAT64.keys
+    return triton_tiles.window_shift(h, w, ks, block_m, keys, min(8, 1 << (w - 1).bit_length()))
+
+
+def test_the_tiled_shapes_take_both_key_grids():
+    """TILED runs the key grid from -(k-1)/2 and the one from 0 (window_shift's choice)."""
+    assert {_shift(*c) == 0 for c in TILED} == {True, False}
+
+
+def test_window_shift_walks_fewer_keys():
+    """At SASA's 56x56 with k = 7 and 8 x 8 tiles of 64 keys, 2 x 2 key blocks a tile (256 keys a
+    query, where the grid from 0 walks 3 x 3 inside the image); a 7x7 image in one block."""
+    assert triton_tiles.window_shift(56, 56, 7, 64, 64, 8) == 3
+    assert triton_tiles.walked_keys(56, 56, 7, 64, 64, 8, 3) == 256
+    assert triton_tiles.walked_keys(56, 56, 7, 64, 64, 8, 0) > 256
+    assert triton_tiles.window_shift(7, 7, 7, 64, 64, 8) == 0
+    assert triton_tiles.walked_keys(7, 7, 7, 64, 64, 8, 0) == 64
+
+
+@pytest.mark.parametrize("h, w, ks, block_m", TILED)
+def test_triton_window_tiles_cover_the_image(h, w, ks, block_m):
+    """Images of several query tiles each way (8 columns wide, block_m // 8 rows), windows whose
+    reach crosses key blocks on either key grid: float64 values and every gradient equal the
+    unfold kernel's, so each (query, key of its window) pair is walked exactly once by every
+    kernel and the row-logit gradient's per-column parts add up."""
+    gen = torch.Generator().manual_seed(h * w + ks)
+    q, k, v, rows, cols = _inputs(1, 2, h, w, 4, 3, ks, torch.float64, gen=gen)
     y = local_attention_triton(q, k, v, ks, rows, cols, block_m=block_m)
     ref = _plain(q, k, v, ks, rows, cols)
     torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)

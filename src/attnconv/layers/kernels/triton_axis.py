@@ -81,15 +81,17 @@ def _pow2(x: int, least: int = 1) -> int:
     return max(least, 1 << max(0, x - 1).bit_length())
 
 
-def _meta(q, h: int, w: int) -> dict:
-    """The compile-time values the three kernels share: image rows padded to WP >= W columns,
-    the products' precision and accumulation dtype. Each kernel adds its tile (``_tiled``)."""
+def _meta(q, h: int, w: int, window: int = 0) -> dict:
+    """The compile-time values the three kernels share: image rows padded to WP >= W columns
+    (a window's: triton_tiles.WINDOW_WP columns), the products' precision and accumulation
+    dtype. Each kernel adds its tile (``_tiled``)."""
     if q.dtype == torch.float32:
         prec = "tf32" if q.is_cuda and torch.backends.cuda.matmul.allow_tf32 else "ieee"
     else:
         prec = "ieee"  # bf16/fp16 multiply exactly in fp32; float64 stays
     acc = tl.float64 if q.dtype == torch.float64 else tl.float32
-    return dict(WP=_pow2(w), PREC=prec, ACC=acc)
+    wp = min(triton_tiles.WINDOW_WP, _pow2(w)) if window else _pow2(w)
+    return dict(WP=wp, PREC=prec, ACC=acc, WINDOW=window > 0)
 
 
 def _tiled(kernel, meta: dict, dtype: torch.dtype, block_m: int | None) -> dict:
@@ -150,10 +152,44 @@ def _strides(t: torch.Tensor) -> tuple[int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2)
 
 
-def _query_blocks(t: int, programs: int):
+def _query_blocks(h: int, w: int, programs: int):
     """The grid of a kernel whose programs own query blocks, for each (image, head): a function
-    of the compile-time values, since ``launch``'s rungs may halve BLOCK_M."""
-    return lambda m: (triton.cdiv(t, m["BLOCK_M"]), programs)
+    of the compile-time values, since ``launch``'s rungs may halve BLOCK_M. A window's blocks
+    are tiles of BLOCK_M // WP image rows of WP columns (triton_parts._query_tile)."""
+
+    def grid(m: dict) -> tuple[int, int]:
+        if m["WINDOW"]:
+            return triton.cdiv(h, m["BLOCK_M"] // m["WP"]) * triton.cdiv(w, m["WP"]), programs
+        return triton.cdiv(h * w, m["BLOCK_M"]), programs
+
+    return grid
+
+
+def _key_blocks(h: int, w: int, shift: int, programs: int):
+    """The grid of the dK/dV kernel: blocks of ROWS image rows, or a window's ROWS x WP blocks
+    on the grid from (-shift, -shift) that touch the image (_bwd_dkdv)."""
+
+    def grid(m: dict) -> tuple[int, int]:
+        rows, wp = m["ROWS"], m["WP"]
+        if m["WINDOW"]:
+            down = triton.cdiv(h + shift, rows) - shift // rows
+            return down * (triton.cdiv(w + shift, wp) - shift // wp), programs
+        return triton.cdiv(h, rows), programs
+
+    return grid
+
+
+def window_parts(window: int, wp: int) -> int:
+    """The block columns a window's query tile reaches at most (triton_parts._window_partials):
+    the dQ kernel stores a row-logit gradient for each."""
+    return -(-(wp + window - 2) // wp) + 1
+
+
+def window_dqa(dqa: torch.Tensor, window: int) -> torch.Tensor:
+    """(B, Nh, T, (P + 1) k) -> (B, Nh, T, 2k): the dQ kernel's P partial row-logit gradients
+    added, the column ones beside them."""
+    rows = dqa[..., :-window].unflatten(-1, (-1, window)).sum(-2)
+    return torch.cat([rows, dqa[..., -window:]], -1)
 
 
 def forward_launch(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, train, window=0):
@@ -162,22 +198,23 @@ def forward_launch(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, tr
     k for SASA's k x k window (triton_local.py; q_axis then holds each query's [Rq | Cq])."""
     b, nh, t, dk = q.shape
     dv = v.shape[-1]
-    meta = _meta(q, h, w)
+    meta = _meta(q, h, w, window)
     meta.update(DKP=_pow2(dk, 16), DVP=_pow2(dv, 16), DROP=p > 0, PER_IMAGE=per_image)
-    meta.update(WINDOW=window > 0)
     rng = torch.tensor([seed, drop_threshold(p)], dtype=torch.int64, device=q.device)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     # (B, T, Nh, Dv) in float32: the backward's rowsum(dY o Y) from a bfloat16 Y lost
     # precision in the positional gradients (docs/benchmarks.md)
     y = torch.empty(b, t, nh, dv, dtype=acc, device=q.device)
     stats = torch.empty(2, b, nh, t, dtype=acc, device=q.device)  # each query's m, 1 / l
-    sizes = (nh, t, h, w, dk, dv, scale, 1.0 / (1.0 - p), window, (window - 1) // 2)
-    strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(q_axis), *_strides(y))
-    args = (q, k, v, q_axis, y, stats, rng, *strides, *sizes)
     # training in bfloat16/float16: Y's rowsum(dY o Y) in backward needs P unrounded
     split = q.dtype in (torch.bfloat16, torch.float16) and train
     fmeta = _tiled(_fwd, dict(meta, SPLIT_P=split), q.dtype, block_m)
-    return (_query_blocks(t, b * nh), args, fmeta), (y, stats, rng, sizes, meta)
+    tile = (fmeta["BLOCK_M"], fmeta["ROWS"] * fmeta["WP"], fmeta["WP"])
+    shift = triton_tiles.window_shift(h, w, window, *tile) if window else 0  # its key grid
+    sizes = (nh, t, h, w, dk, dv, scale, 1.0 / (1.0 - p), window, (window - 1) // 2, shift)
+    strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(q_axis), *_strides(y))
+    args = (q, k, v, q_axis, y, stats, rng, *strides, *sizes)
+    return (_query_blocks(h, w, b * nh), args, fmeta), (y, stats, rng, sizes, meta)
 
 
 def backward_launches(q, k, v, q_axis, y, stats, rng, dy, sizes, meta, block_m=None):
@@ -190,17 +227,16 @@ def backward_launches(q, k, v, q_axis, y, stats, rng, dy, sizes, meta, block_m=N
     delta = (dy.to(acc) * y.to(acc)).sum(-1).transpose(1, 2).contiguous()  # (B, Nh, T)
     dq = torch.empty(b, nh, t, dk, dtype=acc, device=q.device)
     ks = sizes[8]  # the window's side, 0: the axis logits; a window's offsets off the image
-    dqa = (torch.zeros if ks else torch.empty)(  # get no key: zero
-        b, nh, t, 2 * ks if ks else h + w, dtype=acc, device=q.device
-    )
+    na = (window_parts(ks, meta["WP"]) + 1) * ks if ks else h + w  # get no key: zero
+    dqa = (torch.zeros if ks else torch.empty)(b, nh, t, na, dtype=acc, device=q.device)
     dk_ = torch.empty(b, nh, t, dk, dtype=acc, device=q.device)
     dv_ = torch.empty(b, nh, t, dv, dtype=acc, device=q.device)
     strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(q_axis), *_strides(dy))
     common = (q, k, v, q_axis, dy, stats, delta)
     dq_meta, kv_meta = (_tiled(f, meta, q.dtype, block_m) for f in (_bwd_dq, _bwd_dkdv))
     launches = [
-        (_bwd_dq, _query_blocks(t, b * nh), (*common, dq, dqa, rng), dq_meta),
-        (_bwd_dkdv, (triton.cdiv(h, kv_meta["ROWS"]), b * nh), (*common, dk_, dv_, rng), kv_meta),
+        (_bwd_dq, _query_blocks(h, w, b * nh), (*common, dq, dqa, rng), dq_meta),
+        (_bwd_dkdv, _key_blocks(h, w, sizes[10], b * nh), (*common, dk_, dv_, rng), kv_meta),
     ]
     launches = [(f, g, (*a, *strides, *sizes), m) for f, g, a, m in launches]
     return launches, (dq, dk_, dv_, dqa)
@@ -230,6 +266,8 @@ class _TritonAxis(torch.autograd.Function):
         )
         for kernel, grid, args, meta in launches:
             launch(kernel, grid, args, meta)
+        if ctx.sizes[8]:  # a window's partial row-logit gradients added
+            dqa = window_dqa(dqa, ctx.sizes[8])
         grads = (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dqa.to(q_axis.dtype))
         return (*grads, None, None, None, None, None, None, None, None, None)
 

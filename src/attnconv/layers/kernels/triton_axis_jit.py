@@ -10,15 +10,19 @@ import triton.language as tl
 
 from .triton_parts import (
     _dot,
+    _inside,
     _kept,
+    _key_band,
     _key_block,
     _logits,
     _offsets,
     _query_band,
     _query_stats,
-    _row_band,
+    _query_tile,
+    _step,
     _tokens,
     _tokens_t,
+    _window_partials,
     _window_tables,
 )
 
@@ -57,6 +61,7 @@ def _fwd(
     inv_keep,
     KS,
     BEFORE,
+    SHIFT,
     DKP: tl.constexpr,
     DVP: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -72,30 +77,33 @@ def _fwd(
     N: tl.constexpr = ROWS * WP
     bh = tl.program_id(1)
     b, hd = bh // NH, bh % NH
-    i = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # queries
-    i_ok = i < T
+    t0 = tl.program_id(0)
+    i, i_ok = _query_tile(t0, T, H, W, BLOCK_M, WP, WINDOW)  # queries
     dk, dv = tl.arange(0, DKP), tl.arange(0, DVP)
     n = tl.arange(0, N)
     nr, nc = n // WP, n % WP  # a key block: ROWS image rows of WP columns
-    c = tl.arange(0, WP)
     qa = QA + b * sa_b + hd * sa_h  # the axis logits [R | C] of (image, head)
     q = _tokens(Q + b * sq_b + hd * sq_h, i * sq_t, i_ok, dk, DK)
-    if WINDOW:
-        lo, hi = _query_band(T, H, W, KS, BEFORE, BLOCK_M, ROWS)
-    else:
-        c_blk = _tokens(qa + H, i * sa_t, i_ok, c, W)
-        lo, hi = 0, H
+    if WINDOW:  # the key blocks its windows reach
+        r_lo, down, c_lo, across = _query_band(t0, H, W, KS, BEFORE, SHIFT, BLOCK_M, ROWS, WP)
+        s_hi, s_step = down * across, 1
+    else:  # every key row, ROWS a step; one block column, the whole (padded) row
+        c_blk = _tokens(qa + H, i * sa_t, i_ok, tl.arange(0, WP), W)
+        r_lo, c_lo, down, s_hi, s_step = 0, 0, 1, H, ROWS
     row = (bh if PER_IMAGE else hd).to(tl.int64) * T + i
     m_i = tl.full((BLOCK_M,), float("-inf"), ACC)
     l_i = tl.zeros((BLOCK_M,), ACC)
     acc = tl.zeros((BLOCK_M, DVP), ACC)
-    for r0 in range(lo, hi, ROWS):
+    for step in range(0, s_hi, s_step):
+        r0, c0 = _step(step, r_lo, c_lo, down, ROWS, WP, WINDOW)
+        c = c0 + tl.arange(0, WP)
         rr = r0 + tl.arange(0, ROWS)
         if WINDOW:
-            r_blk, c_blk = _window_tables(qa + i[:, None] * sa_t, i, i_ok, rr, c, H, W, KS, BEFORE)
+            qai = qa + i[:, None] * sa_t
+            r_blk, c_blk = _window_tables(qai, i, i_ok, rr, c, H, W, KS, BEFORE)
         else:
             r_blk = _tokens(qa, i * sa_t, i_ok, rr, H)
-        key, k_ok = _key_block(r0, nr, nc, H, W)
+        key, k_ok = _key_block(r0, c0, nr, nc, H, W, WINDOW)
         kt = _tokens_t(K + b * sk_b + hd * sk_h, key * sk_t, k_ok, dk, DK)
         s = _logits(q, kt, r_blk, c_blk, scale, k_ok, PREC, BLOCK_M, N, ACC)
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -163,6 +171,7 @@ def _bwd_dq(
     inv_keep,
     KS,
     BEFORE,
+    SHIFT,
     DKP: tl.constexpr,
     DVP: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -179,35 +188,40 @@ def _bwd_dq(
     N: tl.constexpr = ROWS * WP
     bh = tl.program_id(1)
     b, hd = bh // NH, bh % NH
-    i = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    i_ok = i < T
+    t0 = tl.program_id(0)
+    i, i_ok = _query_tile(t0, T, H, W, BLOCK_M, WP, WINDOW)
     dk, dv = tl.arange(0, DKP), tl.arange(0, DVP)
     n = tl.arange(0, N)
     nr, nc = n // WP, n % WP
-    c = tl.arange(0, WP)
     qa = QA + b * sa_b + hd * sa_h
     q = _tokens(Q + b * sq_b + hd * sq_h, i * sq_t, i_ok, dk, DK)
     dy = _tokens(DY + b * sy_b + hd * sy_h, i * sy_t, i_ok, dv, DV)
-    if WINDOW:
-        lo, hi = _query_band(T, H, W, KS, BEFORE, BLOCK_M, ROWS)
+    if WINDOW:  # the key blocks its windows reach
+        r_lo, down, c_lo, across = _query_band(t0, H, W, KS, BEFORE, SHIFT, BLOCK_M, ROWS, WP)
+        s_hi, s_step = down * across, 1
     else:
-        c_blk = _tokens(qa + H, i * sa_t, i_ok, c, W)
-        lo, hi = 0, H
+        c_blk = _tokens(qa + H, i * sa_t, i_ok, tl.arange(0, WP), W)
+        r_lo, c_lo, down, s_hi, s_step = 0, 0, 1, H, ROWS
     m_i, inv_l, delta = _query_stats(STATS, DELTA, bh, T, i, i_ok)
     row = (bh if PER_IMAGE else hd).to(tl.int64) * T + i
-    if WINDOW:  # (B, Nh, T, 2 KS) contiguous, zeroed: offsets off the image get no key
-        dqa = DQA + bh * T * 2 * KS + i[:, None] * 2 * KS
+    if WINDOW:  # (B, Nh, T, (P + 1) KS) contiguous, zeroed (offsets off the image get no key):
+        # P partial row-logit gradients, one per block column (window_dqa adds them), then C's
+        parts = _window_partials(KS, WP)
+        dqa = DQA + (bh * T + i[:, None]) * (parts + 1) * KS
     else:
         dqa = DQA + bh * T * (H + W) + i[:, None] * (H + W)  # (B, Nh, T, H + W) contiguous
     dq = tl.zeros((BLOCK_M, DKP), ACC)
     dc = tl.zeros((BLOCK_M, WP), ACC)
-    for r0 in range(lo, hi, ROWS):
+    for step in range(0, s_hi, s_step):
+        r0, c0 = _step(step, r_lo, c_lo, down, ROWS, WP, WINDOW)
+        c = c0 + tl.arange(0, WP)
         rr = r0 + tl.arange(0, ROWS)
         if WINDOW:
-            r_blk, c_blk = _window_tables(qa + i[:, None] * sa_t, i, i_ok, rr, c, H, W, KS, BEFORE)
+            qai = qa + i[:, None] * sa_t
+            r_blk, c_blk = _window_tables(qai, i, i_ok, rr, c, H, W, KS, BEFORE)
         else:
             r_blk = _tokens(qa, i * sa_t, i_ok, rr, H)
-        key, k_ok = _key_block(r0, nr, nc, H, W)
+        key, k_ok = _key_block(r0, c0, nr, nc, H, W, WINDOW)
         kb = _tokens(K + b * sk_b + hd * sk_h, key * sk_t, k_ok, dk, DK)
         vt = _tokens_t(V + b * sv_b + hd * sv_h, key * sv_t, k_ok, dv, DV)
         s = _logits(q, tl.trans(kb), r_blk, c_blk, scale, k_ok, PREC, BLOCK_M, N, ACC)
@@ -218,23 +232,26 @@ def _bwd_dq(
         ds = p * (dp - delta[:, None])
         dq += _dot(ds.to(kb.dtype), kb, PREC, ACC)
         ds3 = tl.reshape(ds, (BLOCK_M, ROWS, WP))
-        if WINDOW:  # at each query's row offset
+        if WINDOW:  # at each query's row offset, this block column's part
             dr, _ = _offsets(i, W, rr, c, BEFORE)
-            r_ok = i_ok[:, None] & (dr >= 0) & (dr < KS) & (rr[None, :] < H)
-            tl.store(dqa + dr, tl.sum(ds3, 2), mask=r_ok)
+            part = dqa + (step // down) * KS
+            tl.store(part + dr, tl.sum(ds3, 2), mask=_inside(i_ok, dr, rr, KS, H))
         else:
-            tl.store(dqa + rr[None, :], tl.sum(ds3, 2), mask=i_ok[:, None] & (rr[None, :] < H))
+            r_ok = i_ok[:, None] & (rr[None, :] < H)
+            tl.store(dqa + rr[None, :], tl.sum(ds3, 2), mask=r_ok)
         dc += tl.sum(ds3, 1)
+        if WINDOW:  # a block column done: at each query's column offset
+            if step % down == down - 1:
+                _, dco = _offsets(i, W, c, c, BEFORE)
+                tl.store(dqa + parts * KS + dco, dc, mask=_inside(i_ok, dco, c, KS, W))
+                dc = tl.zeros((BLOCK_M, WP), ACC)
     tl.store(
         DQ + bh * T * DK + i[:, None] * DK + dk[None, :],
         dq * scale,
         mask=i_ok[:, None] & (dk[None, :] < DK),
     )
-    if WINDOW:  # at each query's column offset
-        _, dco = _offsets(i, W, c, c, BEFORE)
-        c_ok = i_ok[:, None] & (dco >= 0) & (dco < KS) & (c[None, :] < W)
-        tl.store(dqa + KS + dco, dc, mask=c_ok)
-    else:
+    if not WINDOW:
+        c = tl.arange(0, WP)
         tl.store(dqa + H + c[None, :], dc, mask=i_ok[:, None] & (c[None, :] < W))
 
 
@@ -275,6 +292,7 @@ def _bwd_dkdv(
     inv_keep,
     KS,
     BEFORE,
+    SHIFT,
     DKP: tl.constexpr,
     DVP: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -286,35 +304,45 @@ def _bwd_dkdv(
     ACC: tl.constexpr,
     WINDOW: tl.constexpr,
 ):
-    """dK, dV of one key block (ROWS image rows), over every query block."""
+    """dK, dV of one key block (ROWS image rows; WINDOW: of WP columns), over the query blocks
+    that reach it."""
     N: tl.constexpr = ROWS * WP
     bh = tl.program_id(1)
     b, hd = bh // NH, bh % NH
-    r0 = tl.program_id(0) * ROWS
     dk, dv = tl.arange(0, DKP), tl.arange(0, DVP)
     qa = QA + b * sa_b + hd * sa_h  # the axis logits [R | C] of (image, head)
     n = tl.arange(0, N)
     nr, nc = n // WP, n % WP
-    c = tl.arange(0, WP)
+    if WINDOW:  # key blocks on the grid from (-SHIFT, -SHIFT), those that touch the image
+        first_r, first_c = SHIFT // ROWS, SHIFT // WP
+        cols = tl.cdiv(W + SHIFT, WP) - first_c
+        r0 = (tl.program_id(0) // cols + first_r) * ROWS - SHIFT
+        c0 = (tl.program_id(0) % cols + first_c) * WP - SHIFT
+        tr_lo, tr_hi, tc_lo, tc_hi = _key_band(r0, c0, H, W, KS, BEFORE, BLOCK_M, ROWS, WP)
+        across = tc_hi - tc_lo  # the query tiles reaching it, one flat loop
+        t_hi, t_step = (tr_hi - tr_lo) * across, 1
+    else:  # ROWS whole image rows, walked by every query block
+        r0, c0 = tl.program_id(0) * ROWS, 0
+        t_hi, t_step = T, BLOCK_M
+    c = c0 + tl.arange(0, WP)
     rr = r0 + tl.arange(0, ROWS)
-    key, k_ok = _key_block(r0, nr, nc, H, W)
+    key, k_ok = _key_block(r0, c0, nr, nc, H, W, WINDOW)
     kb = _tokens(K + b * sk_b + hd * sk_h, key * sk_t, k_ok, dk, DK)
     vb = _tokens(V + b * sv_b + hd * sv_h, key * sv_t, k_ok, dv, DV)
     dk_acc = tl.zeros((N, DKP), ACC)
     dv_acc = tl.zeros((N, DVP), ACC)
-    if WINDOW:  # the query rows whose windows reach the block, on the forward's query grid
-        last = tl.minimum(r0 + ROWS, H) * W - 1
-        lo, hi = _row_band(r0 * W, last, H, W, KS - 1 - BEFORE, BEFORE, 1)
-        t_lo, t_hi = (lo * W // BLOCK_M) * BLOCK_M, hi * W
-    else:
-        t_lo, t_hi = 0, T
-    for m0 in range(t_lo, t_hi, BLOCK_M):
-        i = m0 + tl.arange(0, BLOCK_M)
-        i_ok = i < t_hi
+    for t in range(0, t_hi, t_step):
+        if WINDOW:
+            t0 = (tr_lo + t // across) * tl.cdiv(W, WP) + tc_lo + t % across
+            i, i_ok = _query_tile(t0, T, H, W, BLOCK_M, WP, WINDOW)
+        else:
+            i = t + tl.arange(0, BLOCK_M)
+            i_ok = i < T
         q = _tokens(Q + b * sq_b + hd * sq_h, i * sq_t, i_ok, dk, DK)
         dy = _tokens(DY + b * sy_b + hd * sy_h, i * sy_t, i_ok, dv, DV)
         if WINDOW:
-            r_blk, c_blk = _window_tables(qa + i[:, None] * sa_t, i, i_ok, rr, c, H, W, KS, BEFORE)
+            qai = qa + i[:, None] * sa_t
+            r_blk, c_blk = _window_tables(qai, i, i_ok, rr, c, H, W, KS, BEFORE)
         else:
             r_blk = _tokens(qa, i * sa_t, i_ok, rr, H)
             c_blk = _tokens(qa + H, i * sa_t, i_ok, c, W)

@@ -7,12 +7,13 @@ runs the same source on CPU tensors, how the tests run it):
 with r_{a-i, b-j} = [r_row[a-i] | r_col[b-j]] split over the head's two halves, so the relative
 logit is Rq[ij, a-i] + Cq[ij, b-j] (Rq, Cq: (B, Nh, T, k), q . r per query and offset, built
 here with torch ops, so the tables learn through autograd). The kernels are triton_axis's with
-WINDOW set (triton_axis_jit.py): the tables read at each key's offset, -inf off the window, and
-every loop restricted to the image rows a window reaches: nothing of size T x T or T x k^2 in
-memory, no unfolded keys. The launch (tiles, shared-memory rungs, one block shape a call) is
-triton_axis's too. The plain equations beside it: ``window_attention_reference`` (term for
-term; tested equal to the unfold kernel, ``window.local_attention(impl="reference")``). No
-attention dropout (SASA has none).
+WINDOW set (triton_axis_jit.py): the tables read at each key's offset, -inf off the window,
+queries in 2-D tiles of 8 columns and keys in 8-column blocks on a grid that
+``triton_tiles.window_shift`` places, every loop walking only the blocks a window reaches:
+nothing of size T x T or T x k^2 in memory, no unfolded keys. The launch (tiles, shared-memory
+rungs, one block shape a call) is triton_axis's too. The plain equations beside it:
+``window_attention_reference`` (term for term; tested equal to the unfold kernel,
+``window.local_attention(impl="reference")``). No attention dropout (SASA has none).
 """
 
 from __future__ import annotations

@@ -82,10 +82,31 @@ def _tokens_t(PTR, tok, tok_ok, d, D):
 
 
 @triton.jit
-def _key_block(r0, nr, nc, H, W):
-    """Token index and validity of the key block of image rows r0, r0 + 1, ... (nr, nc: each
-    key's row and column within the block)."""
-    return (r0 + nr) * W + nc, (r0 + nr < H) & (nc < W)
+def _key_block(r0, c0, nr, nc, H, W, WINDOW: tl.constexpr):
+    """Token index and validity of the key block of image rows r0, r0 + 1, ... and columns c0,
+    c0 + 1, ... (nr, nc: each key's row and column within the block; r0, c0 < 0 only on a
+    window's grid)."""
+    r, c = r0 + nr, c0 + nc
+    ok = (r < H) & (c < W)
+    if WINDOW:
+        ok = ok & (r >= 0) & (c >= 0)
+    return r * W + c, ok
+
+
+@triton.jit
+def _query_tile(t0, T, H, W, BLOCK_M: tl.constexpr, WP: tl.constexpr, WINDOW: tl.constexpr):
+    """Token index and validity of query block t0: BLOCK_M consecutive tokens, or (WINDOW) a
+    tile of BLOCK_M // WP image rows of WP columns, the tiles row-major over the image."""
+    m = tl.arange(0, BLOCK_M)
+    if WINDOW:
+        tiles = tl.cdiv(W, WP)
+        qr = (t0 // tiles) * (BLOCK_M // WP) + m // WP
+        qc = (t0 % tiles) * WP + m % WP
+        i, i_ok = qr * W + qc, (qr < H) & (qc < W)
+    else:
+        i = t0 * BLOCK_M + m
+        i_ok = i < T
+    return i, i_ok
 
 
 @triton.jit
@@ -98,7 +119,10 @@ def _query_stats(STATS, DELTA, bh, T, i, i_ok):
 
 # SASA's k x k window (triton_local.py) is these kernels with WINDOW set: QA holds each query's
 # window tables [Rq | Cq] (k values each) read at the key's row / column offset, -inf off the
-# window, and every loop walks only the image rows a window reaches.
+# window. Queries come in 2-D tiles (BLOCK_M // WP rows of WP columns), keys in blocks of ROWS
+# rows of WP columns on a grid from (-SHIFT, -SHIFT) (triton_tiles.window_shift), and every loop
+# walks only the blocks a window reaches (NATTEN's tiling): at 56x56, k = 7 and 8x8 tiles, 2 x 2
+# blocks of 64 keys a tile, where 64 queries in a run of tokens walked 8-9 rows of 64.
 
 
 @triton.jit
@@ -111,31 +135,72 @@ def _offsets(i, W, rr, c, BEFORE):
 
 
 @triton.jit
+def _inside(i_ok, d, x, KS, N):
+    """(M, n) offsets ``d`` that lie in the window and at a position ``x`` (n,) of the image's
+    [0, N)."""
+    return i_ok[:, None] & (d >= 0) & (d < KS) & (x[None, :] >= 0) & (x[None, :] < N)
+
+
+@triton.jit
 def _window_tables(QA, i, i_ok, rr, c, H, W, KS, BEFORE):
     """r_blk (M, ROWS), c_blk (M, WP): each query's window logits for key rows ``rr`` and columns
     ``c`` (QA: (M, 1) pointers to the queries' tables); -inf off the window or the image."""
     dr, dc = _offsets(i, W, rr, c, BEFORE)
-    r_ok = i_ok[:, None] & (dr >= 0) & (dr < KS) & (rr[None, :] < H)
-    c_ok = i_ok[:, None] & (dc >= 0) & (dc < KS) & (c[None, :] < W)
-    r_blk = tl.load(QA + dr, mask=r_ok, other=float("-inf"))
-    c_blk = tl.load(QA + KS + dc, mask=c_ok, other=float("-inf"))
+    r_blk = tl.load(QA + dr, mask=_inside(i_ok, dr, rr, KS, H), other=float("-inf"))
+    c_blk = tl.load(QA + KS + dc, mask=_inside(i_ok, dc, c, KS, W), other=float("-inf"))
     return r_blk, c_blk
 
 
 @triton.jit
-def _row_band(first, last, H, W, BEFORE, AFTER, STEP):
-    """The image rows [lo, hi) whose keys the queries ``first`` .. ``last`` (token indices) may
-    see (for a key block, the query rows that see it: BEFORE and AFTER swapped), lo rounded
-    down to the grid of STEP rows every kernel steps on: each logit is then recomputed at the
+def _band(first, n, size, BEFORE, AFTER, STEP, ORIGIN):
+    """Along one axis: [lo, hi) of the positions that positions first .. first + n - 1 reach
+    (BEFORE before them, AFTER after, within [0, size)), lo rounded down to the grid of STEP
+    that starts at -ORIGIN: every kernel steps on that grid, so each logit is recomputed at the
     same place of the same product shape, so rounded alike."""
-    lo = tl.maximum(first // W - BEFORE, 0)
-    return (lo // STEP) * STEP, tl.minimum(last // W + AFTER + 1, H)
+    lo = tl.maximum(first - BEFORE, 0)
+    return ((lo + ORIGIN) // STEP) * STEP - ORIGIN, tl.minimum(first + n + AFTER, size)
 
 
 @triton.jit
-def _query_band(T, H, W, KS, BEFORE, BLOCK_M: tl.constexpr, ROWS: tl.constexpr):
-    """``_row_band`` of this program's query block (BLOCK_M queries from program_id(0)): the
-    key rows [lo, hi) its windows reach, on the ROWS grid."""
-    m0 = tl.program_id(0) * BLOCK_M
-    last = tl.minimum(m0 + BLOCK_M, T) - 1
-    return _row_band(m0, last, H, W, BEFORE, KS - 1 - BEFORE, ROWS)
+def _query_band(
+    t0, H, W, KS, BEFORE, SHIFT, BLOCK_M: tl.constexpr, ROWS: tl.constexpr, WP: tl.constexpr
+):
+    """The key blocks that the windows of query tile t0 (``_query_tile``) reach: the first's
+    row and column (on the grid from -SHIFT: triton_tiles.window_shift), how many block rows
+    down, block columns across."""
+    tiles, after = tl.cdiv(W, WP), KS - 1 - BEFORE
+    qr0 = (t0 // tiles) * (BLOCK_M // WP)
+    r_lo, r_hi = _band(qr0, BLOCK_M // WP, H, BEFORE, after, ROWS, SHIFT)
+    c_lo, c_hi = _band((t0 % tiles) * WP, WP, W, BEFORE, after, WP, SHIFT)
+    return r_lo, tl.cdiv(r_hi - r_lo, ROWS), c_lo, tl.cdiv(c_hi - c_lo, WP)
+
+
+@triton.jit
+def _step(s, r_lo, c_lo, down, ROWS: tl.constexpr, WP: tl.constexpr, WINDOW: tl.constexpr):
+    """The key block (r0, c0) of a query block's loop step s: the key rows s, s + 1, ... of
+    every column (s on the ROWS grid), or a window's block s of its band, block columns outer."""
+    if WINDOW:
+        r0, c0 = r_lo + (s % down) * ROWS, c_lo + (s // down) * WP
+    else:
+        r0, c0 = s, 0
+    return r0, c0
+
+
+@triton.jit
+def _key_band(
+    r0, c0, H, W, KS, BEFORE, BLOCK_M: tl.constexpr, ROWS: tl.constexpr, WP: tl.constexpr
+):
+    """The query tiles [tr_lo, tr_hi) x [tc_lo, tc_hi) (tile rows and columns, ``_query_tile``)
+    whose windows reach the key block at (r0, c0)."""
+    QR: tl.constexpr = BLOCK_M // WP
+    r_lo, r_hi = _band(r0, ROWS, H, KS - 1 - BEFORE, BEFORE, QR, 0)
+    c_lo, c_hi = _band(c0, WP, W, KS - 1 - BEFORE, BEFORE, WP, 0)
+    return r_lo // QR, tl.cdiv(r_hi, QR), c_lo // WP, tl.cdiv(c_hi, WP)
+
+
+@triton.jit
+def _window_partials(KS, WP: tl.constexpr):
+    """How many key-block columns a query tile's windows (WP + KS - 1 columns) reach at most, on
+    any grid: the row-logit gradient is summed per block column (``triton_axis.window_dqa`` adds
+    them), the column one stored once."""
+    return tl.cdiv(WP + KS - 2, WP) + 1

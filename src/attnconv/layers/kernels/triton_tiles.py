@@ -20,6 +20,7 @@ measurement may overrule a row.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 
@@ -165,3 +166,32 @@ def pick(stacks: dict[str, dict[Tile, int]]) -> Choice:
     else:
         block = min(blocks, key=lambda b: (spilled(b), -b[0] * b[1], -b[0]))
     return Choice(*block, tuple(best(k, block)[1] for k in KERNELS))
+
+
+WINDOW_WP = 8  # a window's query tiles and key blocks are 8 columns wide (fewer on narrower images)
+
+
+def walked_keys(h: int, w: int, ks: int, block_m: int, keys: int, wp: int, shift: int) -> float:
+    """The keys the window forward walks a query, on average over an h x w image, with query
+    tiles of block_m // wp rows of wp columns and key blocks of keys // wp rows on the grid from
+    (-shift, -shift): the kernels' band arithmetic (triton_parts._query_band) in Python. A
+    k x k window needs k**2."""
+    before, after = (ks - 1) // 2, ks // 2
+    rows, qr = max(1, keys // wp), block_m // wp
+
+    def blocks(first: int, n: int, size: int, step: int) -> int:  # triton_parts._band
+        lo = (max(first - before, 0) + shift) // step * step - shift
+        return -(-(min(first + n + after, size) - lo) // step)
+
+    tiles = [(r, c) for r in range(0, h, qr) for c in range(0, w, wp)]
+    walked = sum(blocks(r, qr, h, rows) * blocks(c, wp, w, wp) for r, c in tiles)
+    return walked * rows * wp / len(tiles)
+
+
+@functools.lru_cache(maxsize=256)
+def window_shift(h: int, w: int, ks: int, block_m: int, keys: int, wp: int) -> int:
+    """Where a window's key-block grid starts, -shift: (k - 1) // 2 lets a tile's windows reach
+    whole blocks inside the image (2 x 2 blocks of 8 x 8 at 56x56, k = 7), 0 keeps a small image
+    in one block (7x7: 1, where the shifted grid walks 4); the one that walks fewer keys."""
+    shifts = ((ks - 1) // 2, 0)
+    return min(shifts, key=lambda s: walked_keys(h, w, ks, block_m, keys, wp, s))
