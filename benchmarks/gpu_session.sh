@@ -7,8 +7,8 @@
 # left (the timeouts add to 540 s). Run from the repository root on the GPU machine, whose python3 holds
 # torch and triton:  OUT=<folder> bash benchmarks/gpu_session.sh
 # Results: $OUT/gpu_session.log, $OUT/cuda_models.{json,md}, $OUT/cuda_layers_content.{json,md},
-# $OUT/cuda_layers_local.{json,md} (or cuda_layers.partial.* when the time ran out); copy them to
-# benchmarks/results/.
+# $OUT/cuda_layers_local.{json,md} (or cuda_layers_<group>.partial.json when the time ran out),
+# $OUT/gpu_goals.md (the issue's goals read from them); copy them to benchmarks/results/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=src
@@ -37,4 +37,6 @@ timeout 50 $py -m attnconv.cli bench --suite cuda --repeats 3 --out-dir "$OUT" -
 echo "== CUDA tests (the time left)" | tee -a "$LOG"
 timeout 60 $py -m pytest -q -p no:cacheprovider tests/test_triton_axis.py tests/test_triton_local.py \
   tests/test_cuda_models_bench.py tests/test_cuda_backend.py 2>&1 | tail -40 | tee -a "$LOG"
+echo "== issue 45's goals, read from the files above" | tee -a "$LOG"
+$py -m attnconv.bench.gpu_goals "$OUT" 2>&1 | tail -80 | tee -a "$LOG"
 echo "== done $(date -u)" | tee -a "$LOG"

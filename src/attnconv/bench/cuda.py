@@ -325,12 +325,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode != "both":  # a lent GPU's minutes: training first, say
         cases = [c for c in cases if c["train"] == (args.mode == "train")]
 
-    def save(rows):
-        write_results("cuda_layers.partial", dict(rows=rows), "", out_dir)  # removed at the end
+    name = "cuda_layers" + (f"_{args.only}" if args.only else "")
+
+    def save(rows):  # one partial file a group: a later group's run keeps an earlier one's
+        write_results(f"{name}.partial", dict(rows=rows), "", out_dir)  # removed at the end
 
     rows = run(cases, repeats, 1 if args.quick else args.inner, save)
     for suffix in (".json", ".md"):
-        (out_dir / f"cuda_layers.partial{suffix}").unlink(missing_ok=True)
+        (out_dir / f"{name}.partial{suffix}").unlink(missing_ok=True)
     dev = torch.cuda.get_device_name()
     header = (
         f"Command: `{suite_command('cuda', args)}`; {repeats} repeats of {args.inner} calls "
@@ -340,7 +342,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode != "both":
         header += f" Only the {args.mode} cases (`--mode {args.mode}`)."
     md = render(rows, header)
-    name = "cuda_layers" + (f"_{args.only}" if args.only else "")
     path = write_results(
         name,
         dict(

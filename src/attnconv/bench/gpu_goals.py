@@ -1,0 +1,175 @@
+"""Issue 45's GPU goals read from a GPU run's results: each goal, the case, the measured ratio, the
+target and whether it is met, and for each group the path that was fastest (what the plan's CUDA
+rows should pick). Reads only what the cuda suite wrote (``cuda_layers_content.json``,
+``cuda_layers_local.json``, ``cuda_models.json`` in one folder, or a group's ``.partial.json``
+where its time ran out); a goal whose rows are missing is listed as not measured, never as met.
+
+    python -m attnconv.bench.gpu_goals DIR        # writes DIR/gpu_goals.md and prints it
+
+Ratios are within one run on one GPU, as the suite measured them (medians of its repeats): > 1
+means the Triton kernel (or attnconv) is faster than the anchor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .models import SA_MODELS
+
+CONTENT, LOCAL, MODELS = "cuda_layers_content", "cuda_layers_local", "cuda_models"
+
+
+@dataclass(frozen=True)
+class Goal:
+    what: str  # the goal in the issue's words
+    case: str  # the row it was read from
+    value: float | None  # None: not measured
+    target: float
+    most: bool = False  # True: value <= target (memory), else value >= target
+
+    @property
+    def met(self) -> bool | None:
+        if self.value is None:
+            return None
+        return self.value <= self.target if self.most else self.value >= self.target
+
+
+def _ratio(r: dict, anchor: str, path: str, what: str = "ms") -> float | None:
+    a, b = r.get(f"{anchor}_{what}"), r.get(f"{path}_{what}")
+    return a / b if isinstance(a, float) and isinstance(b, float) and b > 0 else None
+
+
+def _content_goals(rows: list[dict]) -> list[Goal]:
+    """The content-attention goals, per case the suite ran, for the faster of the plan's kernel
+    (attnconv) and the Triton kernel (what the plan picks once measured): against dense SDPA +
+    float bias and against SDPA with no positional term."""
+    out = []
+    for r in rows:
+        timed = [p for p in ("attnconv", "triton") if isinstance(r.get(f"{p}_ms"), float)]
+        if not timed:
+            continue
+        path = min(timed, key=lambda p: r[f"{p}_ms"])
+        name, hw = f"{r['name']} ({path})", r["hw"]
+        dense = _ratio(r, "dense", path)
+        if r["train"] and r["dtype"] == "bf16":
+            memory = _ratio(r, path, "dense", "mb")  # path / dense
+            out += [
+                Goal("bf16 training: x dense SDPA + bias", name, dense, 1.5 if hw > 16 else 1),
+                Goal("bf16 training: peak memory / dense", name, memory, 0.25, most=True),
+                Goal(
+                    "bf16 training: x SDPA without positions", name, _ratio(r, "flash", path), 0.6
+                ),
+            ]
+        elif r["train"]:
+            out.append(Goal("fp32 training: x dense SDPA + bias", name, dense, 1))
+        else:
+            out.append(Goal("inference: x dense SDPA + bias", name, dense, 1))
+    return out
+
+
+def _model_goals(rows: list[dict]) -> list[Goal]:
+    """The paper models' full training step: attnconv against the reference algorithm (fp32) and
+    the same model on dense SDPA + bias (bf16); bf16 is attnconv's faster bf16 path."""
+    out = []
+    for model in dict.fromkeys([*SA_MODELS, *(r["model"] for r in rows)]):
+        paths = {r["path"]: r for r in rows if r["model"] == model and "img_s" in r}
+        bf16 = [paths[p] for p in ("attnconv bf16", "attnconv bf16 triton") if p in paths]
+        best = max(bf16, key=lambda r: r["img_s"]) if bf16 else {}
+        fp32 = paths.get("attnconv fp32", {})
+        case = f"{model} ({best.get('path', 'attnconv bf16')})"
+        out += [
+            Goal("bf16: x the reference algorithm in fp32", case, best.get("x_ref"), 4),
+            Goal(
+                "fp32: x the reference algorithm",
+                f"{model} (attnconv fp32)",
+                fp32.get("x_ref"),
+                1.2,
+            ),
+            Goal("bf16: x the model on dense SDPA + bias", case, best.get("x_dense"), 1.3),
+            Goal("peak memory / the reference's", case, best.get("mem_ref"), 0.5, most=True),
+        ]
+    return out
+
+
+def fastest(rows: list[dict], paths: tuple[str, ...]) -> list[tuple[str, str, float]]:
+    """(case, the fastest of ``paths``, its ms) per row that timed any of them: what the plan's
+    CUDA row for the case should pick."""
+    out = []
+    for r in rows:
+        timed = {p: r[f"{p}_ms"] for p in paths if isinstance(r.get(f"{p}_ms"), float)}
+        if timed:
+            best = min(timed, key=timed.get)
+            out.append((r["name"], best, timed[best]))
+    return out
+
+
+def _load(folder: Path, name: str) -> dict:
+    """<name>.json, else the rows its run saved before its time ran out (<name>.partial.json,
+    marked ``partial``), else {}."""
+    for suffix, extra in ((".json", {}), (".partial.json", {"partial": True})):
+        path = folder / f"{name}{suffix}"
+        if path.is_file():
+            return json.loads(path.read_text()) | extra
+    return {}
+
+
+def report(folder: Path) -> str:
+    content, local, models = (_load(folder, n) for n in (CONTENT, LOCAL, MODELS))
+    rows = [r for r in content.get("rows", []) if r.get("group") == "content"]
+    goals = _content_goals(rows) + _model_goals(models.get("rows", []))
+    device = next((d["device"] for d in (content, local, models) if d.get("device")), "unknown")
+    lines = [
+        "# Issue 45's GPU goals, read from one run",
+        "",
+        f"Device: {device}. Read by `python -m attnconv.bench.gpu_goals {folder}` from the cuda "
+        f"suite's files there ({CONTENT}, {LOCAL}, {MODELS} .json; a missing one: its goals not "
+        "measured). Ratios > 1: ours faster."
+        + "".join(
+            f" {n}: only the cases run before its time ran out (.partial.json)."
+            for n, d in ((CONTENT, content), (LOCAL, local), (MODELS, models))
+            if d.get("partial")
+        ),
+        "",
+        "| goal | case | measured | target | met |",
+        "|---|---|---|---|---|",
+    ]
+    for g in goals:
+        value = "not measured" if g.value is None else f"{g.value:.2f}"
+        bound = f"<= {g.target:g}" if g.most else f">= {g.target:g}"
+        met = {None: "-", True: "yes", False: "**no**"}[g.met]
+        lines.append(f"| {g.what} | {g.case} | {value} | {bound} | {met} |")
+    measured = [g for g in goals if g.met is not None]
+    lines += [
+        "",
+        f"Met: {sum(bool(g.met) for g in measured)} of {len(measured)} measured "
+        f"({len(goals) - len(measured)} not measured).",
+    ]
+    for title, group_rows, paths in (
+        ("Content attention", rows, ("attnconv", "triton", "dense", "fold")),
+        ("SASA local attention", local.get("rows", []), ("attnconv", "window", "triton", "unfold")),
+    ):
+        best = fastest(group_rows, paths)
+        if best:
+            lines += ["", f"## {title}: the fastest path a case ({', '.join(paths)})", ""]
+            lines += ["| case | fastest | ms |", "|---|---|---|"]
+            lines += [f"| {c} | {p} | {ms:.3f} |" for c, p, ms in best]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("folder", type=Path, help="where the cuda suite wrote its .json files")
+    args = p.parse_args(argv)
+    if not args.folder.is_dir():
+        raise SystemExit(f"gpu_goals: {args.folder} is not a folder")
+    text = report(args.folder)
+    (args.folder / "gpu_goals.md").write_text(text)
+    print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
