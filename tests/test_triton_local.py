@@ -48,6 +48,17 @@ def _leaves(*xs):
     return [x for x in xs if x is not None]
 
 
+def _equal_in_float64(q, k, v, rows, cols, ks, block_m, gen):
+    """The kernel's values and the gradients of every input equal the unfold kernel's."""
+    y = local_attention_triton(q, k, v, ks, rows, cols, block_m=block_m)
+    ref = _plain(q, k, v, ks, rows, cols)
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+    g = torch.randn(y.shape, dtype=y.dtype, generator=gen).to(DEVICE)
+    xs = _leaves(q, k, v, rows, cols)
+    for a, r in zip(torch.autograd.grad(y, xs, g), torch.autograd.grad(ref, xs, g)):
+        torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
+
+
 @settings(max_examples=20 if DEVICE == "cpu" else 4, deadline=None)
 @given(
     b=st.integers(1, 2),
@@ -66,13 +77,7 @@ def test_triton_window_equals_plain_equations(b, nh, h, w, dk, dv, ks, parts, bl
     only, or both (SASA's qk+qr); even windows lean to +, as the plain kernel's."""
     gen = torch.Generator().manual_seed(seed)
     q, k, v, rows, cols = _inputs(b, nh, h, w, dk, dv, ks, torch.float64, *parts, gen=gen)
-    y = local_attention_triton(q, k, v, ks, rows, cols, block_m=block_m)
-    ref = _plain(q, k, v, ks, rows, cols)
-    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
-    g = torch.randn(y.shape, dtype=y.dtype, generator=gen).to(DEVICE)
-    xs = _leaves(q, k, v, rows, cols)
-    for a, r in zip(torch.autograd.grad(y, xs, g), torch.autograd.grad(ref, xs, g)):
-        torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
+    _equal_in_float64(q, k, v, rows, cols, ks, block_m, gen)
 
 
 TILED = [
@@ -113,13 +118,7 @@ def test_triton_window_tiles_cover_the_image(h, w, ks, block_m):
     kernel and the row-logit gradient's per-column parts add up."""
     gen = torch.Generator().manual_seed(h * w + ks)
     q, k, v, rows, cols = _inputs(1, 2, h, w, 4, 3, ks, torch.float64, gen=gen)
-    y = local_attention_triton(q, k, v, ks, rows, cols, block_m=block_m)
-    ref = _plain(q, k, v, ks, rows, cols)
-    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
-    g = torch.randn(y.shape, dtype=y.dtype, generator=gen).to(DEVICE)
-    xs = _leaves(q, k, v, rows, cols)
-    for a, r in zip(torch.autograd.grad(y, xs, g), torch.autograd.grad(ref, xs, g)):
-        torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
+    _equal_in_float64(q, k, v, rows, cols, ks, block_m, gen)
 
 
 def test_triton_window_gradcheck_float64():
