@@ -38,5 +38,5 @@ echo "== CUDA tests (the time left)" | tee -a "$LOG"
 timeout 60 $py -m pytest -q -p no:cacheprovider tests/test_triton_axis.py tests/test_triton_local.py \
   tests/test_cuda_models_bench.py tests/test_cuda_backend.py 2>&1 | tail -40 | tee -a "$LOG"
 echo "== issue 45's goals, read from the files above" | tee -a "$LOG"
-$py -m attnconv.bench.gpu_goals "$OUT" 2>&1 | tail -80 | tee -a "$LOG"
+$py benchmarks/gpu_goals.py "$OUT" 2>&1 | tail -80 | tee -a "$LOG"
 echo "== done $(date -u)" | tee -a "$LOG"

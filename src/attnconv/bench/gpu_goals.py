@@ -4,7 +4,7 @@ rows should pick). Reads only what the cuda suite wrote (``cuda_layers_content.j
 ``cuda_layers_local.json``, ``cuda_models.json`` in one folder, or a group's ``.partial.json``
 where its time ran out); a goal whose rows are missing is listed as not measured, never as met.
 
-    python -m attnconv.bench.gpu_goals DIR        # writes DIR/gpu_goals.md and prints it
+    python benchmarks/gpu_goals.py DIR        # writes DIR/gpu_goals.md and prints it
 
 Ratios are within one run on one GPU, as the suite measured them (medians of its repeats): > 1
 means the Triton kernel (or attnconv) is faster than the anchor.
@@ -12,7 +12,6 @@ means the Triton kernel (or attnconv) is faster than the anchor.
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,7 +123,7 @@ def report(folder: Path) -> str:
     lines = [
         "# Issue 45's GPU goals, read from one run",
         "",
-        f"Device: {device}. Read by `python -m attnconv.bench.gpu_goals {folder}` from the cuda "
+        f"Device: {device}. Read by `python benchmarks/gpu_goals.py {folder}` from the cuda "
         f"suite's files there ({CONTENT}, {LOCAL}, {MODELS} .json; a missing one: its goals not "
         "measured). Ratios > 1: ours faster."
         + "".join(
@@ -159,17 +158,8 @@ def report(folder: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("folder", type=Path, help="where the cuda suite wrote its .json files")
-    args = p.parse_args(argv)
-    if not args.folder.is_dir():
-        raise SystemExit(f"gpu_goals: {args.folder} is not a folder")
-    text = report(args.folder)
-    (args.folder / "gpu_goals.md").write_text(text)
-    print(text, end="")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+def write(folder: Path) -> str:
+    """``report(folder)`` written to folder/gpu_goals.md; returns the text."""
+    text = report(folder)
+    (folder / "gpu_goals.md").write_text(text)
+    return text
