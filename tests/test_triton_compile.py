@@ -195,7 +195,7 @@ def test_the_check_compiles_what_the_launch_code_builds():
 
 def test_a_parameter_the_launch_does_not_give_is_named():
     kernel, args, meta = triton_compile.launches(Case(torch.bfloat16, 4, 4, 16, 16))[0]
-    with pytest.raises(TypeError, match="gives no BEFORE"):
+    with pytest.raises(TypeError, match="gives no SHIFT"):
         triton_compile.signature(kernel, args[:-1], meta)
 
 
