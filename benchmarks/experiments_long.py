@@ -13,7 +13,7 @@ from experiments_runs import kept, n_params, read_metrics, summed_lr
 TITLE = "### Table 1 at grid_long's budget: sa_quadratic against ResNet18 trained as long"
 RUNS_COMPARED = (("sa_quadratic", "grid_long"), ("ResNet18", "resnet18_long"))
 # more seeds of a compared model at the same budget, shown once finished (the seed spread)
-SEED_RUNS = (("ResNet18 seed 1", "resnet18_long_seed1"),)
+SEED_RUNS = (("ResNet18 seed 1", "resnet18_long_seed1"), ("sa_quadratic seed 1", "grid_long_seed1"))
 
 
 def evals(run: Path) -> dict[int, float]:
@@ -45,7 +45,8 @@ def long_budget(lines: list[str], runs: Path) -> None:
     folders = [runs / run for _, run in shown]
     curves = [evals(f) for f in folders]
     lr = summed_lr(folders[0])
-    seeds = "one seed each" if len(shown) == 2 else "seed 0 each, and ResNet18's seed 1"
+    extra = [m.split(" seed")[0] for m, _ in shown[len(RUNS_COMPARED) :]]
+    seeds = "one seed each" if not extra else f"seed 0 each, and seed 1 of {' and '.join(extra)}"
     lines += [
         TITLE,
         "",
@@ -76,10 +77,28 @@ def long_budget(lines: list[str], runs: Path) -> None:
         "",
     ]
     if len(shown) > 2:  # the seed spread beside the models' gap
-        lines += [
-            f"ResNet18's two seeds end {abs(final[2] - final[1]):.2f} points apart "
-            f"({final[1]:.2f}% and {final[2]:.2f}%); ResNet18 minus sa_quadratic (its seed 0): "
-            f"{final[1] - final[0]:+.2f} points with ResNet18's seed 0, "
-            f"{final[2] - final[0]:+.2f} with its seed 1.",
-            "",
-        ]
+        lines += [seed_spread([m for m, _ in shown], final), ""]
+
+
+WORDS = {2: "two", 3: "three"}
+
+
+def seed_spread(names: list[str], final: list[float]) -> str:
+    """Each model's seeds apart, and ResNet18 minus sa_quadratic over every pair of seeds."""
+    by_model: dict[str, list[float]] = {}
+    for name, acc in zip(names, final):
+        by_model.setdefault(name.split(" seed")[0], []).append(acc)
+    out = [
+        f"{model}'s {WORDS.get(len(accs), len(accs))} seeds end "
+        f"{max(accs) - min(accs):.2f} points apart "
+        f"({' and '.join(f'{a:.2f}%' for a in accs)})"
+        for model, accs in by_model.items()
+        if len(accs) > 1
+    ]
+    gaps = [r - q for r in by_model["ResNet18"] for q in by_model["sa_quadratic"]]
+    pairs = len(gaps)
+    gap = f"{gaps[0]:+.2f}" if pairs == 1 else f"{min(gaps):+.2f} to {max(gaps):+.2f}"
+    return (
+        "; ".join(out)
+        + f". ResNet18 minus sa_quadratic over the {pairs} pairs of seeds: {gap} points."
+    )

@@ -172,4 +172,13 @@ def test_long_budget_puts_the_two_runs_side_by_side(tmp_path, monkeypatch):
     assert "| 1,000 | 0.06M | 100 | 80.0% | 75.0% | 77.0% |" in text
     assert "| ResNet18 seed 1 | " in text and "|---|---|---|---|---|---|" in text
     assert "ResNet18's two seeds end 2.00 points apart (75.00% and 77.00%)" in text
-    assert "(its seed 0): -5.00 points with ResNet18's seed 0, -3.00 with its seed 1." in text
+    assert "over the 2 pairs of seeds: -5.00 to -3.00 points." in text
+    assert "Seed 0 each, and seed 1 of ResNet18," in text
+    _run(tmp_path, "grid_long_seed1", {500: 0.62, 1000: 0.78})  # sa_quadratic's second seed
+    lines = []
+    long.long_budget(lines, tmp_path)
+    text = "\n".join(lines)
+    assert "| 1,000 | 0.06M | 100 | 80.0% | 75.0% | 77.0% | 78.0% |" in text
+    assert "Seed 0 each, and seed 1 of ResNet18 and sa_quadratic," in text
+    assert "sa_quadratic's two seeds end 2.00 points apart (80.00% and 78.00%)" in text
+    assert "over the 4 pairs of seeds: -5.00 to -1.00 points." in text
