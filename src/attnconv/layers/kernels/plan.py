@@ -51,6 +51,12 @@ SHARED_BIAS_MAX_T = 64 * 64  # (Nh, T, T) float32 bias in inference: 64 MiB per 
 BLOCKED_MIN_T = 16 * 16  # smaller images: the blocked kernel's Python loop costs its gain
 FUSED_INFERENCE_MAX_T = 16 * 16  # inference: fused beats blocked at 16^2, not from 32^2
 # (docs/benchmarks.md, benchmarks/results/fused_inference.md)
+# On CUDA the content rows fall to flex (fold with dropout). The one GPU run of them (an H100,
+# benchmarks/results/cuda_layers_content.md; 32x32 and 64x64, 12 training and 12 inference
+# cases; benchmarks/results/gpu_goals.md reads it): Flex led dense SDPA + bias in 8 of 12
+# inference cases but trailed it in 7 of 12 training ones (quadratic 0.22-0.71x, learned
+# relative 0.60-4.09x) and trailed the fold in 7 of 12; kept until a GPU times the Triton kernel
+# beside them (benchmarks/gpu_session.sh), whose row is opt-in until then.
 
 
 class Case(NamedTuple):
