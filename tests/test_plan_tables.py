@@ -77,3 +77,28 @@ def test_local_layer_says_why():
     why = LocalSelfAttention2d(4, 4, 2, 3, backend="window").kernel("cpu", why=True)
     assert why.splitlines()[-1] == "chosen: window (any: otherwise: the Python window kernel)"
     assert why.splitlines()[0].startswith("passed over: reference (needs any: backend=")
+
+
+def test_cuda_learned_relative_content_takes_the_fold_where_an_h100_measured_it_faster():
+    """plan.FOLD_CUDA_FP32_MAX_T and the note above it: learned-relative content attention on CUDA
+    runs the fold in bfloat16 and in float32 up to 32x32, Flex past it; quadratic logits keep
+    Flex; a backend or the CPU is not affected."""
+    if not plan.FLEX:
+        pytest.skip("this torch has no FlexAttention")
+    torch.manual_seed(0)
+    make = lambda pos: MultiHeadSelfAttention2d(8, 8, 2, positional=pos, max_size=64)  # noqa: E731
+    learned, quadratic = make("relative_learned"), make("quadratic")
+    small, large = torch.randn(1, 8, 32, 32), torch.randn(1, 8, 64, 64)
+    assert learned.kernel(small, device="cuda") == "fold"
+    assert learned.kernel(large, device="cuda") == "flex"
+    assert learned.to(torch.bfloat16).kernel(large.bfloat16(), device="cuda") == "fold"
+    assert quadratic.kernel(small, device="cuda") == "flex"
+    assert learned.float().kernel(small, device="cpu") != "fold"
+    learned.backend = "flex"
+    assert learned.kernel(small, device="cuda") == "flex"
+    learned.backend = None
+    why = learned.kernel(small, device="cuda", why=True).splitlines()
+    assert why[-1].startswith("chosen: fold")
+    assert any(
+        line.startswith("passed over: flex (") and "FOLD_CUDA_FP32_MAX_T" in line for line in why
+    )

@@ -24,7 +24,9 @@ TABLE:
 |                  |                        | (to FUSED_INFERENCE_MAX_T) but not shared_bias's |
 | dense_dropout    | Axis                   | CPU, dropout, backend != "fold"                  |
 | flex_gaussian    | Axis with a Gaussian   | Flex, no dropout, no grad to the encoding        |
-| flex             | Axis                   | Flex (CUDA, or backend="flex"), no dropout       |
+| flex             | Axis                   | Flex (CUDA, or backend="flex"), no dropout, but  |
+|                  |                        | on CUDA not learned-relative logits in bf16, or  |
+|                  |                        | in fp32 up to FOLD_CUDA_FP32_MAX_T (the fold)    |
 | shared_bias      | Axis, fixed logits     | no grad, no dropout, T <= SHARED_BIAS_MAX_T      |
 | blocked          | Axis                   | CPU, T >= BLOCKED_MIN_T (or "blocked"), no drop. |
 |                  |                        | (inference past FUSED_INFERENCE_MAX_T; no C++)   |
@@ -41,6 +43,7 @@ from typing import NamedTuple
 import torch
 
 from ..encodings.terms import AxisTerm, GaussianTerm, ShiftTerm, Term
+from ..precision import autocast_dtype
 from . import fused
 
 BACKENDS = ("reference", "flex", "blocked", "fused", "fold", "triton")  # MHSA2d's
@@ -55,8 +58,13 @@ FUSED_INFERENCE_MAX_T = 16 * 16  # inference: fused beats blocked at 16^2, not f
 # benchmarks/results/cuda_layers_content.md; 32x32 and 64x64, 12 training and 12 inference
 # cases; benchmarks/results/gpu_goals.md reads it): Flex led dense SDPA + bias in 8 of 12
 # inference cases but trailed it in 7 of 12 training ones (quadratic 0.22-0.71x, learned
-# relative 0.60-4.09x) and trailed the fold in 7 of 12; kept until a GPU times the Triton kernel
-# beside them (benchmarks/gpu_session.sh), whose row is opt-in until then.
+# relative 0.60-4.09x). With learned-relative logits (read by the query, no Gaussian) the fold
+# (FlashAttention over q, k widened by the row and column logits) took 0.19-0.40 of Flex's time
+# in bf16 (6 of 6 cases, training and inference) and 0.30-0.86 in fp32 at 32x32 (4 of 4), but
+# 1.42-1.48x at 64x64 in fp32: there the fold runs (FOLD_CUDA_FP32_MAX_T), using 1.25-2.3x Flex's
+# training memory. Quadratic logits: Flex kept (the fold faster in 3 of 12 cases). The Triton
+# kernel's row stays opt-in until a GPU times it beside them (benchmarks/gpu_session.sh).
+FOLD_CUDA_FP32_MAX_T = 32 * 32
 
 
 class Case(NamedTuple):
@@ -74,6 +82,7 @@ class Case(NamedTuple):
     p_drop: float = 0.0
     t: int = 1
     tracing: bool = False
+    dtype: torch.dtype | None = None  # what q, k, v compute in (autocast's)
 
     @property
     def position_only(self) -> bool:
@@ -93,6 +102,16 @@ class Case(NamedTuple):
 
 def _axis(c: Case) -> bool:
     return isinstance(c.term, AxisTerm)
+
+
+def _fold_beats_flex(c: Case) -> bool:
+    """Learned-relative logits on CUDA with the plan choosing: the fold measured faster than
+    Flex there in bfloat16 and in float32 up to FOLD_CUDA_FP32_MAX_T (the note above)."""
+    if c.backend is not None or c.device != "cuda" or not c.content:
+        return False
+    if not (c.term.query_reads and c.term.gaussian is None):
+        return False
+    return c.dtype == torch.bfloat16 or (c.dtype == torch.float32 and c.t <= FOLD_CUDA_FP32_MAX_T)
 
 
 def _shared_bias(c: Case) -> bool:
@@ -184,9 +203,10 @@ TABLE = (
     ),
     Row(
         "flex",
-        lambda c: _axis(c) and c.flex and c.p_drop == 0,
+        lambda c: _axis(c) and c.flex and c.p_drop == 0 and not _fold_beats_flex(c),
         "Axis",
-        'Flex (CUDA, or backend="flex"), no dropout',
+        'Flex (CUDA, or backend="flex"), no dropout, but on CUDA not learned-relative logits '
+        "in bf16, or in fp32 up to FOLD_CUDA_FP32_MAX_T (the fold)",
     ),
     Row(
         "shared_bias",
@@ -266,6 +286,7 @@ def for_layer(
         p_drop,
         x.shape[-2] * x.shape[-1],
         traced,
+        autocast_dtype(device, x.dtype),
     )
     return explain(case) if why else choose(case)
 
