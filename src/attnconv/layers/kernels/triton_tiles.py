@@ -16,6 +16,10 @@ step longer than the tile says: the tiles are swept per row width (ROW_WIDTHS: r
 pixels on a 16x16 image, rows of 32 and of 64 with the keys a whole number of rows; rows of 128
 take the 64's block, unswept). A spill count is the compiler's, not a timing: a GPU's
 measurement may overrule a row.
+
+SASA's window (triton_local.py) takes the tiles of rows of 16 laid out in 2-D: queries and keys
+in blocks WINDOW_WP = 8 columns wide, the key blocks on a grid that ``window_shift`` places by
+the keys it walks (``walked_keys``).
 """
 
 from __future__ import annotations
