@@ -33,6 +33,12 @@ def test_the_tests_it_runs_exist():
     assert named and all((ROOT / n).is_file() for n in named), named
 
 
+def test_the_scripts_it_runs_exist():
+    """benchmarks/gpu_goals.py among them: the goals read from what the run wrote."""
+    named = re.findall(r"\$py (benchmarks/[\w/]+\.py)", SCRIPT)
+    assert "benchmarks/gpu_goals.py" in named and all((ROOT / n).is_file() for n in named), named
+
+
 def test_its_commands_parse(monkeypatch):
     from attnconv.commands.bench import suite_argv
 
