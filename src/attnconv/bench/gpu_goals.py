@@ -41,16 +41,21 @@ def _ratio(r: dict, anchor: str, path: str, what: str = "ms") -> float | None:
     return a / b if isinstance(a, float) and isinstance(b, float) and b > 0 else None
 
 
+def _fastest(r: dict, paths: tuple[str, ...]) -> str | None:
+    """The one of ``paths`` the row timed fastest (None: it timed none)."""
+    timed = [p for p in paths if isinstance(r.get(f"{p}_ms"), float)]
+    return min(timed, key=lambda p: r[f"{p}_ms"]) if timed else None
+
+
 def _content_goals(rows: list[dict]) -> list[Goal]:
     """The content-attention goals, per case the suite ran, for the faster of the plan's kernel
     (attnconv) and the Triton kernel (what the plan picks once measured): against dense SDPA +
     float bias and against SDPA with no positional term."""
     out = []
     for r in rows:
-        timed = [p for p in ("attnconv", "triton") if isinstance(r.get(f"{p}_ms"), float)]
-        if not timed:
+        path = _fastest(r, ("attnconv", "triton"))
+        if path is None:
             continue
-        path = min(timed, key=lambda p: r[f"{p}_ms"])
         name, hw = f"{r['name']} ({path})", r["hw"]
         dense = _ratio(r, "dense", path)
         if r["train"] and r["dtype"] == "bf16":
@@ -96,13 +101,8 @@ def _model_goals(rows: list[dict]) -> list[Goal]:
 def fastest(rows: list[dict], paths: tuple[str, ...]) -> list[tuple[str, str, float]]:
     """(case, the fastest of ``paths``, its ms) per row that timed any of them: what the plan's
     CUDA row for the case should pick."""
-    out = []
-    for r in rows:
-        timed = {p: r[f"{p}_ms"] for p in paths if isinstance(r.get(f"{p}_ms"), float)}
-        if timed:
-            best = min(timed, key=timed.get)
-            out.append((r["name"], best, timed[best]))
-    return out
+    best = [(r, _fastest(r, paths)) for r in rows]
+    return [(r["name"], p, r[f"{p}_ms"]) for r, p in best if p is not None]
 
 
 def _load(folder: Path, name: str) -> dict:

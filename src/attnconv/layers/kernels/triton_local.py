@@ -38,15 +38,16 @@ def _seq(t: torch.Tensor) -> torch.Tensor:
     return t.flatten(3).transpose(-1, -2).contiguous()
 
 
-def relative_logits(q, rel_row, rel_col, kernel_size: int) -> torch.Tensor:
-    """[Rq | Cq] (B, Nh, T, 2k): q . r_row and q . r_col per query and window offset (the head's
-    two halves), float32 at least; zeros without tables (broadcast, stride 0)."""
-    b, nh, dk, h, w = q.shape
-    table = torch.promote_types(q.dtype, torch.float32)
+def relative_logits(qs, rel_row, rel_col, kernel_size: int) -> torch.Tensor:
+    """[Rq | Cq] (B, Nh, T, 2k) of the queries qs (B, Nh, T, dk): q . r_row and q . r_col per
+    query and window offset (the head's two halves), float32 at least; zeros without tables
+    (broadcast, stride 0)."""
+    b, nh, t, dk = qs.shape
+    table = torch.promote_types(qs.dtype, torch.float32)
     if rel_row is None:
-        zero = torch.zeros(1, 1, 1, 2 * kernel_size, dtype=table, device=q.device)
-        return zero.expand(b, nh, h * w, -1)
-    half, qs = dk // 2, _seq(q).to(table)
+        zero = torch.zeros(1, 1, 1, 2 * kernel_size, dtype=table, device=qs.device)
+        return zero.expand(b, nh, t, -1)
+    half, qs = dk // 2, qs.to(table)
     rq = qs[..., :half] @ rel_row.to(table).t()
     return torch.cat([rq, qs[..., half:] @ rel_col.to(table).t()], -1)
 
@@ -71,8 +72,8 @@ def window_attention_reference(q, k, v, kernel_size: int, rel_row=None, rel_col=
     logits as axis logits (-inf off the window) through ``fused.axis_attention_reference`` (the
     dense logits, softmax, @ v); equal to the unfold kernel (tests/test_triton_local.py)."""
     b, nh, _, h, w = q.shape
-    qa = window_axis_logits(relative_logits(q, rel_row, rel_col, kernel_size), h, w, kernel_size)
     qs, vs = _seq(q), _seq(v)
+    qa = window_axis_logits(relative_logits(qs, rel_row, rel_col, kernel_size), h, w, kernel_size)
     ks = _seq(k) if k is not None else torch.zeros_like(qs)
     y = axis_attention_reference(qs, ks, vs, qa, h, w, 1.0)  # (B, T, Nh, dv)
     return y.permute(0, 2, 3, 1).reshape(b, nh, -1, h, w)
@@ -99,8 +100,8 @@ def local_attention_triton(
         raise ValueError("local_attention_triton needs keys k or relative tables rel_row/rel_col")
     ks = kernel_size
     with no_autocast(q.device.type):
-        qa = relative_logits(q, rel_row, rel_col, ks)  # (B, Nh, T, 2k)
         qs, vs = _seq(q), _seq(v.to(q.dtype))
+        qa = relative_logits(qs, rel_row, rel_col, ks)  # (B, Nh, T, 2k)
         kseq = _seq(k.to(q.dtype)) if k is not None else torch.zeros_like(qs)
         qs, kseq, vs, qa = first_order_only("the Triton window attention", qs, kseq, vs, qa)
         train = triton_axis.trains(qs, kseq, vs, qa)

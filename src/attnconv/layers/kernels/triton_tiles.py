@@ -187,9 +187,9 @@ def walked_keys(h: int, w: int, ks: int, block_m: int, keys: int, wp: int, shift
         lo = (max(first - before, 0) + shift) // step * step - shift
         return -(-(min(first + n + after, size) - lo) // step)
 
-    tiles = [(r, c) for r in range(0, h, qr) for c in range(0, w, wp)]
-    walked = sum(blocks(r, qr, h, rows) * blocks(c, wp, w, wp) for r, c in tiles)
-    return walked * rows * wp / len(tiles)
+    down = [blocks(r, qr, h, rows) for r in range(0, h, qr)]  # a tile row's block rows
+    across = [blocks(c, wp, w, wp) for c in range(0, w, wp)]  # a tile column's block columns
+    return sum(down) * sum(across) * rows * wp / (len(down) * len(across))
 
 
 @functools.lru_cache(maxsize=256)
