@@ -73,3 +73,17 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 def device(request) -> torch.device:
     """Every test that takes ``device`` runs on the CPU and, when a GPU is present, on CUDA."""
     return torch.device(request.param)
+
+
+@pytest.fixture
+def poisoned_empty(monkeypatch):
+    """torch.empty filled with NaN: a GPU's caching allocator hands back memory holding old
+    values where a CPU's fresh pages are often zero, so an output some kernel leaves partly
+    unwritten passes on a CPU by luck. Under this fixture it turns the result NaN."""
+    empty = torch.empty
+
+    def poisoned(*args, **kwargs):
+        t = empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", poisoned)

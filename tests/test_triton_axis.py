@@ -83,6 +83,21 @@ def test_triton_equals_plain_equations_on_wide_rows(h, w, dk):
         torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
 
 
+@pytest.mark.parametrize("h, w, dk, block_m", [(5, 7, 8, 16), (3, 20, 17, 64), (9, 3, 4, 16)])
+def test_every_output_element_is_written(poisoned_empty, h, w, dk, block_m):
+    """The kernels' outputs (Y, the softmax statistics, dQ, dK, dV, the axis-logit gradient) are
+    allocated empty: with that memory NaN beforehand, values and every gradient still equal the
+    plain equations in float64, partial query and key blocks included."""
+    gen = torch.Generator().manual_seed(h * w)
+    xs = _inputs(2, 2, h, w, dk, 3, torch.float64, gen=gen)
+    y = _run(axis_attention_triton, *xs, h, w, 0.2, True, 3, block_m=block_m)
+    ref = _run(axis_attention_reference, *xs, h, w, 0.2, True, 3)
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+    g = torch.randn(y.shape, dtype=y.dtype, generator=gen).to(DEVICE)
+    for a, r in zip(torch.autograd.grad(y, xs, g), torch.autograd.grad(ref, xs, g)):
+        torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
+
+
 @pytest.mark.parametrize("p, per_image", [(0.0, True), (0.3, True), (0.3, False)])
 def test_triton_gradcheck_float64(p, per_image):
     """gradcheck's fast mode (random projections of the Jacobian: the interpreter runs a forward
@@ -256,6 +271,28 @@ def test_unsupported_inputs_fall_back_with_one_line(monkeypatch):
         monkeypatch.setenv("TRITON_INTERPRET", "0")
         why = triton_axis.unsupported(x, x, 1, 8)
         assert why is not None and "CUDA" in why and "\n" not in why
+
+
+def test_sizes_past_int32_offsets_or_the_launch_grid_fall_back(monkeypatch):
+    """The kernels' offsets are int32 and B x Nh is the grid's second dimension: shapes past
+    either get a one-line reason (the dense path runs), checked on shapes alone (meta tensors,
+    nothing allocated); the largest tensor is (B, Nh, T, max(d, H + W))."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+    def seq(b, nh, d, h=64, w=64):
+        return torch.empty(b, nh, h * w, d, device="meta")
+
+    # d = 64 < H + W = 128: 2^31 / (4096 * 128) = 4096 images of one head
+    assert triton_axis.unsupported(seq(4095, 1, 64), seq(4095, 1, 64), 64, 64) is None
+    why = triton_axis.unsupported(seq(4097, 1, 64), seq(4097, 1, 64), 64, 64)
+    assert why is not None and "2^31" in why and "\n" not in why
+    # a head of 256 > H + W: half as many images
+    assert triton_axis.unsupported(seq(2047, 1, 256), seq(2047, 1, 8), 64, 64) is None
+    assert "2^31" in triton_axis.unsupported(seq(2049, 1, 8), seq(2049, 1, 256), 64, 64)
+    # q of one image, expanded over the batch (position-only queries): the batch is v's
+    why = triton_axis.unsupported(seq(1, 8, 8, 1, 1), seq(8192, 8, 8, 1, 1), 1, 1)
+    assert why is not None and "batch x heads up to 65535, not 65536" in why
+    assert triton_axis.unsupported(seq(1, 5, 8, 1, 1), seq(13107, 5, 8, 1, 1), 1, 1) is None
 
 
 def test_backend_triton_without_triton_names_the_install(monkeypatch):

@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnconv.layers.kernels import plan, triton_axis, triton_tiles
+from attnconv.layers.kernels import plan, triton_axis, triton_local, triton_tiles
 from attnconv.layers.kernels.triton_local import (
     local_attention_triton,
     window_attention_reference,
@@ -121,6 +121,15 @@ def test_triton_window_tiles_cover_the_image(h, w, ks, block_m):
     _equal_in_float64(q, k, v, rows, cols, ks, block_m, gen)
 
 
+@pytest.mark.parametrize("h, w, ks, block_m", [TILED[0], TILED[2]])
+def test_every_window_output_element_is_written(poisoned_empty, h, w, ks, block_m):
+    """The outputs allocated empty (Y, the statistics, dQ, dK, dV) with that memory NaN
+    beforehand: values and every gradient still equal the unfold kernel's (both key grids)."""
+    gen = torch.Generator().manual_seed(h + w)
+    q, k, v, rows, cols = _inputs(1, 2, h, w, 4, 3, ks, torch.float64, gen=gen)
+    _equal_in_float64(q, k, v, rows, cols, ks, block_m, gen)
+
+
 def test_triton_window_gradcheck_float64():
     q, k, v, rows, cols = _inputs(1, 2, 4, 5, 4, 3, 3, torch.float64)
     f = lambda *a: local_attention_triton(*a[:3], 3, *a[3:])  # noqa: E731
@@ -205,6 +214,22 @@ def test_the_table_takes_triton_only_where_it_can_run():
     why = zeros.kernel("cuda", why=True).splitlines()
     assert why[1].startswith("passed over: triton (") and zeros.kernel("cuda") == "window"
     assert "triton" in plan.LOCAL_BACKENDS
+
+
+def test_window_sizes_past_int32_offsets_fall_back(monkeypatch):
+    """The window kernel's largest tensor is the dQ kernel's row-logit scratch, (B, Nh, T,
+    (P + 1) k) (triton_axis.window_logits): 28 columns for k = 7 on 8-column tiles, more than a
+    head of 8; past 2^31 elements, a one-line reason (shapes only: meta tensors)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert triton_axis.window_logits(7, 56) == 28
+    limit = (2**31 - 1) // (56 * 56 * 28)
+
+    def maps(b):
+        return torch.empty(b, 1, 8, 56, 56, device="meta")
+
+    assert triton_local.unsupported(maps(limit), maps(limit), 56, 56, "mask", 7) is None
+    why = triton_local.unsupported(maps(limit + 1), maps(limit + 1), 56, 56, "mask", 7)
+    assert why is not None and "2^31" in why and "\n" not in why
 
 
 def test_unsupported_inputs_fall_back_with_one_line(monkeypatch):

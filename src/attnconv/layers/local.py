@@ -247,7 +247,7 @@ class LocalSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
         """The Triton window kernel on q, k, v (B, nh, d, H, W), or None, with a one-line warning,
         where it cannot run them on the device at hand (the window function runs instead)."""
         h, w = q.shape[-2:]
-        why, block_m = triton_local.unsupported(q, v, h, w, self.padding), None
+        why, block_m = triton_local.unsupported(q, v, h, w, self.padding, self.kernel_size), None
         if not why:  # the GPU's own shared memory (a compile, once per shape)
             train = triton_axis.trains(q, v, *self.parameters())
             qs, vs = q.flatten(3).mT, v.flatten(3).mT  # (B, nh, T, d) views, as the kernel's

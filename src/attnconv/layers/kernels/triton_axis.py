@@ -35,6 +35,8 @@ from . import triton_tiles
 INSTALLED = importlib.util.find_spec("triton") is not None
 MAX_WIDTH = 128  # a key block is at least one image row: wider rows would spill registers
 MAX_HEAD_DIM = 512
+MAX_ELEMENTS = 2**31 - 1  # the kernels' offsets are int32 (program ids times strides)
+MAX_IMAGE_HEADS = 65535  # B x Nh is the launch grid's second dimension (CUDA's limit)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
@@ -42,8 +44,11 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def unsupported(q: torch.Tensor, v: torch.Tensor, h: int, w: int) -> str | None:
-    """Why the kernel cannot run these inputs (one line), or None when it can."""
+def unsupported(
+    q: torch.Tensor, v: torch.Tensor, h: int, w: int, logits: int | None = None
+) -> str | None:
+    """Why the kernel cannot run these inputs (one line), or None when it can. ``logits``: the
+    columns of its positional logits and their gradient (default the axis logits' H + W)."""
     if not INSTALLED:
         return "triton is not installed (pip install triton)"
     if q.device.type != "cuda" and not interpreted():
@@ -52,8 +57,17 @@ def unsupported(q: torch.Tensor, v: torch.Tensor, h: int, w: int) -> str | None:
         return f"the Triton kernel takes float32/bfloat16/float16/float64, not {q.dtype}"
     if w > MAX_WIDTH:
         return f"the Triton kernel takes image rows up to {MAX_WIDTH} pixels, not {w}"
-    if max(q.shape[-1], v.shape[-1]) > MAX_HEAD_DIM:
-        return f"the Triton kernel takes head widths up to {MAX_HEAD_DIM}"
+    # q, v: (B, Nh, T, d) sequences or SASA's (B, Nh, d, H, W) maps
+    width = max(x.shape[2] if x.dim() == 5 else x.shape[-1] for x in (q, v))
+    if width > MAX_HEAD_DIM:
+        return f"the Triton kernel takes head widths up to {MAX_HEAD_DIM}, not {width}"
+    bh = max(q.shape[0], v.shape[0]) * q.shape[1]  # q may be one image's, expanded
+    if bh > MAX_IMAGE_HEADS:
+        return f"the Triton kernel takes batch x heads up to {MAX_IMAGE_HEADS}, not {bh}"
+    # every tensor a launch reads or writes is (B, Nh, T, columns): the largest within int32
+    elements = bh * h * w * max(width, h + w if logits is None else logits)
+    if elements > MAX_ELEMENTS:
+        return f"the Triton kernel's int32 offsets take tensors under 2^31 elements, not {elements}"
     return None
 
 
@@ -90,7 +104,7 @@ def _meta(q, h: int, w: int, window: int = 0) -> dict:
     else:
         prec = "ieee"  # bf16/fp16 multiply exactly in fp32; float64 stays
     acc = tl.float64 if q.dtype == torch.float64 else tl.float32
-    wp = min(triton_tiles.WINDOW_WP, _pow2(w)) if window else _pow2(w)
+    wp = window_wp(w) if window else _pow2(w)
     return dict(WP=wp, PREC=prec, ACC=acc, WINDOW=window > 0)
 
 
@@ -185,6 +199,17 @@ def window_parts(window: int, wp: int) -> int:
     return -(-(wp + window - 2) // wp) + 1
 
 
+def window_wp(w: int) -> int:
+    """The columns of a window's query tiles and key blocks on an image W pixels wide."""
+    return min(triton_tiles.WINDOW_WP, _pow2(w))
+
+
+def window_logits(window: int, w: int) -> int:
+    """The columns of the dQ kernel's row-logit scratch for a k x k window (P + 1) k: P partial
+    row-logit gradients (``window_parts``) and the column ones."""
+    return (window_parts(window, window_wp(w)) + 1) * window
+
+
 def window_dqa(dqa: torch.Tensor, window: int) -> torch.Tensor:
     """(B, Nh, T, (P + 1) k) -> (B, Nh, T, 2k): the dQ kernel's P partial row-logit gradients
     added, the column ones beside them."""
@@ -227,7 +252,7 @@ def backward_launches(q, k, v, q_axis, y, stats, rng, dy, sizes, meta, block_m=N
     delta = (dy.to(acc) * y.to(acc)).sum(-1).transpose(1, 2).contiguous()  # (B, Nh, T)
     dq = torch.empty(b, nh, t, dk, dtype=acc, device=q.device)
     ks = sizes[8]  # the window's side, 0: the axis logits; a window's offsets off the image
-    na = (window_parts(ks, meta["WP"]) + 1) * ks if ks else h + w  # get no key: zero
+    na = window_logits(ks, w) if ks else h + w  # get no key: zero
     dqa = (torch.zeros if ks else torch.empty)(b, nh, t, na, dtype=acc, device=q.device)
     dk_ = torch.empty(b, nh, t, dk, dtype=acc, device=q.device)
     dv_ = torch.empty(b, nh, t, dv, dtype=acc, device=q.device)

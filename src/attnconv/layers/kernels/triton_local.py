@@ -26,11 +26,13 @@ from . import triton_axis
 from .fused import axis_attention_reference
 
 
-def unsupported(q: torch.Tensor, v: torch.Tensor, h: int, w: int, padding: str) -> str | None:
+def unsupported(
+    q: torch.Tensor, v: torch.Tensor, h: int, w: int, padding: str, kernel_size: int
+) -> str | None:
     """Why the kernel cannot run these inputs (one line), or None when it can."""
     if padding != "mask":
         return f'the Triton window kernel takes padding="mask", not {padding!r}'
-    return triton_axis.unsupported(q, v, h, w)
+    return triton_axis.unsupported(q, v, h, w, logits=triton_axis.window_logits(kernel_size, w))
 
 
 def _seq(t: torch.Tensor) -> torch.Tensor:
@@ -93,7 +95,7 @@ def local_attention_triton(
     float32 / float64), as ``window.local_attention(..., padding="mask")``. First derivative
     only."""
     b, nh, _, h, w = q.shape
-    why = unsupported(q, v, h, w, "mask")
+    why = unsupported(q, v, h, w, "mask", kernel_size)
     if why:
         raise RuntimeError(f"attnconv: {why}")
     if k is None and rel_row is None:
