@@ -77,3 +77,38 @@ def test_its_timeouts_fit_one_lent_call():
     leaving the machine's start inside a 15-minute device budget)."""
     steps = [int(t) for t in re.findall(r"^timeout (\d+) ", SCRIPT, flags=re.M)]
     assert len(steps) >= 4 and sum(steps) <= 540, steps
+
+
+@pytest.mark.slow
+def test_the_suite_runs_end_to_end_as_a_cpu_dry_run(tmp_path):
+    """Every group the script times (content in both modes, SASA training, the paper models)
+    runs through the suite's own code on the CPU (`--device cpu --quick`: the Triton kernels
+    under the interpreter), writes its files, and gpu_goals reads them: a lent GPU's minutes
+    are not spent finding a Python error. The figures of a dry run mean nothing."""
+    import json
+    import subprocess
+    import sys
+
+    from attnconv.bench import gpu_goals
+
+    for only, mode in (("content", "both"), ("local", "train"), ("models", "both")):
+        argv = ["--device", "cpu", "--quick", "--out-dir", str(tmp_path), "--only", only]
+        assert cuda.main(argv + ["--mode", mode]) == 0
+    names = ("cuda_layers_content", "cuda_layers_local", "cuda_models")
+    rows = {n: json.loads((tmp_path / f"{n}.json").read_text())["rows"] for n in names}
+    assert not list(tmp_path.glob("*.partial.*"))  # a finished group leaves no partial file
+    content = rows["cuda_layers_content"]
+    assert len(content) == 8 and all(
+        f"{k}_ms" in r for r in content for k in ("attnconv", "dense", "flash", "fold", "triton")
+    )
+    assert all("triton_ms" in r and "window_ms" in r for r in rows["cuda_layers_local"])
+    paths = {(r["model"], r["path"]) for r in rows["cuda_models"] if "img_s" in r}
+    assert ("sa_learned_content", "attnconv bf16 triton") in paths and len(paths) == 13
+    goals = gpu_goals.write(tmp_path)
+    assert "CPU dry run" in goals and "not measured" in goals  # no memory on a CPU
+    script = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_goals.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert script.returncode == 0 and script.stdout == goals, script.stderr

@@ -22,6 +22,10 @@ The paper models' full training step (``--only models``): bench/cuda_models.py.
 Time: CUDA events around --inner calls, median of --repeats, after warm-up calls (compilation
 happens there). Memory: peak allocated bytes above the inputs during one call. Precision:
 relative max output error against the float64 reference on the GPU (B = 1).
+
+``--device cpu --quick``: a dry run of the whole suite on the CPU (the Triton kernels through
+``TRITON_INTERPRET=1``, wall-clock time, no memory): its code checked before a GPU's scarce
+minutes are spent on it; the figures mean nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from __future__ import annotations
 import copy
 import platform
 import statistics
+import time
 
 import torch
 import torch.nn.functional as F
@@ -109,7 +114,7 @@ def local_cases(quick: bool) -> list[dict]:
     ]
 
 
-def models_for(case: dict) -> dict[str, torch.nn.Module]:
+def models_for(case: dict, device: str = "cuda") -> dict[str, torch.nn.Module]:
     torch.manual_seed(0)
     c, hw = case["c"], case["hw"]
     if case["group"] == "content":
@@ -135,56 +140,70 @@ def models_for(case: dict) -> dict[str, torch.nn.Module]:
         if triton_axis.INSTALLED:  # the Triton window kernel (triton_local.py)
             models["triton"] = copy.deepcopy(layer)
             models["triton"].backend = "triton"
-        try:
-            models["natten"] = Natten(layer)
-        except ImportError:
-            pass
-    return {k: m.cuda() for k, m in models.items()}
+        if device == "cuda":
+            try:
+                models["natten"] = Natten(layer)
+            except ImportError:
+                pass
+    return {k: m.to(device) for k, m in models.items()}
 
 
-def make_step(model: torch.nn.Module, case: dict):
-    x = torch.randn(
-        case["b"], case["c"], case["hw"], case["hw"], device="cuda", requires_grad=case["train"]
-    )
+def make_step(model: torch.nn.Module, case: dict, device: str = "cuda"):
+    b, c, hw = case["b"], case["c"], case["hw"]
+    x = torch.randn(b, c, hw, hw, device=device, requires_grad=case["train"])
     return model_step(model, x, case["train"], case["dtype"] == "bf16")
 
 
-def time_and_memory(steps: dict, repeats: int, inner: int) -> dict[str, dict]:
-    """Per step: median ms per call (CUDA events around ``inner`` calls, interleaved round-robin)
-    and peak MB allocated during one call. A step that fails is reported with its error."""
+def _ms_per_call(step, inner: int, device: str) -> float:
+    """Milliseconds per call of ``inner`` calls: CUDA events on a GPU, the wall clock on the
+    CPU (a dry run)."""
+    if device != "cuda":
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            step()
+        return (time.perf_counter() - t0) * 1e3 / inner
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(inner):
+        step()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / inner
+
+
+def time_and_memory(steps: dict, repeats: int, inner: int, device: str = "cuda") -> dict:
+    """Per step: median ms per call (``inner`` calls, interleaved round-robin) and, on a GPU,
+    peak MB allocated during one call. A step that fails is reported with its error."""
     out: dict[str, dict] = {}
+    cuda = device == "cuda"
     for name, step in list(steps.items()):
         try:
             for _ in range(3):  # warm-up: compilation, autotuning, allocator
                 step()
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-            step()
-            torch.cuda.synchronize()
-            out[name] = {"mb": (torch.cuda.max_memory_allocated() - base) / 2**20, "ms": []}
+            out[name] = {"ms": []}
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                step()
+                torch.cuda.synchronize()
+                out[name]["mb"] = (torch.cuda.max_memory_allocated() - base) / 2**20
         except Exception as exc:  # noqa: BLE001 - a missing kernel is a result, not a crash
             out[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"}
             steps.pop(name)
     for _ in range(repeats):
         for name, step in steps.items():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(inner):
-                step()
-            end.record()
-            torch.cuda.synchronize()
-            out[name]["ms"].append(start.elapsed_time(end) / inner)
+            out[name]["ms"].append(_ms_per_call(step, inner, device))
     for v in out.values():
         if "ms" in v:
             v["ms"] = statistics.median(v["ms"])
     return out
 
 
-def precision(case: dict, models: dict) -> dict[str, float]:
+def precision(case: dict, models: dict, device: str = "cuda") -> dict[str, float]:
     """Relative max output error of each model vs the float64 reference, B = 1."""
     layer = models["attnconv"]
-    x = torch.randn(1, case["c"], case["hw"], case["hw"], device="cuda")
+    x = torch.randn(1, case["c"], case["hw"], case["hw"], device=device)
     ref = copy.deepcopy(layer).double()
     ref.backend = "reference"
     out = {}
@@ -192,19 +211,21 @@ def precision(case: dict, models: dict) -> dict[str, float]:
         y64 = ref(x.double())
         for name in ("attnconv", "triton", "dense", "fold", "window"):
             if name in models:
-                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=case["dtype"] == "bf16"):
+                bf16 = case["dtype"] == "bf16"
+                with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
                     y = models[name](x).double()
                 out[name] = ((y - y64).abs().max() / y64.abs().max()).item()
     return out
 
 
-def run(cases: list[dict], repeats: int, inner: int, save=None) -> list[dict]:
+def run(cases: list[dict], repeats: int, inner: int, save=None, device="cuda") -> list[dict]:
     """Every case in turn; ``save(rows)`` after each (a long run keeps what it measured)."""
     torch._dynamo.config.cache_size_limit = 256  # one compiled Flex kernel per shape and dtype
     rows = []
     for case in cases:
-        models = models_for(case)
-        res = time_and_memory({k: make_step(m, case) for k, m in models.items()}, repeats, inner)
+        models = models_for(case, device)
+        steps = {k: make_step(m, case, device) for k, m in models.items()}
+        res = time_and_memory(steps, repeats, inner, device)
         row = dict(case, name=_name(case))
         for k, v in res.items():
             row.update({f"{k}_{m}": v[m] for m in ("ms", "mb", "error") if m in v})
@@ -219,14 +240,15 @@ def run(cases: list[dict], repeats: int, inner: int, save=None) -> list[dict]:
                     row[f"triton_over_{k}"] = res[k]["ms"] / res["triton"]["ms"]
             if "mb" in res.get("dense", {}) and res["dense"]["mb"] > 0:
                 row["triton_mem_dense"] = res["triton"]["mb"] / res["dense"]["mb"]
-        row.update({f"err_{k}": v for k, v in precision(case, models).items()})
+        row.update({f"err_{k}": v for k, v in precision(case, models, device).items()})
         rows.append(row)
         times = [f"{k} {row[f'{k}_ms']:.3f} ms" for k in res if f"{k}_ms" in row]
         print(f"{row['name']:<54} " + "  ".join(times), flush=True)
         if save is not None:
             save(rows)
         del models
-        torch.cuda.empty_cache()
+        if device == "cuda":
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -301,6 +323,13 @@ def render(rows: list[dict], header: str) -> str:
     return "\n".join(md)
 
 
+def device_name(device: str) -> str:
+    """The GPU's name, or what a CPU dry run says in its place."""
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    return "CPU dry run (the suite's code only: these figures mean nothing)"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = suite_parser("cuda", __doc__, ["content", "local", "models"])
     p.add_argument("--inner", type=int, default=10, help="calls per timed repeat (10)")
@@ -310,9 +339,17 @@ def main(argv: list[str] | None = None) -> int:
         default="both",
         help="the layer groups' cases: training, inference or both (both)",
     )
+    p.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cpu: a dry run of the suite's code with --quick (no meaningful figures)",
+    )
     args = p.parse_args(argv)
+    if args.device == "cpu" and not args.quick:
+        raise SystemExit("attnconv bench --suite cuda: --device cpu is a dry run; add --quick")
     out_dir = output_dir(args)
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("attnconv bench --suite cuda: no CUDA device (torch.cuda.is_available())")
     repeats = args.repeats or (1 if args.quick else 5)
     if args.only == "models":
@@ -330,12 +367,13 @@ def main(argv: list[str] | None = None) -> int:
     def save(rows):  # one partial file a group: a later group's run keeps an earlier one's
         write_results(f"{name}.partial", dict(rows=rows), "", out_dir)  # removed at the end
 
-    rows = run(cases, repeats, 1 if args.quick else args.inner, save)
+    inner = 1 if args.quick else args.inner
+    rows = run(cases, repeats, inner, save, args.device)
     for suffix in (".json", ".md"):
         (out_dir / f"{name}.partial{suffix}").unlink(missing_ok=True)
-    dev = torch.cuda.get_device_name()
+    dev = device_name(args.device)
     header = (
-        f"Command: `{suite_command('cuda', args)}`; {repeats} repeats of {args.inner} calls "
+        f"Command: `{suite_command('cuda', args)}`; {repeats} repeats of {inner} calls "
         f"(median ms per call), CUDA events. Device: {dev}; torch {torch.__version__}; "
         f"Python {platform.python_version()}."
     )
@@ -350,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
             device=dev,
             torch=torch.__version__,
             repeats=repeats,
-            inner=args.inner,
+            inner=inner,
             rows=rows,
         ),
         md,

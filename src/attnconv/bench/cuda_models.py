@@ -77,7 +77,7 @@ def variants(model: str, scale: str = "paper") -> list[tuple[str, str, bool]]:
     return out + [("dense bf16", "dense", True)]
 
 
-def make_step(model: str, scale: str, batch: int, how: str, bf16: bool):
+def make_step(model: str, scale: str, batch: int, how: str, bf16: bool, device: str = "cuda"):
     net = build(model, scale, "reference" if how == "reference" else "attnconv")
     if how == "dense":
         for m in net.modules():
@@ -85,24 +85,22 @@ def make_step(model: str, scale: str, batch: int, how: str, bf16: bool):
                 dense_sdpa_forward(m)
     elif how == "triton":  # position-only layers: the plan's position kernels, as unset
         set_backend(net, "triton")
-    return training_step(net.cuda(), batch, bf16, "cuda")
+    return training_step(net.to(device), batch, bf16, device)
 
 
-def measure(steps: dict, repeats: int) -> dict[str, dict]:
+def measure(steps: dict, repeats: int, device: str = "cuda") -> dict[str, dict]:
     """Median seconds per step (cuda.time_and_memory: CUDA events, interleaved, one step per
     repeat) and the peak MB one step allocates."""
-    res = cuda.time_and_memory(steps, repeats, inner=1)
+    res = cuda.time_and_memory(steps, repeats, inner=1, device=device)
     return {k: dict(v, s=v.pop("ms") / 1e3) if "ms" in v else v for k, v in res.items()}
 
 
-def run(models, scale: str, batch: int, repeats: int) -> list[dict]:
+def run(models, scale: str, batch: int, repeats: int, device: str = "cuda") -> list[dict]:
     rows = []
     for model in models:
         specs = {name: (how, bf16) for name, how, bf16 in variants(model, scale)}
-        steps = {
-            name: make_step(model, scale, batch, how, bf16) for name, (how, bf16) in specs.items()
-        }
-        res = measure(steps, repeats)
+        steps = {n: make_step(model, scale, batch, *spec, device) for n, spec in specs.items()}
+        res = measure(steps, repeats, device)
         ref = res.get("reference", {}).get("s")
         dense = res.get("dense bf16", {}).get("s")
         for name, r in res.items():
@@ -110,12 +108,12 @@ def run(models, scale: str, batch: int, repeats: int) -> list[dict]:
             if "s" in r:
                 row.update(
                     img_s=batch / r["s"],
-                    mb=r["mb"],
+                    mb=r.get("mb"),  # none on a CPU dry run
                     hours=EPOCHS * TRAIN_IMAGES / (batch / r["s"]) / 3600,
                 )
                 row["x_ref"] = ref / r["s"] if ref else None
                 row["x_dense"] = dense / r["s"] if dense else None
-                if "mb" in res.get("reference", {}):
+                if "mb" in r and "mb" in res.get("reference", {}):
                     row["mem_ref"] = r["mb"] / res["reference"]["mb"]
             rows.append(row)
             print(
@@ -124,7 +122,8 @@ def run(models, scale: str, batch: int, repeats: int) -> list[dict]:
                 flush=True,
             )
         del steps
-        torch.cuda.empty_cache()
+        if device == "cuda":
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -144,8 +143,8 @@ COLUMNS = [
 def report(args, repeats: int, out_dir) -> int:
     scale, batch = ("quick", 8) if args.quick else ("paper", 100)
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 as the reference trained
-    rows = run(SA_MODELS, scale, batch, repeats)
-    dev = torch.cuda.get_device_name()
+    rows = run(SA_MODELS, scale, batch, repeats, args.device)
+    dev = cuda.device_name(args.device)
     command = suite_command("cuda", args)
     header = (
         f"Command: `{command}`; {repeats} interleaved repeats (median step), CUDA events, "
