@@ -80,7 +80,7 @@ def test_a_missing_file_is_not_measured_and_a_partial_one_is_read(tmp_path):
     assert "only the cases run before its time ran out" in text
     assert "| bf16 training: x dense SDPA + bias | case 32 bf16 True (attnconv) | 2.00 |" in text
     # no models file: each paper model's four goals listed, not measured
-    assert "Met: 3 of 3 measured (12 not measured)." in text
+    assert "Met: 3 of 3 measured (12 not measured); 0 out of reach" in text
     none = gpu_goals._model_goals([dict(model="sa_quadratic", path="attnconv bf16", error="oom")])
     assert {g.met for g in none} == {None}
 
@@ -90,3 +90,24 @@ def test_the_fastest_path_a_case():
     assert gpu_goals.fastest(rows, ("attnconv", "window", "triton", "unfold")) == [
         ("a", "window", 1.0)
     ]
+
+
+def test_each_content_goal_has_no_bias_sdpas_ceiling_beside_it(tmp_path):
+    """The ceiling is the ratio SDPA without positions reaches against the same anchor; where
+    it misses the target the goal is marked out of reach (here: memory, no-bias SDPA at 0.3 of
+    dense's, over the 0.25 target)."""
+    row = _content(
+        attnconv_ms=2.0, dense_ms=4.0, flash_ms=1.0, attnconv_mb=40.0, dense_mb=100.0, flash_mb=30.0
+    )
+    goals = {g.what: g for g in gpu_goals._content_goals([row])}
+    assert goals["bf16 training: x dense SDPA + bias"].ceiling == 4.0
+    assert goals["bf16 training: x dense SDPA + bias"].reachable
+    memory = goals["bf16 training: peak memory / dense"]
+    assert memory.ceiling == 0.3 and memory.reachable is False
+    assert goals["bf16 training: x SDPA without positions"].ceiling == 1.0
+    (tmp_path / "cuda_layers_content.json").write_text(json.dumps({"rows": [row]}))
+    text = gpu_goals.write(tmp_path)
+    assert "| 0.40 | <= 0.25 | **no** | 0.30 (out of reach) |" in text
+    assert "1 out of reach on this GPU" in text
+    models = gpu_goals._model_goals([])
+    assert {g.ceiling for g in models} == {None}  # the paper models: no ceiling measured
