@@ -70,6 +70,16 @@ def test_model_goals_use_the_faster_bf16_path():
     assert goals["bf16: x the reference algorithm in fp32"].value == 4.5
     assert "attnconv bf16 triton" in goals["bf16: x the reference algorithm in fp32"].case
     assert all(g.met for g in goals.values())
+    # a path's ceiling: its counted FLOPs at the GEMM peak, over the anchor's img/s
+    rows[1]["ceiling_img_s"] = 120.0  # attnconv fp32: at most 1.2x the reference, just the goal
+    rows[3]["ceiling_img_s"] = 360.0  # Triton rows are not counted: here as if they were
+    goals = {g.what: g for g in gpu_goals._model_goals(rows) if g.case.startswith("sa_learned_c")}
+    assert goals["fp32: x the reference algorithm"].ceiling == 1.2
+    assert goals["fp32: x the reference algorithm"].reachable
+    assert goals["bf16: x the reference algorithm in fp32"].ceiling == 3.6
+    assert goals["bf16: x the reference algorithm in fp32"].reachable is False  # 3.6 < 4
+    assert goals["bf16: x the model on dense SDPA + bias"].ceiling == 1.2
+    assert goals["peak memory / the reference's"].ceiling is None
 
 
 def test_a_missing_file_is_not_measured_and_a_partial_one_is_read(tmp_path):

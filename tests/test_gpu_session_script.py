@@ -104,6 +104,9 @@ def test_the_suite_runs_end_to_end_as_a_cpu_dry_run(tmp_path):
     assert all("triton_ms" in r and "window_ms" in r for r in rows["cuda_layers_local"])
     paths = {(r["model"], r["path"]) for r in rows["cuda_models"] if "img_s" in r}
     assert ("sa_learned_content", "attnconv bf16 triton") in paths and len(paths) == 13
+    # every path's ceiling but the Triton row's (the FLOP counter does not see its kernel)
+    ceilings = {r["path"] for r in rows["cuda_models"] if r.get("ceiling_img_s", 0) > 0}
+    assert ceilings == {"reference", "attnconv fp32", "attnconv bf16", "dense bf16"}
     goals = gpu_goals.write(tmp_path)
     assert "CPU dry run" in goals and "not measured" in goals  # no memory on a CPU
     script = subprocess.run(

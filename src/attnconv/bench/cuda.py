@@ -154,7 +154,7 @@ def make_step(model: torch.nn.Module, case: dict, device: str = "cuda"):
     return model_step(model, x, case["train"], case["dtype"] == "bf16")
 
 
-def _ms_per_call(step, inner: int, device: str) -> float:
+def ms_per_call(step, inner: int, device: str) -> float:
     """Milliseconds per call of ``inner`` calls: CUDA events on a GPU, the wall clock on the
     CPU (a dry run)."""
     if device != "cuda":
@@ -193,7 +193,7 @@ def time_and_memory(steps: dict, repeats: int, inner: int, device: str = "cuda")
             steps.pop(name)
     for _ in range(repeats):
         for name, step in steps.items():
-            out[name]["ms"].append(_ms_per_call(step, inner, device))
+            out[name]["ms"].append(ms_per_call(step, inner, device))
     for v in out.values():
         if "ms" in v:
             v["ms"] = statistics.median(v["ms"])

@@ -19,20 +19,26 @@ random batch already on the GPU, five ways, interleaved round-robin in one proce
   of the bias @ v for position-only attention), dropout by SDPA's own ``dropout_p``.
 
 Reports img/s (median step), the peak memory allocated during one step above the model, and the
-hours that 300 epochs of CIFAR-10's 50,000 images (Table 1's schedule) take at that rate.
+hours that 300 epochs of CIFAR-10's 50,000 images (Table 1's schedule) take at that rate. The
+ceiling of each path: the FLOPs of its step (FlopCounterMode: matmuls and SDPA, counted once
+after the timing) at the GPU's measured GEMM peak in its precision (a square matmul, TF32 off),
+the img/s no kernel of that step's work can pass; not counted for the Triton row (the counter
+does not see a Triton kernel's products).
 """
 
 from __future__ import annotations
 
 import copy
 import platform
+import statistics
 import types
+from functools import partial
 
 import torch
 
 from attnconv.bench import cuda
 from attnconv.bench.anchors import dense_sdpa
-from attnconv.bench.common import markdown_table, suite_command, write_results
+from attnconv.bench.common import count_flops, markdown_table, suite_command, write_results
 from attnconv.bench.models import P_DROP, SA_MODELS, build, model_kwargs, training_step
 from attnconv.layers.checks import set_backend
 from attnconv.layers.kernels import triton_axis
@@ -40,6 +46,7 @@ from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
 from attnconv.models.sa_cifar import SACifarConfig
 
 EPOCHS, TRAIN_IMAGES = 300, 50_000  # Table 1's schedule (configs/sa_*.yaml)
+PEAK_N = 4096  # the GEMM peak's square matmul (a CPU dry run: 256)
 
 
 def dense_sdpa_forward(layer: MultiHeadSelfAttention2d):
@@ -88,6 +95,18 @@ def make_step(model: str, scale: str, batch: int, how: str, bf16: bool, device: 
     return training_step(net.to(device), batch, bf16, device)
 
 
+def gemm_peaks(device: str = "cuda", repeats: int = 5) -> dict[str, float]:
+    """GFLOP/s of an n x n x n matmul in fp32 (TF32 as set: off in ``report``) and bf16, the
+    median of ``repeats`` timings of 3 calls each."""
+    n = PEAK_N if device == "cuda" else 256
+    out = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        a, b = (torch.randn(n, n, device=device).to(dtype) for _ in "ab")
+        ms = [cuda.ms_per_call(partial(torch.matmul, a, b), 3, device) for _ in range(repeats + 1)]
+        out[name] = 2 * n**3 / (statistics.median(ms[1:]) / 1e3) / 1e9  # the first: a warm-up
+    return out
+
+
 def measure(steps: dict, repeats: int, device: str = "cuda") -> dict[str, dict]:
     """Median seconds per step (cuda.time_and_memory: CUDA events, interleaved, one step per
     repeat) and the peak MB one step allocates."""
@@ -95,12 +114,18 @@ def measure(steps: dict, repeats: int, device: str = "cuda") -> dict[str, dict]:
     return {k: dict(v, s=v.pop("ms") / 1e3) if "ms" in v else v for k, v in res.items()}
 
 
-def run(models, scale: str, batch: int, repeats: int, device: str = "cuda") -> list[dict]:
+def run(models, scale: str, batch: int, repeats: int, device: str = "cuda", peaks=None) -> list:
+    """Each model's rows; ``peaks`` (``gemm_peaks``): each path's ceiling besides."""
     rows = []
     for model in models:
         specs = {name: (how, bf16) for name, how, bf16 in variants(model, scale)}
         steps = {n: make_step(model, scale, batch, *spec, device) for n, spec in specs.items()}
         res = measure(steps, repeats, device)
+        gflop = {  # one counted step each, after the timing (the counter slows the step it sees)
+            n: count_flops(steps[n]) / 1e9 / batch
+            for n in steps
+            if "s" in res[n] and specs[n][0] != "triton"
+        }
         ref = res.get("reference", {}).get("s")
         dense = res.get("dense bf16", {}).get("s")
         for name, r in res.items():
@@ -115,6 +140,9 @@ def run(models, scale: str, batch: int, repeats: int, device: str = "cuda") -> l
                 row["x_dense"] = dense / r["s"] if dense else None
                 if "mb" in r and "mb" in res.get("reference", {}):
                     row["mem_ref"] = r["mb"] / res["reference"]["mb"]
+                if name in gflop and peaks and gflop[name] > 0:
+                    row["gflop_img"] = gflop[name]
+                    row["ceiling_img_s"] = peaks["bf16" if specs[name][1] else "fp32"] / gflop[name]
             rows.append(row)
             print(
                 f"{model:<20} {name:<22} "
@@ -136,6 +164,8 @@ COLUMNS = [
     ("mb", "peak MB", ".0f"),
     ("mem_ref", "memory / reference", ".2f"),
     ("hours", "Table 1 hours (300 epochs)", ".1f"),
+    ("gflop_img", "GFLOP/img", ".3g"),
+    ("ceiling_img_s", "ceiling img/s", ".0f"),
     ("error", "note", ""),
 ]
 
@@ -143,13 +173,17 @@ COLUMNS = [
 def report(args, repeats: int, out_dir) -> int:
     scale, batch = ("quick", 8) if args.quick else ("paper", 100)
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 as the reference trained
-    rows = run(SA_MODELS, scale, batch, repeats, args.device)
+    peaks = gemm_peaks(args.device)
+    rows = run(SA_MODELS, scale, batch, repeats, args.device, peaks)
     dev = cuda.device_name(args.device)
     command = suite_command("cuda", args)
     header = (
         f"Command: `{command}`; {repeats} interleaved repeats (median step), CUDA events, "
         f"batch {batch}, {scale} configuration, dropout {P_DROP}. Device: {dev}; torch "
-        f"{torch.__version__}; Python {platform.python_version()}."
+        f"{torch.__version__}; Python {platform.python_version()}. GEMM peak (a square "
+        f"matmul): fp32 {peaks['fp32'] / 1e3:.1f}, bf16 {peaks['bf16'] / 1e3:.1f} TFLOP/s; "
+        "ceiling img/s: the step's counted FLOPs (matmuls, SDPA) at the peak of its precision "
+        "(not counted for the Triton row)."
     )
     md = "\n".join(
         [
@@ -161,7 +195,9 @@ def report(args, repeats: int, out_dir) -> int:
     )
     path = write_results(
         "cuda_models",
-        dict(command=command, header=header, device=dev, rows=copy.deepcopy(rows)),
+        dict(
+            command=command, header=header, device=dev, peak_gflops=peaks, rows=copy.deepcopy(rows)
+        ),
         md,
         out_dir,
     )
