@@ -8,7 +8,8 @@
 # torch and triton:  OUT=<folder> bash benchmarks/gpu_session.sh
 # Results: $OUT/gpu_session.log, $OUT/cuda_models.{json,md}, $OUT/cuda_layers_content.{json,md},
 # $OUT/cuda_layers_local.{json,md} (or cuda_layers_<group>.partial.json when the time ran out),
-# $OUT/gpu_goals.md (the issue's goals read from them); copy them to benchmarks/results/.
+# $OUT/cuda_tests.log, $OUT/gpu_goals.md (the issue's goals read from them); copy them to
+# benchmarks/results/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=src
@@ -34,9 +35,14 @@ timeout 190 $py -m attnconv.cli bench --suite cuda --repeats 3 --out-dir "$OUT" 
 echo "== SASA window kernels, training (as many cases as the time allows; 56x56 first)" | tee -a "$LOG"
 timeout 50 $py -m attnconv.cli bench --suite cuda --repeats 3 --out-dir "$OUT" -- --only local \
   --mode train --inner 5 2>&1 | tail -30 | tee -a "$LOG"
-echo "== CUDA tests (the time left)" | tee -a "$LOG"
-timeout 60 $py -m pytest -q -p no:cacheprovider tests/test_triton_axis.py tests/test_triton_local.py \
-  tests/test_cuda_models_bench.py tests/test_cuda_backend.py 2>&1 | tail -40 | tee -a "$LOG"
+echo "== CUDA tests (the time left; each test's line in cuda_tests.log as it ends)" | tee -a "$LOG"
+# -v -rfE: a test's verdict is written when it ends, so a timeout keeps those that ran
+timeout 60 $py -m pytest -v -rfE -p no:cacheprovider tests/test_triton_axis.py \
+  tests/test_triton_local.py tests/test_cuda_models_bench.py tests/test_cuda_backend.py \
+  > "$OUT/cuda_tests.log" 2>&1
+echo "exit $? (124: the time ran out); $(grep -c ' PASSED' "$OUT/cuda_tests.log") passed," \
+  "$(grep -c ' FAILED' "$OUT/cuda_tests.log") failed" | tee -a "$LOG"
+grep -E ' FAILED|^E  ' "$OUT/cuda_tests.log" | head -40 | tee -a "$LOG"
 echo "== issue 45's goals, read from the files above" | tee -a "$LOG"
 $py benchmarks/gpu_goals.py "$OUT" 2>&1 | tail -80 | tee -a "$LOG"
 echo "== done $(date -u)" | tee -a "$LOG"
