@@ -273,6 +273,24 @@ def test_unsupported_inputs_fall_back_with_one_line(monkeypatch):
         assert why is not None and "CUDA" in why and "\n" not in why
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_the_kernels_run_on_the_tensors_gpu_not_the_current_one():
+    """Triton launches on the current device: tensors on cuda:1 while cuda:0 is current run on
+    cuda:1 (launch's device guard), equal to the plain equations."""
+    gen = torch.Generator().manual_seed(3)
+    xs = [
+        x.detach().to("cuda:1").requires_grad_()
+        for x in _inputs(2, 2, 5, 7, 8, 8, torch.float64, gen=gen)
+    ]
+    with torch.cuda.device(0):
+        y = _run(axis_attention_triton, *xs, 5, 7, 0.0, True, 0)
+        ref = _run(axis_attention_reference, *xs, 5, 7, 0.0, True, 0)
+        torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+        g = torch.ones_like(y)
+        for a, r in zip(torch.autograd.grad(y, xs, g), torch.autograd.grad(ref, xs, g)):
+            torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
+
+
 def test_sizes_past_int32_offsets_or_the_launch_grid_fall_back(monkeypatch):
     """The kernels' offsets are int32 and B x Nh is the grid's second dimension: shapes past
     either get a one-line reason (the dense path runs), checked on shapes alone (meta tensors,

@@ -21,6 +21,7 @@ accumulation, float64 (gradcheck); R and C in float32 at least. The plain equati
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 
@@ -150,7 +151,10 @@ def launch(kernel, grid, args: tuple, meta: dict) -> int:
 
     def run(stages: int, block_m: int) -> int:
         m = dict(meta, BLOCK_M=block_m)  # num_warps among them: a launch option
-        kernel[grid(m) if callable(grid) else grid](*args, **m, num_stages=stages)
+        # Triton launches on the current device and its stream: make it the tensors' own (a
+        # model on cuda:1 while cuda:0 is current)
+        with torch.cuda.device(args[0].device) if args[0].is_cuda else contextlib.nullcontext():
+            kernel[grid(m) if callable(grid) else grid](*args, **m, num_stages=stages)
         _rung[key] = (stages, block_m)
         return block_m
 
