@@ -20,6 +20,7 @@ from attnconv.layers.kernels.triton_local import (
 )
 from attnconv.layers.kernels.window import local_attention
 from attnconv.layers.local import LocalSelfAttention2d
+from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(
@@ -214,6 +215,30 @@ def test_the_table_takes_triton_only_where_it_can_run():
     why = zeros.kernel("cuda", why=True).splitlines()
     assert why[1].startswith("passed over: triton (") and zeros.kernel("cuda") == "window"
     assert "triton" in plan.LOCAL_BACKENDS
+
+
+@pytest.mark.parametrize("kind", ["content", "window"])
+def test_a_compiled_layer_runs_the_kernel_as_it_is(kind):
+    """torch.compile around a layer on backend="triton": the kernel runs outside the graph
+    (torch.compiler.disable: dynamo would trace a launch's rungs, or the interpreter's Python),
+    values and every gradient equal to the uncompiled layer's."""
+    torch.manual_seed(0)
+    if kind == "content":
+        lay = MultiHeadSelfAttention2d(
+            8, 8, num_heads=2, positional="quadratic", content=True, backend="triton"
+        )
+    else:
+        lay = LocalSelfAttention2d(8, 8, 2, 3, backend="triton")
+    lay = lay.to(DEVICE)
+    x = torch.randn(2, 8, 5, 6, device=DEVICE, requires_grad=True)
+    y0 = lay(x)
+    g0 = torch.autograd.grad(y0.sum(), [x, *lay.parameters()])
+    torch._dynamo.reset()
+    y = torch.compile(lay, backend="aot_eager")(x)
+    g = torch.autograd.grad(y.sum(), [x, *lay.parameters()])
+    torch.testing.assert_close(y, y0, rtol=0, atol=0)
+    for a, b in zip(g, g0):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_window_sizes_past_int32_offsets_fall_back(monkeypatch):

@@ -301,6 +301,9 @@ class _TritonAxis(torch.autograd.Function):
         return (*grads, None, None, None, None, None, None, None, None, None)
 
 
+# torch.compile runs the kernels as they are (a graph break): dynamo tracing a Triton launch
+# with its shared-memory rungs, or the interpreter's Python on a CPU, is not what it can compile
+@torch.compiler.disable
 def axis_attention_triton(
     q,
     k,

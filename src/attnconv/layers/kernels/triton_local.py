@@ -81,6 +81,7 @@ def window_attention_reference(q, k, v, kernel_size: int, rel_row=None, rel_col=
     return y.permute(0, 2, 3, 1).reshape(b, nh, -1, h, w)
 
 
+@torch.compiler.disable  # as triton_axis.axis_attention_triton: a graph break under compile
 def local_attention_triton(
     q: torch.Tensor,
     k: torch.Tensor | None,
