@@ -16,7 +16,17 @@ export PYTHONPATH=src
 OUT=${OUT:-benchmarks/results}
 mkdir -p "$OUT"
 LOG="$OUT/gpu_session.log"
-py=python3
+py=${PYTHON:-python3}
+# DRY_RUN=1: the same steps on a CPU, the script's own code checked before a GPU's minutes are
+# spent on it (tests/test_gpu_session_script.py): the suites with --device cpu --quick, the
+# Triton kernels through TRITON_INTERPRET=1, 15 s of CUDA tests; no figure of it means anything
+DRY=""
+TESTS_S=60
+if [ "${DRY_RUN:-0}" = 1 ]; then
+  export TRITON_INTERPRET=1
+  DRY="--device cpu --quick"
+  TESTS_S=15
+fi
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   $py -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \
   2>&1 | tee "$LOG"
@@ -27,17 +37,17 @@ echo "== smoke: the Triton kernel in the layer, float64 and bf16 autocast" | tee
 timeout 60 $py -m pytest -q -p no:cacheprovider tests/test_triton_axis.py -k layer_backend_triton \
   2>&1 | tail -15 | tee -a "$LOG"
 echo "== paper models, full training step" | tee -a "$LOG"
-timeout 180 $py -m attnconv.cli bench --suite cuda --repeats 5 --out-dir "$OUT" -- --only models \
+timeout 180 $py -m attnconv.cli bench --suite cuda --repeats 5 --out-dir "$OUT" -- --only models $DRY \
   2>&1 | tail -30 | tee -a "$LOG"
 echo "== content attention kernels" | tee -a "$LOG"
 timeout 190 $py -m attnconv.cli bench --suite cuda --repeats 3 --out-dir "$OUT" -- --only content \
-  --inner 5 2>&1 | tail -60 | tee -a "$LOG"
+  --inner 5 $DRY 2>&1 | tail -60 | tee -a "$LOG"
 echo "== SASA window kernels, training (as many cases as the time allows; 56x56 first)" | tee -a "$LOG"
 timeout 50 $py -m attnconv.cli bench --suite cuda --repeats 3 --out-dir "$OUT" -- --only local \
-  --mode train --inner 5 2>&1 | tail -30 | tee -a "$LOG"
+  --mode train --inner 5 $DRY 2>&1 | tail -30 | tee -a "$LOG"
 echo "== CUDA tests (the time left; each test's line in cuda_tests.log as it ends)" | tee -a "$LOG"
 # -v -rfE: a test's verdict is written when it ends, so a timeout keeps those that ran
-timeout 60 $py -m pytest -v -rfE -p no:cacheprovider tests/test_triton_axis.py \
+timeout ${TESTS_S:-60} $py -m pytest -v -rfE -p no:cacheprovider tests/test_triton_axis.py \
   tests/test_triton_local.py tests/test_cuda_models_bench.py tests/test_cuda_backend.py \
   > "$OUT/cuda_tests.log" 2>&1
 echo "exit $? (124: the time ran out); $(grep -c ' PASSED' "$OUT/cuda_tests.log") passed," \

@@ -24,7 +24,7 @@ def _commands() -> list[list[str]]:
     for line in text.splitlines():
         if "-m attnconv.cli" in line:
             words = shlex.split(line.split("-m attnconv.cli", 1)[1].split("2>&1")[0])
-            out.append([w.replace("$OUT", "out") for w in words])
+            out.append([w.replace("$OUT", "out") for w in words if w != "$DRY"])
     return out
 
 
@@ -75,25 +75,33 @@ def test_each_k_selection_names_tests_that_exist():
 def test_its_timeouts_fit_one_lent_call():
     """The steps' timeouts add up to less than the 540 s a run call is given (9 minutes,
     leaving the machine's start inside a 15-minute device budget)."""
-    steps = [int(t) for t in re.findall(r"^timeout (\d+) ", SCRIPT, flags=re.M)]
+    steps = [int(t) for t in re.findall(r"^timeout (?:\$\{\w+:-)?(\d+)\}? ", SCRIPT, flags=re.M)]
     assert len(steps) >= 4 and sum(steps) <= 540, steps
 
 
 @pytest.mark.slow
-def test_the_suite_runs_end_to_end_as_a_cpu_dry_run(tmp_path):
-    """Every group the script times (content in both modes, SASA training, the paper models)
-    runs through the suite's own code on the CPU (`--device cpu --quick`: the Triton kernels
-    under the interpreter), writes its files, and gpu_goals reads them: a lent GPU's minutes
-    are not spent finding a Python error. The figures of a dry run mean nothing."""
+def test_the_script_runs_end_to_end_as_a_cpu_dry_run(tmp_path):
+    """`DRY_RUN=1 bash benchmarks/gpu_session.sh` on the CPU: every step of the script (the
+    suites with `--device cpu --quick`, the Triton kernels under the interpreter, 15 s of the
+    CUDA tests) runs through its own shell and the suite's code, writes its files, and
+    gpu_goals reads them, so a lent GPU's minutes are not spent finding an error in either.
+    The figures of a dry run mean nothing."""
     import json
+    import os
     import subprocess
     import sys
 
-    from attnconv.bench import gpu_goals
-
-    for only, mode in (("content", "both"), ("local", "train"), ("models", "both")):
-        argv = ["--device", "cpu", "--quick", "--out-dir", str(tmp_path), "--only", only]
-        assert cuda.main(argv + ["--mode", mode]) == 0
+    env = dict(os.environ, DRY_RUN="1", OUT=str(tmp_path), PYTHON=sys.executable)
+    run = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_session.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    log = (tmp_path / "gpu_session.log").read_text()
+    assert "Error" not in log.split("== CUDA tests")[0], log[-3000:]  # the suites' steps
     names = ("cuda_layers_content", "cuda_layers_local", "cuda_models")
     rows = {n: json.loads((tmp_path / f"{n}.json").read_text())["rows"] for n in names}
     assert not list(tmp_path.glob("*.partial.*"))  # a finished group leaves no partial file
@@ -107,11 +115,9 @@ def test_the_suite_runs_end_to_end_as_a_cpu_dry_run(tmp_path):
     # every path's ceiling but the Triton row's (the FLOP counter does not see its kernel)
     ceilings = {r["path"] for r in rows["cuda_models"] if r.get("ceiling_img_s", 0) > 0}
     assert ceilings == {"reference", "attnconv fp32", "attnconv bf16", "dense bf16"}
-    goals = gpu_goals.write(tmp_path)
+    tests = (tmp_path / "cuda_tests.log").read_text()
+    assert " PASSED" in tests and " FAILED" not in tests
+    assert "passed," in log and "0 failed" in log
+    goals = (tmp_path / "gpu_goals.md").read_text()
     assert "CPU dry run" in goals and "not measured" in goals  # no memory on a CPU
-    script = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_goals.py"), str(tmp_path)],
-        capture_output=True,
-        text=True,
-    )
-    assert script.returncode == 0 and script.stdout == goals, script.stderr
+    assert goals.splitlines()[0] in log  # the script printed the goals it wrote
