@@ -121,3 +121,18 @@ def test_the_script_runs_end_to_end_as_a_cpu_dry_run(tmp_path):
     goals = (tmp_path / "gpu_goals.md").read_text()
     assert "CPU dry run" in goals and "not measured" in goals  # no memory on a CPU
     assert goals.splitlines()[0] in log  # the script printed the goals it wrote
+
+
+def test_a_cut_short_content_run_keeps_the_goals_first_cases():
+    """The content group runs bf16 training at 32x32 and 64x64 first (issue 45's 1.5x goals),
+    both encodings each, inference last: the script's timeout cuts the least needed."""
+    cases = cuda.content_cases(quick=False)
+    first = [(c["train"], c["dtype"], c["hw"], c["positional"]) for c in cases[:4]]
+    assert first == [
+        (True, "bf16", hw, p) for hw in (32, 64) for p in ("quadratic", "relative_learned")
+    ]
+    modes = [(c["train"], c["dtype"]) for c in cases]
+    assert modes == sorted(
+        modes, key=[(True, "bf16"), (True, "fp32"), (False, "bf16"), (False, "fp32")].index
+    )
+    assert len(set(map(str, cases))) == len(cases) == 32
