@@ -58,3 +58,29 @@ def test_the_paper_content_heads_are_within_what_the_triton_kernel_takes():
     assert widths == {400}
     q = torch.zeros(1, 1, 16 * 16, 400)
     assert "head widths" not in (triton_axis.unsupported(q, q, 16, 16) or "")
+
+
+def test_a_models_run_cut_short_keeps_its_models_so_far(tmp_path, monkeypatch):
+    """The models group saves its rows after each model (cuda_models.partial.json, with the
+    device), as the layer groups do, and gpu_goals reads them as a partial run."""
+    import argparse
+    import json
+
+    from attnconv.bench import gpu_goals
+
+    row = dict(model="sa_quadratic", path="attnconv fp32", img_s=10.0, x_ref=1.5)
+
+    def cut_short(models, scale, batch, repeats, device, peaks, save):
+        save([row])
+        raise TimeoutError("the script's timeout")
+
+    monkeypatch.setattr(cuda_models, "run", cut_short)
+    monkeypatch.setattr(cuda_models, "gemm_peaks", lambda device: {"fp32": 1.0, "bf16": 1.0})
+    args = argparse.Namespace(quick=True, device="cpu")
+    with pytest.raises(TimeoutError):
+        cuda_models.report(args, 1, tmp_path)
+    saved = json.loads((tmp_path / "cuda_models.partial.json").read_text())
+    assert saved["rows"] == [row] and "CPU dry run" in saved["device"]
+    text = gpu_goals.report(tmp_path)
+    assert "cuda_models: only the cases run before its time ran out" in text
+    assert "| fp32: x the reference algorithm | sa_quadratic (attnconv fp32) | 1.50 |" in text

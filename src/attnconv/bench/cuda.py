@@ -367,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     name = "cuda_layers" + (f"_{args.only}" if args.only else "")
 
     def save(rows):  # one partial file a group: a later group's run keeps an earlier one's
-        write_results(f"{name}.partial", dict(rows=rows), "", out_dir)  # removed at the end
+        partial = dict(rows=rows, device=device_name(args.device))
+        write_results(f"{name}.partial", partial, "", out_dir)  # removed at the end
 
     inner = 1 if args.quick else args.inner
     rows = run(cases, repeats, inner, save, args.device)

@@ -114,15 +114,24 @@ def measure(steps: dict, repeats: int, device: str = "cuda") -> dict[str, dict]:
     return {k: dict(v, s=v.pop("ms") / 1e3) if "ms" in v else v for k, v in res.items()}
 
 
-def run(models, scale: str, batch: int, repeats: int, device: str = "cuda", peaks=None) -> list:
-    """Each model's rows; ``peaks`` (``gemm_peaks``): each path's ceiling besides."""
+def _gflop_img(step, batch: int) -> float | None:
+    """GFLOP per image of one counted step; None where counting fails (the timing stands)."""
+    try:
+        return count_flops(step) / 1e9 / batch
+    except Exception:  # noqa: BLE001 - a ceiling not counted is a result, not a crash
+        return None
+
+
+def run(models, scale, batch, repeats, device="cuda", peaks=None, save=None) -> list[dict]:
+    """Each model's rows; ``peaks`` (``gemm_peaks``): each path's ceiling besides;
+    ``save(rows)`` after each model (a run cut short keeps what it measured)."""
     rows = []
     for model in models:
         specs = {name: (how, bf16) for name, how, bf16 in variants(model, scale)}
         steps = {n: make_step(model, scale, batch, *spec, device) for n, spec in specs.items()}
         res = measure(steps, repeats, device)
         gflop = {  # one counted step each, after the timing (the counter slows the step it sees)
-            n: count_flops(steps[n]) / 1e9 / batch
+            n: _gflop_img(steps[n], batch)
             for n in steps
             if "s" in res[n] and specs[n][0] != "triton"
         }
@@ -140,7 +149,7 @@ def run(models, scale: str, batch: int, repeats: int, device: str = "cuda", peak
                 row["x_dense"] = dense / r["s"] if dense else None
                 if "mb" in r and "mb" in res.get("reference", {}):
                     row["mem_ref"] = r["mb"] / res["reference"]["mb"]
-                if name in gflop and peaks and gflop[name] > 0:
+                if gflop.get(name) and peaks:
                     row["gflop_img"] = gflop[name]
                     row["ceiling_img_s"] = peaks["bf16" if specs[name][1] else "fp32"] / gflop[name]
             rows.append(row)
@@ -152,6 +161,8 @@ def run(models, scale: str, batch: int, repeats: int, device: str = "cuda", peak
         del steps
         if device == "cuda":
             torch.cuda.empty_cache()
+        if save is not None:
+            save(rows)
     return rows
 
 
@@ -174,8 +185,14 @@ def report(args, repeats: int, out_dir) -> int:
     scale, batch = ("quick", 8) if args.quick else ("paper", 100)
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 as the reference trained
     peaks = gemm_peaks(args.device)
-    rows = run(SA_MODELS, scale, batch, repeats, args.device, peaks)
+
+    def save(rows):  # the rows so far, read by gpu_goals where the time ran out; removed below
+        write_results("cuda_models.partial", dict(rows=rows, device=dev), "", out_dir)
+
     dev = cuda.device_name(args.device)
+    rows = run(SA_MODELS, scale, batch, repeats, args.device, peaks, save)
+    for suffix in (".json", ".md"):
+        (out_dir / f"cuda_models.partial{suffix}").unlink(missing_ok=True)
     command = suite_command("cuda", args)
     header = (
         f"Command: `{command}`; {repeats} interleaved repeats (median step), CUDA events, "
