@@ -39,6 +39,9 @@ def _check(rows: list[dict], cases: list[Case], archs: list[int]):
         assert 0 < r["shared"] <= SHARED_LIMIT[r["arch"]], r
         if r["registers"] is not None:  # cuobjdump beside triton: the cubin was really built
             assert 0 < r["registers"] <= 255, r
+        if r["mma"] is not None:  # the products on tensor cores exactly where the dtype allows
+            tensor_cores = r["case"].split()[0] in ("bf16", "fp16", "tf32")
+            assert (r["mma"] > 0) == tensor_cores, r  # float32 / float64: FMA by design
 
 
 def test_kernels_compile_for_sm90_within_its_shared_memory():

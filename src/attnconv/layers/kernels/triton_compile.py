@@ -75,6 +75,7 @@ class Compiled:
     limit: int  # the shared memory a block may ask for on the target
     keys: int  # keys a step walks (ROWS x WP): the tile's, in whole image rows
     warps: int
+    mma: int | None = None  # tensor-core instructions in its SASS (None: no cuobjdump)
 
     @property
     def fits(self) -> bool:
@@ -148,6 +149,22 @@ def resources(cubin: bytes) -> tuple[int | None, int | None]:
     return (int(m[1]), int(m[2])) if m else (None, None)
 
 
+def tensor_core_ops(cubin: bytes) -> int | None:
+    """The tensor-core instructions in the cubin's SASS (HMMA, HGMMA on sm_90, DMMA for float64,
+    by the cuobjdump Triton ships): 0 where every product runs on the FMA units (float32 without
+    TF32 by design; a bfloat16 product there would be a slow path no CPU test can see)."""
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.exists():
+        return None
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cubin")
+        Path(path).write_bytes(cubin)
+        text = subprocess.run([str(tool), "-sass", path], capture_output=True, text=True).stdout
+    return len(re.findall(r"\b[HDI]G?MMA\b", text))
+
+
 def compile_launch(kernel, args: tuple, meta: dict, case: Case, arch: int, limit: int):
     """One launch compiled for sm_<arch> at the first rung of ``triton_axis.launch`` whose
     shared memory fits ``limit`` bytes, with its resources read from the cubin."""
@@ -168,9 +185,9 @@ def compile_launch(kernel, args: tuple, meta: dict, case: Case, arch: int, limit
     cubin = compiled.asm.get("cubin")
     regs, stack = resources(cubin) if cubin else (None, None)
     shared, keys = compiled.metadata.shared, meta["ROWS"] * meta["WP"]
-    name = kernel.__name__
+    name, mma = kernel.__name__, tensor_core_ops(cubin) if cubin else None
     return Compiled(
-        name, case, arch, shared, regs, stack, seconds, stages, block_m, limit, keys, warps
+        name, case, arch, shared, regs, stack, seconds, stages, block_m, limit, keys, warps, mma
     )
 
 
@@ -313,9 +330,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"triton {triton.__version__}, torch {torch.__version__}")
         print(
             "| case | kernel | arch | stages | BLOCK_M | keys | warps | KiB shared | regs "
-            "| stack B | fits |"
+            "| stack B | mma | fits |"
         )
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     bad = 0
     for case in envelope() if args.envelope else cases(args.quick):
         for arch in args.arch:
@@ -323,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
                 bad += not c.fits
                 if args.json:
                     keys = ("kernel", "arch", "stages", "block_m", "keys", "warps", "shared")
-                    keys += ("registers",)
+                    keys += ("registers", "mma")
                     row = {k: getattr(c, k) for k in keys}
                     print(json.dumps(row | {"case": str(case), "stack": c.stack}))
                     continue
@@ -331,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"| {case} | {c.kernel} | sm_{arch} | {c.stages} | {c.block_m} | {c.keys} "
                     f"| {c.warps} "
                     f"| {c.shared / 1024:.1f} "
-                    f"| {c.registers} | {c.stack} | {'yes' if c.fits else 'NO'} |"
+                    f"| {c.registers} | {c.stack} | {c.mma} | {'yes' if c.fits else 'NO'} |"
                 )
     return 1 if bad else 0
 
