@@ -3,8 +3,9 @@
 # runs a smoke test of the Triton kernel, the cuda suite's paper-model training step, its
 # content-attention group (the Triton kernel against Flex, dense SDPA + bias and no-bias SDPA)
 # and what time allows of its SASA group (Flex, the window function, unfold, the Triton window
-# kernel), each case saved as it finishes, then the CUDA tests of the GPU kernels in the time
-# left (the timeouts add to 540 s). Run from the repository root on the GPU machine, whose python3 holds
+# kernel), each case saved as it finishes, then the CUDA tests in the time left: the paper
+# models trained, stopped, resumed and evaluated by the CLI on the GPU first, then the GPU
+# kernels' (the timeouts add to 540 s). Run from the repository root on the GPU machine, whose python3 holds
 # torch and triton:  OUT=<folder> bash benchmarks/gpu_session.sh
 # Results: $OUT/gpu_session.log, $OUT/cuda_models.{json,md}, $OUT/cuda_layers_content.{json,md},
 # $OUT/cuda_layers_local.{json,md} (or cuda_layers_<group>.partial.json when the time ran out),
@@ -47,7 +48,10 @@ timeout 50 $py -m attnconv.cli bench --suite cuda --repeats 3 --out-dir "$OUT" -
   --mode train --inner 5 $DRY 2>&1 | tail -30 | tee -a "$LOG"
 echo "== CUDA tests (the time left; each test's line in cuda_tests.log as it ends)" | tee -a "$LOG"
 # -v -rfE: a test's verdict is written when it ends, so a timeout keeps those that ran
-timeout ${TESTS_S:-60} $py -m pytest -v -rfE -p no:cacheprovider tests/test_triton_axis.py \
+# first the paper models trained, stopped, resumed and evaluated by the CLI on the GPU (seconds)
+timeout ${TESTS_S:-60} $py -m pytest -v -rfE -p no:cacheprovider tests/test_cuda_train.py \
+  tests/test_data.py::test_a_loader_on_the_gpu_yields_the_cpu_loaders_batches \
+  tests/test_hash_dropout.py::test_module_runs_torchs_dropout_on_cuda tests/test_triton_axis.py \
   tests/test_triton_local.py tests/test_cuda_models_bench.py tests/test_cuda_backend.py \
   > "$OUT/cuda_tests.log" 2>&1
 echo "exit $? (124: the time ran out); $(grep -c ' PASSED' "$OUT/cuda_tests.log") passed," \

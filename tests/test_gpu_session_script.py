@@ -65,6 +65,13 @@ def test_its_commands_parse(monkeypatch):
         assert ns.mode == ("train" if ns.only == "local" else "both")
 
 
+def test_each_test_it_names_by_node_exists():
+    """A renamed test named FILE::NAME would make pytest stop with an error, not run the rest."""
+    for path, name in re.findall(r"(tests/[\w/]+\.py)::(\w+)", SCRIPT):
+        names = re.findall(r"^def (test_\w+)", (ROOT / path).read_text(), flags=re.M)
+        assert name in names, (path, name)
+
+
 def test_each_k_selection_names_tests_that_exist():
     """A renamed test would make a `-k` step select nothing and pass in silence."""
     for path, expr in re.findall(r"(tests/[\w/]+\.py) -k (\w+)", SCRIPT.replace("\\\n", " ")):
