@@ -87,3 +87,13 @@ def test_cuda_bench_without_a_gpu_is_one_clear_line(tmp_path):
     assert r.returncode != 0
     assert r.stderr.strip().splitlines()[-1].endswith("no CUDA device (torch.cuda.is_available())")
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_a_cpu_dry_run_needs_quick_and_says_so(tmp_path):
+    """`--device cpu` is the suite's dry run: at full size it would run for hours on a CPU, so
+    without --quick it stops in one line before anything is built or written."""
+    from attnconv.bench import cuda
+
+    with pytest.raises(SystemExit, match="--device cpu is a dry run; add --quick"):
+        cuda.main(["--device", "cpu", "--out-dir", str(tmp_path), "--only", "content"])
+    assert list(tmp_path.iterdir()) == []
