@@ -12,8 +12,9 @@ tensor in memory, no gather in the loop. Online softmax in forward (the log-sum-
 backward recomputes the probabilities in two kernels: one per key block (dK, dV) and one per
 query block (dQ and the gradients of R and C, reduced over the keys of each image row and
 column inside the program that owns the queries: no atomics). M is the counter hash of
-``functional.dropped_links``, redrawn in every kernel from (seed, row, key), so every path
-drops the same links under one seed. q, k, v in float32 (TF32 only where
+``functional.dropped_links``, redrawn in every kernel from (seed, row, key), so it drops
+the links the CPU kernels and the plain path drop under one seed (the fold on CUDA draws
+SDPA's own mask: the same law, other links). q, k, v in float32 (TF32 only where
 ``torch.backends.cuda.matmul.allow_tf32`` opts in), bfloat16 or float16 with float32
 accumulation, float64 (gradcheck); R and C in float32 at least. The plain equations beside it:
 ``fused.axis_attention_reference``.
