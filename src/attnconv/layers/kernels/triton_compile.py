@@ -133,26 +133,8 @@ def signature(kernel, args: tuple, meta: dict) -> dict[str, str]:
     return sig
 
 
-def resources(cubin: bytes) -> tuple[int | None, int | None]:
-    """(registers, stack bytes) per thread from the cubin, by the cuobjdump Triton ships.
-    ptxas spills registers to the stack frame (STACK), not to LOCAL (0 for Triton kernels)."""
-    import triton
-
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    if not tool.exists():
-        return None, None
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "k.cubin")
-        Path(path).write_bytes(cubin)
-        text = subprocess.run([str(tool), "-res-usage", path], capture_output=True, text=True)
-    m = re.search(r"REG:(\d+) STACK:(\d+)", text.stdout)
-    return (int(m[1]), int(m[2])) if m else (None, None)
-
-
-def tensor_core_ops(cubin: bytes) -> int | None:
-    """The tensor-core instructions in the cubin's SASS (HMMA, HGMMA on sm_90, DMMA for float64,
-    by the cuobjdump Triton ships): 0 where every product runs on the FMA units (float32 without
-    TF32 by design; a bfloat16 product there would be a slow path no CPU test can see)."""
+def cuobjdump(cubin: bytes, flag: str) -> str | None:
+    """``cuobjdump <flag>`` of the cubin by the copy Triton ships (None where it has none)."""
     import triton
 
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
@@ -161,8 +143,22 @@ def tensor_core_ops(cubin: bytes) -> int | None:
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.cubin")
         Path(path).write_bytes(cubin)
-        text = subprocess.run([str(tool), "-sass", path], capture_output=True, text=True).stdout
-    return len(re.findall(r"\b[HDI]G?MMA\b", text))
+        return subprocess.run([str(tool), flag, path], capture_output=True, text=True).stdout
+
+
+def resources(cubin: bytes) -> tuple[int | None, int | None]:
+    """(registers, stack bytes) per thread from the cubin. ptxas spills registers to the stack
+    frame (STACK), not to LOCAL (0 for Triton kernels)."""
+    m = re.search(r"REG:(\d+) STACK:(\d+)", cuobjdump(cubin, "-res-usage") or "")
+    return (int(m[1]), int(m[2])) if m else (None, None)
+
+
+def tensor_core_ops(cubin: bytes) -> int | None:
+    """The tensor-core instructions in the cubin's SASS (HMMA, HGMMA on sm_90, DMMA for float64):
+    0 where every product runs on the FMA units (float32 without TF32 by design; a bfloat16
+    product there would be a slow path no CPU test can see)."""
+    text = cuobjdump(cubin, "-sass")
+    return None if text is None else len(re.findall(r"\b[HDI]G?MMA\b", text))
 
 
 def compile_launch(kernel, args: tuple, meta: dict, case: Case, arch: int, limit: int):
