@@ -6,6 +6,7 @@ is not a constexpr (the kernels read one, INTERPRET, and no GPU could compile th
 test), tl.dot shapes and dtypes, and the shared memory each block asks for against the
 architecture's limit."""
 
+import inspect
 import json
 import os
 import subprocess
@@ -183,7 +184,7 @@ def test_the_compiled_signature_names_every_parameter_of_each_launch():
         sig = triton_compile.signature(kernel, args, meta)
         names = [n for n in kernel.arg_names if n != "N"]  # N: a constexpr's default
         assert list(sig) == names, kernel.__name__  # nothing missing or extra, in order
-        assert sig["Q"] == "*bf16" and sig["QA"] == "*fp32" and sig["inv_keep"] == "fp32"
+        assert sig["Q"] == "*bf16" and sig["QA"] == "*fp32" and sig["SC"] == "*fp32"
 
 
 def test_the_check_compiles_what_the_launch_code_builds():
@@ -249,3 +250,22 @@ def test_the_axis_logits_add_a_fifth_to_a_plain_flash_loop_at_most():
     assert row["plain"] > 100 and row["ours"] > 100  # a loop was found in each listing
     assert row["ours"] <= 1.3 * row["plain"], row
     assert row["ours_mma"] == row["plain_mma"] > 0, row
+
+
+@pytest.mark.parametrize("window", [0, 3])
+def test_float64_launches_carry_their_scale_in_float64(window):
+    """A Python float reaches a compiled kernel as fp32 (Triton's launcher), where the
+    interpreter keeps it float64: float64 kernels given scale = 0.37 as a float would match the
+    plain equations here and miss them by ~1e-8 on a GPU. Every launch carries [scale,
+    1 / (1 - p)] in a tensor of its accumulation dtype, which the float64 kernels read (the
+    others take the floats, exact for their fp32 arithmetic)."""
+    p = 0.0 if window else 0.1
+    for dtype in (torch.float64, torch.float32, torch.bfloat16):
+        case = Case(dtype, 5, 7, 8, 8, p=p, window=window)
+        acc = torch.float64 if dtype == torch.float64 else torch.float32
+        for kernel, args, _ in triton_compile.launches(case):
+            sc = dict(zip(kernel.arg_names, args))["SC"]
+            want = torch.tensor([8**-0.5, 1 / (1 - p)], dtype=torch.float64)
+            assert sc.dtype == acc and torch.equal(sc.double(), want.to(acc).double())
+    src = inspect.getsource(triton_axis._fwd.fn)
+    assert "if ACC == tl.float64:" in src and "tl.load(SC)" in src

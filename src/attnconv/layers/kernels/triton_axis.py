@@ -224,14 +224,19 @@ def window_dqa(dqa: torch.Tensor, window: int) -> torch.Tensor:
 
 def forward_launch(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, train, window=0):
     """The forward kernel's (grid, arguments, compile-time values) and its outputs (y, stats,
-    rng): what ``_TritonAxis`` launches and ``triton_compile`` compiles for a GPU. ``window``:
-    k for SASA's k x k window (triton_local.py; q_axis then holds each query's [Rq | Cq])."""
+    scalars): what ``_TritonAxis`` launches and ``triton_compile`` compiles for a GPU.
+    ``window``: k for SASA's k x k window (triton_local.py; q_axis then holds each query's
+    [Rq | Cq]). ``scalars``: the tensors [seed, threshold] (int64) and [scale, 1 / (1 - p)] in
+    the accumulation dtype, which the float64 kernels read: a Python float reaches a compiled
+    kernel as fp32 (the interpreter keeps it float64, so only a GPU would show it); the others
+    take the floats, kernel parameters that cost no registers."""
     b, nh, t, dk = q.shape
     dv = v.shape[-1]
     meta = _meta(q, h, w, window)
     meta.update(DKP=_pow2(dk, 16), DVP=_pow2(dv, 16), DROP=p > 0, PER_IMAGE=per_image)
-    rng = torch.tensor([seed, drop_threshold(p)], dtype=torch.int64, device=q.device)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    rng = torch.tensor([seed, drop_threshold(p)], dtype=torch.int64, device=q.device)
+    scalars = (rng, torch.tensor([scale, 1.0 / (1.0 - p)], dtype=acc, device=q.device))
     # (B, T, Nh, Dv) in float32: the backward's rowsum(dY o Y) from a bfloat16 Y lost
     # precision in the positional gradients (docs/benchmarks.md)
     y = torch.empty(b, t, nh, dv, dtype=acc, device=q.device)
@@ -243,11 +248,11 @@ def forward_launch(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, tr
     shift = triton_tiles.window_shift(h, w, window, *tile) if window else 0  # its key grid
     sizes = (nh, t, h, w, dk, dv, scale, 1.0 / (1.0 - p), window, (window - 1) // 2, shift)
     strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(q_axis), *_strides(y))
-    args = (q, k, v, q_axis, y, stats, rng, *strides, *sizes)
-    return (_query_blocks(h, w, b * nh), args, fmeta), (y, stats, rng, sizes, meta)
+    args = (q, k, v, q_axis, y, stats, *scalars, *strides, *sizes)
+    return (_query_blocks(h, w, b * nh), args, fmeta), (y, stats, scalars, sizes, meta)
 
 
-def backward_launches(q, k, v, q_axis, y, stats, rng, dy, sizes, meta, block_m=None):
+def backward_launches(q, k, v, q_axis, y, stats, scalars, dy, sizes, meta, block_m=None):
     """The two backward kernels' (kernel, grid, arguments, compile-time values: the forward's
     block shape, each its own num_warps) and the gradients they write (dq, dk, dv, d q_axis),
     in the accumulation dtype; ``meta``: the forward's shared values (``forward_launch``)."""
@@ -265,8 +270,8 @@ def backward_launches(q, k, v, q_axis, y, stats, rng, dy, sizes, meta, block_m=N
     common = (q, k, v, q_axis, dy, stats, delta)
     dq_meta, kv_meta = (_tiled(f, meta, q.dtype, block_m) for f in (_bwd_dq, _bwd_dkdv))
     launches = [
-        (_bwd_dq, _query_blocks(h, w, b * nh), (*common, dq, dqa, rng), dq_meta),
-        (_bwd_dkdv, _key_blocks(h, w, sizes[10], b * nh), (*common, dk_, dv_, rng), kv_meta),
+        (_bwd_dq, _query_blocks(h, w, b * nh), (*common, dq, dqa, *scalars), dq_meta),
+        (_bwd_dkdv, _key_blocks(h, w, sizes[10], b * nh), (*common, dk_, dv_, *scalars), kv_meta),
     ]
     launches = [(f, g, (*a, *strides, *sizes), m) for f, g, a, m in launches]
     return launches, (dq, dk_, dv_, dqa)
@@ -275,13 +280,13 @@ def backward_launches(q, k, v, q_axis, y, stats, rng, dy, sizes, meta, block_m=N
 class _TritonAxis(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, train, window=0):
-        (grid, args, meta), (y, stats, rng, sizes, ctx.meta) = forward_launch(
+        (grid, args, meta), (y, stats, scalars, sizes, ctx.meta) = forward_launch(
             q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, train, window
         )
         # the backward kernels take the forward's query block (a smaller one only where their
         # own shared memory forces it): other product shapes would round the logits otherwise
         ctx.block_m = launch(_fwd, grid, args, meta)
-        ctx.save_for_backward(q, k, v, q_axis, y, stats, rng)
+        ctx.save_for_backward(q, k, v, q_axis, y, stats, *scalars)
         ctx.sizes = sizes
         return y.to(q.dtype)
 
@@ -289,10 +294,10 @@ class _TritonAxis(torch.autograd.Function):
     @once_differentiable
     @backward_without_autocast
     def backward(ctx, dy):
-        q, k, v, q_axis, y, stats, rng = ctx.saved_tensors
+        q, k, v, q_axis, y, stats, *scalars = ctx.saved_tensors
         dy = dy.to(q.dtype).contiguous()
         launches, (dq, dk, dv, dqa) = backward_launches(
-            q, k, v, q_axis, y, stats, rng, dy, ctx.sizes, ctx.meta, ctx.block_m
+            q, k, v, q_axis, y, stats, scalars, dy, ctx.sizes, ctx.meta, ctx.block_m
         )
         for kernel, grid, args, meta in launches:
             launch(kernel, grid, args, meta)

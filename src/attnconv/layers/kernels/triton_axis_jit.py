@@ -36,6 +36,7 @@ def _fwd(
     Y,
     STATS,
     RNG,
+    SC,
     sq_b,
     sq_h,
     sq_t,
@@ -75,6 +76,8 @@ def _fwd(
     WINDOW: tl.constexpr,
 ):
     N: tl.constexpr = ROWS * WP
+    if ACC == tl.float64:  # a float argument is fp32 on a GPU: float64's exact values from SC
+        scale, inv_keep = tl.load(SC), tl.load(SC + 1)
     bh = tl.program_id(1)
     b, hd = bh // NH, bh % NH
     t0 = tl.program_id(0)
@@ -146,6 +149,7 @@ def _bwd_dq(
     DQ,
     DQA,
     RNG,
+    SC,
     sq_b,
     sq_h,
     sq_t,
@@ -186,6 +190,8 @@ def _bwd_dq(
     """dQ, dR, dC of one query block: dS = P o (dP - rowsum(dY o Y)); dR, dC its sums over
     the keys of each image row / column."""
     N: tl.constexpr = ROWS * WP
+    if ACC == tl.float64:  # a float argument is fp32 on a GPU: float64's exact values from SC
+        scale, inv_keep = tl.load(SC), tl.load(SC + 1)
     bh = tl.program_id(1)
     b, hd = bh // NH, bh % NH
     t0 = tl.program_id(0)
@@ -267,6 +273,7 @@ def _bwd_dkdv(
     DK_,
     DV_,
     RNG,
+    SC,
     sq_b,
     sq_h,
     sq_t,
@@ -307,6 +314,8 @@ def _bwd_dkdv(
     """dK, dV of one key block (ROWS image rows; WINDOW: of WP columns), over the query blocks
     that reach it."""
     N: tl.constexpr = ROWS * WP
+    if ACC == tl.float64:  # a float argument is fp32 on a GPU: float64's exact values from SC
+        scale, inv_keep = tl.load(SC), tl.load(SC + 1)
     bh = tl.program_id(1)
     b, hd = bh // NH, bh % NH
     dk, dv = tl.arange(0, DKP), tl.arange(0, DVP)

@@ -92,7 +92,7 @@ def launches(case: Case, block_m: int | None = None) -> list[tuple]:
     na = 2 * case.window if case.window else case.h + case.w  # [Rq | Cq] or [R | C]
     qa = z(1, 1, t, na, dtype=torch.promote_types(case.dtype, torch.float32))
     args = (q, k, v, qa, case.h, case.w, case.dk**-0.5, case.p, 0, case.per_image, block_m)
-    (_, fargs, fmeta), (y, stats, rng, sizes, meta) = triton_axis.forward_launch(
+    (_, fargs, fmeta), (y, stats, scalars, sizes, meta) = triton_axis.forward_launch(
         *args, case.train, case.window
     )
     if case.tf32:  # as on a GPU with allow_tf32: tf32 products, tf32's tiles
@@ -102,7 +102,7 @@ def launches(case: Case, block_m: int | None = None) -> list[tuple]:
     if case.train:
         dy = z(1, t, 1, case.dv, dtype=case.dtype)
         back, _ = triton_axis.backward_launches(
-            q, k, v, qa, y, stats, rng, dy, sizes, meta, block_m
+            q, k, v, qa, y, stats, scalars, dy, sizes, meta, block_m
         )
         out += [(kernel, a, m) for kernel, _, a, m in back]
     return out
