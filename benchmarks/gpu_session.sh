@@ -48,8 +48,10 @@ timeout 50 $py -m attnconv.cli bench --suite cuda --repeats 3 --out-dir "$OUT" -
   --mode train --inner 5 $DRY 2>&1 | tail -30 | tee -a "$LOG"
 echo "== CUDA tests (the time left; each test's line in cuda_tests.log as it ends)" | tee -a "$LOG"
 # -v -rfE: a test's verdict is written when it ends, so a timeout keeps those that ran
-# first the paper models trained, stopped, resumed and evaluated by the CLI on the GPU (seconds)
+# first the paper models trained, stopped, resumed and evaluated by the CLI on the GPU, and the
+# Triton kernels queued without a host-device sync (seconds)
 timeout ${TESTS_S:-60} $py -m pytest -v -rfE -p no:cacheprovider tests/test_cuda_train.py \
+  tests/test_cuda_sync.py \
   tests/test_data.py::test_a_loader_on_the_gpu_yields_the_cpu_loaders_batches \
   tests/test_hash_dropout.py::test_module_runs_torchs_dropout_on_cuda tests/test_triton_axis.py \
   tests/test_triton_local.py tests/test_cuda_models_bench.py tests/test_cuda_backend.py \

@@ -204,6 +204,19 @@ def window_parts(window: int, wp: int) -> int:
     return -(-(wp + window - 2) // wp) + 1
 
 
+def device_values(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``values`` as a tensor on ``device`` without a host-device synchronization: a CUDA
+    tensor made from a list is a copy from pageable memory, which waits for every kernel queued
+    before it (once a layer call, the GPU idle while Python catches up); a fill per value is a
+    kernel like the others."""
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=dtype, device=device)
+    out = torch.empty(len(values), dtype=dtype, device=device)
+    for j, x in enumerate(values):
+        out[j] = x
+    return out
+
+
 def window_wp(w: int) -> int:
     """The columns of a window's query tiles and key blocks on an image W pixels wide."""
     return min(triton_tiles.WINDOW_WP, _pow2(w))
@@ -235,8 +248,8 @@ def forward_launch(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, tr
     meta = _meta(q, h, w, window)
     meta.update(DKP=_pow2(dk, 16), DVP=_pow2(dv, 16), DROP=p > 0, PER_IMAGE=per_image)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    rng = torch.tensor([seed, drop_threshold(p)], dtype=torch.int64, device=q.device)
-    scalars = (rng, torch.tensor([scale, 1.0 / (1.0 - p)], dtype=acc, device=q.device))
+    rng = device_values([seed, drop_threshold(p)], torch.int64, q.device)
+    scalars = (rng, device_values([scale, 1.0 / (1.0 - p)], acc, q.device))
     # (B, T, Nh, Dv) in float32: the backward's rowsum(dY o Y) from a bfloat16 Y lost
     # precision in the positional gradients (docs/benchmarks.md)
     y = torch.empty(b, t, nh, dv, dtype=acc, device=q.device)
