@@ -31,8 +31,9 @@ def hash_dropout_reference(x: torch.Tensor, p: float, seed: int, offset: int = 0
     once, as the kernel does."""
     dropped = dropped_elements(x.numel(), p, x.device, seed, offset).view(x.shape)
     acc = torch.promote_types(x.dtype, torch.float32)
-    keep = torch.tensor(1.0 / (1.0 - p), dtype=acc, device=x.device)
-    return (x.to(acc) * torch.where(dropped, 0.0, keep)).to(x.dtype)  # x * 0 as nn.Dropout
+    # x * 0 as nn.Dropout (NaN stays NaN); the scale a Python number (a CUDA tensor made from
+    # one is a synchronizing copy)
+    return (x.to(acc) * (~dropped).to(acc) * (1.0 / (1.0 - p))).to(x.dtype)
 
 
 class _HashDropout(torch.autograd.Function):
