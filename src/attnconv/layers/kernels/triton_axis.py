@@ -213,7 +213,7 @@ def device_values(values: list, dtype: torch.dtype, device: torch.device) -> tor
         return torch.tensor(values, dtype=dtype, device=device)
     out = torch.empty(len(values), dtype=dtype, device=device)
     for j, x in enumerate(values):
-        out[j] = x
+        out[j].fill_(x)  # fill_(a Python number): the value a kernel argument, no host tensor
     return out
 
 
