@@ -52,6 +52,7 @@ echo "== CUDA tests (the time left; each test's line in cuda_tests.log as it end
 # Triton kernels queued without a host-device sync (seconds)
 timeout ${TESTS_S:-60} $py -m pytest -v -rfE -p no:cacheprovider tests/test_cuda_train.py \
   tests/test_cuda_sync.py \
+  tests/test_functional.py::test_on_a_gpu_odd_head_widths_still_take_a_fused_kernel \
   tests/test_data.py::test_a_loader_on_the_gpu_yields_the_cpu_loaders_batches \
   tests/test_hash_dropout.py::test_module_runs_torchs_dropout_on_cuda tests/test_triton_axis.py \
   tests/test_triton_local.py tests/test_cuda_models_bench.py tests/test_cuda_backend.py \

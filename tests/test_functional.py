@@ -66,3 +66,26 @@ def test_bad_shapes_raise():
         scaled_dot_product_attention(
             torch.randn(1, 1, 2, 2), torch.randn(1, 1, 2, 2), torch.randn(1, 1, 2, 2), impl="x"
         )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(
+    "backend, dk, dv", [("flash", 44, 44), ("flash", 30, 17), ("efficient", 300, 300)]
+)
+def test_on_a_gpu_odd_head_widths_still_take_a_fused_kernel(backend, dk, dv):
+    """On CUDA the heads are padded to a common width, a multiple of 8: FlashAttention takes
+    widths to 256 (44 = 16 + 14 + 14: the fold's widened heads at 14x14 tokens), and past 256
+    only the memory-efficient kernel runs, on 16-bit widths a multiple of 8 (300 padded to a
+    multiple of 4 stays 300: the math kernel, (B, nh, Tq, Tk) in memory, would have run). With
+    only that backend allowed the call runs and equals the plain equations."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    bf16 = torch.bfloat16
+    q, k = (torch.randn(2, 3, 40, dk, device="cuda", generator=g, dtype=bf16) for _ in "qk")
+    v = torch.randn(2, 3, 40, dv, device="cuda", generator=g, dtype=bf16)
+    which = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    with sdpa_kernel(which[backend]):
+        y = scaled_dot_product_attention(q, k, v)
+    ref = scaled_dot_product_attention(q.float(), k.float(), v.float(), impl="reference")
+    torch.testing.assert_close(y.float(), ref, rtol=2e-2, atol=2e-2)

@@ -250,8 +250,11 @@ def scaled_dot_product_attention(
         return (y, probs) if return_attention else y
 
     # fast path: fused kernel, heads padded to a common width so the flash kernel applies, rounded
-    # up to a multiple of 4 (the CPU kernel runs markedly slower at some other widths, e.g. 51)
-    d = -(-max(dk, dv) // 4) * 4
+    # up to a multiple of 4 on a CPU (its kernel runs markedly slower at some other widths, e.g.
+    # 51) and of 8 on a GPU (past FlashAttention's 256 the memory-efficient kernel takes no other
+    # 16-bit widths: the math kernel, (B, nh, Tq, Tk) in memory, would run instead)
+    m = 8 if q.is_cuda else 4
+    d = -(-max(dk, dv) // m) * m
     if dk < d:
         q = F.pad(q, (0, d - dk))
         k = F.pad(k, (0, d - dk))
