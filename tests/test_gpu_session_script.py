@@ -84,6 +84,8 @@ def test_its_timeouts_fit_one_lent_call():
     leaving the machine's start inside a 15-minute device budget)."""
     steps = [int(t) for t in re.findall(r"^timeout (?:\$\{\w+:-)?(\d+)\}? ", SCRIPT, flags=re.M)]
     assert len(steps) >= 4 and sum(steps) <= 540, steps
+    # the tests' own time: what the steps above left of 510 s (30 s for the goals), at least 60
+    assert "TESTS_S=$((510 - ($(date +%s) - START)))" in SCRIPT
 
 
 @pytest.mark.slow
