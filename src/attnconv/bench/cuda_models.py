@@ -32,14 +32,13 @@ import copy
 import platform
 import statistics
 import types
-from functools import partial
 
 import torch
 
 from attnconv.bench import cuda
 from attnconv.bench.anchors import dense_sdpa
 from attnconv.bench.common import count_flops, markdown_table, suite_command, write_results
-from attnconv.bench.models import P_DROP, SA_MODELS, build, model_kwargs, training_step
+from attnconv.bench.models import P_DROP, SA_MODELS, build, gemm, model_kwargs, training_step
 from attnconv.layers.checks import set_backend
 from attnconv.layers.kernels import triton_axis
 from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
@@ -101,8 +100,8 @@ def gemm_peaks(device: str = "cuda", repeats: int = 5) -> dict[str, float]:
     n = PEAK_N if device == "cuda" else 256
     out = {}
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        a, b = (torch.randn(n, n, device=device).to(dtype) for _ in "ab")
-        ms = [cuda.ms_per_call(partial(torch.matmul, a, b), 3, device) for _ in range(repeats + 1)]
+        step = gemm(dtype, n, device)
+        ms = [cuda.ms_per_call(step, 3, device) for _ in range(repeats + 1)]
         out[name] = 2 * n**3 / (statistics.median(ms[1:]) / 1e3) / 1e9  # the first: a warm-up
     return out
 
@@ -184,12 +183,11 @@ COLUMNS = [
 def report(args, repeats: int, out_dir) -> int:
     scale, batch = ("quick", 8) if args.quick else ("paper", 100)
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 as the reference trained
-    peaks = gemm_peaks(args.device)
+    peaks, dev = gemm_peaks(args.device), cuda.device_name(args.device)
 
     def save(rows):  # the rows so far, read by gpu_goals where the time ran out; removed below
         write_results("cuda_models.partial", dict(rows=rows, device=dev), "", out_dir)
 
-    dev = cuda.device_name(args.device)
     rows = run(SA_MODELS, scale, batch, repeats, args.device, peaks, save)
     for suffix in (".json", ".md"):
         (out_dir / f"cuda_models.partial{suffix}").unlink(missing_ok=True)

@@ -133,8 +133,9 @@ def training_step(net, batch: int, bf16: bool, device: str = "cpu"):
     return step
 
 
-def _gemm(dtype: torch.dtype, n: int):
-    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+def gemm(dtype: torch.dtype, n: int, device: str = "cpu"):
+    """A call of an n x n x n matmul in ``dtype`` on ``device``: what measures the GEMM peak."""
+    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in "ab")
     return lambda: a @ b
 
 
@@ -150,7 +151,7 @@ def run_scale(specs: list[dict], repeats: int, threads: int) -> dict:
     """In this process: build every case, warm up, count FLOPs, time ``repeats`` rounds."""
     torch.set_num_threads(threads)
     steps = [make_step(**s) for s in specs]
-    peaks = {"fp32": _gemm(torch.float32, PEAK_N), "bf16": _gemm(torch.bfloat16, PEAK_N)}
+    peaks = {"fp32": gemm(torch.float32, PEAK_N), "bf16": gemm(torch.bfloat16, PEAK_N)}
     flops, first = {}, {}
     for i, (s, step) in enumerate(zip(specs, steps)):  # warm-up (compiles), FLOPs of eager fp32
         key = (s["model"], s["impl"])  # bf16 and compiled steps execute the same matmuls
