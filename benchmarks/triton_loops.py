@@ -72,12 +72,7 @@ def main_loop(sass: str) -> list[str]:
 
 
 def _loop(kernel, sig: dict, constexprs: dict, warps: int, arch: int) -> list[str]:
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    src = ASTSource(kernel, sig, constexprs=constexprs)
-    options = {"num_stages": triton_axis.STAGES[0], "num_warps": warps}
-    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+    compiled = tc.compile_for(kernel, sig, constexprs, triton_axis.STAGES[0], warps, arch)
     return main_loop(tc.cuobjdump(compiled.asm["cubin"], "-sass") or "")
 
 

@@ -161,20 +161,25 @@ def tensor_core_ops(cubin: bytes) -> int | None:
     return None if text is None else len(re.findall(r"\b[HDI]G?MMA\b", text))
 
 
-def compile_launch(kernel, args: tuple, meta: dict, case: Case, arch: int, limit: int):
-    """One launch compiled for sm_<arch> at the first rung of ``triton_axis.launch`` whose
-    shared memory fits ``limit`` bytes, with its resources read from the cubin."""
+def compile_for(kernel, sig: dict, constexprs: dict, stages: int, warps: int, arch: int):
+    """Triton's compile of ``kernel`` (its signature and compile-time values) for sm_<arch>."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    src = ASTSource(kernel, sig, constexprs=constexprs)
+    options = {"num_stages": stages, "num_warps": warps}
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def compile_launch(kernel, args: tuple, meta: dict, case: Case, arch: int, limit: int):
+    """One launch compiled for sm_<arch> at the first rung of ``triton_axis.launch`` whose
+    shared memory fits ``limit`` bytes, with its resources read from the cubin."""
     constexprs, warps = triton_axis.compile_options(meta)
     sig = signature(kernel, args, constexprs)
     for stages, block_m in triton_axis.rungs(meta):
-        src = ASTSource(kernel, sig, constexprs=dict(constexprs, BLOCK_M=block_m))
         start = time.perf_counter()
-        options = {"num_stages": stages, "num_warps": warps}
-        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+        compiled = compile_for(kernel, sig, dict(constexprs, BLOCK_M=block_m), stages, warps, arch)
         seconds = time.perf_counter() - start
         if compiled.metadata.shared <= limit:
             break
