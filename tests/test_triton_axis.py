@@ -39,6 +39,17 @@ def _run(f, q, k, v, qa, h, w, p, per_image, seed, scale=0.37, **kw):
     return f(q, k, v_all, qa, h, w, scale, p, per_image, seed=seed, **kw)
 
 
+def _equal_in_float64(xs, h, w, p, per_image, seed, gen, **kw):
+    """The kernel's values and the gradients of every input equal the plain equations' (float64,
+    the same dropout seed; a random output gradient from ``gen``)."""
+    y = _run(axis_attention_triton, *xs, h, w, p, per_image, seed, **kw)
+    ref = _run(axis_attention_reference, *xs, h, w, p, per_image, seed)
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+    g = torch.randn(y.shape, dtype=y.dtype, generator=gen).to(y.device)
+    for a, r in zip(torch.autograd.grad(y, xs, g), torch.autograd.grad(ref, xs, g)):
+        torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
+
+
 @settings(max_examples=20 if DEVICE == "cpu" else 4, deadline=None)  # on a GPU: a compile each
 @given(
     b=st.integers(1, 2),
@@ -61,12 +72,7 @@ def test_triton_equals_plain_equations(
     logits (per image or one for the batch), with and without dropout under one seed."""
     gen = torch.Generator().manual_seed(seed % 1000)
     xs = _inputs(b, nh, h, w, dk, dv, torch.float64, shared, batch_axis, gen)
-    y = _run(axis_attention_triton, *xs, h, w, p, per_image, seed, block_m=block_m)
-    ref = _run(axis_attention_reference, *xs, h, w, p, per_image, seed)
-    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
-    g = torch.randn(y.shape, dtype=y.dtype, generator=gen).to(DEVICE)
-    for a, r in zip(torch.autograd.grad(y, xs, g), torch.autograd.grad(ref, xs, g)):
-        torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
+    _equal_in_float64(xs, h, w, p, per_image, seed, gen, block_m=block_m)
 
 
 @pytest.mark.parametrize("h, w, dk", [(2, 40, 8), (3, 20, 48), (1, 100, 16)])
@@ -75,12 +81,7 @@ def test_triton_equals_plain_equations_on_wide_rows(h, w, dk):
     step of whole rows: float64 values and every gradient, with dropout."""
     gen = torch.Generator().manual_seed(w)
     xs = _inputs(2, 2, h, w, dk, 8, torch.float64, gen=gen)
-    y = _run(axis_attention_triton, *xs, h, w, 0.2, True, 5)
-    ref = _run(axis_attention_reference, *xs, h, w, 0.2, True, 5)
-    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
-    g = torch.randn(y.shape, dtype=y.dtype, generator=gen).to(DEVICE)
-    for a, r in zip(torch.autograd.grad(y, xs, g), torch.autograd.grad(ref, xs, g)):
-        torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
+    _equal_in_float64(xs, h, w, 0.2, True, 5, gen)
 
 
 @pytest.mark.parametrize("h, w, dk, block_m", [(5, 7, 8, 16), (3, 20, 17, 64), (9, 3, 4, 16)])
@@ -90,12 +91,7 @@ def test_every_output_element_is_written(poisoned_empty, h, w, dk, block_m):
     plain equations in float64, partial query and key blocks included."""
     gen = torch.Generator().manual_seed(h * w)
     xs = _inputs(2, 2, h, w, dk, 3, torch.float64, gen=gen)
-    y = _run(axis_attention_triton, *xs, h, w, 0.2, True, 3, block_m=block_m)
-    ref = _run(axis_attention_reference, *xs, h, w, 0.2, True, 3)
-    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
-    g = torch.randn(y.shape, dtype=y.dtype, generator=gen).to(DEVICE)
-    for a, r in zip(torch.autograd.grad(y, xs, g), torch.autograd.grad(ref, xs, g)):
-        torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
+    _equal_in_float64(xs, h, w, 0.2, True, 3, gen, block_m=block_m)
 
 
 @pytest.mark.parametrize("p, per_image", [(0.0, True), (0.3, True), (0.3, False)])
@@ -283,12 +279,7 @@ def test_the_kernels_run_on_the_tensors_gpu_not_the_current_one():
         for x in _inputs(2, 2, 5, 7, 8, 8, torch.float64, gen=gen)
     ]
     with torch.cuda.device(0):
-        y = _run(axis_attention_triton, *xs, 5, 7, 0.0, True, 0)
-        ref = _run(axis_attention_reference, *xs, 5, 7, 0.0, True, 0)
-        torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
-        g = torch.ones_like(y)
-        for a, r in zip(torch.autograd.grad(y, xs, g), torch.autograd.grad(ref, xs, g)):
-            torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
+        _equal_in_float64(xs, 5, 7, 0.0, True, 0, gen)
 
 
 def test_sizes_past_int32_offsets_or_the_launch_grid_fall_back(monkeypatch):
