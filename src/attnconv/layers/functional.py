@@ -251,8 +251,9 @@ def scaled_dot_product_attention(
 
     # fast path: fused kernel, heads padded to a common width so the flash kernel applies, rounded
     # up to a multiple of 4 on a CPU (its kernel runs markedly slower at some other widths, e.g.
-    # 51) and of 8 on a GPU (past FlashAttention's 256 the memory-efficient kernel takes no other
-    # 16-bit widths: the math kernel, (B, nh, Tq, Tk) in memory, would run instead)
+    # 51) and of 8 on a GPU (past FlashAttention's 256 only the memory-efficient kernel is
+    # fused, and by PyTorch's dispatch rules as read it wants 16-bit widths a multiple of 8, else
+    # the math kernel, (B, nh, Tq, Tk) in memory, runs; tests/test_functional.py checks on a GPU)
     m = 8 if q.is_cuda else 4
     d = -(-max(dk, dv) // m) * m
     if dk < d:
