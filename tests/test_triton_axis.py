@@ -304,6 +304,22 @@ def test_sizes_past_int32_offsets_or_the_launch_grid_fall_back(monkeypatch):
     assert triton_axis.unsupported(seq(1, 5, 8, 1, 1), seq(13107, 5, 8, 1, 1), 1, 1) is None
 
 
+def test_float64_falls_back_where_triton_compiles_no_float64_product(monkeypatch):
+    """triton 3.4 (torch 2.8's) fails to compile a float64 tl.dot; its interpreter runs one. A
+    compiled launch of float64 there gets a one-line reason (the dense path runs) instead of a
+    CompilationError; bf16 is not refused for it."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(triton_axis, "VERSION", "3.4.0")
+    monkeypatch.setattr(triton_axis, "FLOAT64_DOT", False)
+    x = torch.empty(1, 2, 35, 8, device="meta", dtype=torch.float64)
+    assert triton_axis.unsupported(x, x, 5, 7) == (
+        "triton 3.4.0 compiles no float64 matrix product (3.5 does)"
+    )
+    assert "float64" not in triton_axis.unsupported(x.bfloat16(), x.bfloat16(), 5, 7)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the interpreter: float64 runs
+    assert triton_axis.unsupported(x, x, 5, 7) is None
+
+
 def test_backend_triton_without_triton_names_the_install(monkeypatch):
     monkeypatch.setattr(triton_axis, "INSTALLED", False)
     with pytest.raises(ValueError, match="pip install triton"):

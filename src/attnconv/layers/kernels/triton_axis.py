@@ -23,6 +23,7 @@ accumulation, float64 (gradcheck); R and C in float32 at least. The plain equati
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import importlib.util
 import os
 
@@ -40,6 +41,10 @@ MAX_HEAD_DIM = 512
 MAX_ELEMENTS = 2**31 - 1  # the kernels' offsets are int32 (program ids times strides)
 MAX_IMAGE_HEADS = 65535  # B x Nh is the launch grid's second dimension (CUDA's limit)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+VERSION = importlib.metadata.version("triton") if INSTALLED else None
+# triton before 3.5 compiles no float64 tl.dot ("Unsupported lhs dtype fp64", 3.4 for sm_80 and
+# sm_90); its interpreter runs one
+FLOAT64_DOT = VERSION is not None and tuple(int(x) for x in VERSION.split(".")[:2]) >= (3, 5)
 
 
 def interpreted() -> bool:
@@ -53,6 +58,8 @@ def unsupported(
     columns of its positional logits and their gradient (default the axis logits' H + W)."""
     if not INSTALLED:
         return "triton is not installed (pip install triton)"
+    if q.dtype == torch.float64 and not (FLOAT64_DOT or interpreted()):
+        return f"triton {VERSION} compiles no float64 matrix product (3.5 does)"
     if q.device.type != "cuda" and not interpreted():
         return f"the Triton kernel runs on CUDA (or under TRITON_INTERPRET=1), not {q.device.type}"
     if q.dtype not in DTYPES:
