@@ -265,7 +265,7 @@ def test_unsupported_inputs_fall_back_with_one_line(monkeypatch):
     torch.testing.assert_close(y, lay(x), rtol=1e-12, atol=1e-12)
     if DEVICE == "cpu":
         monkeypatch.setenv("TRITON_INTERPRET", "0")
-        why = triton_axis.unsupported(x, x, 1, 8)
+        why = triton_axis.unsupported(x.float(), x.float(), 1, 8)  # (float64: triton < 3.5's)
         assert why is not None and "CUDA" in why and "\n" not in why
 
 
