@@ -41,30 +41,36 @@ def test_probe_measures_a_real_model():
     assert probe_bytes("sa_learned", kw, 1 << 30, "x") == want
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "override", ["model.kwargs.hidden_size=1000000000", "model.kwargs.num_layers=10000000"]
-)
-def test_training_config_refused_in_seconds_and_little_memory(tmp_path, override):
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text("model: {name: sa_learned}\n")
-    # the child's own peak resident memory (VmHWM of its address space, KiB): ru_maxrss would
-    # carry the parent's peak over the fork and exec
-    hwm = "[ln for ln in open('/proc/self/status') if ln.startswith('VmHWM')][0].split()[1]"
-    code = (
-        "import sys\nfrom attnconv.cli import main\n"
-        f"try:\n    rc = main(sys.argv[1:])\nfinally:\n    print({hwm})\n"
-        "sys.exit(rc)"
-    )
-    # what importing the models and the trainer alone holds: torch's own libraries (a CUDA build
-    # maps ~0.3 GB more than the CPU one), none of the refused model
+# a child's own peak resident memory (VmHWM of its address space, KiB): ru_maxrss would carry
+# the parent's peak over the fork and exec
+HWM = "[ln for ln in open('/proc/self/status') if ln.startswith('VmHWM')][0].split()[1]"
+
+
+@pytest.fixture(scope="module")
+def imported_mb() -> float:
+    """What importing the models and the trainer alone holds: torch's own libraries (a CUDA
+    build maps ~0.3 GB more than the CPU one), none of a refused model."""
     imported = subprocess.run(
-        [sys.executable, "-c", f"import attnconv.models, attnconv.train\nprint({hwm})"],
+        [sys.executable, "-c", f"import attnconv.models, attnconv.train\nprint({HWM})"],
         capture_output=True,
         text=True,
         timeout=120,
     )
-    base_mb = int(imported.stdout.strip().splitlines()[-1]) / 1024
+    return int(imported.stdout.strip().splitlines()[-1]) / 1024
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "override", ["model.kwargs.hidden_size=1000000000", "model.kwargs.num_layers=10000000"]
+)
+def test_training_config_refused_in_seconds_and_little_memory(tmp_path, override, imported_mb):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("model: {name: sa_learned}\n")
+    code = (
+        "import sys\nfrom attnconv.cli import main\n"
+        f"try:\n    rc = main(sys.argv[1:])\nfinally:\n    print({HWM})\n"
+        "sys.exit(rc)"
+    )
     t0 = time.perf_counter()
     r = subprocess.run(
         [
@@ -86,7 +92,7 @@ def test_training_config_refused_in_seconds_and_little_memory(tmp_path, override
     peak_mb = int(r.stdout.strip().splitlines()[-1]) / 1024
     assert r.returncode == 2 and "declares more than" in r.stderr.strip().splitlines()[-1]
     # 5 s on a quiet machine; the refused model would need gigabytes
-    assert wall < 10 and peak_mb - base_mb < 100, (wall, peak_mb, base_mb)
+    assert wall < 10 and peak_mb - imported_mb < 100, (wall, peak_mb, imported_mb)
 
 
 @pytest.mark.slow

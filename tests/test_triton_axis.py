@@ -320,6 +320,25 @@ def test_float64_falls_back_where_triton_compiles_no_float64_product(monkeypatch
     assert triton_axis.unsupported(x, x, 5, 7) is None
 
 
+def test_the_version_is_read_from_either_triton_distribution(monkeypatch):
+    """PyTorch nightlies install the module as ``pytorch-triton``: its version is read there; no
+    distribution found is None (float64 then takes the dense path), never an import error."""
+    import importlib.metadata
+
+    def version(dists):
+        def read(name):
+            if name not in dists:
+                raise importlib.metadata.PackageNotFoundError(name)
+            return dists[name]
+
+        return read
+
+    monkeypatch.setattr(importlib.metadata, "version", version({"pytorch-triton": "3.5.0+git1"}))
+    assert triton_axis._version() == "3.5.0+git1"
+    monkeypatch.setattr(importlib.metadata, "version", version({}))
+    assert triton_axis._version() is None
+
+
 def test_backend_triton_without_triton_names_the_install(monkeypatch):
     monkeypatch.setattr(triton_axis, "INSTALLED", False)
     with pytest.raises(ValueError, match="pip install triton"):

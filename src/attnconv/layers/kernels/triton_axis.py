@@ -41,9 +41,20 @@ MAX_HEAD_DIM = 512
 MAX_ELEMENTS = 2**31 - 1  # the kernels' offsets are int32 (program ids times strides)
 MAX_IMAGE_HEADS = 65535  # B x Nh is the launch grid's second dimension (CUDA's limit)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-VERSION = importlib.metadata.version("triton") if INSTALLED else None
+
+
+def _version() -> str | None:
+    """The installed triton's version, from its distribution's metadata (triton not imported):
+    PyPI's ``triton`` or PyTorch nightlies' ``pytorch-triton``; None where neither is found."""
+    for dist in ("triton", "pytorch-triton"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            return importlib.metadata.version(dist)
+    return None
+
+
+VERSION = _version() if INSTALLED else None
 # triton before 3.5 compiles no float64 tl.dot ("Unsupported lhs dtype fp64", 3.4 for sm_80 and
-# sm_90); its interpreter runs one
+# sm_90); its interpreter runs one. A version not found: float64 takes the dense path
 FLOAT64_DOT = VERSION is not None and tuple(int(x) for x in VERSION.split(".")[:2]) >= (3, 5)
 
 
@@ -59,7 +70,8 @@ def unsupported(
     if not INSTALLED:
         return "triton is not installed (pip install triton)"
     if q.dtype == torch.float64 and not (FLOAT64_DOT or interpreted()):
-        return f"triton {VERSION} compiles no float64 matrix product (3.5 does)"
+        found = VERSION or "(version not found)"
+        return f"triton {found} compiles no float64 matrix product (3.5 does)"
     if q.device.type != "cuda" and not interpreted():
         return f"the Triton kernel runs on CUDA (or under TRITON_INTERPRET=1), not {q.device.type}"
     if q.dtype not in DTYPES:
