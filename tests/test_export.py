@@ -46,18 +46,9 @@ def _cases():
 
 
 CASES = _cases()
-# torch 2.11's export cannot prove the guard min(1156 B, 3468 B) == 1156 B (B >= 1) that
-# .contiguous() of the separable path's permuted output adds there (torch 2.8 and 2.13 pass)
-TORCH_2_11 = pytest.mark.xfail(
-    torch.__version__.startswith("2.11."), reason="torch 2.11's guard", strict=True
-)
-EXPORT_CASES = [
-    pytest.param(*c, id=c[0], marks=TORCH_2_11 if c[0].startswith("converted") else ())
-    for c in CASES
-]
 
 
-@pytest.mark.parametrize("name, module, x", EXPORT_CASES)
+@pytest.mark.parametrize("name, module, x", CASES, ids=[c[0] for c in CASES])
 def test_export_with_dynamic_batch_equals_eager(name, module, x):
     module.eval()
     with warnings.catch_warnings():

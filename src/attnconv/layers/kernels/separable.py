@@ -42,7 +42,9 @@ def head_major(
 def head_major_output(y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
     """(Nh, D, H, B, W) -> Wout concat_h(y_h) + bout as NCHW (B, Cout, H, W), a 1x1 convolution."""
     nh, d, h, b, w = y.shape
-    y = y.reshape(nh * d, h, b, w).permute(2, 0, 1, 3).contiguous()  # (B, Nh*D, H, W)
+    # (B, Nh, D, H, W) copied, then Nh and D merged: merging them before the copy makes torch
+    # 2.11's export guard Min(1156 B, 3468 B) == 1156 B on a dynamic batch, and fail on it
+    y = y.permute(3, 0, 1, 2, 4).contiguous().view(b, nh * d, h, w)  # (B, Nh*D, H, W)
     return F.conv2d(y, weight[:, :, None, None], bias)
 
 
