@@ -339,6 +339,15 @@ def test_the_version_is_read_from_either_triton_distribution(monkeypatch):
     assert triton_axis._version() is None
 
 
+def test_a_version_of_any_form_is_read_without_error():
+    """3.5 onwards compiles float64; release candidates, local builds and two-digit minors are
+    read by their major.minor, a missing or odd version as "no" (never an import error)."""
+    for v, want in [("3.5.0", True), ("3.6.0rc1", True), ("3.5.0+git1", True), ("3.10.0", True)]:
+        assert triton_axis._at_least(v, 3, 5) is want
+    for v in ("3.4.0", "3.4", "2.9.9", "3", "nightly", "", None):
+        assert triton_axis._at_least(v, 3, 5) is False
+
+
 def test_backend_triton_without_triton_names_the_install(monkeypatch):
     monkeypatch.setattr(triton_axis, "INSTALLED", False)
     with pytest.raises(ValueError, match="pip install triton"):

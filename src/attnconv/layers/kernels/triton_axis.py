@@ -26,6 +26,7 @@ import contextlib
 import importlib.metadata
 import importlib.util
 import os
+import re
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -52,10 +53,17 @@ def _version() -> str | None:
     return None
 
 
+def _at_least(version: str | None, major: int, minor: int) -> bool:
+    """Whether ``version`` ("3.5.0", "3.6.0rc1", "3.5.0+git1") is major.minor or later; a version
+    missing or not of that form is not (never an error at import)."""
+    m = re.match(r"(\d+)\.(\d+)", version or "")
+    return m is not None and (int(m[1]), int(m[2])) >= (major, minor)
+
+
 VERSION = _version() if INSTALLED else None
 # triton before 3.5 compiles no float64 tl.dot ("Unsupported lhs dtype fp64", 3.4 for sm_80 and
 # sm_90); its interpreter runs one. A version not found: float64 takes the dense path
-FLOAT64_DOT = VERSION is not None and tuple(int(x) for x in VERSION.split(".")[:2]) >= (3, 5)
+FLOAT64_DOT = _at_least(VERSION, 3, 5)
 
 
 def interpreted() -> bool:
