@@ -13,22 +13,11 @@ one thread, at least as fast as the dense anchor on every CPU.
 from __future__ import annotations
 
 import argparse
-import platform
 
 import torch
 
 from attnconv.bench.anchors import interleaved_medians, make_step
-
-
-def cpu_name() -> str:
-    """The CPU's model name (Linux), else the machine type."""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
+from attnconv.bench.common import cpu_name
 
 
 def main(argv: list[str] | None = None) -> None:

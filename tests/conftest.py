@@ -55,8 +55,8 @@ def cifar_zip() -> Path:
 def _one_thread():
     """One intra-op thread for every test: the tests are many small ops, where a second spinning
     thread only costs. The torch globals code under test may set (threads, deterministic
-    algorithms: a training's train.threads / train.deterministic) are restored afterwards, so
-    they cannot leak into the next test."""
+    algorithms, subnormals flushed: a training's train.threads / train.deterministic /
+    train.flush_subnormals) are restored afterwards, so they cannot leak into the next test."""
     n = torch.get_num_threads()
     det = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
@@ -64,6 +64,11 @@ def _one_thread():
     yield
     torch.set_num_threads(n)
     torch.use_deterministic_algorithms(det, warn_only=warn_only)
+    tiny = torch.ones(1, dtype=torch.int32).view(torch.float32)  # 1.4e-45, made from its bits
+    if (tiny * 1.0).item() == 0:  # this thread flushes subnormals: torch's default back
+        from attnconv.train.device import flush_subnormals
+
+        flush_subnormals(False)
 
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -48,6 +47,7 @@ import torch.nn.functional as F
 from attnconv.bench.common import (
     MALLOC_POLICIES,
     count_flops,
+    cpu_name,
     markdown_table,
     output_dir,
     run_case,
@@ -55,6 +55,7 @@ from attnconv.bench.common import (
     suite_parser,
 )
 from attnconv.bench.models_report import NAME, PEAK_N, TARGET_COLUMNS, save
+from attnconv.train.device import flush_subnormals
 
 SA_MODELS = ("sa_quadratic", "sa_learned", "sa_learned_content")
 MODELS = (*SA_MODELS, "resnet18_cifar")  # ResNet18: attnconv rows only (no reference)
@@ -148,8 +149,11 @@ def cases(scale: str, models: list[str], batch: int, compile: bool = False) -> l
 
 
 def run_scale(specs: list[dict], repeats: int, threads: int) -> dict:
-    """In this process: build every case, warm up, count FLOPs, time ``repeats`` rounds."""
+    """In this process: build every case, warm up, count FLOPs, time ``repeats`` rounds; with
+    subnormals flushed, as a training runs (both codes: benchmarks/denormal_ab.py times them
+    kept)."""
     torch.set_num_threads(threads)
+    flush_subnormals(True)
     steps = [make_step(**s) for s in specs]
     peaks = {"fp32": gemm(torch.float32, PEAK_N), "bf16": gemm(torch.bfloat16, PEAK_N)}
     flops, first = {}, {}
@@ -382,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         threads=args.threads,
         repeats=repeats,
         torch=torch.__version__,
-        machine=platform.processor() or platform.machine(),
+        machine=cpu_name(),
         malloc=args.malloc,
         peak_gflops=peaks,
         targets=checks,

@@ -49,7 +49,9 @@ def render(payload: dict) -> str:
         f"{payload['repeats']} interleaved rounds, medians; {payload['machine']}, torch "
         f"{payload['torch']}). Training step = forward + backward + SGD step on random 32x32 "
         "images with the paper's dropout 0.1; `reference` = the reference code's algorithm "
-        "holding the same weights (checked equal before timing). Measured GEMM peak "
+        "holding the same weights (checked equal before timing); every case with subnormal "
+        "floats flushed to zero, as `attnconv train` runs (train.flush_subnormals). Measured "
+        "GEMM peak "
         f"({PEAK_N}^3 matmul) in the same rounds: {peak}.",
         "",
         markdown_table(payload["rows"], COLUMNS),

@@ -15,7 +15,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import warnings
 
-    from attnconv.layers.kernels import build, fused
+    from attnconv.layers.kernels import fused
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -24,6 +24,8 @@ def run(args: argparse.Namespace) -> int:
         why = caught[-1].message if caught else f"{fused.DISABLE}=1 is set"
         print(f"attnconv build-kernels: not built: {why}", file=sys.stderr)
         return 1
-    name = build.module_name("attnconv_fused_axis", fused.SOURCES + fused.HEADERS)
-    print(f"attnconv build-kernels: the fused CPU kernels are ready ({module.__file__}; {name})")
+    print(
+        "attnconv build-kernels: the fused CPU kernels are ready "
+        f"({module.__file__}; {fused.module_name()})"
+    )
     return 0

@@ -123,6 +123,9 @@ class TrainConfig:
     tensorboard: bool = False
     progress: bool = True
     deterministic: bool = True
+    # CPU: subnormal floats read and written as zero on every thread (device.flush_subnormals):
+    # the quadratic encoding's far-off probabilities are subnormal, slow on some CPUs
+    flush_subnormals: bool = True
     # torch.set_num_threads (torch aborts far above the core count)
     threads: int | None = checked(None, Range(1, 1024))
     # seconds of training; then eval + checkpoint and finish

@@ -1,9 +1,16 @@
 """Which torch device a command runs on: ``--device`` of train / eval / analyze / explore /
-convert (``cpu``, ``cuda``, ``cuda:N``, ``mps``), checked before any work starts."""
+convert (``cpu``, ``cuda``, ``cuda:N``, ``mps``), checked before any work starts; and how its
+CPU threads treat subnormal floats (``flush_subnormals``)."""
 
 from __future__ import annotations
 
+import logging
+
 import torch
+
+from attnconv.layers.kernels import fused
+
+log = logging.getLogger(__name__)
 
 CHOICES = "cpu, cuda, cuda:N or mps"
 
@@ -20,6 +27,30 @@ def native_bf16(device: torch.device) -> bool:
     except OSError:  # not Linux: oneDNN's answer
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def flush_subnormals(on: bool = True) -> bool:
+    """Read and write subnormal floats (below 1.2e-38 in float32) as zero, or keep them (torch's
+    default), on this thread and every intra-op worker thread; True when all of them did.
+
+    The quadratic encoding's softmax(-alpha ||delta - Delta||^2) (Cordonnier et al. eq. 9) gives
+    far-off keys subnormal probabilities, and some CPUs (Intel's) take a slow path on every
+    operation that reads or writes one (docs/benchmarks.md, Subnormal floats). Flushing changes
+    only values below that bound. ``torch.set_flush_denormal`` sets the calling thread alone;
+    the workers already started are set by the fused extension's one task per thread (without
+    it they keep subnormals, and a line says so)."""
+    ok = torch.set_flush_denormal(on)
+    if torch.get_num_threads() > 1:
+        ext = fused.extension()
+        if ext is None:  # its loader has said why
+            log.warning(
+                "subnormals %s on the main thread only: the worker threads are set by the fused "
+                "C++ extension, not available here",
+                "flushed" if on else "kept",
+            )
+            return False
+        ok = ext.flush_denormal(on) and ok
+    return ok
 
 
 def default_device() -> torch.device:

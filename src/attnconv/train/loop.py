@@ -32,7 +32,7 @@ from . import distributed as D
 from .checkpoint import atomic_write, prune_checkpoints
 from .checkpoint import save_checkpoint as _save
 from .config import Config
-from .device import native_bf16
+from .device import flush_subnormals, native_bf16
 from .evaluation import evaluate
 from .loaders import build_loaders
 from .monitor import Monitor
@@ -87,6 +87,8 @@ class Trainer:
         self.bf16 = t.bf16 and native_bf16(self.info.device)
         if t.threads:
             torch.set_num_threads(t.threads)
+        if self.info.device.type == "cpu":  # after the thread count: every thread of it
+            flush_subnormals(t.flush_subnormals)
         if t.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
         self.out = Path(cfg.out_dir or "runs/default")

@@ -21,6 +21,7 @@ RESUME_FREE = {
     "train.log_every",
     "train.tensorboard",
     "train.threads",
+    "train.flush_subnormals",
     "train.checkpoint_every",
     "train.keep_checkpoints",
     "train.keep_every",

@@ -28,10 +28,14 @@ std::vector<at::Tensor> local_backward(at::Tensor gy, at::Tensor q, std::optiona
 at::Tensor hash_dropout(const at::Tensor& x, double p, int64_t seed, int64_t threshold,
                         int64_t offset);
 
+// subnormals flushed to zero (or kept) on every intra-op thread (subnormals.cpp)
+bool flush_denormal(bool on);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "fused axis attention forward");
   m.def("backward", &backward, "fused axis attention backward");
   m.def("local_forward", &local_forward, "fused local window attention forward");
   m.def("local_backward", &local_backward, "fused local window attention backward");
   m.def("hash_dropout", &hash_dropout, "dropout with the counter-hash mask");
+  m.def("flush_denormal", &flush_denormal, "FTZ/DAZ on every intra-op thread");
 }

@@ -49,9 +49,11 @@ def cpu_key() -> str:
     return platform.machine() or "cpu"
 
 
-def module_name(prefix: str, files: list[Path]) -> str:
-    """``prefix``_<torch version>_<digest of the sources and the CPU's instruction set>."""
-    digest = hashlib.sha1(b"".join(f.read_bytes() for f in files) + cpu_key().encode())
+def module_name(prefix: str, files: list[Path], flags: list[str] = ()) -> str:
+    """``prefix``_<torch version>_<digest of the sources, the compiler flags and the CPU's
+    instruction set>."""
+    key = " ".join(flags) + cpu_key()
+    digest = hashlib.sha1(b"".join(f.read_bytes() for f in files) + key.encode())
     version = re.sub(r"\W", "_", torch.__version__)
     return f"{prefix}_{version}_{digest.hexdigest()[:10]}"
 
@@ -129,12 +131,19 @@ def say_once(message: str) -> None:
         warnings.warn(message, stacklevel=3)
 
 
-def load(prefix: str, sources: list[Path], headers: list[Path], flags: list[str], disable_var: str):
+def load(
+    prefix: str,
+    sources: list[Path],
+    headers: list[Path],
+    flags: list[str],
+    disable_var: str,
+    ldflags: list[str] = (),
+):
     """The compiled module of ``sources``, or None (with one line saying why, once per process):
     a valid cached build is imported; otherwise built once per machine under the flock."""
     from torch.utils import cpp_extension
 
-    name = module_name(prefix, sources + headers)
+    name = module_name(prefix, sources + headers, [*flags, *ldflags])
     try:
         build_dir = Path(cpp_extension._get_build_directory(name, False))
     except OSError as e:
@@ -163,6 +172,7 @@ def load(prefix: str, sources: list[Path], headers: list[Path], flags: list[str]
             name=name,
             sources=[str(f) for f in sources],
             extra_cflags=flags,
+            extra_ldflags=list(ldflags),
             build_directory=str(build_dir),
         )
         print(f"attnconv: built in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)

@@ -15,6 +15,7 @@ the plan (plan.py) runs ``dense_dropout`` otherwise. The plain equations beside 
 from __future__ import annotations
 
 import os
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -31,9 +32,22 @@ from . import build
 SOURCES = [Path(__file__).with_name(f) for f in ("bindings.cpp", "kernels.cpp")]
 HEADERS = [
     Path(__file__).with_name(f)
-    for f in ("fused_axis.cpp", "fused_local.cpp", "dropout.cpp", "hash.h")
+    for f in (
+        "fused_axis.cpp",
+        "fused_local.cpp",
+        "dropout.cpp",
+        "subnormals.cpp",
+        "hash.h",
+        "parallel.h",
+    )
 ]
 DISABLE = "ATTNCONV_NO_FUSED"  # set to 1: never build or run the fused kernel
+# OpenMP: without it ATen's at::parallel_for compiles to a plain loop on the calling thread (its
+# pragma is in the header); linked as libgomp.so.1, the runtime torch already loaded (its own
+# thread pool and torch.set_num_threads). Other platforms: the kernels run on one thread.
+OPENMP = ["-fopenmp"] if sys.platform.startswith("linux") else []
+PREFIX = "attnconv_fused_axis"
+FLAGS = ["-O3", "-march=native", "-fopenmp-simd", *OPENMP]
 
 
 @cache
@@ -43,9 +57,12 @@ def extension():
     a wait without bound, never a damaged build loaded), then imported in a second."""
     if os.environ.get(DISABLE) == "1":
         return None
-    return build.load(
-        "attnconv_fused_axis", SOURCES, HEADERS, ["-O3", "-march=native", "-fopenmp-simd"], DISABLE
-    )
+    return build.load(PREFIX, SOURCES, HEADERS, FLAGS, DISABLE, OPENMP)
+
+
+def module_name() -> str:
+    """The extension's name in torch's cache (what ``extension`` builds or imports)."""
+    return build.module_name(PREFIX, SOURCES + HEADERS, [*FLAGS, *OPENMP])
 
 
 def available() -> bool:

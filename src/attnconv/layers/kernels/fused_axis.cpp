@@ -5,7 +5,7 @@
 //   y = (softmax_k(scale q.k + R[q, k1] + C[q, k2]) * M / (1 - p)) v     (Cordonnier et al.
 //                                                                          eq. 1-2, 9; sec. 4.3)
 //
-// One task per (image, head), split over the cores with at::parallel_for; a task walks query
+// One task per (image, head), split over the cores (parallel.h); a task walks query
 // blocks whose (Bq, T) logits stay in the core's L2, so the elementwise passes (bias, max, exp,
 // mask) run from cache, the products are BLAS calls on strided views (no layout copies).
 // Backward recomputes the probabilities from the saved row max and 1 / sum (flash-attention
@@ -14,7 +14,7 @@
 
 #include "hash.h"
 
-#include <ATen/Parallel.h>
+#include "parallel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -123,7 +123,7 @@ std::vector<at::Tensor> forward(at::Tensor q, at::Tensor k, at::Tensor v, at::Te
   auto mx = at::empty({g.b, g.nh, g.t}, q.options());
   auto inv = at::empty({g.b, g.nh, g.t}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "fused_axis_forward", [&] {
-    at::parallel_for(0, g.b * g.nh, 1, [&](int64_t lo, int64_t hi_end) {
+    parallel_tasks(0, g.b * g.nh, 1, [&](int64_t lo, int64_t hi_end) {
       const int64_t bq = g.block();
       auto buf = at::empty({bq, g.t}, q.options());
       for (int64_t task = lo; task < hi_end; ++task) {
@@ -160,7 +160,7 @@ std::vector<at::Tensor> backward(at::Tensor dy, at::Tensor q, at::Tensor k, at::
   auto dv = at::empty({g.b, g.nh, g.t, g.dv}, q.options());
   auto dqa = at::zeros({g.b, g.nh, g.t, h + w}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "fused_axis_backward", [&] {
-    at::parallel_for(0, g.b * g.nh, 1, [&](int64_t lo, int64_t hi_end) {
+    parallel_tasks(0, g.b * g.nh, 1, [&](int64_t lo, int64_t hi_end) {
       const int64_t bq = g.block();
       auto bufs = at::empty({3, bq, g.t}, q.options());
       for (int64_t task = lo; task < hi_end; ++task) {

@@ -12,7 +12,7 @@
 // the softmax) or zeros (a zero key and value that keeps its relative logit), as kernels/window.py.
 #include <ATen/ATen.h>
 
-#include <ATen/Parallel.h>
+#include "parallel.h"
 
 #include <algorithm>
 #include <limits>
@@ -86,7 +86,7 @@ std::vector<at::Tensor> local_forward(at::Tensor q, std::optional<at::Tensor> k,
     const scalar_t* rc0 = qr_col ? qr_col->data_ptr<scalar_t>() : nullptr;
     scalar_t* y0 = y.data_ptr<scalar_t>();
     const scalar_t* mix0 = mix ? mix->data_ptr<scalar_t>() : nullptr;
-    at::parallel_for(0, b * nh, 1, [&](int64_t lo, int64_t hi) {
+    parallel_tasks(0, b * nh, 1, [&](int64_t lo, int64_t hi) {
       auto stat = at::empty({3, hw}, q.options());
       for (int64_t task = lo; task < hi; ++task) {
         auto pt = probs.view({b * nh, k2, hw})[task];
@@ -184,7 +184,7 @@ std::vector<at::Tensor> local_backward(at::Tensor gy, at::Tensor q, std::optiona
     scalar_t* gc0 = rel ? gcol.data_ptr<scalar_t>() : nullptr;
     const scalar_t* mix0 = mix ? mix->data_ptr<scalar_t>() : nullptr;
     scalar_t* gm0 = mix ? gmix_t.data_ptr<scalar_t>() : nullptr;
-    at::parallel_for(0, b * nh, 1, [&](int64_t lo, int64_t hi) {
+    parallel_tasks(0, b * nh, 1, [&](int64_t lo, int64_t hi) {
       auto gl_t = at::empty({k2, hw}, q.options());
       auto dot_t = at::empty({hw}, q.options());
       auto s_t = at::empty({2, hw}, q.options());

@@ -1,0 +1,94 @@
+"""What flushing subnormal floats to zero (``torch.set_flush_denormal``) gives a training step on
+this CPU: each paper model, attnconv and the reference code's algorithm (bench/models.py's
+cases, the paper's dropout), or a training config's model, timed with subnormals kept (torch's
+default) and flushed, the two settings alternated step by step in one process (medians after one
+warm-up each).
+
+    python benchmarks/denormal_ab.py [--scale paper|cpu] [--batch 8] [--models M [M ...]] \
+        [--config CFG [CFG ...]] [--threads 1] [--rounds 6]
+
+Why: the quadratic encoding's softmax(-alpha ||delta - Delta||^2) (Cordonnier et al., eq. 9)
+gives far-off keys probabilities below float32's smallest normal (1.2e-38); some CPUs (Intel's)
+take a slow path on every arithmetic operation that reads or writes such a subnormal, AMD's
+Zen cores mostly do not. Flushing changes only values below 1.2e-38 (float32) to zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from attnconv.bench.anchors import interleaved_medians
+from attnconv.bench.common import cpu_name
+from attnconv.bench.models import SA_MODELS, make_step, training_step
+from attnconv.train.device import flush_subnormals
+
+SETTINGS = (("kept", False), ("flushed", True))
+
+
+def flushing(step, flush: bool):
+    """``step`` run with subnormals flushed (``flush``) or kept on every thread (what
+    ``attnconv train`` sets); torch's default restored after."""
+
+    def run() -> None:
+        flush_subnormals(flush)
+        try:
+            step()
+        finally:
+            flush_subnormals(False)
+
+    return run
+
+
+def config_step(path: str):
+    """(name, step) of one training step of a config's model at its batch and precision."""
+    from attnconv.models import create_model
+    from attnconv.train.config import load_config
+
+    cfg = load_config(path)
+    torch.manual_seed(0)
+    net = create_model(cfg.model.name, num_classes=10, **cfg.model.kwargs).train()
+    name = f"{path} (B={cfg.train.batch_size}, {'bf16' if cfg.train.bf16 else 'fp32'})"
+    return name, training_step(net, cfg.train.batch_size, cfg.train.bf16)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--scale", choices=("paper", "cpu"), default="paper")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--models", nargs="+", choices=SA_MODELS, default=list(SA_MODELS))
+    p.add_argument("--config", nargs="+", default=[], help="training configs instead of models")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=6)
+    args = p.parse_args(argv)
+    if args.rounds < 1:
+        raise SystemExit("denormal_ab: --rounds must be >= 1")
+    if not torch.set_flush_denormal(False):
+        raise SystemExit("denormal_ab: this CPU cannot flush subnormals (no SSE3 on x86)")
+    torch.set_num_threads(args.threads)
+    if args.config:
+        cases = [config_step(c) for c in args.config]
+    else:
+        cases = [
+            (
+                f"{args.scale} {m} {impl} fp32 B={args.batch}",
+                make_step(m, args.scale, args.batch, impl),
+            )
+            for m in args.models
+            for impl in ("reference", "attnconv")
+        ]
+    print(
+        f"{args.threads} thread(s), {args.rounds} rounds, {cpu_name()}, torch {torch.__version__}"
+    )
+    print("| training step | kept s | flushed s | kept / flushed |")
+    print("|---|---|---|---|")
+    for name, step in cases:
+        med = interleaved_medians({k: flushing(step, f) for k, f in SETTINGS}, args.rounds)
+        kept, flushed = med["kept"], med["flushed"]
+        print(f"| {name} | {kept:.4f} | {flushed:.4f} | {kept / flushed:.2f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

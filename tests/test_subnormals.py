@@ -1,0 +1,79 @@
+"""Subnormal floats flushed to zero on every CPU thread (train.device.flush_subnormals): the
+main thread and the intra-op workers already started, what `attnconv train` sets from its
+config, and a resume free to change it."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from attnconv.layers.kernels import fused
+from attnconv.train import device
+from attnconv.train.config import config_from_dict
+from attnconv.train.loop import Trainer
+from attnconv.train.resume import check_same_config
+from train_helpers import small, use_cache
+
+
+def flushed_fraction() -> float:
+    """How much of a subnormal tensor large enough to be split over every thread reads as zero
+    (DAZ): 1.0 where every thread flushes, 0.0 where none does. The values are made from their
+    bits (float32 0x00000001, 1.4e-45), not converted from a Python float: a conversion on a
+    flushing thread would already give zero."""
+    x = torch.ones(1 << 20, dtype=torch.int32).view(torch.float32)
+    return (x * 1.0 == 0).float().mean().item()
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    flushed_fraction()  # the worker pool starts here, before any flag is set
+    yield
+    device.flush_subnormals(False)
+    torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(not fused.available(), reason="the C++ extension did not build")
+def test_every_thread_flushes_after_the_workers_started(two_threads):
+    torch.set_flush_denormal(True)  # torch's own call: the calling thread alone
+    assert flushed_fraction() == 0.5
+    assert device.flush_subnormals(True)
+    assert flushed_fraction() == 1.0
+    assert device.flush_subnormals(False)
+    assert flushed_fraction() == 0.0
+    assert torch.tensor([1e-39]).item() != 0  # kept again: torch's default
+
+
+def test_without_the_extension_the_main_thread_flushes_and_a_line_says_so(
+    two_threads, monkeypatch, caplog
+):
+    monkeypatch.setattr(fused, "extension", lambda: None)
+    with caplog.at_level(logging.WARNING, logger="attnconv.train.device"):
+        assert not device.flush_subnormals(True)
+    assert "main thread only" in caplog.text and len(caplog.records) == 1
+    torch.set_num_threads(1)  # the main thread's own work
+    assert flushed_fraction() == 1.0
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_training_sets_its_threads_from_the_config(cifar_zip, tmp_path, on):
+    use_cache(tmp_path / "cache")
+    d = small(cifar_zip, tmp_path / "run", train={"flush_subnormals": on})
+    try:
+        Trainer(config_from_dict(d))
+        assert flushed_fraction() == (1.0 if on else 0.0)  # threads: 1, the main thread
+    finally:
+        device.flush_subnormals(False)
+    assert config_from_dict(small(cifar_zip, tmp_path)).train.flush_subnormals  # the default
+
+
+def test_a_resume_may_change_it(cifar_zip, tmp_path):
+    use_cache(tmp_path / "cache")
+    old = config_from_dict(small(cifar_zip, tmp_path, train={"flush_subnormals": False}))
+    meta = {"config": old.to_dict()}
+    check_same_config(meta, config_from_dict(small(cifar_zip, tmp_path)))
+    del meta["config"]["train"]["flush_subnormals"]  # a run saved before the key existed
+    check_same_config(meta, config_from_dict(small(cifar_zip, tmp_path)))
