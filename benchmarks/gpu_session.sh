@@ -21,13 +21,13 @@ py=${PYTHON:-python3}
 START=$(date +%s)
 # DRY_RUN=1: the same steps on a CPU, the script's own code checked before a GPU's minutes are
 # spent on it (tests/test_gpu_session_script.py): the suites with --device cpu --quick, the
-# Triton kernels through TRITON_INTERPRET=1, 15 s of CUDA tests; no figure of it means anything
+# Triton kernels through TRITON_INTERPRET=1, 30 s of CUDA tests; no figure of it means anything
 DRY=""
 TESTS_S=60
 if [ "${DRY_RUN:-0}" = 1 ]; then
   export TRITON_INTERPRET=1
   DRY="--device cpu --quick"
-  TESTS_S=15
+  TESTS_S=30
 fi
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   $py -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \

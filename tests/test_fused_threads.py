@@ -64,3 +64,34 @@ def test_local_kernel_on_two_threads_equals_one():
         return local_attention(q, k, v, kernel_size=ks, rel_row=rr, rel_col=rc, fused=True)
 
     _same(_on_threads(2, run, inputs), _on_threads(1, run, inputs))
+
+
+CHILD = """
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+from attnconv.layers.kernels.fused import axis_attention_fused
+b, nh, h, w, d = 2, 4, 6, 6, 8
+q, k, v = (torch.randn(b, nh, h * w, d, requires_grad=True) for _ in "qkv")
+qa = torch.randn(b, nh, h * w, h + w, requires_grad=True)
+counts = []
+for n in (1, 2):
+    torch.set_num_threads(n)
+    with FlopCounterMode(display=False) as fc:
+        axis_attention_fused(q, k, v, qa, h, w, 0.35, 0.1, True, seed=3).sum().backward()
+    counts.append(fc.get_total_flops())
+print(counts[0], counts[1])
+"""
+
+
+def test_a_python_dispatch_mode_sees_every_worker_without_deadlock():
+    """FlopCounterMode (a Python dispatch mode, carried to the workers) around the kernel on two
+    threads: it returns (the kernels release the GIL: a worker calls into Python while the caller
+    waits) and counts the FLOPs the one-thread run counts. In a subprocess: a deadlock fails in
+    120 s instead of hanging the suite."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-1500:]
+    one, two = map(int, run.stdout.split())
+    assert one == two > 0

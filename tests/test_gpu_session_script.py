@@ -91,7 +91,7 @@ def test_its_timeouts_fit_one_lent_call():
 @pytest.mark.slow
 def test_the_script_runs_end_to_end_as_a_cpu_dry_run(tmp_path):
     """`DRY_RUN=1 bash benchmarks/gpu_session.sh` on the CPU: every step of the script (the
-    suites with `--device cpu --quick`, the Triton kernels under the interpreter, 15 s of the
+    suites with `--device cpu --quick`, the Triton kernels under the interpreter, 30 s of the
     CUDA tests) runs through its own shell and the suite's code, writes its files, and
     gpu_goals reads them, so a lent GPU's minutes are not spent finding an error in either.
     The figures of a dry run mean nothing."""

@@ -31,11 +31,14 @@ at::Tensor hash_dropout(const at::Tensor& x, double p, int64_t seed, int64_t thr
 // subnormals flushed to zero (or kept) on every intra-op thread (subnormals.cpp)
 bool flush_denormal(bool on);
 
+// The kernels run without the GIL: a worker thread may call back into Python (a dispatch mode
+// such as FlopCounterMode, carried to it by parallel.h) while the calling thread waits for it.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("forward", &forward, "fused axis attention forward");
-  m.def("backward", &backward, "fused axis attention backward");
-  m.def("local_forward", &local_forward, "fused local window attention forward");
-  m.def("local_backward", &local_backward, "fused local window attention backward");
-  m.def("hash_dropout", &hash_dropout, "dropout with the counter-hash mask");
-  m.def("flush_denormal", &flush_denormal, "FTZ/DAZ on every intra-op thread");
+  using nogil = py::call_guard<py::gil_scoped_release>;
+  m.def("forward", &forward, "fused axis attention forward", nogil());
+  m.def("backward", &backward, "fused axis attention backward", nogil());
+  m.def("local_forward", &local_forward, "fused local window attention forward", nogil());
+  m.def("local_backward", &local_backward, "fused local window attention backward", nogil());
+  m.def("hash_dropout", &hash_dropout, "dropout with the counter-hash mask", nogil());
+  m.def("flush_denormal", &flush_denormal, "FTZ/DAZ on every intra-op thread", nogil());
 }

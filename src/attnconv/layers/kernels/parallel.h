@@ -2,7 +2,9 @@
 // autocast state and the dispatcher's excluded keys (an autograd Function runs its forward with
 // grad off). Without it a worker's at::mm_out on a tensor that requires grad goes through
 // autograd and fails ("functions with out=... arguments don't support automatic
-// differentiation"), as at::launch and torch's inter-op pool also carry it.
+// differentiation"), as at::launch and torch's inter-op pool also carry it. The state holds
+// Python dispatch modes too (FlopCounterMode): a worker then calls into Python, so the bindings
+// release the GIL (bindings.cpp) or the caller, holding it at the pool's barrier, deadlocks.
 #pragma once
 
 #include <ATen/Parallel.h>
