@@ -146,7 +146,7 @@ def test_a_valid_build_loads_without_lock_or_writes(tmp_path, monkeypatch):
     build.stamp(_tiny_extension(build_dir, name))
     before = sorted((p.name, p.stat().st_mtime_ns) for p in build_dir.iterdir())
     monkeypatch.setenv("PATH", "")  # no compiler
-    module = build.load("tiny", [source], [], [], "ATTNCONV_NO_FUSED")
+    module = build.load(build.Extension("tiny", (source,)))
     assert module.answer == 42
     assert sorted((p.name, p.stat().st_mtime_ns) for p in build_dir.iterdir()) == before
 
@@ -160,8 +160,8 @@ def test_no_compiler_is_one_line_naming_the_switch(tmp_path, monkeypatch):
     source.write_text("// sources")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert build.load("nocc", [source], [], [], "ATTNCONV_NO_FUSED") is None
-        assert build.load("nocc", [source], [], [], "ATTNCONV_NO_FUSED") is None
+        assert build.load(build.Extension("nocc", (source,))) is None
+        assert build.load(build.Extension("nocc", (source,))) is None
     lines = [str(w.message) for w in caught]
     assert len(lines) == 1 and "\n" not in lines[0] and "ATTNCONV_NO_FUSED=1" in lines[0]
 
@@ -174,7 +174,7 @@ def test_an_unbuildable_source_is_one_line(tmp_path, monkeypatch):
     source.write_text("this is not C++")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert build.load("broken", [source], [], [], "ATTNCONV_NO_FUSED") is None
+        assert build.load(build.Extension("broken", (source,))) is None
     lines = [str(w.message) for w in caught]
     assert len(lines) == 1 and "\n" not in lines[0] and "did not build" in lines[0]
     assert not list(tmp_path.rglob("*.sha256"))

@@ -26,6 +26,6 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(
         "attnconv build-kernels: the fused CPU kernels are ready "
-        f"({module.__file__}; {fused.module_name()})"
+        f"({module.__file__}; {fused.EXTENSION.name})"
     )
     return 0

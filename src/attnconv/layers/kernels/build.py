@@ -27,6 +27,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -131,19 +132,32 @@ def say_once(message: str) -> None:
         warnings.warn(message, stacklevel=3)
 
 
-def load(
-    prefix: str,
-    sources: list[Path],
-    headers: list[Path],
-    flags: list[str],
-    disable_var: str,
-    ldflags: list[str] = (),
-):
-    """The compiled module of ``sources``, or None (with one line saying why, once per process):
+@dataclass(frozen=True)
+class Extension:
+    """A C++ extension: its sources (compiled) and headers (included), its compiler and linker
+    flags, and the environment variable that turns it off. ``name`` is its cache key, one place:
+    what ``load`` builds or imports, what ``attnconv build-kernels`` reports."""
+
+    prefix: str
+    sources: tuple[Path, ...]
+    headers: tuple[Path, ...] = ()
+    flags: tuple[str, ...] = ()
+    ldflags: tuple[str, ...] = ()
+    disable_var: str = "ATTNCONV_NO_FUSED"
+
+    @property
+    def name(self) -> str:
+        return module_name(
+            self.prefix, [*self.sources, *self.headers], [*self.flags, *self.ldflags]
+        )
+
+
+def load(ext: Extension):
+    """The compiled module of ``ext``, or None (with one line saying why, once per process):
     a valid cached build is imported; otherwise built once per machine under the flock."""
     from torch.utils import cpp_extension
 
-    name = module_name(prefix, sources + headers, [*flags, *ldflags])
+    name, disable_var = ext.name, ext.disable_var
     try:
         build_dir = Path(cpp_extension._get_build_directory(name, False))
     except OSError as e:
@@ -170,9 +184,9 @@ def load(
         t0 = time.monotonic()
         module = cpp_extension.load(
             name=name,
-            sources=[str(f) for f in sources],
-            extra_cflags=flags,
-            extra_ldflags=list(ldflags),
+            sources=[str(f) for f in ext.sources],
+            extra_cflags=list(ext.flags),
+            extra_ldflags=list(ext.ldflags),
             build_directory=str(build_dir),
         )
         print(f"attnconv: built in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)

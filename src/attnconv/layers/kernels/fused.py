@@ -29,25 +29,26 @@ from . import build
 
 # two translation units compiled side by side: the Python bindings, and the three kernels as
 # one unit (kernels.cpp includes them: ATen's headers parsed once)
-SOURCES = [Path(__file__).with_name(f) for f in ("bindings.cpp", "kernels.cpp")]
-HEADERS = [
-    Path(__file__).with_name(f)
-    for f in (
-        "fused_axis.cpp",
-        "fused_local.cpp",
-        "dropout.cpp",
-        "subnormals.cpp",
-        "hash.h",
-        "parallel.h",
-    )
-]
+_HERE = Path(__file__).parent
+SOURCES = tuple(_HERE / f for f in ("bindings.cpp", "kernels.cpp"))
+HEADERS = tuple(
+    _HERE / f
+    for f in ("fused_axis.cpp", "fused_local.cpp", "dropout.cpp", "subnormals.cpp")
+    + ("hash.h", "parallel.h")
+)
 DISABLE = "ATTNCONV_NO_FUSED"  # set to 1: never build or run the fused kernel
 # OpenMP: without it ATen's at::parallel_for compiles to a plain loop on the calling thread (its
 # pragma is in the header); linked as libgomp.so.1, the runtime torch already loaded (its own
 # thread pool and torch.set_num_threads). Other platforms: the kernels run on one thread.
-OPENMP = ["-fopenmp"] if sys.platform.startswith("linux") else []
-PREFIX = "attnconv_fused_axis"
-FLAGS = ["-O3", "-march=native", "-fopenmp-simd", *OPENMP]
+OPENMP = ("-fopenmp",) if sys.platform.startswith("linux") else ()
+EXTENSION = build.Extension(
+    "attnconv_fused_axis",
+    SOURCES,
+    HEADERS,
+    flags=("-O3", "-march=native", "-fopenmp-simd", *OPENMP),
+    ldflags=OPENMP,
+    disable_var=DISABLE,
+)
 
 
 @cache
@@ -57,12 +58,7 @@ def extension():
     a wait without bound, never a damaged build loaded), then imported in a second."""
     if os.environ.get(DISABLE) == "1":
         return None
-    return build.load(PREFIX, SOURCES, HEADERS, FLAGS, DISABLE, OPENMP)
-
-
-def module_name() -> str:
-    """The extension's name in torch's cache (what ``extension`` builds or imports)."""
-    return build.module_name(PREFIX, SOURCES + HEADERS, [*FLAGS, *OPENMP])
+    return build.load(EXTENSION)
 
 
 def available() -> bool:
