@@ -27,7 +27,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import torch
+
 from attnconv.bench.models_report import replace_block
+from attnconv.train.device import bf16_passed_over
 from experiments_runs import default_data  # beside this file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,6 +92,14 @@ def train_one(i: int, precision: str, seed: int, args: argparse.Namespace) -> st
 def run(args: argparse.Namespace) -> None:
     if not Path(args.data).exists():
         raise SystemExit(f"--data {args.data}: no such file")
+    # attnconv train runs float32 where bf16 autocast would slow it: the bf16 runs would be
+    # float32 runs, and the comparison empty
+    passed_over = bf16_passed_over(torch.device("cpu"))
+    if passed_over:
+        raise SystemExit(
+            f"bf16 autocast is passed over on this machine ({passed_over}): run "
+            "the comparison where it is not"
+        )
     # the slowest model first, so the jobs finish together
     order = sorted(range(len(MODELS)), key=lambda i: "content" not in MODELS[i][0])
     picked = [i for i in order if not args.models or MODELS[i][0] in args.models]

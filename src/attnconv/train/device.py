@@ -1,10 +1,14 @@
 """Which torch device a command runs on: ``--device`` of train / eval / analyze / explore /
-convert (``cpu``, ``cuda``, ``cuda:N``, ``mps``), checked before any work starts; and how its
-CPU threads treat subnormal floats (``flush_subnormals``)."""
+convert (``cpu``, ``cuda``, ``cuda:N``, ``mps``), checked before any work starts; whether
+bf16 autocast would speed training there (``bf16_passed_over``); and how its CPU threads treat
+subnormal floats (``flush_subnormals``)."""
 
 from __future__ import annotations
 
 import logging
+import statistics
+import time
+from functools import cache
 
 import torch
 
@@ -15,18 +19,61 @@ log = logging.getLogger(__name__)
 CHOICES = "cpu, cuda, cuda:N or mps"
 
 
-def native_bf16(device: torch.device) -> bool:
-    """bf16 arithmetic in hardware: any CUDA/MPS device; on a CPU, the AVX512-BF16 or AMX-BF16
-    instructions (the CPU's flags; oneDNN's own check also says yes to plain AVX-512). Without
-    them bf16 autocast measured 2.1x (Ice Lake, AVX-512) to 10x (AVX2 only) slower a training
-    step than float32."""
+BF16_MIN_GAIN = 1.25  # bf16 autocast on a CPU only where its products run this much faster
+
+
+def bf16_passed_over(device: torch.device) -> str | None:
+    """Why bf16 autocast would not speed a training step on ``device`` (None: it would), the
+    first of these that holds, in order:
+
+    1. a CPU without bf16 instructions (AVX512-BF16 or AMX-BF16 in its flags): bf16 autocast
+       measured 2.1x (Ice Lake, AVX-512) to 10x (AVX2 only) slower a step than float32;
+    2. a CPU whose bf16 matrix products run under ``BF16_MIN_GAIN`` x float32's
+       (``bf16_gemm_gain``): an Intel Xeon with AVX512-BF16 and no AMX measured 0.55x, its
+       paper-model step 0.68x float32's (docs/benchmarks.md); a Zen 4 2.2x.
+
+    CUDA and MPS devices are never passed over."""
     if device.type != "cpu":
-        return True
+        return None
+    if not _cpu_bf16_flags():
+        return "this CPU has no bf16 instructions (no AVX512-BF16 or AMX)"
+    gain = bf16_gemm_gain(torch.get_num_threads())
+    if gain < BF16_MIN_GAIN:
+        return (
+            f"this CPU's bf16 matrix products measured {gain:.2f}x float32's speed, under "
+            f"{BF16_MIN_GAIN}x"
+        )
+    return None
+
+
+def _cpu_bf16_flags() -> bool:
     try:
         flags = next((ln for ln in open("/proc/cpuinfo") if ln.startswith("flags")), "").split()
     except OSError:  # not Linux: oneDNN's answer
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+@cache
+def bf16_gemm_gain(threads: int, n: int = 512, rounds: int = 7) -> float:
+    """bf16 over float32 throughput of an n x n x n matrix product on ``threads`` CPU threads
+    (the two alternated, medians of ``rounds``; about 50 ms), once per process."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(2, n, n, generator=gen)
+    pairs = {dt: (a.to(dt), b.to(dt)) for dt in (torch.float32, torch.bfloat16)}
+    times: dict[torch.dtype, list[float]] = {dt: [] for dt in pairs}
+    try:
+        for r in range(rounds + 1):
+            for dt, (x, y) in pairs.items():
+                t0 = time.perf_counter()
+                torch.mm(x, y)
+                if r:  # the first round warms up
+                    times[dt].append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(before)
+    return statistics.median(times[torch.float32]) / statistics.median(times[torch.bfloat16])
 
 
 def flush_subnormals(on: bool = True) -> bool:

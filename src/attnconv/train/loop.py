@@ -32,7 +32,7 @@ from . import distributed as D
 from .checkpoint import atomic_write, prune_checkpoints
 from .checkpoint import save_checkpoint as _save
 from .config import Config
-from .device import flush_subnormals, native_bf16
+from .device import bf16_passed_over, flush_subnormals
 from .evaluation import evaluate
 from .loaders import build_loaders
 from .monitor import Monitor
@@ -82,11 +82,14 @@ class Trainer:
             f"model {cfg.model.name!r}",
         )
         self.info = D.init_distributed(device)
-        # bf16 autocast where the hardware has bf16 arithmetic; on a CPU without it, float32
-        # (the summary says so): there bf16 runs several times slower (docs/benchmarks.md)
-        self.bf16 = t.bf16 and native_bf16(self.info.device)
         if t.threads:
             torch.set_num_threads(t.threads)
+        # bf16 autocast where it speeds a step; elsewhere float32, and the summary says why
+        # (on such CPUs bf16 measured 1.5-10x slower a step: docs/benchmarks.md)
+        self.bf16_off = bf16_passed_over(self.info.device) if t.bf16 else None
+        if t.bf16 and D.any_rank(self.bf16_off is not None, self.info):  # the ranks agree
+            self.bf16_off = self.bf16_off or "passed over on another rank's CPU"
+        self.bf16 = t.bf16 and self.bf16_off is None
         if self.info.device.type == "cpu":  # after the thread count: every thread of it
             flush_subnormals(t.flush_subnormals)
         if t.deterministic:
@@ -167,6 +170,7 @@ class Trainer:
             self.step if resume else None,
             self.resume_note,
             bf16=self.bf16,
+            bf16_off=self.bf16_off,
         )
 
     # ---- checkpoints -------------------------------------------------------------------------

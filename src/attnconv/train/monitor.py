@@ -186,6 +186,7 @@ class Monitor:
         resume_step: int | None,
         resume_note: str = "",
         bf16: bool = False,
+        bf16_off: str | None = None,
     ) -> None:
         """The start-up block, one aligned ``name  value`` line each: model and parameters,
         device, dtype, data (``data``: training images, evaluation images, classes), steps,
@@ -207,10 +208,9 @@ class Monitor:
                 if bf16
                 else "float32"
                 + (
-                    " (train.bf16 asks for bfloat16 autocast, which this CPU has no "
-                    "instructions for: no AVX512-BF16 or AMX, where it runs several times "
-                    "slower than float32)"
-                    if t.bf16
+                    f" (train.bf16's bfloat16 autocast passed over: {bf16_off}; it would slow "
+                    "the step)"
+                    if bf16_off
                     else ""
                 ),
             ),
