@@ -77,3 +77,19 @@ def test_a_resume_may_change_it(cifar_zip, tmp_path):
     check_same_config(meta, config_from_dict(small(cifar_zip, tmp_path)))
     del meta["config"]["train"]["flush_subnormals"]  # a run saved before the key existed
     check_same_config(meta, config_from_dict(small(cifar_zip, tmp_path)))
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_eval_flushes_as_the_run_trained(cifar_zip, tmp_path, on):
+    """`attnconv eval` on a CPU sets the flag from the checkpoint's train.flush_subnormals
+    (evaluation of a quadratic model measured 1.8x faster flushed on an Intel Xeon, the same
+    accuracy and loss)."""
+    from attnconv.cli import main
+
+    use_cache(tmp_path / "cache")
+    d = small(cifar_zip, tmp_path / "run", train={"flush_subnormals": on, "epochs": 1})
+    Trainer(config_from_dict(d)).fit()
+    device.flush_subnormals(not on)
+    ck = str(tmp_path / "run" / "checkpoints")
+    assert main(["eval", ck, "--max-per-class", "1", "--json", "-", "--device", "cpu"]) == 0
+    assert flushed_fraction() == (1.0 if on else 0.0)
