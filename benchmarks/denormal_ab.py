@@ -6,6 +6,11 @@ warm-up each).
 
     python benchmarks/denormal_ab.py [--scale paper|cpu] [--batch 8] [--models M [M ...]] \
         [--config CFG [CFG ...]] [--threads 1] [--rounds 6]
+    python benchmarks/denormal_ab.py --checkpoint RUN/checkpoints [--per-class 30]
+
+``--checkpoint``: the evaluation of a trained model (``attnconv eval``'s loop) on the first
+``--per-class`` test images of each class of its dataset instead, with the accuracy and loss
+of both settings.
 
 Why: the quadratic encoding's softmax(-alpha ||delta - Delta||^2) (Cordonnier et al., eq. 9)
 gives far-off keys probabilities below float32's smallest normal (1.2e-38); some CPUs (Intel's)
@@ -16,6 +21,7 @@ Zen cores mostly do not. Flushing changes only values below 1.2e-38 (float32) to
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import torch
 
@@ -53,12 +59,35 @@ def config_step(path: str):
     return name, training_step(net, cfg.train.batch_size, cfg.train.bf16)
 
 
+def checkpoint_eval(path: str, per_class: int):
+    """(name, evaluation, results) of a checkpoint on its dataset's test images: each call
+    of the evaluation appends its (loss, accuracy) to results."""
+    from attnconv.data import CIFAR10_MEAN, CIFAR10_STD, Loader, load_dataset
+    from attnconv.loading import load_model
+    from attnconv.train.distributed import DistInfo
+    from attnconv.train.evaluation import evaluate
+
+    model, info = load_model(path)
+    data = (info.get("config") or {}).get("data", {})
+    ds = load_dataset(data["dataset"], "test", max_per_class=per_class)
+    stats = info.get("data", {})
+    mean, std = stats.get("mean", CIFAR10_MEAN), stats.get("std", CIFAR10_STD)
+    loader = Loader(ds, 100, shuffle=False, mean=mean, std=std)
+    results: list[tuple[float, float]] = []
+    cpu = DistInfo(device=torch.device("cpu"))
+    run = Path(info["path"])  # named by its run folder and step, not the machine's path
+    name = f"evaluation of {run.parent.parent.name}/{run.name} ({len(ds)} test images)"
+    return name, lambda: results.append(evaluate(model, loader, cpu)), results
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scale", choices=("paper", "cpu"), default="paper")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--models", nargs="+", choices=SA_MODELS, default=list(SA_MODELS))
     p.add_argument("--config", nargs="+", default=[], help="training configs instead of models")
+    p.add_argument("--checkpoint", help="a trained model's evaluation instead")
+    p.add_argument("--per-class", type=int, default=30, help="--checkpoint's test images")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rounds", type=int, default=6)
     args = p.parse_args(argv)
@@ -67,7 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.set_flush_denormal(False):
         raise SystemExit("denormal_ab: this CPU cannot flush subnormals (no SSE3 on x86)")
     torch.set_num_threads(args.threads)
-    if args.config:
+    results = None
+    if args.checkpoint:
+        name, evaluation, results = checkpoint_eval(args.checkpoint, args.per_class)
+        cases = [(name, evaluation)]
+    elif args.config:
         cases = [config_step(c) for c in args.config]
     else:
         cases = [
@@ -81,12 +114,17 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{args.threads} thread(s), {args.rounds} rounds, {cpu_name()}, torch {torch.__version__}"
     )
-    print("| training step | kept s | flushed s | kept / flushed |")
+    case = "case" if args.checkpoint else "training step"
+    print(f"| {case} | kept s | flushed s | kept / flushed |")
     print("|---|---|---|---|")
     for name, step in cases:
         med = interleaved_medians({k: flushing(step, f) for k, f in SETTINGS}, args.rounds)
         kept, flushed = med["kept"], med["flushed"]
         print(f"| {name} | {kept:.4f} | {flushed:.4f} | {kept / flushed:.2f} |", flush=True)
+    if results:  # each setting's (loss, accuracy), in the order run: equal or not
+        seen = {setting: results[i::2] for i, (setting, _) in enumerate(SETTINGS)}
+        for setting, got in seen.items():
+            print(f"{setting}: loss, accuracy {sorted(set(got))}")
     return 0
 
 

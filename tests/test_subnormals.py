@@ -82,7 +82,7 @@ def test_a_resume_may_change_it(cifar_zip, tmp_path):
 @pytest.mark.parametrize("on", [True, False])
 def test_eval_flushes_as_the_run_trained(cifar_zip, tmp_path, on):
     """`attnconv eval` on a CPU sets the flag from the checkpoint's train.flush_subnormals
-    (evaluation of a quadratic model measured 1.8x faster flushed on an Intel Xeon, the same
+    (evaluation of a quadratic model measured 1.7-1.9x faster flushed on an Intel Xeon, the same
     accuracy and loss)."""
     from attnconv.cli import main
 
