@@ -164,6 +164,14 @@ def _run_one(cfg: Path, out: Path, data: Path, threads: int | None, procs: int) 
     done = out / "wall.json"
     if not done.exists() and busy(out):
         raise SystemExit("skipped: another run is training it")
+    if not done.exists() and cfg.stem.endswith("_bf16"):  # a bf16 run trained in float32
+        import torch  # would be mislabelled: not on this CPU
+
+        from attnconv.train.device import bf16_passed_over
+
+        passed_over = bf16_passed_over(torch.device("cpu"))
+        if passed_over:
+            raise SystemExit(f"skipped: bf16 autocast is passed over on this CPU ({passed_over})")
     if not done.exists():
         cmd = [*train_cli(procs), "train", cfg, "--out", out, "--set", f"data.dataset={data}"]
         if threads is not None:
