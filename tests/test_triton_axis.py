@@ -124,9 +124,10 @@ def test_triton_precision_as_tight_as_plain(dtype, b, nh, h, w, dk, dv, p):
     rounding, 1e-2 here, is no kernel's error), so the distance measures each path's own
     arithmetic. The distance is the
     error's norm over the tensor (its max over a few hundred elements varies 2x between seeds).
-    The backward must recompute the forward's logits to the bit: on an Intel Xeon, K^T loaded
-    there as a transposed view (rounded differently by the interpreter's BLAS) put dV at 2-8x
-    the plain path's error, the softmax's dominant probability no longer normalized away."""
+    The backward must recompute the forward's logits to the bit: on an Intel Xeon, the forward
+    loading K^T where the backward transposes K (two layouts the interpreter's BLAS rounds
+    differently) put dV at 2-8x the plain path's error, the dominant probability of a peaked
+    row no longer normalized away."""
     low = dtype != torch.float32
     gen = torch.Generator().manual_seed(b + dk)
     xs = _inputs(b, nh, h, w, dk, dv, torch.float64, shared=True, gen=gen)

@@ -107,8 +107,12 @@ def _fwd(
         else:
             r_blk = _tokens(qa, i * sa_t, i_ok, rr, H)
         key, k_ok = _key_block(r0, c0, nr, nc, H, W, WINDOW)
-        kt = _tokens_t(K + b * sk_b + hd * sk_h, key * sk_t, k_ok, dk, DK)
-        s = _logits(q, kt, r_blk, c_blk, scale, k_ok, PREC, BLOCK_M, N, ACC)
+        # K loaded as the backward kernels load it, its transpose taken here: the backward's
+        # logits, so its P, then equal these to the bit (K^T loaded transposed here rounds
+        # differently in the interpreter's BLAS, and dV erred 2-8x the plain path's:
+        # tests/test_triton_axis.py's precision test, an Intel Xeon)
+        kb = _tokens(K + b * sk_b + hd * sk_h, key * sk_t, k_ok, dk, DK)
+        s = _logits(q, tl.trans(kb), r_blk, c_blk, scale, k_ok, PREC, BLOCK_M, N, ACC)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         if WINDOW:  # a block with no key of a query's window yet: its max is -inf
             m_new = tl.where(m_new == float("-inf"), -3.0e38, m_new)
@@ -228,18 +232,15 @@ def _bwd_dq(
         else:
             r_blk = _tokens(qa, i * sa_t, i_ok, rr, H)
         key, k_ok = _key_block(r0, c0, nr, nc, H, W, WINDOW)
-        # K^T loaded as the forward loads it: the logits, so P, recomputed to the bit (a
-        # transposed view rounds differently in the interpreter's BLAS, whose error then
-        # reached dV at 2-8x the plain path's: tests/test_triton_axis.py's precision test)
-        kt = _tokens_t(K + b * sk_b + hd * sk_h, key * sk_t, k_ok, dk, DK)
+        kb = _tokens(K + b * sk_b + hd * sk_h, key * sk_t, k_ok, dk, DK)
         vt = _tokens_t(V + b * sv_b + hd * sv_h, key * sv_t, k_ok, dv, DV)
-        s = _logits(q, kt, r_blk, c_blk, scale, k_ok, PREC, BLOCK_M, N, ACC)
+        s = _logits(q, tl.trans(kb), r_blk, c_blk, scale, k_ok, PREC, BLOCK_M, N, ACC)
         p = tl.exp(s - m_i[:, None]) * inv_l[:, None]
         dp = _dot(dy, vt, PREC, ACC)
         if DROP:
             dp = tl.where(_kept(RNG, row, key), dp * inv_keep, 0.0)
         ds = p * (dp - delta[:, None])
-        dq += _dot(ds.to(kt.dtype), tl.trans(kt), PREC, ACC)
+        dq += _dot(ds.to(kb.dtype), kb, PREC, ACC)
         ds3 = tl.reshape(ds, (BLOCK_M, ROWS, WP))
         if WINDOW:  # at each query's row offset, this block column's part
             dr, _ = _offsets(i, W, rr, c, BEFORE)
@@ -339,8 +340,8 @@ def _bwd_dkdv(
     c = c0 + tl.arange(0, WP)
     rr = r0 + tl.arange(0, ROWS)
     key, k_ok = _key_block(r0, c0, nr, nc, H, W, WINDOW)
-    kt = _tokens_t(K + b * sk_b + hd * sk_h, key * sk_t, k_ok, dk, DK)  # as _bwd_dq loads them:
-    vt = _tokens_t(V + b * sv_b + hd * sv_h, key * sv_t, k_ok, dv, DV)  # S and dP to the bit
+    kb = _tokens(K + b * sk_b + hd * sk_h, key * sk_t, k_ok, dk, DK)
+    vb = _tokens(V + b * sv_b + hd * sv_h, key * sv_t, k_ok, dv, DV)
     dk_acc = tl.zeros((N, DKP), ACC)
     dv_acc = tl.zeros((N, DVP), ACC)
     for t in range(0, t_hi, t_step):
@@ -359,9 +360,9 @@ def _bwd_dkdv(
             r_blk = _tokens(qa, i * sa_t, i_ok, rr, H)
             c_blk = _tokens(qa + H, i * sa_t, i_ok, c, W)
         m_i, inv_l, delta = _query_stats(STATS, DELTA, bh, T, i, i_ok)
-        s = _logits(q, kt, r_blk, c_blk, scale, k_ok, PREC, BLOCK_M, N, ACC)
+        s = _logits(q, tl.trans(kb), r_blk, c_blk, scale, k_ok, PREC, BLOCK_M, N, ACC)
         p = tl.where(i_ok[:, None], tl.exp(s - m_i[:, None]) * inv_l[:, None], 0.0)
-        dp = _dot(dy, vt, PREC, ACC)
+        dp = _dot(dy, tl.trans(vb), PREC, ACC)
         if DROP:
             kept = _kept(RNG, (bh if PER_IMAGE else hd).to(tl.int64) * T + i, key)
             pd = tl.where(kept, p * inv_keep, 0.0)
