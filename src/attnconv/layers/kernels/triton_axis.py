@@ -153,6 +153,9 @@ def compile_options(meta: dict) -> tuple[dict, int]:
     return {k: v for k, v in meta.items() if k != "num_warps"}, meta["num_warps"]
 
 
+# fused multiply-adds (a * b + c rounded once), as Triton 3.6 and 3.9 compile by default and as
+# every tile and precision figure of the kernels was taken; Triton 3.10 turns the default off
+FP_FUSION = True
 STAGES = (3, 2, 1)  # software-pipelining depths tried in turn (Triton's NVIDIA default first)
 _rung: dict[tuple, tuple[int, int]] = {}  # (kernel, compile-time values, device) -> what fit
 
@@ -182,7 +185,9 @@ def launch(kernel, grid, args: tuple, meta: dict) -> int:
         # Triton launches on the current device and its stream: make it the tensors' own (a
         # model on cuda:1 while cuda:0 is current)
         with torch.cuda.device(args[0].device) if args[0].is_cuda else contextlib.nullcontext():
-            kernel[grid(m) if callable(grid) else grid](*args, **m, num_stages=stages)
+            kernel[grid(m) if callable(grid) else grid](
+                *args, **m, num_stages=stages, enable_fp_fusion=FP_FUSION
+            )
         _rung[key] = (stages, block_m)
         return block_m
 

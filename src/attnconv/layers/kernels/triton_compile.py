@@ -168,7 +168,7 @@ def compile_for(kernel, sig: dict, constexprs: dict, stages: int, warps: int, ar
     from triton.compiler import ASTSource
 
     src = ASTSource(kernel, sig, constexprs=constexprs)
-    options = {"num_stages": stages, "num_warps": warps}
+    options = {"num_stages": stages, "num_warps": warps, "enable_fp_fusion": triton_axis.FP_FUSION}
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
 
