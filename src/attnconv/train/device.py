@@ -26,11 +26,11 @@ def bf16_passed_over(device: torch.device) -> str | None:
     """Why bf16 autocast would not speed a training step on ``device`` (None: it would), the
     first of these that holds, in order:
 
-    1. a CPU without bf16 instructions (AVX512-BF16 or AMX-BF16 in its flags): bf16 autocast
-       measured 2.1x (Ice Lake, AVX-512) to 10x (AVX2 only) slower a step than float32;
+    1. a CPU without bf16 instructions (AVX512-BF16 or AMX-BF16 in its flags);
     2. a CPU whose bf16 matrix products run under ``BF16_MIN_GAIN`` x float32's
-       (``bf16_gemm_gain``): an Intel Xeon with AVX512-BF16 and no AMX measured 0.55x, its
-       paper-model step 0.68x float32's (docs/benchmarks.md); a Zen 4 2.2x.
+       (``bf16_gemm_gain``), as on an Intel Xeon with AVX512-BF16 and no AMX.
+
+    On both, bf16 autocast measured slower a training step than float32 (docs/benchmarks.md).
 
     CUDA and MPS devices are never passed over."""
     if device.type != "cpu":

@@ -85,7 +85,7 @@ class Trainer:
         if t.threads:
             torch.set_num_threads(t.threads)
         # bf16 autocast where it speeds a step; elsewhere float32, and the summary says why
-        # (on such CPUs bf16 measured 1.5-10x slower a step: docs/benchmarks.md)
+        # (on such CPUs bf16 measured slower a step: docs/benchmarks.md, docs/training.md)
         self.bf16_off = bf16_passed_over(self.info.device) if t.bf16 else None
         if t.bf16 and D.any_rank(self.bf16_off is not None, self.info):  # the ranks agree
             self.bf16_off = self.bf16_off or "passed over on another rank's CPU"
@@ -169,7 +169,6 @@ class Trainer:
             len(self.loader),
             self.step if resume else None,
             self.resume_note,
-            bf16=self.bf16,
             bf16_off=self.bf16_off,
         )
 

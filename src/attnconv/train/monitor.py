@@ -185,12 +185,12 @@ class Monitor:
         steps_per_epoch: int,
         resume_step: int | None,
         resume_note: str = "",
-        bf16: bool = False,
         bf16_off: str | None = None,
     ) -> None:
         """The start-up block, one aligned ``name  value`` line each: model and parameters,
         device, dtype, data (``data``: training images, evaluation images, classes), steps,
-        run folder."""
+        run folder. ``bf16_off``: why train.bf16's autocast was passed over (None: it runs
+        where asked)."""
         d, t = cfg.data, cfg.train
         n_params = sum(p.numel() for p in model.parameters())
         where = "" if resume_step is None else f", resuming at step {resume_step}"
@@ -205,7 +205,7 @@ class Monitor:
             (
                 "dtype",
                 "bfloat16 autocast (float32 weights)"
-                if bf16
+                if t.bf16 and not bf16_off
                 else "float32"
                 + (
                     f" (train.bf16's bfloat16 autocast passed over: {bf16_off}; it would slow "

@@ -33,8 +33,14 @@ _HERE = Path(__file__).parent
 SOURCES = tuple(_HERE / f for f in ("bindings.cpp", "kernels.cpp"))
 HEADERS = tuple(
     _HERE / f
-    for f in ("fused_axis.cpp", "fused_local.cpp", "dropout.cpp", "subnormals.cpp")
-    + ("hash.h", "parallel.h")
+    for f in (
+        "fused_axis.cpp",
+        "fused_local.cpp",
+        "dropout.cpp",
+        "subnormals.cpp",
+        "hash.h",
+        "parallel.h",
+    )
 )
 DISABLE = "ATTNCONV_NO_FUSED"  # set to 1: never build or run the fused kernel
 # OpenMP: without it ATen's at::parallel_for compiles to a plain loop on the calling thread (its

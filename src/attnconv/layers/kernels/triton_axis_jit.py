@@ -108,9 +108,8 @@ def _fwd(
             r_blk = _tokens(qa, i * sa_t, i_ok, rr, H)
         key, k_ok = _key_block(r0, c0, nr, nc, H, W, WINDOW)
         # K loaded as the backward kernels load it, its transpose taken here: the backward's
-        # logits, so its P, then equal these to the bit (K^T loaded transposed here rounds
-        # differently in the interpreter's BLAS, and dV erred 2-8x the plain path's:
-        # tests/test_triton_axis.py's precision test, an Intel Xeon)
+        # logits, so its P, then equal these to the bit (K^T loaded transposed here is another
+        # operand layout, which a BLAS may sum in another order: docs/benchmarks.md, Spills)
         kb = _tokens(K + b * sk_b + hd * sk_h, key * sk_t, k_ok, dk, DK)
         s = _logits(q, tl.trans(kb), r_blk, c_blk, scale, k_ok, PREC, BLOCK_M, N, ACC)
         m_new = tl.maximum(m_i, tl.max(s, 1))
