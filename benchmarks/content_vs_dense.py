@@ -17,7 +17,7 @@ import argparse
 import torch
 
 from attnconv.bench.anchors import interleaved_medians, make_step
-from attnconv.bench.common import cpu_name
+from attnconv.cpuinfo import cpu_name
 
 
 def main(argv: list[str] | None = None) -> None:

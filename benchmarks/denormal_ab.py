@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 
 from attnconv.bench.anchors import interleaved_medians
-from attnconv.bench.common import cpu_name
 from attnconv.bench.models import SA_MODELS, make_step, training_step
+from attnconv.cpuinfo import cpu_name
 from attnconv.train.device import flush_subnormals
 
 SETTINGS = (("kept", False), ("flushed", True))

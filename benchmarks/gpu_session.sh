@@ -21,13 +21,16 @@ py=${PYTHON:-python3}
 START=$(date +%s)
 # DRY_RUN=1: the same steps on a CPU, the script's own code checked before a GPU's minutes are
 # spent on it (tests/test_gpu_session_script.py): the suites with --device cpu --quick, the
-# Triton kernels through TRITON_INTERPRET=1, 30 s of CUDA tests; no figure of it means anything
+# Triton kernels through TRITON_INTERPRET=1, one timed call each, 25 s of CUDA tests; no figure of
+# it means anything
 DRY=""
 TESTS_S=60
+REPS_MODELS=5; REPS=3; INNER=5  # timed repeats (medians) and calls a timing
 if [ "${DRY_RUN:-0}" = 1 ]; then
   export TRITON_INTERPRET=1
   DRY="--device cpu --quick"
-  TESTS_S=30
+  TESTS_S=25
+  REPS_MODELS=1; REPS=1; INNER=1  # one call of each: the code runs, no figure is kept
 fi
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   $py -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \
@@ -39,14 +42,14 @@ echo "== smoke: the Triton kernel in the layer, float64 and bf16 autocast" | tee
 timeout 60 $py -m pytest -q -p no:cacheprovider tests/test_triton_axis.py -k layer_backend_triton \
   2>&1 | tail -15 | tee -a "$LOG"
 echo "== paper models, full training step" | tee -a "$LOG"
-timeout 180 $py -m attnconv.cli bench --suite cuda --repeats 5 --out-dir "$OUT" -- --only models $DRY \
+timeout 180 $py -m attnconv.cli bench --suite cuda --repeats $REPS_MODELS --out-dir "$OUT" -- --only models $DRY \
   2>&1 | tail -30 | tee -a "$LOG"
 echo "== content attention kernels" | tee -a "$LOG"
-timeout 190 $py -m attnconv.cli bench --suite cuda --repeats 3 --out-dir "$OUT" -- --only content \
-  --inner 5 $DRY 2>&1 | tail -60 | tee -a "$LOG"
+timeout 190 $py -m attnconv.cli bench --suite cuda --repeats $REPS --out-dir "$OUT" -- --only content \
+  --inner $INNER $DRY 2>&1 | tail -60 | tee -a "$LOG"
 echo "== SASA window kernels, training (as many cases as the time allows; 56x56 first)" | tee -a "$LOG"
-timeout 50 $py -m attnconv.cli bench --suite cuda --repeats 3 --out-dir "$OUT" -- --only local \
-  --mode train --inner 5 $DRY 2>&1 | tail -30 | tee -a "$LOG"
+timeout 50 $py -m attnconv.cli bench --suite cuda --repeats $REPS --out-dir "$OUT" -- --only local \
+  --mode train --inner $INNER $DRY 2>&1 | tail -30 | tee -a "$LOG"
 echo "== CUDA tests (the time left; each test's line in cuda_tests.log as it ends)" | tee -a "$LOG"
 # the time the steps above left unused goes to the tests: 510 s less what has passed (30 s kept
 # for the goals), never under the 60 s budgeted (the timeouts then add to 540 s as before)

@@ -35,23 +35,28 @@ def _torchrun(cfg: Path, out: Path, *extra: str, cache: Path) -> subprocess.Comp
     torchrun = shutil.which("torchrun")
     launcher = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
     env = {**os.environ, "ATTNCONV_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
-    cmd = [
-        *launcher,
-        "--nproc-per-node",
-        "2",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(_free_port()),
-        "-m",
-        "attnconv.cli",
-        "train",
-        str(cfg),
-        "--out",
-        str(out),
-        *extra,
-    ]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    for _ in range(3):  # the free port can be taken between _free_port and torchrun's bind
+        cmd = [
+            *launcher,
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(_free_port()),
+            "-m",
+            "attnconv.cli",
+            "train",
+            str(cfg),
+            "--out",
+            str(out),
+            *extra,
+        ]
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        said = r.stderr + r.stdout
+        if r.returncode == 0 or not ("EADDRINUSE" in said or "address already in use" in said):
+            return r
+    return r
 
 
 @pytest.fixture(scope="module")

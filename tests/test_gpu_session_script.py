@@ -18,8 +18,19 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = (ROOT / "benchmarks" / "gpu_session.sh").read_text()
 
 
+def _gpu_values() -> dict[str, str]:
+    """The script's variables as a GPU run sets them (the first assignment of each; a dry run
+    sets some again)."""
+    values: dict[str, str] = {}
+    for name, value in re.findall(r"\b([A-Z_]+)=(\d+)\b", SCRIPT):
+        values.setdefault(name, value)
+    return values
+
+
 def _commands() -> list[list[str]]:
     text = SCRIPT.replace("\\\n", " ")
+    for name, value in sorted(_gpu_values().items(), key=lambda kv: -len(kv[0])):
+        text = text.replace(f"${name}", value)
     out = []
     for line in text.splitlines():
         if "-m attnconv.cli" in line:
@@ -62,6 +73,7 @@ def test_its_commands_parse(monkeypatch):
         monkeypatch.setattr(argparse.ArgumentParser, "parse_args", real)
         ns = e.value.args[0]
         assert ns.only in ("models", "content", "local") and ns.out_dir == "out"
+        assert args.repeats >= 3  # a GPU run's medians (a dry run times each call once)
         assert ns.mode == ("train" if ns.only == "local" else "both")
 
 
@@ -91,7 +103,7 @@ def test_its_timeouts_fit_one_lent_call():
 @pytest.mark.slow
 def test_the_script_runs_end_to_end_as_a_cpu_dry_run(tmp_path):
     """`DRY_RUN=1 bash benchmarks/gpu_session.sh` on the CPU: every step of the script (the
-    suites with `--device cpu --quick`, the Triton kernels under the interpreter, 30 s of the
+    suites with `--device cpu --quick`, the Triton kernels under the interpreter, 25 s of the
     CUDA tests) runs through its own shell and the suite's code, writes its files, and
     gpu_goals reads them, so a lent GPU's minutes are not spent finding an error in either.
     The figures of a dry run mean nothing."""

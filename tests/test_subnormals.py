@@ -1,6 +1,6 @@
 """Subnormal floats flushed to zero on every CPU thread (train.device.flush_subnormals): the
 main thread and the intra-op workers already started, what `attnconv train` sets from its
-config, and a resume free to change it."""
+config, a resume free to change it, and eval / analyze / explore setting it as the run trained."""
 
 from __future__ import annotations
 
@@ -93,3 +93,17 @@ def test_eval_flushes_as_the_run_trained(cifar_zip, tmp_path, on):
     ck = str(tmp_path / "run" / "checkpoints")
     assert main(["eval", ck, "--max-per-class", "1", "--json", "-", "--device", "cpu"]) == 0
     assert flushed_fraction() == (1.0 if on else 0.0)
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_analyze_and_explore_flush_as_the_run_trained(cifar_zip, tmp_path, on):
+    """`attnconv analyze` and `explore` start from load_for_analysis, which sets the flag as
+    `eval` does (their forward passes over the test images are the same evaluation)."""
+    from attnconv.analysis.inputs import load_for_analysis
+
+    use_cache(tmp_path / "cache")
+    d = small(cifar_zip, tmp_path / "run", train={"flush_subnormals": on, "epochs": 1})
+    Trainer(config_from_dict(d)).fit()
+    device.flush_subnormals(not on)
+    load_for_analysis(tmp_path / "run" / "checkpoints", str(cifar_zip), 2, device="cpu")
+    assert flushed_fraction() == (1.0 if on else 0.0)  # conftest restores torch's default

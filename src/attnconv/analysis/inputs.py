@@ -167,13 +167,16 @@ def load_for_analysis(
     """What both ``analyze`` and ``explore`` start from: (model in eval mode on ``device``
     (``resolve_device``: default CUDA if available), checkpoint metadata, ``n`` test images uint8
     (n, 3, H, W) on the CPU, their class names, mean, std). With ``model_name``: pretrained
-    weights (``load_pretrained_for_analysis``)."""
-    from attnconv.train.device import resolve_device
+    weights (``load_pretrained_for_analysis``). On a CPU it sets subnormal flushing as the
+    run trained (``flush_as_trained``)."""
+    from attnconv.train.device import flush_as_trained, resolve_device
 
-    if model_name:
-        return load_pretrained_for_analysis(model_name, checkpoint, data, n, split, device)
     dev = resolve_device(device)
+    if model_name:
+        flush_as_trained({}, dev)  # pretrained weights: TrainConfig's default
+        return load_pretrained_for_analysis(model_name, checkpoint, data, n, split, device)
     model, info = load_checkpoint_model(checkpoint)
+    flush_as_trained(info, dev)  # subnormals as the run trained, as eval does
     model = model.to(dev)
     images, labels = test_images(data_spec(data, info), n, split=split)
     check_image_size(model, images, info)

@@ -30,7 +30,6 @@ import argparse
 import importlib
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -47,18 +46,6 @@ MALLOC_POLICIES = {
     "glibc": {},
     "retain": {"MALLOC_MMAP_THRESHOLD_": "4000000000", "MALLOC_TRIM_THRESHOLD_": "4000000000"},
 }
-
-
-def cpu_name() -> str:
-    """The CPU's model name (Linux's /proc/cpuinfo), else the machine type."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def add_output_options(p: argparse.ArgumentParser) -> None:

@@ -47,7 +47,6 @@ import torch.nn.functional as F
 from attnconv.bench.common import (
     MALLOC_POLICIES,
     count_flops,
-    cpu_name,
     markdown_table,
     output_dir,
     run_case,
@@ -55,6 +54,7 @@ from attnconv.bench.common import (
     suite_parser,
 )
 from attnconv.bench.models_report import NAME, PEAK_N, TARGET_COLUMNS, save
+from attnconv.cpuinfo import cpu_name
 from attnconv.train.device import flush_subnormals
 
 SA_MODELS = ("sa_quadratic", "sa_learned", "sa_learned_content")

@@ -35,8 +35,7 @@ def run(args: argparse.Namespace) -> int:
 
     from attnconv.data import CIFAR10_MEAN, CIFAR10_STD, Loader, load_dataset
     from attnconv.loading import load_model
-    from attnconv.train.config import TrainConfig
-    from attnconv.train.device import flush_subnormals, resolve_device
+    from attnconv.train.device import flush_as_trained, resolve_device
     from attnconv.train.distributed import DistInfo
     from attnconv.train.evaluation import evaluate
 
@@ -72,9 +71,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{spec}: {ds.num_classes} classes, the model predicts {n_out}")
     mean, std = data_info.get("mean", CIFAR10_MEAN), data_info.get("std", CIFAR10_STD)
     loader = Loader(ds, args.batch_size, shuffle=False, mean=mean, std=std)
-    if device.type == "cpu":  # as the run trained (train.flush_subnormals; docs/training.md)
-        train_cfg = (info.get("config") or {}).get("train", {})
-        flush_subnormals(bool(train_cfg.get("flush_subnormals", TrainConfig.flush_subnormals)))
+    flush_as_trained(info, device)  # train.flush_subnormals (docs/training.md)
     torch.manual_seed(0)
     loss, acc = evaluate(model.to(device), loader, DistInfo(device=device))
     res = {

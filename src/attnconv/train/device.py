@@ -12,6 +12,7 @@ from functools import cache
 
 import torch
 
+from attnconv.cpuinfo import cpu_flags
 from attnconv.layers.kernels import fused
 
 log = logging.getLogger(__name__)
@@ -47,9 +48,8 @@ def bf16_passed_over(device: torch.device) -> str | None:
 
 
 def _cpu_bf16_flags() -> bool:
-    try:
-        flags = next((ln for ln in open("/proc/cpuinfo") if ln.startswith("flags")), "").split()
-    except OSError:  # not Linux: oneDNN's answer
+    flags = cpu_flags()
+    if flags is None:  # not Linux: oneDNN's answer
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
@@ -98,6 +98,18 @@ def flush_subnormals(on: bool = True) -> bool:
             return False
         ok = ext.flush_denormal(on) and ok
     return ok
+
+
+def flush_as_trained(info: dict, device: torch.device) -> None:
+    """On a CPU, subnormals flushed or kept as the checkpoint's run trained (its config's
+    ``train.flush_subnormals``; TrainConfig's default where it says nothing, as for pretrained
+    weights): what evaluation and analysis of a checkpoint set before their forward passes."""
+    from .config import TrainConfig  # config -> layers -> ...: not at import time
+
+    if device.type != "cpu":
+        return
+    train_cfg = (info.get("config") or {}).get("train") or {}
+    flush_subnormals(bool(train_cfg.get("flush_subnormals", TrainConfig.flush_subnormals)))
 
 
 def default_device() -> torch.device:

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import torch
 
+from attnconv.cpuinfo import cpu_flags
+
 LOCK_WAIT_S = 20.0  # a live build elsewhere takes minutes: dense kernels this time instead
 LOCK = "attnconv.lock"
 
@@ -40,14 +42,10 @@ LOCK = "attnconv.lock"
 @cache
 def cpu_key() -> str:
     """A short digest of the CPU's instruction-set flags (what -march=native compiles for)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                flags = " ".join(sorted(line.split(":", 1)[1].split()))
-                return hashlib.sha1(flags.encode()).hexdigest()[:8]
-    except OSError:
-        pass
-    return platform.machine() or "cpu"
+    flags = cpu_flags()
+    if flags is None:
+        return platform.machine() or "cpu"
+    return hashlib.sha1(" ".join(sorted(flags)).encode()).hexdigest()[:8]
 
 
 def module_name(prefix: str, files: list[Path], flags: list[str] = ()) -> str:

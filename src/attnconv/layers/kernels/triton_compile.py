@@ -5,7 +5,7 @@ kernel reading a global that is not a constexpr, a ``tl.dot`` shape or dtype the
 more shared memory than the GPU has) and reports each kernel's registers and spills, so that a
 lent GPU's minutes go to measuring, not to compile errors.
 
-    python -m attnconv.layers.kernels.triton_compile [--arch 90 80] [--quick] [--json]
+    python -m attnconv.layers.kernels.triton_compile [--arch 90 80] [--quick] [--json] [--jobs N]
 
 Not under TRITON_INTERPRET=1 (the kernels are then the interpreter's, with its products).
 """
@@ -13,8 +13,10 @@ Not under TRITON_INTERPRET=1 (the kernels are then the interpreter's, with its p
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import inspect
 import json
+import multiprocessing
 import os
 import re
 import subprocess
@@ -318,6 +320,17 @@ def _cases(quick: bool) -> list[Case]:
     ]
 
 
+def _compile_all(jobs: list[tuple[Case, int]], workers: int):
+    """compile_case of each (case, architecture), in order, ``workers`` processes at once (one
+    build is one core's LLVM run; fresh interpreters, as a fork of torch's threads is not safe)."""
+    if workers <= 1 or len(jobs) <= 1:
+        yield from (compile_case(case, arch) for case, arch in jobs)
+        return
+    spawn = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(min(workers, len(jobs)), mp_context=spawn) as pool:
+        yield from pool.map(compile_case, *zip(*jobs))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
@@ -326,7 +339,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="three cases (cases(quick=True))")
     p.add_argument("--envelope", action="store_true", help="the envelope's corners instead")
     p.add_argument("--json", action="store_true", help="one JSON object per kernel")
+    p.add_argument(
+        "--jobs", type=int, default=None, help="processes compiling at once (the usable cores)"
+    )
     args = p.parse_args(argv)
+    if args.jobs is not None and args.jobs < 1:
+        raise SystemExit(f"triton_compile: --jobs must be >= 1, got {args.jobs}")
     if not triton_axis.INSTALLED:
         raise SystemExit("triton_compile: triton is not installed (pip install triton)")
     if triton_axis.interpreted():
@@ -341,22 +359,27 @@ def main(argv: list[str] | None = None) -> int:
         )
         print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     bad = 0
-    for case in envelope() if args.envelope else cases(args.quick):
-        for arch in args.arch:
-            for c in compile_case(case, arch):
-                bad += not c.fits
-                if args.json:
-                    keys = ("kernel", "arch", "stages", "block_m", "keys", "warps", "shared")
-                    keys += ("registers", "mma")
-                    row = {k: getattr(c, k) for k in keys}
-                    print(json.dumps(row | {"case": str(case), "stack": c.stack}))
-                    continue
-                print(
-                    f"| {case} | {c.kernel} | sm_{arch} | {c.stages} | {c.block_m} | {c.keys} "
-                    f"| {c.warps} "
-                    f"| {c.shared / 1024:.1f} "
-                    f"| {c.registers} | {c.stack} | {c.mma} | {'yes' if c.fits else 'NO'} |"
-                )
+    jobs = [
+        (case, arch)
+        for case in (envelope() if args.envelope else cases(args.quick))
+        for arch in args.arch
+    ]
+    workers = args.jobs or len(os.sched_getaffinity(0))
+    for (case, arch), builds in zip(jobs, _compile_all(jobs, workers)):
+        for c in builds:
+            bad += not c.fits
+            if args.json:
+                keys = ("kernel", "arch", "stages", "block_m", "keys", "warps", "shared")
+                keys += ("registers", "mma")
+                row = {k: getattr(c, k) for k in keys}
+                print(json.dumps(row | {"case": str(case), "stack": c.stack}))
+                continue
+            print(
+                f"| {case} | {c.kernel} | sm_{arch} | {c.stages} | {c.block_m} | {c.keys} "
+                f"| {c.warps} "
+                f"| {c.shared / 1024:.1f} "
+                f"| {c.registers} | {c.stack} | {c.mma} | {'yes' if c.fits else 'NO'} |"
+            )
     return 1 if bad else 0
 
 
