@@ -7,10 +7,12 @@ warm-up each).
     python benchmarks/denormal_ab.py [--scale paper|cpu] [--batch 8] [--models M [M ...]] \
         [--config CFG [CFG ...]] [--threads 1] [--rounds 6]
     python benchmarks/denormal_ab.py --checkpoint RUN/checkpoints [--per-class 30]
+    python benchmarks/denormal_ab.py --checkpoint RUN/checkpoints --analyze 100
 
 ``--checkpoint``: the evaluation of a trained model (``attnconv eval``'s loop) on the first
 ``--per-class`` test images of each class of its dataset instead, with the accuracy and loss
-of both settings.
+of both settings; with ``--analyze N``, ``attnconv analyze``'s figures of it from N test images
+(what ``analyze`` and ``explore`` compute; the figures written to a temporary folder).
 
 Why: the quadratic encoding's softmax(-alpha ||delta - Delta||^2) (Cordonnier et al., eq. 9)
 gives far-off keys probabilities below float32's smallest normal (1.2e-38); some CPUs (Intel's)
@@ -80,6 +82,25 @@ def checkpoint_eval(path: str, per_class: int):
     return name, lambda: results.append(evaluate(model, loader, cpu)), results
 
 
+def checkpoint_analysis(path: str, images: int):
+    """(name, analysis) of a checkpoint: ``attnconv analyze``'s figures from ``images`` test
+    images of its dataset, into a temporary folder."""
+    import tempfile
+
+    from attnconv.analysis.inputs import load_for_analysis
+    from attnconv.analysis.report import analyze_model
+
+    model, info, imgs, labels, mean, std = load_for_analysis(path, None, images, device="cpu")
+    out = tempfile.mkdtemp(prefix="denormal_ab-")
+    run = Path(info["path"])
+
+    def analysis() -> None:
+        with torch.no_grad():
+            analyze_model(model, imgs, out, mean=mean, std=std, labels=labels)
+
+    return f"analysis of {run.parent.parent.name}/{run.name} ({images} test images)", analysis
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scale", choices=("paper", "cpu"), default="paper")
@@ -88,16 +109,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", nargs="+", default=[], help="training configs instead of models")
     p.add_argument("--checkpoint", help="a trained model's evaluation instead")
     p.add_argument("--per-class", type=int, default=30, help="--checkpoint's test images")
+    p.add_argument("--analyze", type=int, metavar="N", help="--checkpoint: its analysis instead")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rounds", type=int, default=6)
     args = p.parse_args(argv)
     if args.rounds < 1:
         raise SystemExit("denormal_ab: --rounds must be >= 1")
+    if args.analyze is not None and (not args.checkpoint or args.analyze < 1):
+        raise SystemExit("denormal_ab: --analyze N takes --checkpoint and N >= 1")
     if not torch.set_flush_denormal(False):
         raise SystemExit("denormal_ab: this CPU cannot flush subnormals (no SSE3 on x86)")
     torch.set_num_threads(args.threads)
     results = None
-    if args.checkpoint:
+    if args.checkpoint and args.analyze:
+        cases = [checkpoint_analysis(args.checkpoint, args.analyze)]
+    elif args.checkpoint:
         name, evaluation, results = checkpoint_eval(args.checkpoint, args.per_class)
         cases = [(name, evaluation)]
     elif args.config:
