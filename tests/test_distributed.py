@@ -4,8 +4,6 @@ batch, and a distributed run stopped mid-epoch and resumed under torchrun still 
 from __future__ import annotations
 
 import os
-import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,12 +16,7 @@ from safetensors.torch import load_file
 from attnconv.train.checkpoint import LATEST
 from attnconv.train.config import config_from_dict
 from attnconv.train.loop import Trainer
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from torchrun_helpers import run_torchrun
 
 
 def _weights(run: Path) -> dict[str, torch.Tensor]:
@@ -32,31 +25,9 @@ def _weights(run: Path) -> dict[str, torch.Tensor]:
 
 
 def _torchrun(cfg: Path, out: Path, *extra: str, cache: Path) -> subprocess.CompletedProcess:
-    torchrun = shutil.which("torchrun")
-    launcher = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
     env = {**os.environ, "ATTNCONV_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
-    for _ in range(3):  # the free port can be taken between _free_port and torchrun's bind
-        cmd = [
-            *launcher,
-            "--nproc-per-node",
-            "2",
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            str(_free_port()),
-            "-m",
-            "attnconv.cli",
-            "train",
-            str(cfg),
-            "--out",
-            str(out),
-            *extra,
-        ]
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-        said = r.stderr + r.stdout
-        if r.returncode == 0 or not ("EADDRINUSE" in said or "address already in use" in said):
-            return r
-    return r
+    args = ("-m", "attnconv.cli", "train", str(cfg), "--out", str(out), *extra)
+    return run_torchrun(*args, env=env, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -159,3 +130,29 @@ def test_a_worker_exits_with_its_code_and_flushed_streams_a_lone_process_returns
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert (r.returncode, r.stdout) == (7, "saved") and "logged" in r.stderr, r
+
+
+@pytest.mark.slow
+def test_a_taken_rendezvous_port_is_seen_and_the_run_takes_another(tmp_path, monkeypatch):
+    """Real torchrun on a port another process holds fails with EADDRINUSE: the helper sees it
+    and runs again on a new port (the full run's two test processes both launch torchrun)."""
+    import socket
+
+    import torchrun_helpers
+
+    script = tmp_path / "hello.py"
+    script.write_text("print('rank ran')\n")
+    free = torchrun_helpers.free_port
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        picks = iter([taken])  # the first pick is the held port, later ones free
+        monkeypatch.setattr(torchrun_helpers, "free_port", lambda: next(picks, None) or free())
+        first = subprocess.run(
+            torchrun_helpers.torchrun(str(script), procs=1), capture_output=True, text=True
+        )
+        assert torchrun_helpers.port_taken(first), first.stderr[-500:]
+        picks = iter([taken])
+        r = torchrun_helpers.run_torchrun(str(script), procs=1, timeout=120)
+    assert r.returncode == 0 and "rank ran" in r.stdout, r.stderr[-1000:]

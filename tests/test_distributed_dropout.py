@@ -14,35 +14,22 @@ import pytest
 import torch
 import yaml
 
-from test_distributed import _free_port, _weights
+from test_distributed import _weights
+from torchrun_helpers import run_torchrun
 
 PROBE = Path(__file__).with_name("dropout_probe.py")
 
 
 def _train(cfg: Path, out: Path, *extra: str, procs: int = 2) -> list[list[int]]:
     """The probe's run on ``procs`` processes; the seeds each rank drew."""
-    launch = (
-        [
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            str(procs),
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            str(_free_port()),
-        ]
-        if procs > 1
-        else []
-    )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(PROBE.parent)}
-    r = subprocess.run(
-        [sys.executable, *launch, str(PROBE), "train", str(cfg), "--out", str(out), *extra],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    args = (str(PROBE), "train", str(cfg), "--out", str(out), *extra)
+    if procs > 1:
+        r = run_torchrun(*args, procs=procs, env=env, timeout=300)
+    else:
+        r = subprocess.run(
+            [sys.executable, *args], env=env, capture_output=True, text=True, timeout=300
+        )
     assert r.returncode == 0, r.stderr[-3000:]
     return [json.loads((out / f"seeds-rank{i}.json").read_text()) for i in range(procs)]
 

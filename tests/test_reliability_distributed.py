@@ -8,10 +8,8 @@ only requires some checkpoint before the end, as a slow poll may see a later one
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,7 +20,8 @@ import yaml
 from attnconv.train.checkpoint import LATEST, load_model
 from attnconv.train.config import config_from_dict
 from attnconv.train.loop import Trainer
-from test_distributed import _free_port, _weights
+from test_distributed import _weights
+from torchrun_helpers import torchrun
 
 STEPS_PER_EPOCH = 6  # 240 images, global batch 40
 
@@ -54,24 +53,7 @@ def _descendants(pid: int) -> list[int]:
 
 
 def _torchrun(cfg: Path, out: Path, cache: Path, *extra: str) -> subprocess.Popen:
-    torchrun = shutil.which("torchrun")
-    launcher = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
-    cmd = [
-        *launcher,
-        "--nproc-per-node",
-        "2",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(_free_port()),
-        "-m",
-        "attnconv.cli",
-        "train",
-        str(cfg),
-        "--out",
-        str(out),
-        *extra,
-    ]
+    cmd = torchrun("-m", "attnconv.cli", "train", str(cfg), "--out", str(out), *extra)
     env = {**os.environ, "ATTNCONV_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
