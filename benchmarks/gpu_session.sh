@@ -31,6 +31,9 @@ if [ "${DRY_RUN:-0}" = 1 ]; then
   DRY="--device cpu --quick"
   TESTS_S=25
   REPS_MODELS=1; REPS=1; INNER=1  # one call of each: the code runs, no figure is kept
+  # tests that pass on a CPU in seconds go first, so the step's lines are checked whatever
+  # the interpreter's speed (on a GPU the list below keeps its order)
+  FIRST_TESTS=tests/test_cuda_models_bench.py
 fi
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   $py -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \
@@ -61,7 +64,7 @@ echo "CUDA tests: ${TESTS_S} s" | tee -a "$LOG"
 # -v -rfE: a test's verdict is written when it ends, so a timeout keeps those that ran
 # first the paper models trained, stopped, resumed and evaluated by the CLI on the GPU, and the
 # Triton kernels queued without a host-device sync (seconds)
-timeout ${TESTS_S:-60} $py -m pytest -v -rfE -p no:cacheprovider tests/test_cuda_train.py \
+timeout ${TESTS_S:-60} $py -m pytest -v -rfE -p no:cacheprovider ${FIRST_TESTS:-} tests/test_cuda_train.py \
   tests/test_cuda_sync.py \
   tests/test_functional.py::test_on_a_gpu_odd_head_widths_still_take_a_fused_kernel \
   tests/test_data.py::test_a_loader_on_the_gpu_yields_the_cpu_loaders_batches \
