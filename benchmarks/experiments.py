@@ -84,6 +84,14 @@ def experiments(names: list[str]) -> list[Path]:
 SAVE_EVERY = 600.0  # seconds: a training run's folder is archived this often while it trains
 
 
+class PortTaken(SystemExit):
+    """torchrun's rendezvous port, free when train_cli picked it, was bound by another process
+    before torchrun bound it (EADDRINUSE): nothing ran, the same command on a new port may."""
+
+
+PORT_TRIES = 3
+
+
 def sh(cmd: list[str], log: Path, every=None) -> float:
     """Run a command, appending its output to ``log``; returns wall seconds; raises on failure.
     ``every``: called each SAVE_EVERY seconds while the command runs."""
@@ -103,9 +111,12 @@ def sh(cmd: list[str], log: Path, every=None) -> float:
     if rc != 0:
         with open(log, errors="replace") as f:  # a signal's stop (the trainer saved): say so
             f.seek(start)
-            stops = [ln.strip() for ln in f if "stopped by SIG" in ln]
+            said = f.readlines()
+        stops = [ln.strip() for ln in said if "stopped by SIG" in ln]
         if stops:
             raise SystemExit(f"{stops[-1]} (`run` resumes it)")
+        if any("EADDRINUSE" in ln for ln in said):
+            raise PortTaken(f"torchrun's port was taken (exit {rc}), see {log}")
         raise SystemExit(f"command failed (exit {rc}), see {log}: {' '.join(map(str, cmd))}")
     return time.time() - t0
 
@@ -173,18 +184,28 @@ def _run_one(cfg: Path, out: Path, data: Path, threads: int | None, procs: int) 
         if passed_over:
             raise SystemExit(f"skipped: bf16 autocast is passed over on this CPU ({passed_over})")
     if not done.exists():
-        cmd = [*train_cli(procs), "train", cfg, "--out", out, "--set", f"data.dataset={data}"]
+        args = ["train", cfg, "--out", out, "--set", f"data.dataset={data}"]
         if threads is not None:
-            cmd += ["--set", f"train.threads={threads}"]
+            args += ["--set", f"train.threads={threads}"]
         resumable = (out / "checkpoints" / "latest").exists()
-        cmd.append("--resume" if resumable else "--overwrite")  # no checkpoint: start over
+        args.append("--resume" if resumable else "--overwrite")  # no checkpoint: start over
         print(f"[{time.strftime('%H:%M:%S')}] train {cfg.stem}: {progress(cfg, out)}", flush=True)
         partial = out / "wall_partial.json"  # seconds of earlier sittings (their sh calls)
         before = json.loads(partial.read_text())["train_seconds"] if partial.exists() else 0.0
         t0 = time.time()
         try:
             keep = lambda: archive.save(RUNS, names=[cfg.stem])  # noqa: E731
-            sh(cmd, log, every=keep if ARCHIVE_WHILE_TRAINING else None)
+            for attempt in range(1, PORT_TRIES + 1):  # train_cli picks a new port each time
+                try:
+                    sh(
+                        [*train_cli(procs), *args],
+                        log,
+                        every=keep if ARCHIVE_WHILE_TRAINING else None,
+                    )
+                    break
+                except PortTaken:
+                    if attempt == PORT_TRIES:
+                        raise
         finally:  # a sitting's time counts even when it is interrupted
             partial.write_text(json.dumps({"train_seconds": before + time.time() - t0}))
         done.write_text(partial.read_text())
