@@ -30,7 +30,6 @@ import argparse
 import fcntl
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -50,24 +49,11 @@ CLI = [sys.executable, "-m", "attnconv.cli"]
 def train_cli(procs: int) -> list:
     """The trainer's command: one process, or ``procs`` under torchrun (gloo on 127.0.0.1, the
     same global batch; each process its slice of it and its own threads)."""
+    from attnconv.train.distributed import torchrun_command  # torch: not for `status`
+
     if procs == 1:
         return CLI
-    with socket.socket() as s:  # a free port for the rendezvous
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        procs,
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        port,
-        "-m",
-        "attnconv.cli",
-    ]
+    return [*torchrun_command(procs), "-m", "attnconv.cli"]
 
 
 def experiments(names: list[str]) -> list[Path]:
@@ -86,7 +72,7 @@ SAVE_EVERY = 600.0  # seconds: a training run's folder is archived this often wh
 
 class PortTaken(SystemExit):
     """torchrun's rendezvous port, free when train_cli picked it, was bound by another process
-    before torchrun bound it (EADDRINUSE): nothing ran, the same command on a new port may."""
+    before torchrun bound it (PORT_TAKEN): nothing ran, the same command on a new port may."""
 
 
 PORT_TRIES = 3
@@ -109,13 +95,15 @@ def sh(cmd: list[str], log: Path, every=None) -> float:
                 if every is not None:
                     every()
     if rc != 0:
+        from attnconv.train.distributed import PORT_TAKEN
+
         with open(log, errors="replace") as f:  # a signal's stop (the trainer saved): say so
             f.seek(start)
             said = f.readlines()
         stops = [ln.strip() for ln in said if "stopped by SIG" in ln]
         if stops:
             raise SystemExit(f"{stops[-1]} (`run` resumes it)")
-        if any("EADDRINUSE" in ln for ln in said):
+        if any(PORT_TAKEN in ln for ln in said):
             raise PortTaken(f"torchrun's port was taken (exit {rc}), see {log}")
         raise SystemExit(f"command failed (exit {rc}), see {log}: {' '.join(map(str, cmd))}")
     return time.time() - t0
@@ -195,13 +183,10 @@ def _run_one(cfg: Path, out: Path, data: Path, threads: int | None, procs: int) 
         t0 = time.time()
         try:
             keep = lambda: archive.save(RUNS, names=[cfg.stem])  # noqa: E731
+            every = keep if ARCHIVE_WHILE_TRAINING else None
             for attempt in range(1, PORT_TRIES + 1):  # train_cli picks a new port each time
                 try:
-                    sh(
-                        [*train_cli(procs), *args],
-                        log,
-                        every=keep if ARCHIVE_WHILE_TRAINING else None,
-                    )
+                    sh([*train_cli(procs), *args], log, every=every)
                     break
                 except PortTaken:
                     if attempt == PORT_TRIES:

@@ -139,16 +139,17 @@ def test_a_taken_rendezvous_port_is_seen_and_the_run_takes_another(tmp_path, mon
     import socket
 
     import torchrun_helpers
+    from attnconv.train import distributed
 
     script = tmp_path / "hello.py"
     script.write_text("print('rank ran')\n")
-    free = torchrun_helpers.free_port
+    free = distributed.free_port
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
         taken = held.getsockname()[1]
         picks = iter([taken])  # the first pick is the held port, later ones free
-        monkeypatch.setattr(torchrun_helpers, "free_port", lambda: next(picks, None) or free())
+        monkeypatch.setattr(distributed, "free_port", lambda: next(picks, None) or free())
         first = subprocess.run(
             torchrun_helpers.torchrun(str(script), procs=1), capture_output=True, text=True
         )

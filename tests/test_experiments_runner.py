@@ -209,6 +209,16 @@ def _assert_refused(tmp_path, flag: str) -> None:
     assert not (tmp_path / "sasa_k3" / "metrics.csv").exists()
 
 
+def _tiny_config(tmp_path: Path) -> Path:
+    """An experiment config "tiny": tiny_cnn on 40 real images, 5 steps of batch 8, one epoch."""
+    cfg = tmp_path / "tiny.yaml"
+    model = {"name": "tiny_cnn", "kwargs": {"width": 8}}
+    data = {"max_per_class": 4, "eval_max_per_class": 1, "cache_dir": str(tmp_path / "c")}
+    train = {"epochs": 1, "batch_size": 8, "log_every": 1, "threads": 1, "progress": False}
+    cfg.write_text(yaml.safe_dump({"model": model, "data": data, "train": train}))
+    return cfg
+
+
 @pytest.mark.slow
 def test_procs_train_one_run_under_torchrun(tmp_path, monkeypatch):
     """`run --procs 2` trains the experiment as two processes under real torchrun (gloo on
@@ -217,27 +227,7 @@ def test_procs_train_one_run_under_torchrun(tmp_path, monkeypatch):
 
     mod = _module()
     monkeypatch.setattr(mod, "RUNS", tmp_path / "runs")
-    cfg = tmp_path / "tiny.yaml"
-    cfg.write_text(
-        yaml.safe_dump(
-            {
-                "model": {"name": "tiny_cnn", "kwargs": {"width": 8}},
-                "data": {
-                    "max_per_class": 4,
-                    "eval_max_per_class": 1,
-                    "cache_dir": str(tmp_path / "c"),
-                },
-                "train": {
-                    "epochs": 1,
-                    "batch_size": 8,
-                    "log_every": 1,
-                    "threads": 1,
-                    "progress": False,
-                },
-            }
-        )
-    )
-    mod.run_one(cfg, CIFAR_ZIP, procs=2)
+    mod.run_one(_tiny_config(tmp_path), CIFAR_ZIP, procs=2)
     out = tmp_path / "runs" / "tiny"
     log = (out / "experiment.log").read_text()
     assert "torch.distributed.run --nproc-per-node 2" in log and "x2 process(es)" in log
@@ -337,12 +327,7 @@ def test_a_taken_torchrun_port_is_tried_again_on_a_new_one(tmp_path, monkeypatch
     taken = "torch.distributed.DistNetworkError: ... name: EADDRINUSE, message: address in use"
     launches = iter([[sys.executable, "-c", f"import sys; print({taken!r}); sys.exit(1)"]])
     monkeypatch.setattr(mod, "train_cli", lambda procs: next(launches, mod.CLI))
-    cfg = tmp_path / "tiny.yaml"
-    model = {"name": "tiny_cnn", "kwargs": {"width": 8}}
-    data = {"max_per_class": 4, "eval_max_per_class": 1, "cache_dir": str(tmp_path / "c")}
-    train = {"epochs": 1, "batch_size": 8, "threads": 1, "progress": False}
-    cfg.write_text(yaml.safe_dump({"model": model, "data": data, "train": train}))
-    mod.run_one(cfg, CIFAR_ZIP, procs=2)
+    mod.run_one(_tiny_config(tmp_path), CIFAR_ZIP, procs=2)
     out = tmp_path / "runs" / "tiny"
     assert "EADDRINUSE" in (out / "experiment.log").read_text()
     assert (out / "checkpoints" / "latest").read_text().strip() == "step-00000005"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 from dataclasses import dataclass
 
@@ -122,3 +123,28 @@ def barrier(info: DistInfo) -> None:
 def shutdown(info: DistInfo) -> None:
     if info.enabled and dist.is_initialized():
         dist.destroy_process_group()
+
+
+PORT_TAKEN = "EADDRINUSE"  # in torchrun's output when another process bound its port first
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 free now (another process may bind it before torchrun does)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_command(procs: int) -> list[str]:
+    """``torchrun --nproc-per-node procs`` (this interpreter's), gloo's rendezvous on 127.0.0.1
+    and a free port; the program and its arguments follow. Where the port was taken before
+    torchrun bound it, its output says PORT_TAKEN, nothing ran, and a new command may."""
+    rendezvous = ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(procs),
+        *rendezvous,
+    ]
