@@ -70,14 +70,6 @@ def experiments(names: list[str]) -> list[Path]:
 SAVE_EVERY = 600.0  # seconds: a training run's folder is archived this often while it trains
 
 
-class PortTaken(SystemExit):
-    """torchrun's rendezvous port, free when train_cli picked it, was bound by another process
-    before torchrun bound it (PORT_TAKEN): nothing ran, the same command on a new port may."""
-
-
-PORT_TRIES = 3
-
-
 def sh(cmd: list[str], log: Path, every=None) -> float:
     """Run a command, appending its output to ``log``; returns wall seconds; raises on failure.
     ``every``: called each SAVE_EVERY seconds while the command runs."""
@@ -95,16 +87,12 @@ def sh(cmd: list[str], log: Path, every=None) -> float:
                 if every is not None:
                     every()
     if rc != 0:
-        from attnconv.train.distributed import PORT_TAKEN
-
         with open(log, errors="replace") as f:  # a signal's stop (the trainer saved): say so
             f.seek(start)
             said = f.readlines()
         stops = [ln.strip() for ln in said if "stopped by SIG" in ln]
         if stops:
             raise SystemExit(f"{stops[-1]} (`run` resumes it)")
-        if any(PORT_TAKEN in ln for ln in said):
-            raise PortTaken(f"torchrun's port was taken (exit {rc}), see {log}")
         raise SystemExit(f"command failed (exit {rc}), see {log}: {' '.join(map(str, cmd))}")
     return time.time() - t0
 
@@ -184,13 +172,7 @@ def _run_one(cfg: Path, out: Path, data: Path, threads: int | None, procs: int) 
         try:
             keep = lambda: archive.save(RUNS, names=[cfg.stem])  # noqa: E731
             every = keep if ARCHIVE_WHILE_TRAINING else None
-            for attempt in range(1, PORT_TRIES + 1):  # train_cli picks a new port each time
-                try:
-                    sh([*train_cli(procs), *args], log, every=every)
-                    break
-                except PortTaken:
-                    if attempt == PORT_TRIES:
-                        raise
+            sh([*train_cli(procs), *args], log, every=every)
         finally:  # a sitting's time counts even when it is interrupted
             partial.write_text(json.dumps({"train_seconds": before + time.time() - t0}))
         done.write_text(partial.read_text())

@@ -133,27 +133,26 @@ def test_a_worker_exits_with_its_code_and_flushed_streams_a_lone_process_returns
 
 
 @pytest.mark.slow
-def test_a_taken_rendezvous_port_is_seen_and_the_run_takes_another(tmp_path, monkeypatch):
-    """Real torchrun on a port another process holds fails with EADDRINUSE: the helper sees it
-    and runs again on a new port (the full run's two test processes both launch torchrun)."""
-    import socket
-
+def test_torchrun_launches_at_once_each_take_a_port_of_their_own(tmp_path):
+    """The rendezvous store binds port 0 as it starts (torchrun_command), so launches at once
+    (the full run's two test processes, the experiments runner beside them) never race for a
+    port: four two-process launches together all run, each on its own port, none on a fixed one."""
     import torchrun_helpers
-    from attnconv.train import distributed
 
     script = tmp_path / "hello.py"
-    script.write_text("print('rank ran')\n")
-    free = distributed.free_port
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        held.listen()
-        taken = held.getsockname()[1]
-        picks = iter([taken])  # the first pick is the held port, later ones free
-        monkeypatch.setattr(distributed, "free_port", lambda: next(picks, None) or free())
-        first = subprocess.run(
-            torchrun_helpers.torchrun(str(script), procs=1), capture_output=True, text=True
-        )
-        assert torchrun_helpers.port_taken(first), first.stderr[-500:]
-        picks = iter([taken])
-        r = torchrun_helpers.run_torchrun(str(script), procs=1, timeout=120)
-    assert r.returncode == 0 and "rank ran" in r.stdout, r.stderr[-1000:]
+    script.write_text(
+        "import os, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "print('rank ran on port', os.environ['MASTER_PORT'])\n"
+        "dist.destroy_process_group()\n"
+    )
+    cmd = torchrun_helpers.torchrun(str(script), procs=2)
+    assert cmd[cmd.index("--rdzv-endpoint") + 1] == "127.0.0.1:0"
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    runs = [subprocess.Popen(cmd, **pipes) for _ in range(4)]
+    ports = set()
+    for p in runs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0 and out.count("rank ran") == 2, err[-1000:]
+        ports |= {ln.split()[-1] for ln in out.splitlines() if "rank ran" in ln}
+    assert len(ports) == 4, ports  # two ranks of a launch share its port; launches do not

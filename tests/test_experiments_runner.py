@@ -312,24 +312,3 @@ def test_a_runs_training_time_counts_every_sitting(tmp_path):
     assert report.train_seconds(run) == 320.0  # 200 + 120
     (run / "wall.json").write_text('{"train_seconds": 400.0}')
     assert report.train_seconds(run) == 400.0  # the runner's clock where it is larger
-
-
-@pytest.mark.slow
-def test_a_taken_torchrun_port_is_tried_again_on_a_new_one(tmp_path, monkeypatch):
-    """torchrun whose rendezvous port another process bound first exits with EADDRINUSE before
-    anything runs (tests/test_distributed.py sees it on real torchrun): `sh` says PortTaken and
-    the runner launches again with a new port, up to PORT_TRIES times. Here the first launch is
-    a stand-in that prints torchrun's line, the second the one-process trainer."""
-    from conftest import CIFAR_ZIP
-
-    mod = _module()
-    monkeypatch.setattr(mod, "RUNS", tmp_path / "runs")
-    taken = "torch.distributed.DistNetworkError: ... name: EADDRINUSE, message: address in use"
-    launches = iter([[sys.executable, "-c", f"import sys; print({taken!r}); sys.exit(1)"]])
-    monkeypatch.setattr(mod, "train_cli", lambda procs: next(launches, mod.CLI))
-    mod.run_one(_tiny_config(tmp_path), CIFAR_ZIP, procs=2)
-    out = tmp_path / "runs" / "tiny"
-    assert "EADDRINUSE" in (out / "experiment.log").read_text()
-    assert (out / "checkpoints" / "latest").read_text().strip() == "step-00000005"
-    with pytest.raises(mod.PortTaken, match="port was taken"):  # and sh alone says so
-        mod.sh([sys.executable, "-c", f"import sys; print({taken!r}); sys.exit(1)"], tmp_path / "l")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import sys
 from dataclasses import dataclass
 
@@ -125,26 +124,20 @@ def shutdown(info: DistInfo) -> None:
         dist.destroy_process_group()
 
 
-PORT_TAKEN = "EADDRINUSE"  # in torchrun's output when another process bound its port first
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 free now (another process may bind it before torchrun does)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# torchrun's rendezvous: its c10d store on 127.0.0.1, port 0 (the store binds a free one)
+RENDEZVOUS = ["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0"]
 
 
 def torchrun_command(procs: int) -> list[str]:
-    """``torchrun --nproc-per-node procs`` (this interpreter's), gloo's rendezvous on 127.0.0.1
-    and a free port; the program and its arguments follow. Where the port was taken before
-    torchrun bound it, its output says PORT_TAKEN, nothing ran, and a new command may."""
-    rendezvous = ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+    """``torchrun --nproc-per-node procs`` (this interpreter's); the program and its arguments
+    follow. The rendezvous is torchrun's c10d store on 127.0.0.1 port 0: the store binds a free
+    port as it starts and tells the workers (MASTER_PORT), so launches at once never race for a
+    port (one picked free beforehand may be bound by another process before torchrun binds it)."""
     return [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--nproc-per-node",
         str(procs),
-        *rendezvous,
+        *RENDEZVOUS,
     ]
