@@ -141,8 +141,11 @@ def test_torchrun_launches_at_once_each_take_a_port_of_their_own(tmp_path):
 
     script = tmp_path / "hello.py"
     script.write_text(
-        "import os, torch.distributed as dist\n"
+        "import os, torch, torch.distributed as dist\n"
         "dist.init_process_group('gloo')\n"
+        "t = torch.ones(1)\n"
+        "dist.all_reduce(t)\n"  # the ranks meet (gloo's mesh may still be connecting at init)
+        "assert t.item() == 2\n"
         "print('rank ran on port', os.environ['MASTER_PORT'])\n"
         "dist.destroy_process_group()\n"
     )
