@@ -182,12 +182,16 @@ def heads(lines: list[str]) -> None:
         ]
 
 
-SASA_CLAIMS = [("k=3", "k3"), ("k=7 (default)", "k7"), ("positional none", "pos_none")]
+SASA_CLAIMS = [
+    ("k=3", "k3"),
+    ("k=7 (default)", "k7"),
+    ("positional none", "pos_none"),
+    ("conv stem", "convstem"),
+]
 SASA_SINGLE = [
     ("k=5", "k5"),
     ("k=9", "k9"),
     ("logits q^T r only", "logits_qr"),
-    ("conv stem", "convstem"),
     ("4 heads: positional absolute", "pos_absolute"),
     ("4 heads: positional relative (default)", "pos_relative_h4"),
 ]
