@@ -40,6 +40,7 @@ import pytest
 
 from attnconv.cli import build_parser, main
 from attnconv.train.config import load_config
+from attnconv.train.distributed import RENDEZVOUS
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -141,6 +142,8 @@ class Runner:
         elif prog == "torchrun":
             i = rest.index("attnconv.cli")
             assert rest[i - 1] == "-m" and "--nproc-per-node" in rest
+            # the rendezvous the tests and the runner launch with (no fixed port to collide on)
+            assert " ".join(RENDEZVOUS) in " ".join(rest[:i]), rest
             _parse(self.subst(rest[i + 1 :]))
             self.done.append("parsed: torchrun ... attnconv train")
         elif prog == "attnconv":
