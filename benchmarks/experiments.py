@@ -49,10 +49,10 @@ CLI = [sys.executable, "-m", "attnconv.cli"]
 def train_cli(procs: int) -> list:
     """The trainer's command: one process, or ``procs`` under torchrun (gloo on 127.0.0.1, the
     same global batch; each process its slice of it and its own threads)."""
-    from attnconv.train.distributed import torchrun_command  # torch: not for `status`
-
     if procs == 1:
         return CLI
+    from attnconv.train.distributed import torchrun_command  # torch: not for `status`
+
     return [*torchrun_command(procs), "-m", "attnconv.cli"]
 
 
@@ -89,8 +89,7 @@ def sh(cmd: list[str], log: Path, every=None) -> float:
     if rc != 0:
         with open(log, errors="replace") as f:  # a signal's stop (the trainer saved): say so
             f.seek(start)
-            said = f.readlines()
-        stops = [ln.strip() for ln in said if "stopped by SIG" in ln]
+            stops = [ln.strip() for ln in f if "stopped by SIG" in ln]
         if stops:
             raise SystemExit(f"{stops[-1]} (`run` resumes it)")
         raise SystemExit(f"command failed (exit {rc}), see {log}: {' '.join(map(str, cmd))}")
@@ -160,19 +159,18 @@ def _run_one(cfg: Path, out: Path, data: Path, threads: int | None, procs: int) 
         if passed_over:
             raise SystemExit(f"skipped: bf16 autocast is passed over on this CPU ({passed_over})")
     if not done.exists():
-        args = ["train", cfg, "--out", out, "--set", f"data.dataset={data}"]
+        cmd = [*train_cli(procs), "train", cfg, "--out", out, "--set", f"data.dataset={data}"]
         if threads is not None:
-            args += ["--set", f"train.threads={threads}"]
+            cmd += ["--set", f"train.threads={threads}"]
         resumable = (out / "checkpoints" / "latest").exists()
-        args.append("--resume" if resumable else "--overwrite")  # no checkpoint: start over
+        cmd.append("--resume" if resumable else "--overwrite")  # no checkpoint: start over
         print(f"[{time.strftime('%H:%M:%S')}] train {cfg.stem}: {progress(cfg, out)}", flush=True)
         partial = out / "wall_partial.json"  # seconds of earlier sittings (their sh calls)
         before = json.loads(partial.read_text())["train_seconds"] if partial.exists() else 0.0
         t0 = time.time()
         try:
             keep = lambda: archive.save(RUNS, names=[cfg.stem])  # noqa: E731
-            every = keep if ARCHIVE_WHILE_TRAINING else None
-            sh([*train_cli(procs), *args], log, every=every)
+            sh(cmd, log, every=keep if ARCHIVE_WHILE_TRAINING else None)
         finally:  # a sitting's time counts even when it is interrupted
             partial.write_text(json.dumps({"train_seconds": before + time.time() - t0}))
         done.write_text(partial.read_text())
