@@ -174,12 +174,15 @@ def _run_one(cfg: Path, out: Path, data: Path, threads: int | None, procs: int) 
         finally:  # a sitting's time counts even when it is interrupted
             partial.write_text(json.dumps({"train_seconds": before + time.time() - t0}))
         done.write_text(partial.read_text())
-    analyzed = (
-        cfg.stem.startswith("table1_sa")
-        and not cfg.stem.endswith("_bf16")
-        and ("_seed" not in cfg.stem)
-    )  # the heads of the seed-0 runs
+    analyzed = cfg.stem.startswith("table1_sa") and not cfg.stem.endswith("_bf16")
     if analyzed and not (out / "analysis" / "report.json").exists():
+        if not (out / "checkpoints" / "latest").exists():  # finished before seeds were analyzed
+            print(
+                f"[{time.strftime('%H:%M:%S')}] analyze {cfg.stem}: skipped, no checkpoint "
+                f"(delete {out} and its archived copy to train it again)",
+                flush=True,
+            )
+            return
         print(f"[{time.strftime('%H:%M:%S')}] analyze {cfg.stem}", flush=True)
         sh([*CLI, "analyze", out, "--data", data, "--out", out / "analysis"], log)
     control = out / "analysis_init" / "report.json"

@@ -146,6 +146,11 @@ def heads(lines: list[str]) -> None:
         ("sa_learned, init: bert, at step 0", "table1_sa_learned_bert", "analysis_init"),
         ("sa_learned_content", "table1_sa_learned_content", "analysis"),
         ("sa_learned_content at step 0", "table1_sa_learned_content", "analysis_init"),
+    ] + [  # the other seeds, where analyzed (fig. 5-6 read over seeds)
+        (f"{m}, seed {s}{at}", f"table1_{m}_seed{s}", folder)
+        for m in ("sa_quadratic", "sa_learned", "sa_learned_content")
+        for s in (1, 2)
+        for at, folder in (("", "analysis"), (" at step 0", "analysis_init"))
     ]
     rows = []
     for label, run, folder in runs:
@@ -187,13 +192,13 @@ SASA_CLAIMS = [
     ("k=7 (default)", "k7"),
     ("positional none", "pos_none"),
     ("conv stem", "convstem"),
+    ("logits q^T r only", "logits_qr"),
+    ("4 heads: positional absolute", "pos_absolute"),
+    ("4 heads: positional relative (default)", "pos_relative_h4"),
 ]
 SASA_SINGLE = [
     ("k=5", "k5"),
     ("k=9", "k9"),
-    ("logits q^T r only", "logits_qr"),
-    ("4 heads: positional absolute", "pos_absolute"),
-    ("4 heads: positional relative (default)", "pos_relative_h4"),
 ]
 
 

@@ -312,3 +312,30 @@ def test_a_runs_training_time_counts_every_sitting(tmp_path):
     assert report.train_seconds(run) == 320.0  # 200 + 120
     (run / "wall.json").write_text('{"train_seconds": 400.0}')
     assert report.train_seconds(run) == 400.0  # the runner's clock where it is larger
+
+
+def test_a_finished_seed_run_is_analyzed_from_its_checkpoint_or_skipped_in_one_line(
+    tmp_path, monkeypatch, capsys
+):
+    """The Table 1 attention runs of every seed are analyzed (fig. 5-6 read over seeds): with
+    its checkpoint the trained model and the step-0 control; a run that finished before seeds
+    were analyzed (no checkpoint left) is one line naming what to delete, nothing called."""
+    mod = _module()
+    monkeypatch.setattr(mod, "RUNS", tmp_path)
+    calls = []
+    monkeypatch.setattr(mod, "sh", lambda cmd, log, every=None: calls.append(cmd))
+    monkeypatch.setattr(mod, "save_init", lambda run: calls.append(["save_init", run]))
+    out = tmp_path / "table1_sa_learned_seed1"
+    out.mkdir()
+    (out / "wall.json").write_text('{"train_seconds": 1.0}')
+    cfg = mod.CONFIGS / "table1_sa_learned_seed1.yaml"
+    mod.run_one(cfg, tmp_path / "data.zip")
+    assert calls == [] and "skipped, no checkpoint" in capsys.readouterr().out
+    (out / "checkpoints").mkdir()
+    (out / "checkpoints" / "latest").write_text("step-00001000")
+    mod.run_one(cfg, tmp_path / "data.zip")
+    analyzed = [[str(c) for c in cmd] for cmd in calls if cmd[0] != "save_init"]
+    assert [c[c.index("--out") + 1] for c in analyzed] == [
+        str(out / "analysis"),
+        str(out / "analysis_init"),
+    ]
