@@ -17,7 +17,8 @@ sweep. `report` reads only those folders: it writes benchmarks/results/experimen
 figures to docs/figures/, and replaces the block between the experiments markers of
 docs/experiments.md (its links are relative to that page). Nothing in the tables is typed by hand.
 The run folders are kept in the repository too (experiments_archive.py): `save` (and `report`) copy
-them to benchmarks/results/experiment_runs/ (an unfinished run with its last checkpoint), and `run`
+them to benchmarks/results/experiment_runs/ (an unfinished run with its last checkpoint), `run` does
+for the run it trains, every few minutes and once more as it ends, and `run`
 and `report` restore any the run root lacks, so a new machine resumes where the last one saved. On
 a machine with a CUDA GPU `attnconv train` runs there (its default device), CIFAR kept on the GPU
 as uint8 with crop and flip done there; a run started on one device resumes on the other (not bit
@@ -111,6 +112,8 @@ def run(args: argparse.Namespace) -> None:
     for cfg in cfgs:
         try:
             run_one(cfg, data, args.threads, args.procs)
+            if ARCHIVE_WHILE_TRAINING:  # the finished run as it ends, its follow-ups with it
+                archive.save(RUNS, names=[cfg.stem])
         except SystemExit as e:  # one experiment's failure does not stop the queue
             print(f"[{time.strftime('%H:%M:%S')}] {cfg.stem}: {e}", flush=True)
             failed.append(cfg.stem)

@@ -339,3 +339,32 @@ def test_a_finished_seed_run_is_analyzed_from_its_checkpoint_or_skipped_in_one_l
         str(out / "analysis"),
         str(out / "analysis_init"),
     ]
+
+
+def test_a_run_is_archived_once_more_as_it_ends(tmp_path, monkeypatch):
+    """`run` archives each experiment when it ends (the copies made while it trained stop a few
+    minutes short of its last rows and its analysis); one another runner holds is not, and a
+    scratch run root (--runs) never is."""
+    import argparse
+
+    mod = _module()
+    monkeypatch.setattr(mod, "RUNS", tmp_path)
+    monkeypatch.setattr(mod.archive, "restore", lambda runs, names: [])
+    saved = []
+    monkeypatch.setattr(mod.archive, "save", lambda runs, names: saved.append(names))
+
+    def run_one(cfg, data, threads, procs):
+        if cfg.stem == "sasa_k3":
+            raise SystemExit("skipped: another run is training it")
+
+    monkeypatch.setattr(mod, "run_one", run_one)
+    data = tmp_path / "data.zip"
+    data.write_bytes(b"")
+    args = argparse.Namespace(data=data, threads=None, procs=1, names=["sasa_k3", "sasa_k7"])
+    with pytest.raises(SystemExit, match="skipped: sasa_k3"):
+        mod.run(args)
+    assert saved == [["sasa_k7"]]
+    monkeypatch.setattr(mod, "ARCHIVE_WHILE_TRAINING", False)
+    with pytest.raises(SystemExit):
+        mod.run(args)
+    assert saved == [["sasa_k7"]]
