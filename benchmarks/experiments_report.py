@@ -47,7 +47,7 @@ def table1(lines: list[str]) -> None:
         "### Table 1 at CPU scale (Cordonnier et al. 2020)",
         "",
         "| model | test acc. (here, seed 0) | params (here) | train images/s | train wall | "
-        "seeds: mean +- std (n) | paper acc. (params) |",
+        "seeds: mean +- std (n: each) | paper acc. (params) |",
         "|---|---|---|---|---|---|---|",
     ]
     accs, spread, collapsed = {}, {}, []
@@ -115,12 +115,15 @@ def pm(m: float, sd: float) -> str:
 
 
 def seeds_cell(accs: list[float]) -> str:
-    """'mean +- std% (n)' over the finished seeds; one seed has no std: 'acc% (1 seed)'."""
+    """'mean +- std% (n: each seed's, seed 0 first)' over the finished seeds; one seed has no
+    std: 'acc% (1 seed)'."""
     if not accs:
         return "not run"
     if len(accs) == 1:
         return f"{100 * accs[0]:.1f}% (1 seed)"
-    return f"{pm(*mean_std(accs))} ({len(accs)})"
+    m, sd = mean_std(accs)
+    each = ", ".join(f"{100 * a:.{1 if 100 * sd >= 0.1 else 2}f}" for a in accs)  # as pm's std
+    return f"{pm(m, sd)} ({len(accs)}: {each})"
 
 
 CHANCE = 0.11  # 10 classes: a run at or below this test accuracy learned nothing
@@ -219,7 +222,7 @@ def sasa(lines: list[str]) -> None:
         "logits, attention stem).",
         "",
         "| variant (one change from the default) | test acc. (seed 0) | params | "
-        "train images/s | train wall | seeds: mean +- std (n) |",
+        "train images/s | train wall | seeds: mean +- std (n: each) |",
         "|---|---|---|---|---|---|",
     ]
     sds = []

@@ -69,7 +69,7 @@ def test_table1_seeds_and_their_spread():
     assert runs_.mean_std([0.5]) == (0.5, 0.0)
     cell = mod.report_.seeds_cell  # one seed has no std; two 0.05 points apart are not +- 0.0
     assert cell([]) == "not run" and cell([0.3806]) == "38.1% (1 seed)"
-    assert cell([0.4140, 0.4135]) == "41.4 +- 0.04% (2)"
+    assert cell([0.4140, 0.4135]) == "41.4 +- 0.04% (2: 41.40, 41.35)"
     from attnconv.train.config import load_config
 
     for name in ("resnet18", "sa_quadratic", "sa_learned", "sa_learned_content"):
