@@ -108,10 +108,15 @@ def seed_runs(name: str, prefix: str = "table1_") -> list[str]:
     return [base] + sorted(p.stem for p in CONFIGS.glob(f"{base}_seed*.yaml"))
 
 
+def decimals(sd: float) -> int:
+    """Decimals of a spread's figures: two under a std of 0.1 point (two seeds 0.05 apart are
+    not '+- 0.0'), one otherwise."""
+    return 1 if 100 * sd >= 0.1 else 2
+
+
 def pm(m: float, sd: float) -> str:
-    """'mean +- std%' of accuracies in [0, 1]; a std under 0.1 point with two decimals (two
-    seeds 0.05 apart are not '+- 0.0')."""
-    return f"{100 * m:.1f} +- {100 * sd:.{1 if 100 * sd >= 0.1 else 2}f}%"
+    """'mean +- std%' of accuracies in [0, 1], the std to ``decimals``."""
+    return f"{100 * m:.1f} +- {100 * sd:.{decimals(sd)}f}%"
 
 
 def seeds_cell(accs: list[float]) -> str:
@@ -122,7 +127,7 @@ def seeds_cell(accs: list[float]) -> str:
     if len(accs) == 1:
         return f"{100 * accs[0]:.1f}% (1 seed)"
     m, sd = mean_std(accs)
-    each = ", ".join(f"{100 * a:.{1 if 100 * sd >= 0.1 else 2}f}" for a in accs)  # as pm's std
+    each = ", ".join(f"{100 * a:.{decimals(sd)}f}" for a in accs)
     return f"{pm(m, sd)} ({len(accs)}: {each})"
 
 
@@ -149,10 +154,11 @@ def heads(lines: list[str]) -> None:
         ("sa_learned, init: bert, at step 0", "table1_sa_learned_bert", "analysis_init"),
         ("sa_learned_content", "table1_sa_learned_content", "analysis"),
         ("sa_learned_content at step 0", "table1_sa_learned_content", "analysis_init"),
-    ] + [  # the other seeds, where analyzed (fig. 5-6 read over seeds)
-        (f"{m}, seed {s}{at}", f"table1_{m}_seed{s}", folder)
+    ]
+    runs += [  # the other seeds, where analyzed (fig. 5-6 read over seeds)
+        (f"{m}, seed {run.rsplit('_seed', 1)[1]}{at}", run, folder)
         for m in ("sa_quadratic", "sa_learned", "sa_learned_content")
-        for s in (1, 2)
+        for run in seed_runs(m)[1:]
         for at, folder in (("", "analysis"), (" at step 0", "analysis_init"))
     ]
     rows = []
