@@ -21,7 +21,9 @@ def _weights(run: Path) -> dict[str, torch.Tensor]:
     return load_file(follow_latest(run / "checkpoints") / "model.safetensors")
 
 
-@pytest.mark.parametrize("name", ["config.yaml", "metrics.csv", "centers.jsonl", "checkpoints"])
+@pytest.mark.parametrize(
+    "name", ["config.yaml", "metrics.csv", "centers.jsonl", "machines.jsonl", "checkpoints"]
+)
 def test_a_symlink_in_the_run_folder_is_never_written_through(tmp_path, cifar_zip, capsys, name):
     run, outside = tmp_path / "run", tmp_path / "outside"
     outside.mkdir()

@@ -56,6 +56,30 @@ def test_centre_log_of_attention_models(cifar_zip, tmp_path, name):
     assert "layers.0.attn.positional_encoding.centers" in no_decay_names(tr.model, ["centers"])
 
 
+def test_machines_log_says_where_each_start_and_resume_trained(cifar_zip, tmp_path):
+    from attnconv import __version__
+    from attnconv.cpuinfo import cpu_name
+    from attnconv.train.loop import Interrupted
+
+    d = small(cifar_zip, tmp_path / "run", train={"epochs": 2})
+    log = tmp_path / "run" / "machines.jsonl"
+    with pytest.raises(Interrupted):
+        Trainer(config_from_dict(d), stop_at_step=3).fit()
+    with pytest.raises(Interrupted):
+        Trainer(config_from_dict(d), resume=True, stop_at_step=6).fit()
+    with log.open("a") as f:  # a line past the checkpoint resumed from is dropped, as metrics'
+        f.write(json.dumps({"step": 9}) + "\n")
+    Trainer(config_from_dict(d), resume=True).fit()
+    recs = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["step"] for r in recs] == [0, 3, 6]
+    for r in recs:
+        assert (r["device"], r["name"], r["threads"], r["processes"]) == ("cpu", cpu_name(), 1, 1)
+        assert (r["torch"], r["attnconv"]) == (torch.__version__, __version__)
+        assert r["time"].endswith("Z")
+    Trainer(config_from_dict(d), overwrite=True).fit()  # a new run: a new log
+    assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [0]
+
+
 def test_tensorboard_missing_is_a_clear_error(cifar_zip, tmp_path):
     try:
         import tensorboard  # noqa: F401

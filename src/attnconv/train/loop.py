@@ -1,10 +1,10 @@
 """The training loop: exact resume, clean interruption, non-finite guard, one or many processes.
 
 Run folder ``cfg.out_dir``: ``checkpoints/step-XXXXXXXX/`` (+ ``checkpoints/latest``),
-``metrics.csv``, ``centers.jsonl``, ``config.yaml``, ``tb/``. Everything random is seeded
-(model init by ``train.seed``, data order and augmentation by (seed, epoch, step), dropout by the
-torch RNG saved in each checkpoint, on ranks > 0 by (seed, step, rank)), so a resumed run ends
-bit-identical to an uninterrupted one on CPU.
+``metrics.csv``, ``centers.jsonl``, ``machines.jsonl``, ``config.yaml``, ``tb/``. Everything
+random is seeded (model init by ``train.seed``, data order and augmentation by (seed, epoch,
+step), dropout by the torch RNG saved in each checkpoint, on ranks > 0 by (seed, step, rank)), so
+a resumed run ends bit-identical to an uninterrupted one on the same CPU.
 """
 
 from __future__ import annotations
@@ -161,6 +161,7 @@ class Trainer:
         if self.info.is_main:
             text = yaml.safe_dump(self.cfg.to_dict(), sort_keys=False)
             atomic_write(self.out / "config.yaml", text.encode())  # replaces, never follows
+        self.mon.machine(self.info.device, self.info.world_size, self.step if resume else 0)
         self.mon.summary(
             self.cfg,
             self.model,

@@ -6,6 +6,9 @@ Files in the run folder (written by rank 0):
   centers.jsonl    per epoch {"epoch", "step", "layers": [[[row, col] per head] per layer],
                    "alpha": [[alpha per head] per layer] (isotropic quadratic layers)}
                    from ``attention_centers()`` of each quadratic layer (Cordonnier fig. 3)
+  machines.jsonl   per start or resume {"step", "time", "device", "name", "threads", "processes",
+                   "torch", "attnconv"}: where the steps from "step" on trained (a run resumed
+                   on another CPU or GPU rounds differently from there on)
 On resume, rows / lines after the resumed step are dropped (they will be written again).
 """
 
@@ -20,6 +23,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from attnconv import __version__
+from attnconv.cpuinfo import cpu_name
 from attnconv.layers.encodings.centers import head_alphas, head_centers
 from attnconv.progress import Progress
 
@@ -61,7 +66,7 @@ def _truncate_csv(path: Path, step: int) -> None:
 
 
 def _truncate_jsonl(path: Path, step: int) -> None:
-    """Keep the centre-log lines up to ``step``; a torn line is dropped with a warning."""
+    """Keep a JSON-lines log's lines up to ``step``; a torn line is dropped with a warning."""
     if not path.is_file():
         return
     with open_nofollow(path, "r") as f:
@@ -74,7 +79,7 @@ def _truncate_jsonl(path: Path, step: int) -> None:
         except json.JSONDecodeError:
             ok = False
         if not ok:
-            log.warning(f"{path}:{n}: dropped a torn or malformed centre-log line")
+            log.warning(f"{path}:{n}: dropped a torn or malformed line")
         elif rec["step"] <= step:
             keep.append(ln)
     with open_nofollow(path, "w") as f:
@@ -104,17 +109,19 @@ class Monitor:
             enabled=progress and enabled,
         )
         self.csv_path, self.centres_path = out / "metrics.csv", out / "centers.jsonl"
+        self.machines_path = out / "machines.jsonl"
         self.t0 = time.time()
         self.tb = None
         if not enabled:
             return
         out.mkdir(parents=True, exist_ok=True)
         if not resume_step:  # a new run, or one killed before its first checkpoint (step 0)
-            for p in (self.csv_path, self.centres_path):
+            for p in (self.csv_path, self.centres_path, self.machines_path):
                 p.unlink(missing_ok=True)
         else:
             _truncate_csv(self.csv_path, resume_step)
-            _truncate_jsonl(self.centres_path, resume_step)
+            for p in (self.centres_path, self.machines_path):
+                _truncate_jsonl(p, resume_step)
         if not self.csv_path.is_file():
             with open_nofollow(self.csv_path, "w", newline="") as f:
                 csv.writer(f).writerow(COLUMNS)
@@ -228,6 +235,25 @@ class Monitor:
         ]
         width = max(len(k) for k, _ in rows)
         self.message("\n".join(f"  {k:<{width}}  {v}" for k, v in rows))
+
+    def machine(self, device: torch.device, processes: int, step: int) -> None:
+        """One machines.jsonl line for this start or resume at ``step``: the device's name (the
+        CPU's, or the GPU's) and the software that trains the steps from here on."""
+        if not self.enabled:
+            return
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+        rec = {
+            "step": step,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "device": str(device),
+            "name": name,
+            "threads": torch.get_num_threads(),
+            "processes": processes,
+            "torch": torch.__version__,
+            "attnconv": __version__,
+        }
+        with open_nofollow(self.machines_path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
 
     def centers(self, model: nn.Module, epoch: int, step: int) -> None:
         if not self.enabled:

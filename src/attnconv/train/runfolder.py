@@ -23,7 +23,15 @@ from pathlib import Path
 from typing import IO
 
 LOCK = ".lock"
-RUN_FILES = ("config.yaml", "metrics.csv", "centers.jsonl", "checkpoints", "tb", LOCK)
+RUN_FILES = (
+    "config.yaml",
+    "metrics.csv",
+    "centers.jsonl",
+    "machines.jsonl",
+    "checkpoints",
+    "tb",
+    LOCK,
+)
 _MODES = {
     "r": os.O_RDONLY,
     "w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
@@ -121,6 +129,7 @@ OLD_RUN_FILES = (
     "config.yaml",
     "metrics.csv",
     "centers.jsonl",
+    "machines.jsonl",
     "tb",
     "figures",
     "analysis",
