@@ -61,7 +61,7 @@ def test_machines_log_says_where_each_start_and_resume_trained(cifar_zip, tmp_pa
     from attnconv.cpuinfo import cpu_name
     from attnconv.train.loop import Interrupted
 
-    d = small(cifar_zip, tmp_path / "run", train={"epochs": 2})
+    d = small(cifar_zip, tmp_path / "run", train={"epochs": 2, "threads": 2})  # the test's: 1
     log = tmp_path / "run" / "machines.jsonl"
     with pytest.raises(Interrupted):
         Trainer(config_from_dict(d), stop_at_step=3).fit()
@@ -73,7 +73,7 @@ def test_machines_log_says_where_each_start_and_resume_trained(cifar_zip, tmp_pa
     recs = [json.loads(line) for line in log.read_text().splitlines()]
     assert [r["step"] for r in recs] == [0, 3, 6]
     for r in recs:
-        assert (r["device"], r["name"], r["threads"], r["processes"]) == ("cpu", cpu_name(), 1, 1)
+        assert (r["device"], r["name"], r["threads"], r["processes"]) == ("cpu", cpu_name(), 2, 1)
         assert (r["torch"], r["attnconv"]) == (torch.__version__, __version__)
         assert r["time"].endswith("Z")
     Trainer(config_from_dict(d), overwrite=True).fit()  # a new run: a new log
