@@ -34,28 +34,29 @@ CIFAR_ZIP = _find_cifar_zip()
 # derandomized: every run draws the same 25 examples per property, so a run of CI is reproducible
 # (a float32 roundoff case one run in several drew turned CI red at random)
 settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True, database=None)
-# a bug hunt, not CI (`pytest --hypothesis-profile deep`, docs/development.md): every property
-# draws DEEP_FACTOR times its examples, new ones each run; a failure prints the
-# @reproduce_failure line that replays it
-settings.register_profile("deep", deadline=None, database=None, print_blob=True)
+# a bug hunt, not CI (`pytest --hypothesis-profile deep`, docs/development.md): ci's settings,
+# random, and a failure prints the @reproduce_failure line that replays it; hypothesis loads it
+# before the test modules are imported, so every test's settings inherit it
+settings.register_profile("deep", settings.get_profile("ci"), derandomize=False, print_blob=True)
 settings.load_profile("ci")
 DEEP_FACTOR = 10
 
 
 def pytest_collection_modifyitems(config, items):
-    """With the deep profile, each property test's own settings (its max_examples, derandomized
-    by the ci profile it was decorated under) become DEEP_FACTOR times the examples, random."""
+    """With the deep profile, each property test draws DEEP_FACTOR times its max_examples (its
+    own, or ci's 25): a test's own ``@settings(max_examples=...)`` overrides any profile."""
     if config.getoption("hypothesis_profile", None) != "deep":
         return
     done = set()
     for item in items:
-        fn = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
+        obj = getattr(item, "obj", None)
+        fn = getattr(obj, "__func__", obj)
         own = getattr(fn, "_hypothesis_internal_use_settings", None)
         if own is None or id(fn) in done:  # parametrized cases share one function
             continue
         done.add(id(fn))
         fn._hypothesis_internal_use_settings = settings(
-            own, max_examples=own.max_examples * DEEP_FACTOR, derandomize=False, print_blob=True
+            own, max_examples=own.max_examples * DEEP_FACTOR
         )
 
 

@@ -1,6 +1,7 @@
 """The test suite's hypothesis profiles (tests/conftest.py): `ci` draws each property's own
 examples, the same every run; `deep` (`--hypothesis-profile deep`) ten times as many, new ones
-each run. Checked on a property of a scratch file run by pytest with this conftest as a plugin."""
+each run. Checked on two properties of a scratch file (one with its own max_examples, one with
+the profile's), run by pytest with this conftest as a plugin."""
 
 from __future__ import annotations
 
@@ -18,12 +19,16 @@ PROPERTY = """
 import json, os
 from hypothesis import given, settings, strategies as st
 
-SEEN = []
+SEEN = {"own": [], "profile": []}
 
 @settings(max_examples=3)
 @given(st.integers(0, 10**12))
-def test_property(x):
-    SEEN.append(x)
+def test_own_examples(x):
+    SEEN["own"].append(x)
+
+@given(st.integers(0, 10**12))
+def test_the_profiles_examples(x):
+    SEEN["profile"].append(x)
 
 def test_write_what_was_drawn():
     with open(os.environ["DRAWN"], "w") as f:
@@ -31,7 +36,7 @@ def test_write_what_was_drawn():
 """
 
 
-def _drawn(tmp_path: Path, run: int, *args: str) -> list[int]:
+def _drawn(tmp_path: Path, run: int, *args: str) -> dict[str, list[int]]:
     (tmp_path / "test_scratch_property.py").write_text(PROPERTY)
     out = tmp_path / f"drawn{run}.json"
     env = dict(os.environ, DRAWN=str(out), PYTHONPATH=str(TESTS))
@@ -52,7 +57,10 @@ def _drawn(tmp_path: Path, run: int, *args: str) -> list[int]:
 def test_ci_repeats_its_own_examples_and_deep_draws_ten_times_as_many_new_ones(tmp_path, profile):
     args = ("--hypothesis-profile", "deep") if profile == "deep" else ()
     first, second = _drawn(tmp_path, 1, *args), _drawn(tmp_path, 2, *args)
-    if profile == "ci":
-        assert len(first) == 3 and first == second
-    else:
-        assert len(first) == len(second) == 30 and first != second
+    n = {"own": 3, "profile": 25}  # a test's own max_examples, else the ci profile's
+    for key in ("own", "profile"):
+        if profile == "ci":
+            assert len(first[key]) == n[key] and first[key] == second[key]
+        else:
+            assert len(first[key]) == len(second[key]) == 10 * n[key]
+            assert first[key] != second[key]
