@@ -282,6 +282,89 @@ def test_typed_encoding_equals_the_string_shorthand():
         MultiHeadSelfAttention2d(8, 8, 2, positional="quadratic", alpha=3.0)
 
 
+def test_typed_encoding_refuses_what_the_layer_cannot_serve():
+    """A typed encoding is checked against the layer as its name is: a query-read table or a
+    q.k term without content, no term at all, or widths built for another layer is one clear
+    error at construction (each once ran: a crash in forward, or a fast path that added a term
+    the reference left out)."""
+    from attnconv import AbsolutePositionalEncoding2d, LearnedRelativeEncoding, RelativeEncoding
+
+    def refused(enc, match, content=False):
+        with pytest.raises(ValueError, match=match):
+            MultiHeadSelfAttention2d(4, 6, 3, positional=enc(), content=content)
+
+    refused(lambda: LearnedRelativeEncoding(3, 2, 2, content=True), "needs content=True")
+    refused(lambda: RelativeEncoding(3, qk_dim=2, rel_dim=4, terms=("content_content",)), "q.k")
+    refused(lambda: RelativeEncoding(3, qk_dim=2, rel_dim=4, terms=()), "non-empty subset")
+    refused(lambda: RelativeEncoding(3, qk_dim=2, rel_dim=4, terms=("qr",)), "non-empty subset")
+    refused(lambda: AbsolutePositionalEncoding2d(1, learned=True), "1 channels, the layer's")
+    refused(lambda: AbsolutePositionalEncoding2d(8, learned=False), "8 channels")
+    terms = ("content_content", "content_position")
+    enc = lambda: RelativeEncoding(3, qk_dim=16, rel_dim=4, terms=terms)  # noqa: E731
+    refused(enc, "qk_dim 16, the layer 2", content=True)
+    enc = lambda: LearnedRelativeEncoding(3, 4, 4, content=True, head_keys=False)  # noqa: E731
+    refused(enc, "4 wide, the layer's queries 2", content=True)
+
+
+@pytest.mark.parametrize(
+    "terms, content",
+    [
+        (("global_position",), False),
+        (("global_content", "global_position"), False),
+        (("content_position",), False),
+        (("content_content",), True),
+        (("content_content", "global_position"), True),
+    ],
+)
+def test_typed_relative_terms_fast_equals_reference(terms, content):
+    """Each term a typed RelativeEncoding turns on reaches both paths alike (float64; the
+    position-only AxisTerm once added v^T What_k r even when global_position was off)."""
+    from attnconv import RelativeEncoding
+
+    torch.manual_seed(0)
+    enc = RelativeEncoding(3, qk_dim=2, rel_dim=4, terms=terms)
+    layer = MultiHeadSelfAttention2d(4, 6, 3, positional=enc, content=content).double()
+    x = torch.randn(2, 4, 5, 6, dtype=torch.float64, requires_grad=True)
+    layer.backend = "reference"
+    yr = layer(x)
+    (gr,) = torch.autograd.grad(yr.square().sum(), x)
+    layer.backend = None
+    ya = layer(x)
+    (ga,) = torch.autograd.grad(ya.square().sum(), x)
+    torch.testing.assert_close(ya, yr, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(ga, gr, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("hw", [(5, 6), (16, 16)])
+def test_head_keys_with_content_in_a_low_precision_layer(dtype, hw):
+    """A bf16/fp16 layer (not autocast) of learned relative tables read by per-head keys, with
+    content: the fast kernels (fold; fused from 16x16) computed in float32 and once fed the
+    layer's low-precision head keys a float32 table (a dtype error). Now within 2x of the plain
+    path's error against float64, output and input gradient."""
+    torch.manual_seed(0)
+    kw = dict(positional="relative_learned", content=True, head_keys=True)
+    exact = MultiHeadSelfAttention2d(4, 6, 3, **kw).double()
+    layer = MultiHeadSelfAttention2d(4, 6, 3, **kw).to(dtype)
+    layer.load_state_dict(exact.state_dict())
+    exact.load_state_dict(layer.state_dict())  # the same rounded weights on both sides
+    x = torch.randn(2, 4, *hw).to(dtype)
+    x64 = x.double().requires_grad_()
+    y64 = exact(x64)
+    (g64,) = torch.autograd.grad(y64.square().sum(), x64)
+
+    def error(backend):
+        layer.backend = backend
+        xi = x.clone().requires_grad_()
+        y = layer(xi)
+        (g,) = torch.autograd.grad(y.float().square().sum(), xi)
+        return (y.double() - y64).abs().max(), (g.double() - g64).abs().max()
+
+    (ry, rg), (fy, fg) = error("reference"), error(None)
+    assert layer.kernel(x) != "reference"
+    assert fy <= 2 * ry and fg <= 2 * rg, (fy, ry, fg, rg)
+
+
 @pytest.mark.parametrize("positional", ["quadratic", "relative_learned", "quadratic_generalized"])
 def test_batch_dropout_mask_is_shared_and_fast_equals_reference(positional):
     """dropout_mask="batch" (the reference code's Gaussian layer): one (Nh, T, T) mask for the

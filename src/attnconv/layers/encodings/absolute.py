@@ -62,6 +62,13 @@ class AbsolutePositionalEncoding2d(PositionalEncoding):
         # no state: follows .to(device) so the fixed sinusoids are made where the layer lives
         self.register_buffer("device_anchor", torch.empty(0), persistent=False)
 
+    def check_widths(self, *, in_channels: int, qk_dim: int) -> None:
+        if self.channels != in_channels:
+            raise ValueError(
+                f"the absolute encoding has {self.channels} channels, the layer's input "
+                f"{in_channels} (P is added to the input)"
+            )
+
     def forward(self, h: int, w: int) -> torch.Tensor:
         if not self.learned:
             return sinusoid_2d(h, w, self.channels, device=self.device_anchor.device)

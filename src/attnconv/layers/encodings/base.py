@@ -56,6 +56,9 @@ class PositionalEncoding(nn.Module):
     def check(self, content: bool) -> None:
         """ValueError if the encoding cannot serve a layer with(out) ``content``."""
 
+    def check_widths(self, *, in_channels: int, qk_dim: int) -> None:
+        """ValueError if a typed encoding was built for other widths than the layer's."""
+
     def term(self, h: int, w: int, *, content: bool) -> Term:
         return NoTerm(owner=self, h=h, w=w)
 

@@ -63,6 +63,7 @@ def build_encoding(
             raise ValueError(
                 f"the encoding has {positional.num_heads} heads, the layer {num_heads}"
             )
+        positional.check_widths(in_channels=in_channels, qk_dim=qk_dim)
         enc = positional
     else:
         enc = _from_name(

@@ -117,6 +117,9 @@ class RelativeEncoding(PositionalEncoding):
         max_size: int = 64,
     ):
         super().__init__()
+        bad = [t for t in terms if t not in RELATIVE_TERMS]
+        if bad or not terms:
+            raise ValueError(f"terms must be a non-empty subset of {RELATIVE_TERMS}, got {terms}")
         self.num_heads, self.qk_dim, self.terms = num_heads, qk_dim, tuple(terms)
         self.reads_q = bool(set(self.terms) & {"content_position", "global_content"})
         self.learned_size = max_size if learned else None
@@ -132,6 +135,17 @@ class RelativeEncoding(PositionalEncoding):
     def learned(self) -> bool:
         return self.tables.learned
 
+    def check(self, content: bool) -> None:
+        if "content_content" in self.terms and not content:
+            raise ValueError(
+                "the relative encoding's terms include 'content_content' (q.k), the layer has "
+                "content=False: drop the term or build the layer with content=True"
+            )
+
+    def check_widths(self, *, in_channels: int, qk_dim: int) -> None:
+        if self.qk_dim != qk_dim:
+            raise ValueError(f"the relative encoding has qk_dim {self.qk_dim}, the layer {qk_dim}")
+
     def term(self, h: int, w: int, *, content: bool) -> Term:
         """Only the global positional bias, position only: separable row + column logits;
         otherwise extra query/key columns (``fold``)."""
@@ -143,7 +157,7 @@ class RelativeEncoding(PositionalEncoding):
     def head_tables(self, h: int, w: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """What_k r_row (2h-1, Nh, dk) and What_k r_col (2w-1, Nh, dk)."""
         r_row, r_col = self.tables(h, w)
-        wk = self.key_pos_proj.weight  # (Nh*dk, Dp)
+        wk = self.key_pos_proj.weight.to(dtype)  # (Nh*dk, Dp)
         dr = r_row.shape[1]
         kr = (r_row.to(dtype) @ wk[:, :dr].t()).view(-1, self.num_heads, self.qk_dim)
         kc = (r_col.to(dtype) @ wk[:, dr:].t()).view(-1, self.num_heads, self.qk_dim)
@@ -153,8 +167,9 @@ class RelativeEncoding(PositionalEncoding):
         """Only the global positional bias: v^T What_k r_delta, separable."""
         dtype = dtype or self.position_bias.dtype
         kr, kc = self.head_tables(h, w, dtype)
-        gr = torch.einsum("hd,rhd->hr", self.position_bias, kr) * self.scale
-        gc = torch.einsum("hd,rhd->hr", self.position_bias, kc) * self.scale
+        v = self.position_bias.to(dtype)
+        gr = torch.einsum("hd,rhd->hr", v, kr) * self.scale
+        gc = torch.einsum("hd,rhd->hr", v, kc) * self.scale
         return gr[:, relative_index(h, gr.device)], gc[:, relative_index(w, gc.device)]
 
     def dense_bias(self, q, k, h: int, w: int, dtype) -> torch.Tensor:
@@ -241,6 +256,20 @@ class LearnedRelativeEncoding(PositionalEncoding):
             self.head_keys_col = nn.Linear(dc, num_heads, bias=False)
         self.tables = RelativeTables2d(dr, dc, learned=True, max_size=max_size)
 
+    def check(self, content: bool) -> None:
+        if self.query_reads and not content:
+            raise ValueError(
+                "relative_learned read by the query (head_keys=False) needs content=True"
+            )
+
+    def check_widths(self, *, in_channels: int, qk_dim: int) -> None:
+        width = self.tables.rel_row.shape[-1] + self.tables.rel_col.shape[-1]
+        if self.query_reads and width != qk_dim:
+            raise ValueError(
+                f"the learned relative tables are {width} wide, the layer's queries {qk_dim} "
+                "(the query reads them)"
+            )
+
     def term(self, h: int, w: int, *, content: bool) -> AxisTerm:
         """Each query's row and column logits: read by the query (``fold``), or the per-head
         keys' fixed ones. An AxisTerm's attention runs in float32 under autocast (precision.py):
@@ -249,13 +278,14 @@ class LearnedRelativeEncoding(PositionalEncoding):
         coherently in dq, dk (dense: softmax's backward in float32); at 224^2 it measured 2-3x
         the dense path's gradient error (tests/test_precision.py)."""
         if self.query_reads:
-            return AxisTerm(owner=self, h=h, w=w, query_reads=True)
+            return AxisTerm(owner=self, h=h, w=w, query_reads=True, reads_q=True)
         return AxisTerm(owner=self, h=h, w=w)
 
     def axis_logits(self, h: int, w: int, dtype=None):
         r_row, r_col = self.tables(h, w)
         dtype = dtype or r_row.dtype
-        gr, gc = self.head_keys_row(r_row.to(dtype)).t(), self.head_keys_col(r_col.to(dtype)).t()
+        wr, wc = self.head_keys_row.weight.to(dtype), self.head_keys_col.weight.to(dtype)
+        gr, gc = (r_row.to(dtype) @ wr.t()).t(), (r_col.to(dtype) @ wc.t()).t()  # (Nh, 2h-1), ..
         return gr[:, relative_index(h, gr.device)], gc[:, relative_index(w, gc.device)]
 
     def dense_bias(self, q, k, h: int, w: int, dtype) -> torch.Tensor:
