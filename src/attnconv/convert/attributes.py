@@ -52,7 +52,10 @@ class ConvAttributes:
 
     @property
     def padding(self):
-        return self.geometry.padding  # the conv's own argument (int, tuple, "same", "valid")
+        """The conv's ``padding`` as it pads (``ConvGeometry.conv_padding``): its own argument,
+        or a traced forward's F.pad / padding_mode; an asymmetric pad no nn.Conv argument
+        expresses is the F.pad-order tuple (left, right, top, bottom) ((left, right) 1-D)."""
+        return self.geometry.conv_padding
 
     @property
     def padding_mode(self) -> str:
@@ -86,7 +89,10 @@ class ConvAttributes:
             w = out.kernel.reshape(g.kernel[0], g.kernel[1], cout, cin_g).permute(2, 3, 0, 1)
             return w.squeeze(2) if g.ndim == 1 else w
         heads, _ = head_matrices(layer, detach=False)
-        return heads_to_kernel(heads, g.kernel, g.groups, g.ndim)
+        try:
+            return heads_to_kernel(heads, g.kernel, g.groups, g.ndim)
+        except ValueError as e:  # trained rank-limited heads left their diagonal blocks
+            raise AttributeError(f"no equivalent kernel: {e}") from None
 
 
 def head_matrices(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 import torch.nn as nn
@@ -77,6 +78,34 @@ class ConvGeometry:
         rows = kh * self.dilation[0] - self.anchor[0]
         cols = kw * self.dilation[1] - self.anchor[1]
         return torch.stack([rows, cols], dim=1)  # (Nh, 2)
+
+    @property
+    def conv_padding(self):
+        """The ``padding`` of an nn.Conv2d / nn.Conv1d that pads as this geometry does: the
+        conv's own argument when it gives ``pad`` (or for TensorFlow "SAME", ``dynamic_same``);
+        else (top, left) / (left,) for a symmetric pad, "same" for nn.Conv's own "same" split
+        (stride 1, the odd pixel right/bottom), else ``pad`` itself in F.pad order (left,
+        right, top, bottom) / (left, right), which no nn.Conv argument expresses."""
+        if self.dynamic_same or self._own_padding_pads():
+            return self.padding
+        left, right, top, bottom = self.pad
+        if left == right and top == bottom:
+            return (top, left) if self.ndim == 2 else (left,)
+        same = _resolve_padding(SimpleNamespace(padding="same"), self.kernel, self.dilation, 2)
+        if self.stride == (1, 1) and self.pad == same:
+            return "same"
+        return self.pad if self.ndim == 2 else self.pad[:2]
+
+    def _own_padding_pads(self) -> bool:
+        """The conv's own ``padding`` argument gives ``pad`` (not so for a traced forward that
+        pads with F.pad or a padding_mode before an unpadded F.conv2d)."""
+        own = (self.padding,) * self.ndim if isinstance(self.padding, int) else self.padding
+        if not isinstance(own, str):
+            if len(own) != self.ndim:
+                return False
+            own = tuple(own) if self.ndim == 2 else (0, *own)
+        ns = SimpleNamespace(padding=own)
+        return _resolve_padding(ns, self.kernel, self.dilation, 2) == self.pad
 
     def pad_for(self, h: int, w: int) -> tuple[int, int, int, int]:
         """F.pad amounts (left, right, top, bottom) for an h x w input."""
@@ -267,26 +296,49 @@ def heads_to_kernel(
     return w.squeeze(2) if ndim == 1 else w
 
 
-def low_rank_heads(heads: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+def low_rank_heads(
+    heads: torch.Tensor, rank: int, groups: int = 1
+) -> tuple[torch.Tensor, torch.Tensor, float]:
     """Best rank-``rank`` factorization of each W^(h) (Eckart-Young, truncated SVD per head).
 
     heads (Nh, Cout, Cin) ~= out (Nh, Cout, r) @ val (Nh, r, Cin). Returns (val, out, rel_err)
-    with rel_err = ||W - W_r||_F / ||W||_F over all heads (0.0 when the rank suffices).
+    with rel_err = ||W - W_r||_F / ||W||_F over all heads (0.0 when the rank suffices). With
+    ``groups`` > 1, W^(h) is block-diagonal (``kernel_to_heads``): each diagonal block is
+    decomposed on its own and the r largest singular values over all blocks are kept (the
+    singular values of a block-diagonal matrix are its blocks'), so every singular vector lies
+    in one group and the off-diagonal blocks of out @ val are exactly zero (a conv again).
 
     Args:
         heads: (Nh, Cout, Cin) the heads' matrices W^(h).
-        rank: r, the head dimension; above min(Cout, Cin) the factors are padded with zeros.
+        rank: r, the head dimension; above the heads' rank bound the factors are padded with
+            zeros.
+        groups: the conv's groups (W^(h)'s diagonal blocks; entries off them are ignored).
 
     Returns:
         ``(val, out, rel_err)``: (Nh, r, Cin) and (Nh, Cout, r) factors, each carrying the
         square root of the singular values, and the relative Frobenius error of their product.
 
     Raises:
-        ValueError: ``rank`` < 1.
+        ValueError: ``rank`` < 1, or channels not divisible by ``groups``.
     """
     if rank < 1:
         raise ValueError(f"head_dim must be >= 1, got {rank}")
-    u, s, vh = torch.linalg.svd(heads, full_matrices=False)  # (Nh,Cout,m) (Nh,m) (Nh,m,Cin)
+    nh, cout, cin = heads.shape
+    if cout % groups or cin % groups:
+        raise ValueError(f"channels ({cin} in, {cout} out) not divisible by groups {groups}")
+    og, ig = cout // groups, cin // groups
+    us, ss, vs = [], [], []
+    for g in range(groups):  # SVD of block g, its vectors placed in group g's rows / columns
+        block = heads[:, g * og : (g + 1) * og, g * ig : (g + 1) * ig]
+        u, s, vh = torch.linalg.svd(block, full_matrices=False)  # (Nh,og,m) (Nh,m) (Nh,m,ig)
+        us.append(F.pad(u, (0, 0, g * og, cout - (g + 1) * og)))  # (Nh, Cout, m)
+        vs.append(F.pad(vh, (g * ig, cin - (g + 1) * ig)))  # (Nh, m, Cin)
+        ss.append(s)
+    u, s, vh = torch.cat(us, 2), torch.cat(ss, 1), torch.cat(vs, 1)
+    if groups > 1:  # the singular values of all blocks, largest first
+        s, order = s.sort(dim=1, descending=True)
+        u = u.gather(2, order[:, None, :].expand(-1, cout, -1))
+        vh = vh.gather(1, order[:, :, None].expand(-1, -1, cin))
     m = s.shape[-1]
     r = min(rank, m)
     root = s[:, :r].sqrt()

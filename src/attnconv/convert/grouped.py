@@ -23,12 +23,13 @@ from .head_conv import one_step, take
 
 class GroupedHeadProjection(nn.Module):
     """Wout of a converted grouped conv: ``kernel`` (Nh, Cout, Cin/g) holds each head's
-    diagonal blocks, ``weight`` the dense (Cout, Nh*Cin) matrix [W^(1) ... W^(Nh)]."""
+    diagonal blocks (contiguous, so ``parameters_to_vector`` can view it), ``weight`` the dense
+    (Cout, Nh*Cin) matrix [W^(1) ... W^(Nh)]."""
 
     def __init__(self, kernel: torch.Tensor, groups: int, bias: torch.Tensor | None):
         super().__init__()
         self.groups = groups
-        self.kernel = nn.Parameter(kernel.clone())  # (Nh, Cout, Cin/g)
+        self.kernel = nn.Parameter(kernel.clone(memory_format=torch.contiguous_format))
         self.bias = nn.Parameter(bias.clone()) if bias is not None else None
         nh, cout, cin_g = kernel.shape
         self.in_features, self.out_features = nh * cin_g * groups, cout

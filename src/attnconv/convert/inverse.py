@@ -28,8 +28,9 @@ def attention_to_conv(module: nn.Module) -> nn.Conv2d | nn.Conv1d:
 
     Raises:
         TypeError: ``module`` is not a ConvAttention2d/1d.
-        ValueError: soft heads, centres moved off the kernel's shifts, or TensorFlow "SAME"
-            padding (which depends on the input size).
+        ValueError: soft heads, centres moved off the kernel's shifts, TensorFlow "SAME"
+            padding (which depends on the input size), or an asymmetric pad (a traced
+            forward's F.pad) that no nn.Conv2d/Conv1d ``padding`` expresses.
     """
     if not isinstance(module, ConvAttention):
         raise TypeError(
@@ -42,6 +43,12 @@ def attention_to_conv(module: nn.Module) -> nn.Conv2d | nn.Conv1d:
         raise ValueError("TensorFlow 'SAME' padding (per input size) has no nn.Conv2d equivalent")
     if not module.hard:
         raise ValueError("attention_to_conv needs hard heads (alpha -> inf); this layer is soft")
+    padding = g.conv_padding
+    if isinstance(padding, tuple) and len(padding) != g.ndim:
+        raise ValueError(
+            f"asymmetric padding {padding} (F.pad order: left, right"
+            f"{', top, bottom' if g.ndim == 2 else ''}) has no nn.Conv{g.ndim}d equivalent"
+        )
     centers = layer.positional_encoding.centers.detach()
     if not torch.equal(centers.round().long().cpu(), g.centers()):
         raise ValueError("the heads' centres are no longer the kernel's shifts")
@@ -55,7 +62,7 @@ def attention_to_conv(module: nn.Module) -> nn.Conv2d | nn.Conv1d:
         g.out_channels,
         size,
         stride=pick(g.stride),
-        padding=g.padding,
+        padding=padding,
         dilation=pick(g.dilation),
         groups=g.groups,
         bias=bias is not None,

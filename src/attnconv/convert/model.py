@@ -29,6 +29,8 @@ def convert_model(
 ) -> nn.Module:
     """Replace every convolution (nn.Conv1d / nn.Conv2d and their subclasses) of ``model`` by
     its attention equivalent, each checked against the module's own forward (rules.py).
+    Transposed and 3-D convolutions, uninitialized lazy ones and any the check refuses are
+    unsupported: handled by ``on_unsupported``.
 
     Args:
         model: the network; a convolution already converted is left as it is.
@@ -55,6 +57,11 @@ def convert_model(
 
     def convert(path: str, conv: nn.Module) -> nn.Module:
         try:
+            if not isinstance(conv, (nn.Conv1d, nn.Conv2d)):  # ConvTranspose*d, Conv3d
+                raise UnsupportedConv(
+                    "only nn.Conv1d / nn.Conv2d convert: transposed and 3-D convolutions are "
+                    "not supported"
+                )
             return conv_to_attention(conv, alpha=alpha, head_dim=head_dim, impl=impl)
         except UnsupportedConv as e:
             where = f"{path or '(root)'} ({type(conv).__name__})"
@@ -130,5 +137,6 @@ def converted_layers(model: nn.Module) -> list[tuple[str, ConvAttention]]:
 
 
 def _convertible(m: nn.Module) -> bool:
-    """A convolution not converted yet (a converted one is an nn.Conv1d/Conv2d too)."""
-    return isinstance(m, (nn.Conv1d, nn.Conv2d)) and not isinstance(m, ConvAttention)
+    """A convolution not converted yet (a converted one is an nn.Conv1d/Conv2d too): every
+    ``_ConvNd``, so that transposed and 3-D ones are refused or kept, never passed silently."""
+    return isinstance(m, nn.modules.conv._ConvNd) and not isinstance(m, ConvAttention)

@@ -34,7 +34,7 @@ from .geometry import (
     low_rank_heads,
 )
 from .grouped import GroupedHeadProjection, grouped_head_mix
-from .rules import SpecConv, check_conversion, conv_spec
+from .rules import SpecConv, UnsupportedConv, check_conversion, conv_spec
 
 # the fast hard path concatenates the heads' inputs when Nh * Cin is at most this (measured on
 # ResNet18: the 3-channel stem gains ~10x, 64-channel layers lose with a 576-channel copy)
@@ -80,16 +80,23 @@ class ConvAttention(NotScriptable, ConvAttributes, nn.Module):
     def attention_centers(self) -> torch.Tensor:
         return self.attention.attention_centers()
 
-    def _check(self, x: torch.Tensor, dims: int) -> None:
+    def _check(self, x: torch.Tensor, dims: int) -> tuple[torch.Tensor, bool]:
+        """x with its batch dim, and whether it was unbatched: (C, H, W) / (C, L) input gets a
+        batch of one, as nn.Conv2d / nn.Conv1d take it. An empty tensor (a batch of 0
+        included) is refused."""
         g = self.geometry
         dtype = next(self.attention.out_proj.parameters()).dtype  # (a grouped Wout's .weight
         check_tensor(x, dtype)  # would build the dense matrix) a non-empty float of our dtype
+        unbatched = x.dim() == dims + 1
+        if unbatched:
+            x = x.unsqueeze(0)
         if x.dim() != dims + 2 or x.shape[1] != g.in_channels:
             shape = "(B, C, H, W)" if dims == 2 else "(B, C, L)"
             raise ValueError(
-                f"{type(self).__name__} expects {shape} input with C={g.in_channels}, "
-                f"got shape {tuple(x.shape)}"
+                f"{type(self).__name__} expects {shape} input (or unbatched, without B) with "
+                f"C={g.in_channels}, got shape {tuple(x.shape[1:] if unbatched else x.shape)}"
             )
+        return x, unbatched
 
     def _forward2d(self, x: torch.Tensor, return_attention: bool, shift: bool = True):
         h, w = x.shape[-2:]
@@ -110,18 +117,13 @@ class ConvAttention(NotScriptable, ConvAttributes, nn.Module):
 
     def _forward_shift(self, x: torch.Tensor, h: int, w: int) -> torch.Tensor:
         """Fast hard path: head h reads pixel clamp(q + round(Delta_h)) of the padded image, so
-        Lemma 1's sum_h X_{q+f(h)} W^(h) is one convolution (head_conv.py; its plan kept in
-        inference while no parameter changes); with a clamped border, channel mixes of strided
-        slices (grouped / depthwise: ``grouped_head_mix``). Equals the reference path (the
-        layer's own forward on every query, then ``geometry.crop``)."""
+        Lemma 1's sum_h X_{q+f(h)} W^(h) is one convolution (head_conv.py; its kernel written
+        from the parameters on every call, never kept: weights written through ``p.data`` or
+        swapped by ``vector_to_parameters`` are always read); with a clamped border, channel
+        mixes of strided slices (grouped / depthwise: ``grouped_head_mix``). Equals the
+        reference path (the layer's own forward on every query, then ``geometry.crop``)."""
         g, layer = self.geometry, self.attention
         zeros = g.padding_mode == "zeros"  # then the conv pads, not a padded copy
-        key = None
-        if not torch.is_grad_enabled():  # inference: the conv's plan kept while nothing changes
-            key = (h, w, self.hard, *((p.data_ptr(), p._version) for p in self.parameters()))
-            cached = self.__dict__.get("_plan")
-            if cached is not None and cached[0] == key:
-                return hc.run(x if zeros else g.pad_input(x), cached[1])
         oh, ow = g.output_size(h, w)
         (ah, aw), (sh, sw), (hp, wp) = g.anchor, g.stride, g.padded_size(h, w)
         shifts = torch.round(layer.positional_encoding.centers.detach()).long().tolist()
@@ -141,8 +143,6 @@ class ConvAttention(NotScriptable, ConvAttributes, nn.Module):
             conv = hc.plan(
                 rows, cols, heads, bias, groups, g.pad_for(h, w)[2::-2] if zeros else (0, 0)
             )
-            if key is not None:
-                self.__dict__["_plan"] = (key, conv)
             return hc.run(x if zeros else g.pad_input(x), conv)
         xp = g.pad_input(x)
         if grouped:
@@ -193,24 +193,25 @@ class ConvAttention2d(ConvAttention, nn.Conv2d):
 
     def forward(self, x: torch.Tensor, return_attention: bool = False):
         """x (B, Cin, H, W) -> conv(x) (B, Cout, Ho, Wo); with return_attention also the
-        attention probabilities over the padded image (B or 1, Nh, `Hp*Wp`, `Hp*Wp`).
+        attention probabilities over the padded image (B or 1, Nh, `Hp*Wp`, `Hp*Wp`). An
+        unbatched (Cin, H, W) input gives unbatched results, as nn.Conv2d's.
 
         Args:
-            x: the (B, Cin, H, W) input.
+            x: the (B, Cin, H, W) input, or an unbatched (Cin, H, W) one.
             return_attention: also return the attention probabilities.
 
         Returns:
             (torch.Tensor | tuple): conv(x) (B, Cout, Ho, Wo), or ``(conv(x), probabilities)``
                 with return_attention.
         """
-        self._check(x, 2)
-        return self._forward2d(x, return_attention)
+        x, unbatched = self._check(x, 2)
+        return _unbatch(self._forward2d(x, return_attention), unbatched)
 
     def forward_layer(self, x: torch.Tensor) -> torch.Tensor:
         """conv(x) by the layer's own forward on every padded pixel, then the crop: the path the
         hard shift is tested equal to (and the speed reference of the convert benchmark)."""
-        self._check(x, 2)
-        return self._forward2d(x, False, shift=False)
+        x, unbatched = self._check(x, 2)
+        return _unbatch(self._forward2d(x, False, shift=False), unbatched)
 
 
 class ConvAttention1d(ConvAttention, nn.Conv1d):
@@ -228,10 +229,11 @@ class ConvAttention1d(ConvAttention, nn.Conv1d):
     """
 
     def forward(self, x: torch.Tensor, return_attention: bool = False):
-        """x (B, Cin, L) -> conv(x) (B, Cout, Lo).
+        """x (B, Cin, L) -> conv(x) (B, Cout, Lo); an unbatched (Cin, L) input gives unbatched
+        results, as nn.Conv1d's.
 
         Args:
-            x: the (B, Cin, L) input.
+            x: the (B, Cin, L) input, or an unbatched (Cin, L) one.
             return_attention: also return the attention probabilities over the padded (1, Lp)
                 image.
 
@@ -239,15 +241,21 @@ class ConvAttention1d(ConvAttention, nn.Conv1d):
             (torch.Tensor | tuple): conv(x) (B, Cout, Lo), or ``(conv(x), probabilities)`` with
                 return_attention.
         """
-        self._check(x, 1)
+        x, unbatched = self._check(x, 1)
         out = self._forward2d(x.unsqueeze(2), return_attention)  # (B, C, 1, L)
-        if return_attention:
-            return out[0].squeeze(2), out[1]
-        return out.squeeze(2)
+        out = (out[0].squeeze(2), out[1]) if return_attention else out.squeeze(2)
+        return _unbatch(out, unbatched)
 
     def forward_layer(self, x: torch.Tensor) -> torch.Tensor:
-        self._check(x, 1)
-        return self._forward2d(x.unsqueeze(2), False, shift=False).squeeze(2)
+        x, unbatched = self._check(x, 1)
+        return _unbatch(self._forward2d(x.unsqueeze(2), False, shift=False).squeeze(2), unbatched)
+
+
+def _unbatch(out, unbatched: bool):
+    """Drop the batch dim ``_check`` added to an unbatched input (output and probabilities)."""
+    if not unbatched:
+        return out
+    return tuple(t.squeeze(0) for t in out) if isinstance(out, tuple) else out.squeeze(0)
 
 
 def conv_to_attention(
@@ -285,8 +293,8 @@ def conv_to_attention(
             f"expected nn.Conv1d or nn.Conv2d, got {type(conv).__name__} "
             "(transposed and 3-D convolutions are not supported)"
         )
-    if isinstance(conv.weight, nn.parameter.UninitializedParameter):
-        raise ValueError("lazy convolution is not initialized yet: run one forward first")
+    if isinstance(conv.weight, nn.parameter.UninitializedParameter):  # kept by on_unsupported
+        raise UnsupportedConv("lazy convolution is not initialized yet: run one forward first")
     if alpha is not None and not (isinstance(alpha, (int, float)) and math.isfinite(alpha)):
         raise TypeError(f"alpha must be None (hard) or a finite number, got {alpha!r}")
     if alpha is not None and alpha <= 0:
@@ -298,6 +306,7 @@ def conv_to_attention(
     if check and not exact:
         check_conversion(conv, SpecConv(spec), "plain convolution read from it")
     module = _build(spec, alpha, head_dim, impl).train(conv.training)
+    _copy_requires_grad(conv, module)
     if check and exact:
         check_conversion(conv, module)
     if module.rank_error > 0:
@@ -307,6 +316,18 @@ def conv_to_attention(
             stacklevel=2,
         )
     return module
+
+
+def _copy_requires_grad(conv: nn.Module, module: ConvAttention) -> None:
+    """A frozen conv stays frozen: the bias terms (b_out, b_val) follow the conv's bias, every
+    other parameter (W^(h)'s factors, centres, spreads) its weight's parameters (a
+    parametrization's or a gain's included)."""
+    weight = [p.requires_grad for n, p in conv.named_parameters() if n != "bias"]
+    train_w = any(weight)
+    bias = getattr(conv, "bias", None)
+    train_b = bias.requires_grad if isinstance(bias, nn.Parameter) else train_w
+    for name, p in module.named_parameters():
+        p.requires_grad_(train_b if name.endswith("bias") else train_w)
 
 
 def _build(spec, alpha: float | None, head_dim: int | None, impl: str) -> ConvAttention2d:
@@ -349,7 +370,8 @@ def _build(spec, alpha: float | None, head_dim: int | None, impl: str) -> ConvAt
         out_w = heads.permute(1, 0, 2).reshape(cout, nh * cin)  # [W^(1) ... W^(Nh)]
     else:
         heads = kernel_to_heads(w, geom.groups)
-        val, out, rank_error = low_rank_heads(heads, head_dim)  # (Nh, r, Cin), (Nh, Cout, r)
+        # (Nh, r, Cin), (Nh, Cout, r); per group: W^(h)'s off-diagonal blocks exactly zero
+        val, out, rank_error = low_rank_heads(heads, head_dim, geom.groups)
         layer = mhsa(
             cin,
             cout,
