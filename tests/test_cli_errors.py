@@ -100,12 +100,23 @@ RUN = [
     ("convert-head-dim", ["convert", "tiny_cnn", "--head-dim", "0"], r"head_dim must be"),
     ("convert-alpha", ["convert", "tiny_cnn", "--alpha", "-1"], r"alpha must be > 0"),
     ("convert-threads", ["convert", "tiny_cnn", "--threads", "-1"], r"--threads must be >= 1"),
+    ("convert-missing-path", ["convert", "{tmp}/no/run"], r"run: no such checkpoint"),
+    (
+        "convert-out-not-converted",
+        ["convert", "tiny_cnn", "--out", "{tmp}/ckpt"],
+        r"--out .*ckpt exists and is not an earlier `attnconv convert` output",
+    ),
     # analyze / explore: checkpoints, ranges, output file
     ("analyze-truncated", ["analyze", "{tmp}/trunc", "--out", "{tmp}/an"], r"truncated"),
     (
         "analyze-image-range",
         ["analyze", "{ckpt}", "--out", "{tmp}/an", "--data", "sample", "--image", "100000"],
         r"--image 100000 is out of range",
+    ),
+    (
+        "analyze-bad-centers-log",
+        ["analyze", "{ckpt}", "--out", "{tmp}/an2", "--centers-log", "{ok}"],
+        r"ok.yaml:1: bad centre-log line",
     ),
     (
         "analyze-out-is-a-file",

@@ -153,6 +153,29 @@ def test_eval_and_convert_on_cpu(files, capsys):
     assert "convolutions -> self-attention" in capsys.readouterr().out
 
 
+def test_convert_out_never_deletes_what_it_did_not_write(files, tmp_path, capsys):
+    """--out DIR holding anything but an earlier convert output is refused before any work
+    (saving replaced the folder whole: a run or a user's notes were deleted); an earlier
+    convert output is replaced, an empty folder filled."""
+    notes = tmp_path / "mine" / "notes.txt"
+    notes.parent.mkdir()
+    notes.write_text("keep me")
+    argv = ["convert", files["ckpt"], "--num-images", "2", "--device", "cpu", "--out"]
+    assert main([*argv, str(notes.parent)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not an earlier `attnconv convert` output" in err[0], err
+    assert notes.read_text() == "keep me" and sorted(notes.parent.iterdir()) == [notes]
+    assert main([*argv, files["ckpt"]]) == 2  # a training checkpoint is not replaced either
+    capsys.readouterr()
+    out = tmp_path / "conv"
+    out.mkdir()
+    assert main([*argv, str(out)]) == 0  # empty: filled
+    first = (out / "checkpoint.json").read_text()
+    assert main([*argv, str(out)]) == 0  # an earlier convert output: replaced whole
+    assert '"converted"' in first and (out / "checkpoint.json").is_file()
+    assert {c.name for c in out.iterdir()} == {"checkpoint.json", "model.safetensors"}
+
+
 def test_train_prints_a_startup_summary_and_progress_lines(files, capsys):
     """Not a terminal (captured): the summary block, then plain progress lines with elapsed
     time, ETA, rate and the training numbers; no carriage returns."""

@@ -5,6 +5,7 @@ same counter-hash mask as every other path."""
 from __future__ import annotations
 
 import csv
+import json
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from attnconv.models.budget import training_bytes
 from attnconv.train import loop
 from attnconv.train.config import config_from_dict
 from attnconv.train.loop import Interrupted, Trainer
-from train_helpers import ROOT, small, use_cache
+from train_helpers import ROOT, small, use_cache, weights
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -169,3 +170,62 @@ def test_run_folders_follow_the_umask(cifar_zip, tmp_path):
         assert stat.S_IMODE(f.stat().st_mode) == 0o644, (f, oct(f.stat().st_mode))
     for f in folders:
         assert stat.S_IMODE(f.stat().st_mode) == 0o755, (f, oct(f.stat().st_mode))
+
+
+def test_an_interrupted_evaluation_mid_run_is_redone_on_resume(cifar_zip, tmp_path, monkeypatch):
+    """SIGINT during an epoch's evaluation before the last, then --resume: that evaluation's
+    row and centres line are written as an uninterrupted run writes them (the resumed run went
+    straight on to the next epoch, and both were lost), and the weights end equal."""
+    model = {
+        "name": "sa_quadratic",
+        "kwargs": {"downsample": 2, "hidden_size": 16, "num_layers": 1, "num_heads": 4},
+    }
+    train = {"epochs": 3, "checkpoint_every": 0}
+    full = small(cifar_zip, tmp_path / "full", model=model, train=train)
+    Trainer(config_from_dict(full)).fit()
+    d = small(cifar_zip, tmp_path / "run", model=model, train=train)
+    real, trainers = loop.evaluate, []
+
+    def signalled(*args, **kw):  # the signal arrives as the first epoch's evaluation starts
+        tr = trainers[-1]
+        if tr.step == len(tr.loader):
+            tr.stop_signal = signal.SIGINT
+        return real(*args, **kw)
+
+    monkeypatch.setattr(loop, "evaluate", signalled)
+    trainers.append(Trainer(config_from_dict(d)))
+    with pytest.raises(Interrupted):
+        trainers[-1].fit()
+    monkeypatch.setattr(loop, "evaluate", real)
+    again = Trainer(config_from_dict(d), resume=True)
+    assert f"step {len(again.loader)}'s evaluation was interrupted" in again.resume_note
+    again.fit()
+
+    def logs(run):
+        rows = [
+            (r["kind"], r["epoch"], r["step"]) for r in csv.DictReader(open(run / "metrics.csv"))
+        ]
+        centres = [json.loads(line)["epoch"] for line in open(run / "centers.jsonl")]
+        return rows, centres
+
+    assert logs(tmp_path / "run") == logs(tmp_path / "full")
+    assert logs(tmp_path / "full")[1] == [0, 1, 2, 3]
+    a, b = weights(tmp_path / "run"), weights(tmp_path / "full")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_failed_start_leaves_nothing_to_resume(cifar_zip, tmp_path):
+    """--resume of a folder no training began in is refused before the folder is made (it left
+    a lock behind, and a second --resume then started a new run from step 0); a model whose
+    num_classes differs from the data's is one error before any log is written."""
+    d = small(cifar_zip, tmp_path / "typo")
+    for _ in range(2):
+        with pytest.raises(FileNotFoundError, match="--resume: no checkpoint in"):
+            Trainer(config_from_dict(d), resume=True)
+    assert not (tmp_path / "typo").exists()
+    d = small(cifar_zip, tmp_path / "five", model={"kwargs": {"width": 4, "num_classes": 5}})
+    with pytest.raises(ValueError, match="num_classes is 5, the dataset has 10 classes"):
+        Trainer(config_from_dict(d))
+    assert not (tmp_path / "five" / "config.yaml").exists()
+    with pytest.raises(FileNotFoundError, match="--resume: no checkpoint"):
+        Trainer(config_from_dict(d), resume=True)

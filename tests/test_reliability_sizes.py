@@ -91,8 +91,8 @@ def test_training_config_refused_in_seconds_and_little_memory(tmp_path, override
     wall = time.perf_counter() - t0
     peak_mb = int(r.stdout.strip().splitlines()[-1]) / 1024
     assert r.returncode == 2 and "declares more than" in r.stderr.strip().splitlines()[-1]
-    # 5 s on a quiet machine; the refused model would need gigabytes
-    assert wall < 10 and peak_mb - imported_mb < 100, (wall, peak_mb, imported_mb)
+    # 5 s on a quiet machine, 11 s on a loaded one; the refused model would need gigabytes
+    assert wall < 60 and peak_mb - imported_mb < 100, (wall, peak_mb, imported_mb)
 
 
 @pytest.mark.slow

@@ -103,7 +103,7 @@ def analyze_checkpoint(
     returns the report. ``model_name``: pretrained weights for that registry model."""
     import torch
 
-    from attnconv.analysis.centers import find_center_log
+    from attnconv.analysis.centers import find_center_log, read_center_log
     from attnconv.analysis.inputs import load_for_analysis
     from attnconv.analysis.report import analyze_model
     from attnconv.train.device import resolve_device
@@ -115,6 +115,8 @@ def analyze_checkpoint(
     center_log = Path(centers_log) if centers_log else find_center_log(checkpoint)
     if centers_log and not center_log.is_file():
         raise FileNotFoundError(f"--centers-log {center_log}: no such file")
+    if centers_log:  # a malformed log is refused before any figure is drawn
+        read_center_log(center_log)
     resolve_device(device)  # an unusable --device before any work
     log.info(f"analyze: loading {checkpoint} and {num_images} test images")
     model, info, images, labels, mean, std = load_for_analysis(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from .options import add_device
@@ -99,8 +100,36 @@ def _load(source: str, checkpoint: str | None = None):
     if source in list_models():
         torch.manual_seed(0)
         return create_model(source), {"model": source}, f"{source} (random weights, seed 0)"
+    if os.sep in source or source.startswith("."):  # a path, not a registry name
+        raise FileNotFoundError(f"{source}: no such checkpoint")
     create_model(source)  # raises "unknown model ... did you mean"
     raise FileNotFoundError(f"{source}: no such checkpoint")
+
+
+def _check_out(out: str) -> None:
+    """--out is a new or empty folder, or the output of an earlier convert (replaced whole):
+    never a run, a training checkpoint or a user's folder, which saving would delete."""
+    from attnconv.train.checkpoint import META, STATE, WEIGHTS
+
+    path = Path(out)
+    if not path.exists():
+        return
+    if not path.is_dir():
+        raise FileExistsError(f"--out {out} is an existing file")
+    names = {c.name for c in path.iterdir()}
+    if not names:
+        return
+    if names <= {META, WEIGHTS, STATE} and META in names:
+        try:
+            earlier = "converted" in json.loads((path / META).read_text())
+        except (OSError, ValueError):
+            earlier = False
+        if earlier:
+            return
+    raise FileExistsError(
+        f"--out {out} exists and is not an earlier `attnconv convert` output (saving would "
+        "delete what it holds); name a new or empty folder"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,6 +146,8 @@ def run(args: argparse.Namespace) -> int:
     for name in ("num_images", "batch_size", "threads"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.out:
+        _check_out(args.out)  # before any work: nothing is converted to be refused at the end
     device = resolve_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -38,9 +38,8 @@ from .loaders import build_loaders
 from .monitor import Monitor
 from .optim import build_optimizer, lr_at, set_lr
 from .resume import check_same_config, restore
-from .runfolder import LOCK as LOCK_FILE
 from .runfolder import RunLock, claim
-from .stopping import Interrupted, NonFiniteLoss, last_good, stop_signals
+from .stopping import Interrupted, NonFiniteLoss, last_good, nonfinite_weights, stop_signals
 
 log = logging.getLogger(__name__)
 SUMS = ("ep_loss", "ep_correct", "ep_n", "win_loss", "win_correct", "win_n")
@@ -96,8 +95,11 @@ class Trainer:
             torch.use_deterministic_algorithms(True, warn_only=True)
         self.out = Path(cfg.out_dir or "runs/default")
         self.ckdir = self.out / "checkpoints"
-        # a training was started here before (it may have been killed before its first checkpoint)
-        self.started, self.lock = (self.out / LOCK_FILE).is_file(), None
+        # a training began here before (its logs are there; it may have been killed before its
+        # first checkpoint); a start that failed before them leaves nothing to resume
+        self.started, self.lock = (self.out / "config.yaml").is_file(), None
+        if resume and not (self.started or self._saved()):  # before the folder is made
+            raise FileNotFoundError(f"--resume: no checkpoint in {self.ckdir}")
         if self.info.is_main:  # one training per run folder; an old run is never replaced
             self.lock = RunLock(self.out)
             if claim(self.out, self.lock, resume=resume, overwrite=overwrite):
@@ -133,8 +135,14 @@ class Trainer:
 
     def _build_model(self) -> None:
         """The model, initialised from ``train.seed``, for the data's number of classes."""
+        n, kwargs = self.loader.ds.num_classes, self.cfg.model.kwargs
+        if kwargs.get("num_classes", n) != n:
+            raise ValueError(
+                f"model.kwargs.num_classes is {kwargs['num_classes']}, the dataset has {n} "
+                "classes (leave it out: the data sets it)"
+            )
         torch.manual_seed(self.cfg.train.seed)
-        self.model_kwargs = {"num_classes": self.loader.ds.num_classes, **self.cfg.model.kwargs}
+        self.model_kwargs = {"num_classes": n, **kwargs}
         self.model = create_model(self.cfg.model.name, **self.model_kwargs).to(self.info.device)
         if self.cfg.model.backend is not None:
             set_backend(self.model, self.cfg.model.backend)
@@ -192,8 +200,9 @@ class Trainer:
         self.evaluated = meta["state"].get("evaluated", self.step)  # older checkpoints: not said
         self.sums.update(meta["state"]["sums"])
         self.win_before = self.sums["win_n"]  # timed by the sitting that trained them
-        if self.step >= self.total and self.evaluated < self.step:  # stopped during it
-            self.resume_note = "the final evaluation was interrupted: evaluating now"
+        if self._end_was_cut():  # a signal stopped the evaluation that ends an epoch
+            which = "final" if self.step >= self.total else f"step {self.step}'s"
+            self.resume_note = f"the {which} evaluation was interrupted: evaluating now"
         elif self.step >= self.total:  # said, not a silent exit
             self.resume_note = "the run had already finished: nothing left to train"
 
@@ -209,30 +218,17 @@ class Trainer:
             NonFiniteLoss: the weights are not all finite.
         """
         path = self.ckdir / f"step-{self.step:08d}"
-        bad = [
-            n
-            for n, t in self.model.state_dict().items()
-            if t.is_floating_point() and not bool(torch.isfinite(t).all())
-        ]
+        bad = nonfinite_weights(self.model)
         if D.any_rank(bool(bad), self.info):
             raise NonFiniteLoss(
                 f"non-finite weights ({', '.join(bad[:2]) or 'on another rank'}) after step "
                 f"{self.step}; training stopped without saving them; {last_good(self.ckdir)}"
             )
         if self.info.is_main:
-            state = {
-                "step": self.step,
-                "epoch": self.step // len(self.loader),
-                "sums": self.sums,
-                "total_steps": self.total,
-                "evaluated": self.evaluated,
-            }
-            data = {
-                "classes": self.classes,
-                "mean": self.cfg.data.mean,
-                "std": self.cfg.data.std,
-                "image_size": list(self.loader.ds.image_size),
-            }
+            state = dict(step=self.step, epoch=self.step // len(self.loader), sums=self.sums)
+            state.update(total_steps=self.total, evaluated=self.evaluated)
+            data = dict(classes=self.classes, mean=self.cfg.data.mean, std=self.cfg.data.std)
+            data["image_size"] = list(self.loader.ds.image_size)
             _save(
                 path,
                 self.model,
@@ -293,11 +289,10 @@ class Trainer:
         self.last, self.lr, self.out_of_time = {}, self.cfg.optim.lr, False
         with stop_signals(self._on_signal):
             self.t0 = self.t_start = time.time()
+            if self._end_was_cut():  # resumed: its evaluation, centres line and checkpoint
+                self._end_epoch(self.step // len(self.loader) - 1)
             while self.step < self.total and not self.out_of_time:
                 self._epoch()
-            if self.step >= self.total and self.evaluated < self.step:  # resumed: redo it
-                self._evaluate(self.step // len(self.loader) - 1)
-                self.save()
             if D.any_rank(self.stop_signal is not None, self.info):  # during the last epoch's
                 self._interrupt()  # end: said and exited as stopped, never swallowed
         self.mon.close()
@@ -325,11 +320,24 @@ class Trainer:
                 self._log_window(epoch)
             if t.checkpoint_every and self.step % t.checkpoint_every == 0 and not end_of_epoch:
                 self.save()
-        if (epoch + 1) % t.eval_every == 0 or self.step == self.total or self.out_of_time:
+        self._end_epoch(epoch)
+
+    def _end_epoch(self, epoch: int) -> None:
+        """Evaluation (when due), centres line, checkpoint: the end of ``epoch``."""
+        if self._eval_due(epoch) or self.out_of_time:
             self._evaluate(epoch)
         self.mon.centers(self.model, epoch + 1, self.step)
         self.save()
         self.t0 = time.time()
+
+    def _eval_due(self, epoch: int) -> bool:
+        return (epoch + 1) % self.cfg.train.eval_every == 0 or self.step >= self.total
+
+    def _end_was_cut(self) -> bool:
+        """Resumed at the end of an epoch whose due evaluation a signal stopped: its eval row
+        and centres line were never written (the checkpoint says what was evaluated)."""
+        done, start = divmod(self.step, len(self.loader))
+        return start == 0 < done and self._eval_due(done - 1) and self.evaluated < self.step
 
     def _time_is_up(self, epoch: int) -> bool:
         """``train.time_limit`` reached (agreed by all ranks): the window logged, said once."""

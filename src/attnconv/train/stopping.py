@@ -8,6 +8,8 @@ import contextlib
 import signal
 from pathlib import Path
 
+import torch
+
 from attnconv.loading.checkpoint import LATEST, CheckpointError, follow_latest
 
 
@@ -57,3 +59,13 @@ def last_good(ckdir: Path) -> str:
     except CheckpointError:
         good = None
     return f"last good checkpoint: {good}" if good else "no checkpoint was saved yet"
+
+
+def nonfinite_weights(model: torch.nn.Module) -> list[str]:
+    """The names of the model's floating-point tensors that hold a NaN or an infinity (never
+    saved: the checkpoint before them stays the last good one)."""
+    return [
+        n
+        for n, t in model.state_dict().items()
+        if t.is_floating_point() and not bool(torch.isfinite(t).all())
+    ]
