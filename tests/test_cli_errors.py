@@ -133,7 +133,11 @@ RUN = [
     ("bench-unknown-suite", ["bench", "--suite", "nosuch"], r"unknown benchmark suite 'nosuch'"),
     ("bench-repeats", ["bench", "--repeats", "0", "--out-dir", "{tmp}/b"], r"--repeats must be"),
     # demo
-    ("demo-minutes", ["demo", "--minutes", "-1", "--out", "{tmp}/d1"], r"--minutes must be > 0"),
+    (
+        "demo-minutes",
+        ["demo", "--minutes", "-1", "--out", "{tmp}/d1"],
+        r"--minutes must be a finite number > 0",
+    ),
     (
         "demo-missing-data",
         ["demo", "--data", "{tmp}/none.zip", "--out", "{tmp}/d2"],

@@ -104,7 +104,7 @@ def _probe(cfg, ds, threads: int, probe_s: float, steps: int = 6) -> tuple[float
 
     torch.set_num_threads(threads)
     d, t = cfg.data, cfg.train
-    model = create_model(cfg.model.name, num_classes=ds.num_classes, **cfg.model.kwargs)
+    model = create_model(cfg.model.name, **{"num_classes": ds.num_classes, **cfg.model.kwargs})
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loader = train_loader(cfg, ds)
     times, t0 = [], time.perf_counter()
@@ -147,12 +147,13 @@ def _centres_moved(path: Path) -> float | None:
 
 def run(args: argparse.Namespace) -> int:
     from attnconv.data import load_dataset
-    from attnconv.train.config import apply_overrides, config_from_dict
+    from attnconv.train.config import apply_overrides, check_training_size, config_from_dict
     from attnconv.train.optim import lr_at
     from attnconv.train.run import train
 
-    if args.minutes <= 0:
-        raise ValueError(f"--minutes must be > 0, got {args.minutes}")
+    # finite, and so is the time limit made of it (1e308 min would overflow to inf seconds)
+    if not math.isfinite(60 * LIMIT_SLACK * args.minutes) or args.minutes <= 0:
+        raise ValueError(f"--minutes must be a finite number > 0, got {args.minutes:g}")
     t_start = time.time()
     data = args.data or default_data()
     out = Path(args.out or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -170,9 +171,16 @@ def run(args: argparse.Namespace) -> int:
         "out_dir": str(out),
     }
     cfg = config_from_dict(apply_overrides(base, args.overrides))
+    check_training_size(cfg)  # the trainer's bound, before the speed probe builds the model
     d, budget_s = cfg.data, 60 * args.minutes
     log.info(f"demo: reading the test images of {data}")
     eval_ds = load_dataset(d.dataset, d.eval_split, root=d.root, max_per_class=d.eval_max_per_class)
+    n_out = cfg.model.kwargs.get("num_classes")
+    if n_out is not None and n_out != eval_ds.num_classes:
+        raise ValueError(
+            f"model.kwargs.num_classes is {n_out!r}, the dataset has {eval_ds.num_classes} "
+            "classes; leave it out (the dataset's count is used) or make it match"
+        )
     probe_ds = load_dataset(d.dataset, d.eval_split, root=d.root, max_per_class=PROBE_PER_CLASS)
     import torch
 

@@ -163,6 +163,9 @@ def _section(f: dataclasses.Field) -> type | None:
     return sub if isinstance(sub, type) and dataclasses.is_dataclass(sub) else None
 
 
+SECTIONS = {f.name for f in dataclasses.fields(Config) if _section(f) is not None}
+
+
 def _all_keys(cls: type, prefix: str = "") -> list[str]:
     out = []
     for f in dataclasses.fields(cls):
@@ -182,9 +185,15 @@ def _unknown(key: str) -> ValueError:
     return ValueError(f"unknown config key {key!r}{hint}")
 
 
-def _build(cls: type, d: dict, prefix: str = ""):
+def _not_a_mapping(key: str, v: Any) -> str:
+    return f"config section {key!r} must be a mapping, got {v!r}"
+
+
+def _build(cls: type, d: dict | None, prefix: str = ""):
+    if d is None:  # an empty section (``train:`` with nothing under it): no change
+        d = {}
     if not isinstance(d, dict):
-        raise TypeError(f"config section {prefix.rstrip('.') or 'root'!r} must be a mapping")
+        raise TypeError(_not_a_mapping(prefix.rstrip(".") or "root", d))
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kw = {}
     for k, v in d.items():
@@ -192,7 +201,7 @@ def _build(cls: type, d: dict, prefix: str = ""):
             raise _unknown(prefix + str(k))
         f = fields[k]
         if (sub := _section(f)) is not None:
-            kw[k] = _build(sub, v or {}, prefix + k + ".")
+            kw[k] = _build(sub, v, prefix + k + ".")
         else:
             kw[k] = _check_type(prefix + k, v, f)
     return cls(**kw)
@@ -228,6 +237,8 @@ def _check_type(key: str, v: Any, f: dataclasses.Field) -> Any:
 def _merge(a: dict, b: dict) -> dict:
     out = dict(a)
     for k, v in b.items():
+        if v is None and isinstance(out.get(k), dict) and k != "kwargs":
+            continue  # an empty section changes nothing (never resets the base's to defaults)
         if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "kwargs":
             out[k] = _merge(out[k], v)
         else:
@@ -272,10 +283,20 @@ def read_yaml(path: str | Path, _seen: tuple = ()) -> dict:
         raise ValueError(f"{path}: {e}") from None
     if not isinstance(d, dict):
         raise ValueError(f"{path}: a config must be a mapping at the top level")
+    _check_sections(d, str(path))
     base = d.pop("base", None)
     if base is not None:
+        if not isinstance(base, str) or not base.strip():
+            raise ValueError(f"{path}: 'base' must be the path of a config file, got {base!r}")
         d = _merge(read_yaml(path.parent / base, _seen + (path.resolve(),)), d)
     return d
+
+
+def _check_sections(d: dict, where: str) -> None:
+    """A section in ``d`` must be a mapping or empty (None: no change); ValueError at ``where``."""
+    for k, v in d.items():
+        if k in SECTIONS and v is not None and not isinstance(v, dict):
+            raise ValueError(f"{where}: {_not_a_mapping(k, v)}")
 
 
 def apply_overrides(d: dict, overrides: list[str]) -> dict:
@@ -295,9 +316,14 @@ def apply_overrides(d: dict, overrides: list[str]) -> dict:
         parts = key.split(".")
         node = d
         for p in parts[:-1]:
-            node = node.setdefault(p, {})
+            if node.get(p) is None:  # absent or empty
+                node[p] = {}
+            node = node[p]
             if not isinstance(node, dict):
                 raise ValueError(f"override {item!r}: {p!r} is not a section")
+        if key in SECTIONS:  # a whole section: merged, never replaced
+            _check_sections({key: value}, f"override {item!r}")
+            value = _merge(node.get(parts[-1]) or {}, value or {})
         node[parts[-1]] = value
     return d
 
@@ -340,6 +366,20 @@ def config_from_dict(d: dict) -> Config:
     cfg = _build(Config, d)
     validate(cfg)
     return cfg
+
+
+def check_training_size(cfg: Config) -> int:
+    """The bytes one training step of ``cfg``'s model holds (``models.budget.training_bytes``,
+    on the meta device: nothing allocated); one-line ValueError past half the machine's memory.
+    The one bound for every command that builds the model (the trainer, the demo's probe)."""
+    from attnconv.memory import memory_bytes
+    from attnconv.models.budget import training_bytes
+
+    m, state = cfg.model, 2 if cfg.optim.name == "adamw" else 1 if cfg.optim.momentum else 0
+    half = memory_bytes() // 2
+    return training_bytes(
+        m.name, dict(m.kwargs), cfg.train.batch_size, state, half, f"model {m.name!r}"
+    )
 
 
 # The one schema, read from the fields: every value's rule (types come from the fields' types;

@@ -24,14 +24,12 @@ from attnconv.loading.checkpoint import (
     LATEST,
     read_meta,
 )
-from attnconv.memory import memory_bytes
 from attnconv.models import create_model
-from attnconv.models.budget import training_bytes
 
 from . import distributed as D
 from .checkpoint import atomic_write, prune_checkpoints
 from .checkpoint import save_checkpoint as _save
-from .config import Config
+from .config import Config, check_training_size
 from .device import bf16_passed_over, flush_subnormals
 from .evaluation import evaluate
 from .loaders import build_loaders
@@ -71,15 +69,7 @@ class Trainer:
         t = cfg.train
         # the declared model and what a training step of it holds, measured on the meta device
         # before the data or the model is allocated (refused in seconds; models/budget.py)
-        state = 2 if cfg.optim.name == "adamw" else 1 if cfg.optim.momentum else 0
-        training_bytes(
-            cfg.model.name,
-            dict(cfg.model.kwargs),
-            t.batch_size,
-            state,
-            memory_bytes() // 2,
-            f"model {cfg.model.name!r}",
-        )
+        check_training_size(cfg)
         self.info = D.init_distributed(device)
         if t.threads:
             torch.set_num_threads(t.threads)
