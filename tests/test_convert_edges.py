@@ -45,7 +45,8 @@ def _input(conv: nn.Module, batch: int = 2) -> torch.Tensor:
 def test_no_grad_forward_follows_weights_written_through_data(conv):
     """EMA / clipping code writes through ``p.data`` (no version bump), and
     ``vector_to_parameters`` swaps each parameter's storage: the next no-grad forward uses the
-    new weights (no kernel kept from an earlier call)."""
+    new weights (the plan kept from an earlier call is checked against copies of the values,
+    not a version counter)."""
     torch.manual_seed(0)
     conv = conv.double()
     attn = conv_to_attention(conv).eval()
@@ -53,6 +54,7 @@ def test_no_grad_forward_follows_weights_written_through_data(conv):
     proj = attn.attention.out_proj
     with torch.no_grad():
         torch.testing.assert_close(attn(x), conv(x), **EXACT)  # a first inference call
+        torch.testing.assert_close(attn(x), conv(x), **EXACT)  # the kept plan
         getattr(proj, "kernel", proj.weight).data.mul_(3.0)  # W^(h) = 3 x the kernel
         conv.weight.data.mul_(3.0)
         proj.bias.data.add_(1.0)

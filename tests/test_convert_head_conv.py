@@ -90,9 +90,9 @@ def test_converted_depthwise_dense_and_dilated_layers_equal_their_convs():
 
 
 def test_the_inference_plan_follows_every_change_of_the_weights():
-    """No gradient asked: the one-conv path follows an optimizer step, a load_state_dict, a
-    dtype change and another input size (its kernel is written on every call, never kept;
-    writes through ``p.data``: tests/test_convert_edges.py)."""
+    """No gradient asked: the conv's plan is kept, and rebuilt after an optimizer step, a
+    load_state_dict, a dtype change or another input size (kept while every parameter equals
+    its copy; writes through ``p.data``: tests/test_convert_edges.py)."""
     torch.manual_seed(1)
     conv = torch.nn.Conv2d(6, 6, 3, padding=1, groups=3)
     att = conv_to_attention(conv)
