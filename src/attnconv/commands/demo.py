@@ -100,11 +100,11 @@ def _probe(cfg, ds, threads: int, probe_s: float, steps: int = 6) -> tuple[float
 
     from attnconv.data import Loader
     from attnconv.models import create_model
-    from attnconv.train.loaders import train_loader
+    from attnconv.train.loaders import model_kwargs_for, train_loader
 
     torch.set_num_threads(threads)
     d, t = cfg.data, cfg.train
-    model = create_model(cfg.model.name, **{"num_classes": ds.num_classes, **cfg.model.kwargs})
+    model = create_model(cfg.model.name, **model_kwargs_for(cfg, ds.num_classes))
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loader = train_loader(cfg, ds)
     times, t0 = [], time.perf_counter()
@@ -148,6 +148,7 @@ def _centres_moved(path: Path) -> float | None:
 def run(args: argparse.Namespace) -> int:
     from attnconv.data import load_dataset
     from attnconv.train.config import apply_overrides, check_training_size, config_from_dict
+    from attnconv.train.loaders import model_kwargs_for
     from attnconv.train.optim import lr_at
     from attnconv.train.run import train
 
@@ -175,12 +176,7 @@ def run(args: argparse.Namespace) -> int:
     d, budget_s = cfg.data, 60 * args.minutes
     log.info(f"demo: reading the test images of {data}")
     eval_ds = load_dataset(d.dataset, d.eval_split, root=d.root, max_per_class=d.eval_max_per_class)
-    n_out = cfg.model.kwargs.get("num_classes")
-    if n_out is not None and n_out != eval_ds.num_classes:
-        raise ValueError(
-            f"model.kwargs.num_classes is {n_out!r}, the dataset has {eval_ds.num_classes} "
-            "classes; leave it out (the dataset's count is used) or make it match"
-        )
+    model_kwargs_for(cfg, eval_ds.num_classes)  # a num_classes other than the data's: refused
     probe_ds = load_dataset(d.dataset, d.eval_split, root=d.root, max_per_class=PROBE_PER_CLASS)
     import torch
 

@@ -13,6 +13,18 @@ from .config import Config
 log = logging.getLogger(__name__)
 
 
+def model_kwargs_for(cfg: Config, num_classes: int) -> dict:
+    """The model's kwargs for data of ``num_classes`` classes (the data sets it); a
+    ``model.kwargs.num_classes`` other than the data's is one line."""
+    kwargs = cfg.model.kwargs
+    if kwargs.get("num_classes", num_classes) != num_classes:
+        raise ValueError(
+            f"model.kwargs.num_classes is {kwargs['num_classes']!r}, the dataset has "
+            f"{num_classes} classes (leave it out: the data sets it)"
+        )
+    return {"num_classes": num_classes, **kwargs}
+
+
 def build_loaders(cfg: Config, info: D.DistInfo) -> tuple[Loader, Loader]:
     """The shuffled, augmented training loader and the evaluation loader of ``cfg.data`` at
     ``cfg.train``'s batch sizes, this rank's share of each."""

@@ -32,7 +32,7 @@ from .checkpoint import save_checkpoint as _save
 from .config import Config, check_training_size
 from .device import bf16_passed_over, flush_subnormals
 from .evaluation import evaluate
-from .loaders import build_loaders
+from .loaders import build_loaders, model_kwargs_for
 from .monitor import Monitor
 from .optim import build_optimizer, lr_at, set_lr
 from .resume import check_same_config, restore
@@ -125,14 +125,8 @@ class Trainer:
 
     def _build_model(self) -> None:
         """The model, initialised from ``train.seed``, for the data's number of classes."""
-        n, kwargs = self.loader.ds.num_classes, self.cfg.model.kwargs
-        if kwargs.get("num_classes", n) != n:
-            raise ValueError(
-                f"model.kwargs.num_classes is {kwargs['num_classes']}, the dataset has {n} "
-                "classes (leave it out: the data sets it)"
-            )
+        self.model_kwargs = model_kwargs_for(self.cfg, self.loader.ds.num_classes)
         torch.manual_seed(self.cfg.train.seed)
-        self.model_kwargs = {"num_classes": n, **kwargs}
         self.model = create_model(self.cfg.model.name, **self.model_kwargs).to(self.info.device)
         if self.cfg.model.backend is not None:
             set_backend(self.model, self.cfg.model.backend)
