@@ -100,6 +100,20 @@ def test_yaml_alias_bomb_is_refused_at_once(tmp_path):
         load_config(None, ["optim.no_decay=&a [x, *a]"])
 
 
+def test_a_key_written_twice_is_refused(tmp_path):
+    """YAML keeps the last of two equal keys silently: a second ``train:`` section dropped the
+    first one's settings. Refused with the key and its line, in a file, a section and --set."""
+    f = tmp_path / "twice.yaml"
+    f.write_text("train:\n  epochs: 2\nmodel:\n  name: tiny_cnn\ntrain:\n  batch_size: 4\n")
+    with pytest.raises(ValueError, match=r"twice.yaml: key 'train' is written twice \(line 5\)"):
+        load_config(f)
+    f.write_text("train:\n  epochs: 2\n  epochs: 3\n")
+    with pytest.raises(ValueError, match=r"key 'epochs' is written twice \(line 3\)"):
+        load_config(f)
+    with pytest.raises(ValueError, match=r"key 'a' is written twice"):
+        load_config(None, ["model.kwargs={a: 1, a: 2}"])
+
+
 def test_deep_nesting_is_refused(tmp_path):
     f = tmp_path / "deep.yaml"
     f.write_text("model:\n  kwargs:\n    x: " + "[" * 20000 + "]" * 20000 + "\n")

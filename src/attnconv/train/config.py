@@ -20,6 +20,7 @@ import yaml
 from attnconv.layers.kernels.plan import BACKENDS as MHSA_BACKENDS
 from attnconv.layers.kernels.plan import LOCAL_BACKENDS, STEM_BACKENDS
 
+from .config_yaml import safe_yaml
 from .rules import (
     COUNT,
     FRACTION,
@@ -244,28 +245,6 @@ def _merge(a: dict, b: dict) -> dict:
         else:
             out[k] = v
     return out
-
-
-class _NoAliasLoader(yaml.SafeLoader):
-    """safe_load without aliases: ``*name`` could expand a few lines into billions of items (an
-    alias bomb); a config never needs one."""
-
-    def compose_node(self, parent, index):
-        if self.check_event(yaml.events.AliasEvent):
-            mark = self.peek_event().start_mark
-            raise ValueError(
-                f"YAML aliases (*{self.peek_event().anchor}) are not allowed in a config "
-                f"(line {mark.line + 1}); write the value out"
-            )
-        return super().compose_node(parent, index)
-
-
-def safe_yaml(text: str):
-    """Parse config YAML (plain values, no aliases; nesting bounded) or raise ValueError."""
-    try:
-        return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
-    except RecursionError:
-        raise ValueError("YAML nested too deeply") from None
 
 
 def read_yaml(path: str | Path, _seen: tuple = ()) -> dict:
