@@ -94,6 +94,11 @@ RUN = [
         ["eval", "{ckpt}", "--data", "sample", "--batch-size", "0"],
         r"batch_size must be >= 1",
     ),
+    (
+        "eval-json-under-a-file",
+        ["eval", "{ckpt}", "--data", "sample", "--json", "{ok}/x.json"],
+        r"--json .*ok.yaml/x.json: .*ok.yaml is a file, not a folder",
+    ),
     # convert: unknown model, bad options, pickle
     ("convert-unknown-model", ["convert", "resnet99"], r"unknown model 'resnet99'"),
     ("convert-pickle", ["convert", "{tmp}/weights.pt"], r"pickle checkpoint"),
@@ -101,6 +106,7 @@ RUN = [
     ("convert-alpha", ["convert", "tiny_cnn", "--alpha", "-1"], r"alpha must be > 0"),
     ("convert-threads", ["convert", "tiny_cnn", "--threads", "-1"], r"--threads must be >= 1"),
     ("convert-missing-path", ["convert", "{tmp}/no/run"], r"run: no such checkpoint"),
+    ("convert-json-is-a-folder", ["convert", "tiny_cnn", "--json", "{tmp}"], r"is a folder"),
     (
         "convert-out-not-converted",
         ["convert", "tiny_cnn", "--out", "{tmp}/ckpt"],

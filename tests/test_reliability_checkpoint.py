@@ -70,3 +70,17 @@ def test_kill_between_renames_is_named_not_silent(tmp_path):
     path.rename(tmp_path / ".ckpt.old")  # the state such a kill leaves behind
     with pytest.raises(ck.CheckpointError, match=r"interrupted save left the previous one at"):
         ck.load_model(path)
+
+
+def test_a_full_disk_names_the_file_it_failed_to_write(tmp_path, monkeypatch):
+    """os.fsync / write errors carry no file name ("[Errno 28] No space left on device"): the
+    atomic write adds the path it was writing, and leaves no temp file."""
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ck.os, "fsync", full)
+    with pytest.raises(OSError, match=r"No space left on device: '.*metrics.json'") as e:
+        ck.atomic_write(tmp_path / "metrics.json", b"{}")
+    assert e.value.errno == errno.ENOSPC
+    assert not list(tmp_path.iterdir())

@@ -8,7 +8,7 @@ import json
 import os
 from pathlib import Path
 
-from .options import add_device
+from .options import add_device, check_output_file
 
 HELP = "convert every convolution of a model (checkpoint or model name) into self-attention"
 
@@ -146,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
     for name in ("num_images", "batch_size", "threads"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    check_output_file("--json", args.json)  # before any work
     if args.out:
         _check_out(args.out)  # before any work: nothing is converted to be refused at the end
     device = resolve_device(args.device)

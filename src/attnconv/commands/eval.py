@@ -7,7 +7,7 @@ import json
 import logging
 from pathlib import Path
 
-from .options import add_device
+from .options import add_device, check_output_file
 
 log = logging.getLogger(__name__)
 HELP = "evaluate a checkpoint (accuracy, loss) on a dataset split"
@@ -39,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.train.distributed import DistInfo
     from attnconv.train.evaluation import evaluate
 
+    check_output_file("--json", args.json)  # before any work
     device = resolve_device(args.device)
     log.info(f"eval: loading {args.checkpoint}")
     model, info = load_model(args.checkpoint)

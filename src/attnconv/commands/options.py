@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def add_device(p: argparse.ArgumentParser) -> None:
@@ -12,3 +13,18 @@ def add_device(p: argparse.ArgumentParser) -> None:
         default=None,
         help="cpu, cuda, cuda:N or mps (default: cuda if available, else cpu)",
     )
+
+
+def check_output_file(flag: str, path: str | None) -> None:
+    """A file the command will write at its end (``--json PATH``): refused before any work if
+    it is a folder or a folder on its way is a file ('-' and None: nothing to write)."""
+    if not path or path == "-":
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise IsADirectoryError(f"{flag} {path} is a folder; name a file")
+    for parent in p.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise NotADirectoryError(f"{flag} {path}: {parent} is a file, not a folder")
+            return

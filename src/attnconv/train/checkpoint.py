@@ -80,6 +80,10 @@ def atomic_write(path: str | Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:  # a full disk says which file it failed to write
+        if e.filename is not None:
+            raise
+        raise OSError(e.errno, e.strerror, str(path)) from e
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
