@@ -115,3 +115,15 @@ def head_matrices(
     if detach:
         return heads.detach(), None if bias is None else bias.detach()
     return heads, bias
+
+
+def copy_requires_grad(conv: nn.Module, module: nn.Module) -> None:
+    """A frozen conv stays frozen: the bias terms (b_out, b_val) follow the conv's bias, every
+    other parameter (W^(h)'s factors, centres, spreads) its weight's parameters (a
+    parametrization's or a gain's included)."""
+    weight = [p.requires_grad for n, p in conv.named_parameters() if n != "bias"]
+    train_w = any(weight)
+    bias = getattr(conv, "bias", None)
+    train_b = bias.requires_grad if isinstance(bias, nn.Parameter) else train_w
+    for name, p in module.named_parameters():
+        p.requires_grad_(train_b if name.endswith("bias") else train_w)

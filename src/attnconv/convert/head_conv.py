@@ -127,3 +127,12 @@ def take(x: torch.Tensor, dim: int, idx: list[int] | slice) -> torch.Tensor:
     if isinstance(idx, slice):
         return x[(slice(None),) * dim + (idx,)]
     return x.index_select(dim, torch.tensor(idx, device=x.device))
+
+
+def unchanged(module: torch.nn.Module, copies: list[torch.Tensor]) -> bool:
+    """Every parameter equal, value for value (dtype and device too), to its kept copy."""
+    params = list(module.parameters())
+    return len(params) == len(copies) and all(
+        p.dtype == c.dtype and p.device == c.device and torch.equal(p, c)
+        for p, c in zip(params, copies)
+    )

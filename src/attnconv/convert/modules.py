@@ -27,7 +27,7 @@ from attnconv.layers.kernels import plan
 from attnconv.layers.scripting import NotScriptable
 
 from . import head_conv as hc
-from .attributes import ConvAttributes, head_matrices
+from .attributes import ConvAttributes, copy_requires_grad, head_matrices
 from .geometry import (
     ConvGeometry,
     kernel_to_heads,
@@ -126,7 +126,7 @@ class ConvAttention(NotScriptable, ConvAttributes, nn.Module):
         g, layer = self.geometry, self.attention
         zeros = g.padding_mode == "zeros"  # then the conv pads, not a padded copy
         kept = None if torch.is_grad_enabled() else self.__dict__.get("_plan")
-        if kept is not None and kept[0] == (h, w, self.hard) and _unchanged(self, kept[1]):
+        if kept is not None and kept[0] == (h, w, self.hard) and hc.unchanged(self, kept[1]):
             return hc.run(x if zeros else g.pad_input(x), kept[2])
         oh, ow = g.output_size(h, w)
         (ah, aw), (sh, sw), (hp, wp) = g.anchor, g.stride, g.padded_size(h, w)
@@ -258,15 +258,6 @@ class ConvAttention1d(ConvAttention, nn.Conv1d):
         return _unbatch(self._forward2d(x.unsqueeze(2), False, shift=False).squeeze(2), unbatched)
 
 
-def _unchanged(module: nn.Module, copies: list[torch.Tensor]) -> bool:
-    """Every parameter equal, value for value (dtype and device too), to its kept copy."""
-    params = list(module.parameters())
-    return len(params) == len(copies) and all(
-        p.dtype == c.dtype and p.device == c.device and torch.equal(p, c)
-        for p, c in zip(params, copies)
-    )
-
-
 def _unbatch(out, unbatched: bool):
     """Drop the batch dim ``_check`` added to an unbatched input (output and probabilities)."""
     if not unbatched:
@@ -322,7 +313,7 @@ def conv_to_attention(
     if check and not exact:
         check_conversion(conv, SpecConv(spec), "plain convolution read from it")
     module = _build(spec, alpha, head_dim, impl).train(conv.training)
-    _copy_requires_grad(conv, module)
+    copy_requires_grad(conv, module)
     if check and exact:
         check_conversion(conv, module)
     if module.rank_error > 0:
@@ -332,18 +323,6 @@ def conv_to_attention(
             stacklevel=2,
         )
     return module
-
-
-def _copy_requires_grad(conv: nn.Module, module: ConvAttention) -> None:
-    """A frozen conv stays frozen: the bias terms (b_out, b_val) follow the conv's bias, every
-    other parameter (W^(h)'s factors, centres, spreads) its weight's parameters (a
-    parametrization's or a gain's included)."""
-    weight = [p.requires_grad for n, p in conv.named_parameters() if n != "bias"]
-    train_w = any(weight)
-    bias = getattr(conv, "bias", None)
-    train_b = bias.requires_grad if isinstance(bias, nn.Parameter) else train_w
-    for name, p in module.named_parameters():
-        p.requires_grad_(train_b if name.endswith("bias") else train_w)
 
 
 def _build(spec, alpha: float | None, head_dim: int | None, impl: str) -> ConvAttention2d:
