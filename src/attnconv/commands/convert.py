@@ -100,9 +100,8 @@ def _load(source: str, checkpoint: str | None = None):
     if source in list_models():
         torch.manual_seed(0)
         return create_model(source), {"model": source}, f"{source} (random weights, seed 0)"
-    if os.sep in source or source.startswith("."):  # a path, not a registry name
-        raise FileNotFoundError(f"{source}: no such checkpoint")
-    create_model(source)  # raises "unknown model ... did you mean"
+    if os.sep not in source and not source.startswith("."):  # a name, not a path
+        create_model(source)  # raises "unknown model ... did you mean"
     raise FileNotFoundError(f"{source}: no such checkpoint")
 
 

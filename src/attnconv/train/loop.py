@@ -209,10 +209,19 @@ class Trainer:
                 f"{self.step}; training stopped without saving them; {last_good(self.ckdir)}"
             )
         if self.info.is_main:
-            state = dict(step=self.step, epoch=self.step // len(self.loader), sums=self.sums)
-            state.update(total_steps=self.total, evaluated=self.evaluated)
-            data = dict(classes=self.classes, mean=self.cfg.data.mean, std=self.cfg.data.std)
-            data["image_size"] = list(self.loader.ds.image_size)
+            state = {
+                "step": self.step,
+                "epoch": self.step // len(self.loader),
+                "sums": self.sums,
+                "total_steps": self.total,
+                "evaluated": self.evaluated,
+            }
+            data = {
+                "classes": self.classes,
+                "mean": self.cfg.data.mean,
+                "std": self.cfg.data.std,
+                "image_size": list(self.loader.ds.image_size),
+            }
             _save(
                 path,
                 self.model,
