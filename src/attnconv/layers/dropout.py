@@ -56,7 +56,10 @@ def hash_dropout(
     """Dropout of x with ``dropped_elements``' mask (seed: drawn from the default generator when
     None; counters from ``offset``). The fused kernel on CPU when it built, the plain equations
     otherwise."""
-    kernel = plan.choose(plan.DropoutCase(x.device.type), plan.DROPOUT_TABLE)
+    kernel = plan.choose(
+        plan.DropoutCase(x.device.type, transformed=plan.func_transforms_active()),
+        plan.DROPOUT_TABLE,
+    )
     return _dropout(x, p, training, seed, offset, kernel)
 
 
@@ -84,7 +87,9 @@ class HashDropout(nn.Dropout):
         super().__init__(p)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        kernel = plan.choose(plan.DropoutCase(x.device.type, module=True), plan.DROPOUT_TABLE)
+        kernel = plan.choose(
+            plan.DropoutCase(x.device.type, True, plan.func_transforms_active()), plan.DROPOUT_TABLE
+        )
         if kernel == "torch":  # see the module docstring
             return F.dropout(x, self.p, self.training)
         return _dropout(x, self.p, self.training, None, 0, kernel)  # the table chosen once

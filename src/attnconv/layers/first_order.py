@@ -6,6 +6,10 @@ penalty) fails deep in autograd with "derivative ... not implemented". :func:`fi
 passes its inputs through a node whose backward, when a graph of the gradient is being built,
 raises :class:`HigherOrderGradError` naming the fix (``impl="reference"``, the plain path, is
 differentiable any number of times).
+
+Our kernels' autograd Functions are also not transform-aware (``torch.func``'s grad, vmap, jacrev
+need every Function written for them): :func:`func_transforms_active` tells the plan (kernels/
+plan.py) and the attention function to run the plain equations inside a transform.
 """
 
 from __future__ import annotations
@@ -36,10 +40,22 @@ class _FirstOrderOnly(torch.autograd.Function):
         return (None, *grads)
 
 
+def func_transforms_active() -> bool:
+    """A ``torch.func`` transform (grad, vmap, jacrev, jvp, functionalize) wraps this call: the
+    condition under which torch refuses an autograd Function without ``setup_context``."""
+    active = getattr(torch._C, "_are_functorch_transforms_active", None)
+    return bool(active and active())
+
+
 def first_order_only(what: str, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """``xs`` unchanged (views); a double backward through them raises HigherOrderGradError.
     A no-op when no gradient is recorded (inference, export, compile)."""
     tracing = torch.compiler.is_compiling() or torch.compiler.is_exporting()
-    if tracing or not torch.is_grad_enabled() or not any(x.requires_grad for x in xs):
+    if (
+        tracing
+        or func_transforms_active()
+        or not torch.is_grad_enabled()
+        or not any(x.requires_grad for x in xs)
+    ):
         return xs
     return _FirstOrderOnly.apply(what, *xs)

@@ -18,7 +18,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .first_order import first_order_only
+from .first_order import first_order_only, func_transforms_active
 from .precision import softmax_f32
 
 IMPLS = ("auto", "reference")
@@ -111,7 +111,16 @@ def _h32(x: torch.Tensor, tmp: torch.Tensor | None = None) -> torch.Tensor:
 
 def dropout_seed() -> int:
     """One draw of the default generator: the seed of a step's attention-dropout links."""
-    return int(torch.randint(0, 1 << 32, (), dtype=torch.int64))
+    seed = torch.randint(0, 1 << 32, (), dtype=torch.int64)
+    try:
+        return int(seed)
+    except RuntimeError:  # vmap(randomness="different") drew one seed per sample
+        if not func_transforms_active():
+            raise
+    raise RuntimeError(
+        "attnconv: the counter-hash dropout draws one seed a step, not one per vmapped sample: "
+        "use vmap(..., randomness='same'), or the model in eval mode"
+    )
 
 
 def drop_threshold(p: float) -> int:
@@ -231,7 +240,8 @@ def scaled_dot_product_attention(
     q (B, nh, Tq, dk), k (B, nh, Tk, dk), v (B, nh, Tk, dv) -> (B, nh, Tq, dv).
     ``scale`` defaults to 1/sqrt(dk). ``mask``: bool, True = may attend. ``causal``: query i
     attends keys j <= i (aligned to the end when Tk > Tq). With ``return_attention=True`` also
-    returns the probabilities (B, nh, Tq, Tk) (computed by the plain path, so identical).
+    returns the probabilities (B, nh, Tq, Tk) (computed by the plain path, so identical). Inside
+    a ``torch.func`` transform the plain path runs too (any order of derivative).
     """
     check_impl(impl)
     _check_args(q, k, v, bias, mask, dropout_p)
@@ -243,7 +253,7 @@ def scaled_dot_product_attention(
     dk, dv = q.shape[-1], v.shape[-1]
     scale = (1.0 / math.sqrt(dk) if dk > 0 else 1.0) if scale is None else scale
 
-    if impl == "reference" or return_attention or dk == 0:
+    if impl == "reference" or return_attention or dk == 0 or func_transforms_active():
         probs = attention_probs(q, k, bias=bias, mask=mask, causal=causal, scale=scale)
         p = F.dropout(probs, dropout_p) if dropout_p > 0 else probs
         y = p @ v  # (B, nh, Tq, dv)

@@ -190,7 +190,14 @@ class LocalSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
         dtype = None if x is None else autocast_dtype(device, x.dtype)
         t = 0 if x is None else x.shape[-2] * x.shape[-1]
         case = plan.LocalCase(
-            self.backend, device, self.padding, return_attention, plan.tracing(), dtype, t
+            self.backend,
+            device,
+            self.padding,
+            return_attention,
+            plan.tracing(),
+            dtype,
+            t,
+            plan.func_transforms_active(),
         )
         return (plan.explain if why else plan.choose)(case, plan.LOCAL_TABLE)
 

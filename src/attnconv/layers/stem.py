@@ -125,7 +125,7 @@ class AttentionStem2d(NotScriptable, BackendKnob, nn.Module):
             kernel_size=self.kernel_size,
             mix=self.mixture_weights(),
             padding=self.padding,
-            impl=self.impl,
+            impl="reference" if kernel == "reference" else "auto",
             return_attention=return_attention,
             fused=kernel == "fused",
         )
@@ -139,7 +139,12 @@ class AttentionStem2d(NotScriptable, BackendKnob, nn.Module):
         """The window kernel ``forward`` runs on ``device`` (plan.LOCAL_TABLE; the stem has no
         Flex path: "flex" there means the window function)."""
         case = plan.LocalCase(
-            self.backend, torch.device(device).type, self.padding, return_attention, plan.tracing()
+            self.backend,
+            torch.device(device).type,
+            self.padding,
+            return_attention,
+            plan.tracing(),
+            transformed=plan.func_transforms_active(),
         )
         kernel = plan.choose(case, plan.LOCAL_TABLE)
         return "window" if kernel == "flex" else kernel

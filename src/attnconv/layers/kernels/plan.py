@@ -7,13 +7,15 @@ wins (``choose``; ``explain`` says why each earlier row was passed over):
 - ``DROPOUT_TABLE``: the hidden dropout's mask (dropout.py);
 - ``CONVERTED_TABLE``: a converted convolution's forward (convert/modules.py).
 
-A layer's ``backend`` argument overrides the choice ("reference": the plain equations).
+A layer's ``backend`` argument overrides the choice ("reference": the plain equations). Inside a
+``torch.func`` transform (grad, vmap, jacrev) every table picks its plain path: the other kernels'
+autograd Functions are not transform-aware (first_order.func_transforms_active).
 
 TABLE:
 
 | kernel           | term                   | when                                             |
 |------------------|------------------------|--------------------------------------------------|
-| reference        | any                    | backend="reference"                              |
+| reference        | any                    | backend="reference", or a torch.func transform   |
 | shift            | Shift, position only   | no dropout                                       |
 | separable        | Axis, position only    | CPU, no dropout (a GPU: shared, a few batched    |
 |                  |                        | launches instead of a loop over heads/blocks)    |
@@ -43,6 +45,7 @@ from typing import NamedTuple
 import torch
 
 from ..encodings.terms import AxisTerm, GaussianTerm, ShiftTerm, Term
+from ..first_order import func_transforms_active
 from ..precision import autocast_dtype
 from . import fused
 
@@ -83,6 +86,7 @@ class Case(NamedTuple):
     t: int = 1
     tracing: bool = False
     dtype: torch.dtype | None = None  # what q, k, v compute in (autocast's)
+    transformed: bool = False  # inside a torch.func transform
 
     @property
     def position_only(self) -> bool:
@@ -152,7 +156,12 @@ class Row(NamedTuple):
 
 
 TABLE = (
-    Row("reference", lambda c: c.backend == "reference", "any", 'backend="reference"'),
+    Row(
+        "reference",
+        lambda c: c.backend == "reference" or c.transformed,
+        "any",
+        'backend="reference", or a torch.func transform',
+    ),
     Row(
         "shift",
         lambda c: c.position_only and isinstance(c.term, ShiftTerm) and c.p_drop == 0,
@@ -287,6 +296,7 @@ def for_layer(
         x.shape[-2] * x.shape[-1],
         traced,
         autocast_dtype(device, x.dtype),
+        func_transforms_active(),
     )
     return explain(case) if why else choose(case)
 
@@ -303,6 +313,7 @@ class LocalCase(NamedTuple):
     tracing: bool = False
     dtype: torch.dtype | None = None
     t: int = 0
+    transformed: bool = False  # inside a torch.func transform
 
 
 # On an H100 (benchmarks/results/cuda_layers_local.md, k=7, batch 32) the window function beat
@@ -319,7 +330,12 @@ def _window_beats_flex(c: LocalCase) -> bool:
 # fused_local.cpp; "window": the Python window function), flex.flex_local_attention or
 # triton_local.local_attention_triton
 LOCAL_TABLE = (
-    Row("reference", lambda c: c.backend == "reference", "any", 'backend="reference": unfold'),
+    Row(
+        "reference",
+        lambda c: c.backend == "reference" or c.transformed,
+        "any",
+        'backend="reference", or a torch.func transform: unfold',
+    ),
     Row(
         "triton",
         lambda c: c.backend == "triton" and c.padding == "mask" and not c.maps,
@@ -359,6 +375,7 @@ class DropoutCase(NamedTuple):
 
     device: str = "cpu"
     module: bool = False
+    transformed: bool = False  # inside a torch.func transform
 
 
 DROPOUT_TABLE = (
@@ -370,9 +387,9 @@ DROPOUT_TABLE = (
     ),
     Row(
         "fused",
-        lambda c: c.device == "cpu" and fused.available(),
+        lambda c: c.device == "cpu" and not c.transformed and fused.available(),
         "any",
-        "CPU, extension built (dropout.cpp)",
+        "CPU, extension built (dropout.cpp), not in a torch.func transform",
     ),
     Row("reference", lambda c: True, "any", "otherwise: hash_dropout_reference"),
 )

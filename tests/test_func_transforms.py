@@ -1,0 +1,171 @@
+"""torch.func transforms (grad, vmap, jacrev, jvp, hessian) through every public layer and the
+paper models: inside a transform every kernel table picks its plain path (plan.py), so per-sample
+gradients, Jacobians and Hessians equal ordinary autograd on the fast paths, in float64.
+
+Before this, every content layer, SASA's window attention and the attention stem raised torch's
+"In order to use an autograd.Function with functorch transforms ..." (the fused kernels'
+autograd Functions are not transform-aware)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.func import functional_call, grad, hessian, jacrev, jvp, vmap
+
+from attnconv.layers.encodings import POSITIONALS
+from attnconv.layers.kernels import plan
+from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
+from attnconv.models import create_model
+from public_layers import public_layers
+
+LAYERS = public_layers("auto")
+IDS = [r[0] for r in LAYERS]
+
+
+def _params(layer):
+    return {k: v.detach() for k, v in layer.named_parameters()}
+
+
+def _per_sample_grads(layer, xs: torch.Tensor) -> dict[str, torch.Tensor]:
+    """d(sum(layer(x_i)^2))/d(params, x_i) for each sample i: vmap over grad."""
+
+    def loss(p, x):
+        return functional_call(layer, p, (x[None],)).square().sum()
+
+    return vmap(grad(loss, argnums=(0, 1)), in_dims=(None, 0))(_params(layer), xs)
+
+
+def _loop_grads(layer, xs: torch.Tensor):
+    """The same with ordinary autograd, one sample at a time (the layer's fast path)."""
+    out = []
+    for x in xs:
+        x = x[None].clone().requires_grad_(True)
+        ps = dict(layer.named_parameters())
+        gs = torch.autograd.grad(layer(x).square().sum(), [*ps.values(), x], allow_unused=True)
+        out.append((dict(zip(ps, gs[:-1])), gs[-1][0]))
+    return out
+
+
+def _assert_per_sample_equal(layer, xs):
+    gp, gx = _per_sample_grads(layer, xs)
+    for i, (lp, lx) in enumerate(_loop_grads(layer, xs)):
+        torch.testing.assert_close(gx[i], lx, rtol=1e-10, atol=1e-12)
+        for k, g in lp.items():
+            want = torch.zeros_like(gp[k][i]) if g is None else g
+            torch.testing.assert_close(gp[k][i], want, rtol=1e-10, atol=1e-12, msg=k)
+
+
+@pytest.mark.parametrize("name, layer, x", LAYERS, ids=IDS)
+def test_per_sample_gradients_equal_autograd(name, layer, x):
+    torch.manual_seed(0)
+    layer = layer.double().eval()
+    xs = torch.randn(2, *x.shape[1:], dtype=torch.float64)
+    _assert_per_sample_equal(layer, xs)
+
+
+@pytest.mark.parametrize("name, layer, x", LAYERS, ids=IDS)
+def test_jacrev_and_jvp_equal_autograd(name, layer, x):
+    torch.manual_seed(1)
+    layer = layer.double().eval()
+    x = x.detach()
+    want = torch.autograd.functional.jacobian(layer, x)  # ordinary autograd, the fast path
+    torch.testing.assert_close(jacrev(layer)(x), want, rtol=1e-10, atol=1e-12)
+    t = torch.randn_like(x)
+    _, jt = jvp(layer, (x,), (t,))
+    torch.testing.assert_close(jt, (want.flatten(x.dim()) @ t.flatten()), rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize(
+    "name", [n for n in IDS if n.startswith(("mhsa2d", "mha", "converted")) and "none" not in n]
+)
+def test_hessian_through_fast_layers_equals_plain(name):
+    """Layers whose fast path has no second derivative (a double backward raises
+    HigherOrderGradError): under torch.func.hessian they run the plain equations, so the Hessian
+    is the plain path's, computed by ordinary double backward."""
+    torch.manual_seed(2)
+    fast = dict(zip(IDS, LAYERS))[name][1].double().eval()
+    ref = dict(zip(IDS, [r[1] for r in public_layers("reference")]))[name].double().eval()
+    ref.load_state_dict(fast.state_dict())
+    x = torch.randn(1, *dict(zip(IDS, LAYERS))[name][2].shape[1:], dtype=torch.float64)
+
+    def f(layer):
+        return lambda t: layer(t).square().sum()
+
+    want = torch.autograd.functional.hessian(f(ref), x)
+    assert want.abs().max() > 1e-3  # a real second derivative
+    torch.testing.assert_close(hessian(f(fast))(x), want, rtol=1e-9, atol=1e-11)
+
+
+@settings(max_examples=10)
+@given(
+    h=st.integers(1, 5),
+    w=st.integers(1, 5),
+    heads=st.integers(1, 3),
+    pos=st.sampled_from([p for p in POSITIONALS if p != "none"]),
+    content=st.booleans(),
+)
+def test_mhsa2d_per_sample_gradients_any_shape(h, w, heads, pos, content):
+    torch.manual_seed(h * 31 + w)
+    layer = MultiHeadSelfAttention2d(
+        2 * heads, 3 * heads, heads, positional=pos, content=content, max_size=8
+    ).double()
+    _assert_per_sample_equal(layer.eval(), torch.randn(2, 2 * heads, h, w, dtype=torch.float64))
+
+
+def _paper_model():
+    return create_model("sa_quadratic", hidden_size=16, num_layers=2, num_heads=4).double()
+
+
+def test_paper_model_per_sample_gradients_with_dropout():
+    """Training mode (hidden and attention dropout) under vmap(randomness="same"): each sample
+    gets the mask a single-image step draws from the same generator state, so the per-sample
+    gradients equal a loop of ordinary steps, each from that state."""
+    model = _paper_model().train()
+    assert model.cfg.dropout > 0 and model.cfg.attn_dropout > 0
+    xs = torch.randn(3, 3, 16, 16, dtype=torch.float64)
+    ys = torch.tensor([1, 4, 7])
+
+    def loss(p, x, y):
+        return F.cross_entropy(functional_call(model, p, (x[None],)), y[None])
+
+    torch.manual_seed(5)
+    per_sample = vmap(grad(loss), in_dims=(None, 0, 0), randomness="same")(_params(model), xs, ys)
+    for i in range(3):
+        torch.manual_seed(5)
+        model.zero_grad()
+        F.cross_entropy(model(xs[i : i + 1]), ys[i : i + 1]).backward()
+        for k, p in model.named_parameters():
+            torch.testing.assert_close(per_sample[k][i], p.grad, rtol=1e-9, atol=1e-12, msg=k)
+
+
+def test_vmap_different_randomness_is_one_line():
+    model = _paper_model().train()
+
+    def loss(p, x):
+        return functional_call(model, p, (x[None],)).sum()
+
+    xs = torch.randn(2, 3, 16, 16, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="one seed a step.*randomness='same'") as e:
+        vmap(grad(loss), in_dims=(None, 0), randomness="different")(_params(model), xs)
+    assert "\n" not in str(e.value)
+    model.eval()  # no dropout: any randomness
+    vmap(grad(loss), in_dims=(None, 0), randomness="different")(_params(model), xs)
+
+
+@pytest.mark.parametrize("backend", [None, *plan.BACKENDS])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_every_table_picks_its_plain_path_in_a_transform(backend, device):
+    layer = MultiHeadSelfAttention2d(4, 4, 2, positional="quadratic")
+    for content in (True, False):
+        term = layer.positional_encoding.term(4, 4, content=content)
+        case = plan.Case(term, content, backend, device, t=16, p_drop=0.1, transformed=True)
+        assert plan.choose(case) == "reference"
+        assert "torch.func transform" in plan.explain(case).splitlines()[-1]
+    local_backend = backend if backend in plan.LOCAL_BACKENDS else None
+    local = plan.LocalCase(local_backend, device, t=16, transformed=True)
+    assert plan.choose(local, plan.LOCAL_TABLE) == "reference"
+    dropout = plan.DropoutCase(device, module=False, transformed=True)
+    assert plan.choose(dropout, plan.DROPOUT_TABLE) == "reference"
