@@ -1,6 +1,7 @@
-"""torch.func transforms (grad, vmap, jacrev, jvp, hessian) through every public layer and the
-paper models: inside a transform every kernel table picks its plain path (plan.py), so per-sample
-gradients, Jacobians and Hessians equal ordinary autograd on the fast paths, in float64.
+"""torch.func transforms (grad, vmap, jacrev, jvp, hessian) and forward-mode AD through every
+public layer and the paper models: inside a transform every kernel table picks its plain path
+(plan.py), so per-sample gradients, Jacobians, Jacobian-vector products and Hessians equal
+ordinary autograd on the fast paths, in float64.
 
 Before this, every content layer, SASA's window attention and the attention stem raised torch's
 "In order to use an autograd.Function with functorch transforms ..." (the fused kernels'
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -74,8 +76,12 @@ def test_jacrev_and_jvp_equal_autograd(name, layer, x):
     want = torch.autograd.functional.jacobian(layer, x)  # ordinary autograd, the fast path
     torch.testing.assert_close(jacrev(layer)(x), want, rtol=1e-10, atol=1e-12)
     t = torch.randn_like(x)
+    jt_want = want.flatten(x.dim()) @ t.flatten()
     _, jt = jvp(layer, (x,), (t,))
-    torch.testing.assert_close(jt, (want.flatten(x.dim()) @ t.flatten()), rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(jt, jt_want, rtol=1e-9, atol=1e-11)
+    with fwAD.dual_level():  # forward-mode AD without torch.func: dual tensors
+        y = layer(fwAD.make_dual(x, t))
+        torch.testing.assert_close(fwAD.unpack_dual(y).tangent, jt_want, rtol=1e-9, atol=1e-11)
 
 
 @pytest.mark.parametrize(

@@ -57,7 +57,7 @@ def hash_dropout(
     None; counters from ``offset``). The fused kernel on CPU when it built, the plain equations
     otherwise."""
     kernel = plan.choose(
-        plan.DropoutCase(x.device.type, transformed=plan.func_transforms_active()),
+        plan.DropoutCase(x.device.type, transformed=plan.transforms_active()),
         plan.DROPOUT_TABLE,
     )
     return _dropout(x, p, training, seed, offset, kernel)
@@ -88,7 +88,7 @@ class HashDropout(nn.Dropout):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         kernel = plan.choose(
-            plan.DropoutCase(x.device.type, True, plan.func_transforms_active()), plan.DROPOUT_TABLE
+            plan.DropoutCase(x.device.type, True, plan.transforms_active()), plan.DROPOUT_TABLE
         )
         if kernel == "torch":  # see the module docstring
             return F.dropout(x, self.p, self.training)

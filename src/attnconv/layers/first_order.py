@@ -8,8 +8,8 @@ raises :class:`HigherOrderGradError` naming the fix (``impl="reference"``, the p
 differentiable any number of times).
 
 Our kernels' autograd Functions are also not transform-aware (``torch.func``'s grad, vmap, jacrev
-need every Function written for them): :func:`func_transforms_active` tells the plan (kernels/
-plan.py) and the attention function to run the plain equations inside a transform.
+need every Function written for them, forward-mode AD a ``jvp``): :func:`transforms_active`
+tells the plan (kernels/plan.py) and the attention function to run the plain equations then.
 """
 
 from __future__ import annotations
@@ -40,11 +40,14 @@ class _FirstOrderOnly(torch.autograd.Function):
         return (None, *grads)
 
 
-def func_transforms_active() -> bool:
-    """A ``torch.func`` transform (grad, vmap, jacrev, jvp, functionalize) wraps this call: the
-    condition under which torch refuses an autograd Function without ``setup_context``."""
+def transforms_active() -> bool:
+    """A ``torch.func`` transform (grad, vmap, jacrev, jvp, functionalize) wraps this call, the
+    condition under which torch refuses an autograd Function without ``setup_context``, or a
+    forward-mode AD level is open (``torch.autograd.forward_ad.dual_level``: our Functions have
+    no ``jvp``)."""
     active = getattr(torch._C, "_are_functorch_transforms_active", None)
-    return bool(active and active())
+    dual_level = getattr(torch.autograd.forward_ad, "_current_level", -1)
+    return bool(active and active()) or dual_level >= 0
 
 
 def first_order_only(what: str, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -53,7 +56,7 @@ def first_order_only(what: str, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
     tracing = torch.compiler.is_compiling() or torch.compiler.is_exporting()
     if (
         tracing
-        or func_transforms_active()
+        or transforms_active()
         or not torch.is_grad_enabled()
         or not any(x.requires_grad for x in xs)
     ):

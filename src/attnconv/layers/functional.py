@@ -18,7 +18,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .first_order import first_order_only, func_transforms_active
+from .first_order import first_order_only, transforms_active
 from .precision import softmax_f32
 
 IMPLS = ("auto", "reference")
@@ -115,7 +115,7 @@ def dropout_seed() -> int:
     try:
         return int(seed)
     except RuntimeError:  # vmap(randomness="different") drew one seed per sample
-        if not func_transforms_active():
+        if not transforms_active():
             raise
     raise RuntimeError(
         "attnconv: the counter-hash dropout draws one seed a step, not one per vmapped sample: "
@@ -253,7 +253,7 @@ def scaled_dot_product_attention(
     dk, dv = q.shape[-1], v.shape[-1]
     scale = (1.0 / math.sqrt(dk) if dk > 0 else 1.0) if scale is None else scale
 
-    if impl == "reference" or return_attention or dk == 0 or func_transforms_active():
+    if impl == "reference" or return_attention or dk == 0 or transforms_active():
         probs = attention_probs(q, k, bias=bias, mask=mask, causal=causal, scale=scale)
         p = F.dropout(probs, dropout_p) if dropout_p > 0 else probs
         y = p @ v  # (B, nh, Tq, dv)

@@ -197,7 +197,7 @@ class LocalSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
             plan.tracing(),
             dtype,
             t,
-            plan.func_transforms_active(),
+            plan.transforms_active(),
         )
         return (plan.explain if why else plan.choose)(case, plan.LOCAL_TABLE)
 

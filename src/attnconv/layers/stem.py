@@ -144,7 +144,7 @@ class AttentionStem2d(NotScriptable, BackendKnob, nn.Module):
             self.padding,
             return_attention,
             plan.tracing(),
-            transformed=plan.func_transforms_active(),
+            transformed=plan.transforms_active(),
         )
         kernel = plan.choose(case, plan.LOCAL_TABLE)
         return "window" if kernel == "flex" else kernel

@@ -9,7 +9,7 @@ wins (``choose``; ``explain`` says why each earlier row was passed over):
 
 A layer's ``backend`` argument overrides the choice ("reference": the plain equations). Inside a
 ``torch.func`` transform (grad, vmap, jacrev) every table picks its plain path: the other kernels'
-autograd Functions are not transform-aware (first_order.func_transforms_active).
+autograd Functions are not transform-aware (first_order.transforms_active).
 
 TABLE:
 
@@ -45,7 +45,7 @@ from typing import NamedTuple
 import torch
 
 from ..encodings.terms import AxisTerm, GaussianTerm, ShiftTerm, Term
-from ..first_order import func_transforms_active
+from ..first_order import transforms_active
 from ..precision import autocast_dtype
 from . import fused
 
@@ -296,7 +296,7 @@ def for_layer(
         x.shape[-2] * x.shape[-1],
         traced,
         autocast_dtype(device, x.dtype),
-        func_transforms_active(),
+        transforms_active(),
     )
     return explain(case) if why else choose(case)
 
