@@ -57,16 +57,10 @@ SHARED_BIAS_MAX_T = 64 * 64  # (Nh, T, T) float32 bias in inference: 64 MiB per 
 BLOCKED_MIN_T = 16 * 16  # smaller images: the blocked kernel's Python loop costs its gain
 FUSED_INFERENCE_MAX_T = 16 * 16  # inference: fused beats blocked at 16^2, not from 32^2
 # (docs/benchmarks.md, benchmarks/results/fused_inference.md)
-# On CUDA the content rows fall to flex (fold with dropout). The one GPU run of them (an H100,
-# benchmarks/results/cuda_layers_content.md; 32x32 and 64x64, 12 training and 12 inference
-# cases; benchmarks/results/gpu_goals.md reads it): Flex led dense SDPA + bias in 8 of 12
-# inference cases but trailed it in 7 of 12 training ones (quadratic 0.22-0.71x, learned
-# relative 0.60-4.09x). With learned-relative logits (read by the query, no Gaussian) the fold
-# (FlashAttention over q, k widened by the row and column logits) took 0.19-0.40 of Flex's time
-# in bf16 (6 of 6 cases, training and inference) and 0.30-0.86 in fp32 at 32x32 (4 of 4), but
-# 1.42-1.48x at 64x64 in fp32: there the fold runs (FOLD_CUDA_FP32_MAX_T), using 1.25-2.3x Flex's
-# training memory. Quadratic logits: Flex kept (the fold faster in 3 of 12 cases). The Triton
-# kernel's row stays opt-in until a GPU times it beside them (benchmarks/gpu_session.sh).
+# On CUDA the content rows fall to flex (fold with dropout), but to the fold for learned-relative
+# logits in bf16, and in fp32 up to FOLD_CUDA_FP32_MAX_T: where one H100 run measured it faster
+# than Flex (docs/benchmarks.md, benchmarks/results/cuda_layers_content.md and gpu_goals.md).
+# The Triton kernel's row stays opt-in until a GPU times it beside them (gpu_session.sh).
 FOLD_CUDA_FP32_MAX_T = 32 * 32
 
 
@@ -316,9 +310,9 @@ class LocalCase(NamedTuple):
     transformed: bool = False  # inside a torch.func transform
 
 
-# On an H100 (benchmarks/results/cuda_layers_local.md, k=7, batch 32) the window function beat
-# Flex in float32 at 56x56 (C=64: training 1.37x, inference 1.14x) and lost from 28x28 down
-# (C=128: 0.32x); bfloat16: Flex everywhere. Sizes between were not measured.
+# On CUDA the window function from this many pixels in float32, where one H100 run measured it
+# faster than Flex (docs/benchmarks.md; benchmarks/results/cuda_layers_local.md); sizes between
+# 28x28 and 56x56 were not measured.
 WINDOW_CUDA_MIN_T = 56 * 56
 
 
