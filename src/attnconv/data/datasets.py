@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from .cifar import ARCHIVES, download, find_cifar, read_cifar
-from .folder import read_image_folder
+from .folder import folder_files, read_image_folder
 
 SAMPLE_PATH = Path(__file__).resolve().parent / "sample" / "cifar10_sample.zip"
 CACHE_VERSION = 1
@@ -137,9 +137,27 @@ def resolve(spec: str, *, root: str | Path | None = None, download_ok: bool = Fa
     return path
 
 
+def _content_key(path: Path, split: str) -> str:
+    """What the cache's key reads of the data: a file's size and mtime; a folder's every file
+    (its name, size and mtime), since adding, replacing or moving an image inside it changes
+    neither the folder's own size nor its mtime."""
+    if not path.is_dir():
+        st = path.stat()
+        return f"{st.st_size}|{st.st_mtime_ns}"
+    if _kind(path) == "folder":
+        names = folder_files(path, split)
+    else:  # an extracted official CIFAR folder: its batch files
+        names = sorted(e.name for e in os.scandir(path) if e.is_file())
+    digest = hashlib.sha256()
+    for name in names:
+        st = (path / name).stat()
+        digest.update(f"{name}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
 def _cache_file(path: Path, split: str, max_per_class: int | None, cache_dir: Path) -> Path:
-    st = path.stat()
-    key = f"{CACHE_VERSION}|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{split}|{max_per_class}"
+    content = _content_key(path, split)
+    key = f"{CACHE_VERSION}|{path.resolve()}|{content}|{split}|{max_per_class}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:20]
     return cache_dir / "decoded" / f"{path.name}-{split}-{digest}.npz"
 

@@ -14,6 +14,7 @@ import io
 import logging
 import os
 import zipfile
+import zlib
 from pathlib import Path, PurePosixPath
 
 import numpy as np
@@ -70,6 +71,19 @@ def _walk(path: Path, split: str) -> list[str]:
     return names
 
 
+def _is_image_name(name: str) -> bool:
+    """An image file's name, not macOS Finder's metadata (``__MACOSX/``, ``._*`` files)."""
+    p = PurePosixPath(name)
+    apple = "__MACOSX" in p.parts or p.name.startswith("._")
+    return p.suffix.lower() in IMAGE_EXTS and not apple
+
+
+def folder_files(path: Path, split: str) -> list[str]:
+    """Every ``split/class/file`` name of a dataset folder, sorted (what its classes and split
+    are read from)."""
+    return sorted(_walk(path, split))
+
+
 class _Tree:
     """File names (posix, relative) of a folder or zip, and a way to read them."""
 
@@ -88,7 +102,7 @@ class _Tree:
                 raise ValueError(f"{path}: not a readable zip archive ({e})") from None
         else:
             raise FileNotFoundError(f"{path}: no such dataset folder or zip")
-        self.names = [n for n in self.names if PurePosixPath(n).suffix.lower() in IMAGE_EXTS]
+        self.names = [n for n in self.names if _is_image_name(n)]
         # allow one common top-level folder (e.g. cifar10/train/cat/0001.jpg)
         parts = [PurePosixPath(n).parts for n in self.names]
         if parts and all(len(p) == 4 for p in parts) and len({p[0] for p in parts}) == 1:
@@ -116,7 +130,16 @@ class _Tree:
             if self.zip is not None:
                 return self.zip.read(full)
             return (self.path / full).read_bytes()
-        except (zipfile.BadZipFile, OSError, KeyError) as e:
+        # RuntimeError: an encrypted member; NotImplementedError: an unsupported compression
+        except (
+            zipfile.BadZipFile,
+            OSError,
+            KeyError,
+            RuntimeError,
+            NotImplementedError,
+            zlib.error,
+            EOFError,
+        ) as e:
             raise ValueError(f"{self.path}: cannot read {full!r} ({e})") from None
 
 
