@@ -3,6 +3,7 @@ batch, and a distributed run stopped mid-epoch and resumed under torchrun still 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -22,6 +23,19 @@ from torchrun_helpers import run_torchrun
 def _weights(run: Path) -> dict[str, torch.Tensor]:
     ck = run / "checkpoints"
     return load_file(ck / (ck / LATEST).read_text().strip() / "model.safetensors")
+
+
+def _rows(run: Path) -> list[list[float | str]]:
+    """metrics.csv's rows without the timing columns: kind, epoch, step, lr, loss, acc."""
+    rows = [r.split(",")[:6] for r in (run / "metrics.csv").read_text().splitlines()[1:]]
+    return [[r[0], *map(float, r[1:])] for r in rows]
+
+
+def _assert_same_rows(run: Path, single: Path) -> None:
+    got, want = _rows(run), _rows(single)
+    assert [r[:3] for r in got] == [r[:3] for r in want]
+    for a, b in zip(got, want):
+        assert a[3:] == pytest.approx(b[3:], rel=0, abs=2e-6), (a, b)
 
 
 def _torchrun(cfg: Path, out: Path, *extra: str, cache: Path) -> subprocess.CompletedProcess:
@@ -74,8 +88,7 @@ def test_torchrun_two_processes_match_one(setup):
     for k in single:
         torch.testing.assert_close(ddp[k], single[k], rtol=0, atol=1e-5)
     # rank 0 alone wrote the logs: one metrics row per logged step
-    rows = (tmp / "ddp" / "metrics.csv").read_text().splitlines()
-    assert len(rows) == len((tmp / "single" / "metrics.csv").read_text().splitlines())
+    _assert_same_rows(tmp / "ddp", tmp / "single")
 
 
 @pytest.mark.slow
@@ -90,6 +103,37 @@ def test_torchrun_stop_mid_epoch_and_resume_match_one(setup):
     resumed = _weights(out)
     for k in single:
         torch.testing.assert_close(resumed[k], single[k], rtol=0, atol=1e-5)
+    # stopped mid log window (steps 5 of 4..6): the window's sums over both ranks were saved,
+    # restored once (rank 0's alone, restored on every rank, counted it twice)
+    _assert_same_rows(out, tmp / "single")
+
+
+@pytest.mark.slow
+def test_torchrun_batchnorm_logged_evaluation_is_the_saved_models(setup):
+    """BatchNorm under torchrun: each rank normalizes its slice and updates its own running
+    statistics; the sharded evaluation read each rank's (the logged loss was not the saved
+    model's). Now every rank evaluates rank 0's, which the checkpoint holds."""
+    cfg, tmp, _ = setup
+    out = tmp / "ddp_bn"
+    bn = ("--set", "model.kwargs={width: 16, norm: batch}", "--set", "train.epochs=1")
+    r = _torchrun(cfg, out, *bn, cache=tmp / "cache")
+    assert r.returncode == 0, r.stderr[-3000:]
+    logged = [row for row in _rows(out) if row[0] == "eval"][-1][4]
+    env = {**os.environ, "ATTNCONV_CACHE": str(tmp / "cache")}
+    args = [
+        sys.executable,
+        "-m",
+        "attnconv.cli",
+        "-q",
+        "eval",
+        str(out),
+        "--json",
+        "--max-per-class",
+        "3",
+    ]
+    ev = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    assert ev.returncode == 0, ev.stderr[-2000:]
+    assert json.loads(ev.stdout)["loss"] == pytest.approx(logged, rel=0, abs=2e-6)
 
 
 @pytest.mark.slow

@@ -172,14 +172,14 @@ def test_run_folders_follow_the_umask(cifar_zip, tmp_path):
         assert stat.S_IMODE(f.stat().st_mode) == 0o755, (f, oct(f.stat().st_mode))
 
 
+SA_TINY = {"downsample": 2, "hidden_size": 16, "num_layers": 1, "num_heads": 4}
+
+
 def test_an_interrupted_evaluation_mid_run_is_redone_on_resume(cifar_zip, tmp_path, monkeypatch):
     """SIGINT during an epoch's evaluation before the last, then --resume: that evaluation's
     row and centres line are written as an uninterrupted run writes them (the resumed run went
     straight on to the next epoch, and both were lost), and the weights end equal."""
-    model = {
-        "name": "sa_quadratic",
-        "kwargs": {"downsample": 2, "hidden_size": 16, "num_layers": 1, "num_heads": 4},
-    }
+    model = {"name": "sa_quadratic", "kwargs": SA_TINY}
     train = {"epochs": 3, "checkpoint_every": 0}
     full = small(cifar_zip, tmp_path / "full", model=model, train=train)
     Trainer(config_from_dict(full)).fit()
@@ -202,9 +202,8 @@ def test_an_interrupted_evaluation_mid_run_is_redone_on_resume(cifar_zip, tmp_pa
     again.fit()
 
     def logs(run):
-        rows = [
-            (r["kind"], r["epoch"], r["step"]) for r in csv.DictReader(open(run / "metrics.csv"))
-        ]
+        keys = ("kind", "epoch", "step", "lr", "loss", "acc")  # the redone row's lr too
+        rows = [tuple(r[k] for k in keys) for r in csv.DictReader(open(run / "metrics.csv"))]
         centres = [json.loads(line)["epoch"] for line in open(run / "centers.jsonl")]
         return rows, centres
 
@@ -229,3 +228,32 @@ def test_a_failed_start_leaves_nothing_to_resume(cifar_zip, tmp_path):
     assert not (tmp_path / "five" / "config.yaml").exists()
     with pytest.raises(FileNotFoundError, match="--resume: no checkpoint"):
         Trainer(config_from_dict(d), resume=True)
+
+
+@pytest.mark.parametrize("eval_every", [1, 2])
+def test_time_limit_reached_at_an_epoch_end_logs_no_phantom_epoch(
+    cifar_zip, tmp_path, monkeypatch, eval_every
+):
+    """The limit passes during epoch 1's end (its evaluation, or its checkpoint): epoch 2 trains
+    no step, so nothing is logged for it (a second evaluation, centres line and checkpoint
+    labelled epoch 2 at the same step were); the evaluation epoch 1's end skipped, when not
+    due, is done once, labelled epoch 1."""
+    model = {"name": "sa_quadratic", "kwargs": SA_TINY}
+    train = {"eval_every": eval_every, "time_limit": 3600}
+    d = small(cifar_zip, tmp_path / "run", model=model, train=train)
+    end_epoch = Trainer._end_epoch
+
+    def then_out_of_time(self, epoch):
+        end_epoch(self, epoch)
+        self.t_start -= 2 * self.cfg.train.time_limit  # the limit passed during this end
+
+    monkeypatch.setattr(Trainer, "_end_epoch", then_out_of_time)
+    trainer = Trainer(config_from_dict(d))
+    last = trainer.fit()
+    steps = len(trainer.loader)
+    rows = list(csv.DictReader(open(tmp_path / "run" / "metrics.csv")))
+    evals = [(r["epoch"], r["step"]) for r in rows if r["kind"] == "eval"]
+    assert evals == [("1", str(steps))]
+    centres = [json.loads(line)["epoch"] for line in open(tmp_path / "run" / "centers.jsonl")]
+    assert centres == [0, 1]
+    assert last["epoch"] == 1 and last["step"] == steps

@@ -108,3 +108,15 @@ def test_numbers_without_a_dot_are_numbers(tmp_path):
     assert (cfg.optim.lr, cfg.optim.weight_decay, cfg.schedule.min_lr) == (1e-3, 5e-4, 5e-5)
     with pytest.raises(TypeError, match="'optim.lr' must be a number, got '1e-3x'"):
         load_config(f, ["optim.lr=1e-3x"])
+
+
+def test_no_decay_takes_full_names_and_dotted_parts_and_refuses_what_names_nothing():
+    """A full name as named_parameters() prints it excluded nothing before (entries matched one
+    dotted component only), and a typo was silently ignored: weight decay stayed on."""
+    m = nn.Sequential(nn.Conv2d(3, 4, 3), _Quadratic())
+    assert "1.proj.weight" in no_decay_names(m, ["1.proj.weight"])
+    assert "1.proj.weight" in no_decay_names(m, ["proj.weight"])
+    assert "0.weight" not in no_decay_names(m, ["proj.weight"])
+    assert "1.proj.weight" in no_decay_names(m, ["1"])  # a module's prefix: all its parameters
+    with pytest.raises(ValueError, match=r"optim.no_decay: 'cetners' names no parameter"):
+        no_decay_names(m, ["centers", "cetners"])

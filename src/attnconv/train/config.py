@@ -84,8 +84,9 @@ class OptimConfig:
     betas: list = checked([0.9, 0.999], ListOf(float, FRACTION, length=2))
     eps: float = checked(1e-8, Range(0, 1, lo_open=True))
     weight_decay: float = checked(1e-4, Range(0, 1e6))
-    # parameter names without weight decay (the Gaussian centres and spreads never are: their
-    # modules declare them)
+    # parameters without weight decay: names as named_parameters() prints them, or dotted parts
+    # ("rel_row"); one naming nothing is an error (the Gaussian centres and spreads never are:
+    # their modules declare them)
     no_decay: list = checked([], ListOf(str))
     decay_1d: bool = False  # decay norms and biases too (the reference code does)
 

@@ -92,6 +92,16 @@ def wrap(model: nn.Module, info: DistInfo) -> nn.Module:
 _held: list[nn.Module] = []  # every DDP wrapper of this process, never freed (wrap)
 
 
+def sync_buffers(model: nn.Module, info: DistInfo) -> None:
+    """Rank 0's buffers (BatchNorm's running statistics) on every rank. DDP broadcasts them
+    before each training forward, and each rank's forward then updates its own from its slice:
+    an evaluation sharded over the ranks would read each rank's, the checkpoint saves rank 0's."""
+    if not info.enabled:
+        return
+    for b in model.buffers():
+        dist.broadcast(b, 0)
+
+
 def all_reduce_sum(values: list[float], info: DistInfo) -> list[float]:
     """Sum a few numbers over the ranks (float64)."""
     if not info.enabled:

@@ -182,7 +182,8 @@ class Trainer:
         meta = restore(self.ckdir, self.cfg, self.model, self.opt, self.model_kwargs, sums)
         self.step = meta["state"]["step"]
         self.evaluated = meta["state"].get("evaluated", self.step)  # older checkpoints: not said
-        self.sums.update(meta["state"]["sums"])
+        if self.info.is_main:  # the sums over every rank (save); the others start from zero
+            self.sums.update(meta["state"]["sums"])
         self.win_before = self.sums["win_n"]  # timed by the sitting that trained them
         if self._end_was_cut():  # a signal stopped the evaluation that ends an epoch
             which = "final" if self.step >= self.total else f"step {self.step}'s"
@@ -208,11 +209,12 @@ class Trainer:
                 f"non-finite weights ({', '.join(bad[:2]) or 'on another rank'}) after step "
                 f"{self.step}; training stopped without saving them; {last_good(self.ckdir)}"
             )
+        sums = dict(zip(SUMS, D.all_reduce_sum([self.sums[k] for k in SUMS], self.info)))
         if self.info.is_main:
             state = {
                 "step": self.step,
                 "epoch": self.step // len(self.loader),
-                "sums": self.sums,
+                "sums": sums,
                 "total_steps": self.total,
                 "evaluated": self.evaluated,
             }
@@ -279,7 +281,10 @@ class Trainer:
         if self.step == 0:
             self.mon.centers(self.model, 0, 0)
         self.net.train()
-        self.last, self.lr, self.out_of_time = {}, self.cfg.optim.lr, False
+        # the rate of the last step taken, which a redone evaluation logs (the base rate at 0)
+        cfg, spe = self.cfg, len(self.loader)
+        self.lr = lr_at(max(self.step - 1, 0), cfg.optim.lr, cfg.schedule, self.total, spe)
+        self.last, self.out_of_time = {}, False
         with stop_signals(self._on_signal):
             self.t0 = self.t_start = time.time()
             if self._end_was_cut():  # resumed: its evaluation, centres line and checkpoint
@@ -313,6 +318,10 @@ class Trainer:
                 self._log_window(epoch)
             if t.checkpoint_every and self.step % t.checkpoint_every == 0 and not end_of_epoch:
                 self.save()
+        if self.step == epoch * steps > 0:  # out of time before this epoch's first step: the
+            if self.evaluated < self.step:  # last one's end saved; its evaluation if not due
+                self._evaluate(epoch - 1)
+            return
         self._end_epoch(epoch)
 
     def _end_epoch(self, epoch: int) -> None:
@@ -373,6 +382,7 @@ class Trainer:
     def _evaluate(self, epoch: int) -> None:
         """Evaluate, log the row, keep the metrics ``fit`` returns; a signal during evaluation
         stops now, not at its end."""
+        D.sync_buffers(self.model, self.info)  # every rank evaluates the weights saved
         res = evaluate(
             self.model,
             self.eval_loader,

@@ -2,7 +2,8 @@
 
 Never decayed: the parameters a module lists in its ``no_weight_decay`` attribute (the Gaussian
 heads' centres Delta and spreads / precision factors: Cordonnier et al. 2020, sec. 4, "no weight
-decay on Delta and alpha", as the reference code does), plus the names in ``optim.no_decay``.
+decay on Delta and alpha", as the reference code does), plus the names in ``optim.no_decay`` (a
+parameter's name or a dotted part of names; one that names no parameter is an error).
 Norms and biases (parameters with <= 1 dimension) are exempt unless ``optim.decay_1d`` (the
 reference code decays them). The learning rate is a pure function of the global step (or, with
 ``schedule.per_epoch``, of its epoch), so resuming at step s continues the schedule exactly.
@@ -34,11 +35,18 @@ def param_groups(
     norms and biases unless ``decay_1d``)."""
     decay, plain = [], []
     fixed = never_decayed(model)
+    names = [name for name, _ in model.named_parameters()]
+    unmatched = [e for e in no_decay if not any(_names(e, name) for name in names)]
+    if unmatched:
+        raise ValueError(
+            f"optim.no_decay: {', '.join(map(repr, unmatched))} names no parameter of the model "
+            "(a name as model.named_parameters() prints it, or a dotted part, e.g. 'rel_row')"
+        )
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        parts = name.split(".")
-        if id(p) in fixed or (p.ndim <= 1 and not decay_1d) or any(n in parts for n in no_decay):
+        named = any(_names(e, name) for e in no_decay)
+        if id(p) in fixed or (p.ndim <= 1 and not decay_1d) or named:
             plain.append(p)
         else:
             decay.append(p)
@@ -46,6 +54,12 @@ def param_groups(
         {"params": decay, "weight_decay": weight_decay},
         {"params": plain, "weight_decay": 0.0},
     ]
+
+
+def _names(entry: str, name: str) -> bool:
+    """``entry`` is ``name`` or a dotted part of it ("rel_row", "tables.rel_row", "layers.0")."""
+    e, parts = entry.split("."), name.split(".")
+    return any(parts[i : i + len(e)] == e for i in range(len(parts) - len(e) + 1))
 
 
 def no_decay_names(model: nn.Module, no_decay: list[str], decay_1d: bool = False) -> list[str]:
