@@ -119,7 +119,8 @@ def test_foreign_shapes_or_dtypes(saved, tmp_path):
     _edit_meta(path, model_kwargs={"num_classes": 10, "width": 12})  # same names, other shapes
     with pytest.raises(CheckpointError, match="foreign checkpoint.*shape/dtype conv1.weight"):
         load_model(path)
-    half = create_model("tiny_cnn", num_classes=10, width=8).to(torch.float64)
+    half = create_model("tiny_cnn", num_classes=10, width=8)
+    half.conv1.to(torch.float64)  # mixed dtypes (a model all in one dtype loads in it)
     p2 = save_checkpoint(tmp_path / "f64", half, "tiny_cnn", {"num_classes": 10, "width": 8})
     with pytest.raises(CheckpointError, match="torch.float64 vs .*torch.float32"):
         load_model(p2)

@@ -29,7 +29,9 @@ class MultiHeadAttention(NotScriptable, nn.Module):
         kdim: width of the key input (default embed_dim), for cross-attention.
         vdim: width of the value input (default kdim).
         dropout: dropout on the attention probabilities (training only).
-        bias: biases of the four projections.
+        bias: biases of the q, k, v projections (and of W^O unless ``out_bias`` says).
+        out_bias: bias of the output projection W^O (None: as ``bias``; timm's ViT keeps it
+            with qkv_bias=False).
         impl: "auto" (fused kernel) or "reference" (plain softmax(q k^T / sqrt(d_k)) v).
 
     ``forward(query, key=None, value=None, *, key_padding_mask=None, causal=False,
@@ -48,6 +50,7 @@ class MultiHeadAttention(NotScriptable, nn.Module):
         vdim: int | None = None,
         dropout: float = 0.0,
         bias: bool = True,
+        out_bias: bool | None = None,
         impl: str = "auto",
     ) -> None:
         super().__init__()
@@ -72,7 +75,8 @@ class MultiHeadAttention(NotScriptable, nn.Module):
         self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)  # W^Q of all heads
         self.k_proj = nn.Linear(self.kdim, embed_dim, bias=bias)  # W^K
         self.v_proj = nn.Linear(self.vdim, embed_dim, bias=bias)  # W^V
-        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)  # W^O
+        out_bias = bias if out_bias is None else out_bias
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=out_bias)  # W^O
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape

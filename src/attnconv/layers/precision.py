@@ -43,15 +43,28 @@ def upcast(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return tuple(t.float() for t in ts) if ts[0].dtype in LOW else ts
 
 
+def autocast_known(device_type: str) -> bool:
+    """Whether autocast knows ``device_type`` (not ``meta``: shape inference, FLOP counting)."""
+    known = getattr(torch.amp, "is_autocast_available", None)  # torch >= 2.4 (older: a list)
+    return known(device_type) if known else device_type in ("cpu", "cuda", "xpu", "mps", "hpu")
+
+
+def autocast_on(device_type: str) -> bool:
+    """Autocast enabled on ``device_type``; False on a device autocast does not know, where
+    asking would raise."""
+    return autocast_known(device_type) and torch.is_autocast_enabled(device_type)
+
+
 def autocast_dtype(device_type: str, default: torch.dtype) -> torch.dtype:
     """The dtype a matmul (``F.linear``, a conv) computes in on ``device_type``: autocast's when
     it is on, ``default`` otherwise (kernels that sum in float32 return in this dtype)."""
-    on = torch.is_autocast_enabled(device_type)
-    return torch.get_autocast_dtype(device_type) if on else default
+    return torch.get_autocast_dtype(device_type) if autocast_on(device_type) else default
 
 
 def no_autocast(device_type: str, off: bool = True):
-    """Autocast disabled on ``device_type`` (when ``off``): the kernel's own dtypes hold."""
+    """Autocast disabled on ``device_type`` (when ``off``): the kernel's own dtypes hold. A
+    device autocast does not know has it off already."""
+    off = off and autocast_known(device_type)
     return torch.autocast(device_type, enabled=False) if off else nullcontext()
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import re
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from attnconv.layers.encodings.upgrade import upgrade_state_dict
 from attnconv.memory import memory_bytes
 from attnconv.models import create_model, list_models
 from attnconv.models.budget import construction_budget
+from attnconv.models.vit import VisionTransformer
 
 from .checkpoint_meta import MetaError, check_meta, parse_meta
 
@@ -257,15 +259,28 @@ def _read_checkpoint(path: str | Path, with_state: bool) -> tuple[dict, dict, di
     return meta, out[0], out[1]
 
 
+def _resampled(model: nn.Module, key: str, w: torch.Tensor, own: torch.Tensor) -> bool:
+    """A ViT's learned position embeddings of another square grid: loading resamples them
+    (``VisionTransformer._load_from_state_dict``), as ``img_size=`` asks."""
+    if key != "pos_embed" or not isinstance(model, VisionTransformer) or w.dim() != 3:
+        return False
+    n = w.shape[1] - model.num_prefix_tokens
+    square = n > 0 and math.isqrt(n) ** 2 == n
+    return square and (w.shape[0], w.shape[2], w.dtype) == (own.shape[0], own.shape[2], own.dtype)
+
+
 def check_fits(model: nn.Module, weights: dict[str, torch.Tensor], where: str, name: str) -> None:
-    """Names, shapes and dtypes of ``weights`` must match ``model`` exactly."""
+    """Names, shapes and dtypes of ``weights`` must match ``model`` exactly (a ViT's
+    ``pos_embed`` may be of another grid: it is resampled)."""
     own = {k: v for k, v in model.state_dict().items()}
     missing = sorted(set(own) - set(weights))
     unexpected = sorted(set(weights) - set(own))
     wrong = [
         f"{k} {tuple(weights[k].shape)}/{weights[k].dtype} vs {tuple(v.shape)}/{v.dtype}"
         for k, v in own.items()
-        if k in weights and (weights[k].shape != v.shape or weights[k].dtype != v.dtype)
+        if k in weights
+        and (weights[k].shape != v.shape or weights[k].dtype != v.dtype)
+        and not _resampled(model, k, weights[k], v)
     ]
     if missing or unexpected or wrong:
         parts = []
@@ -281,10 +296,25 @@ def check_fits(model: nn.Module, weights: dict[str, torch.Tensor], where: str, n
         )
 
 
-def _build(meta: dict, overrides: dict, on_meta: bool, max_bytes: int | None = None) -> nn.Module:
-    """The model ``meta`` describes (converted if it was); ``on_meta``: shapes only, on the meta
-    device, and never converted (the conversion reads weight values), its parameters and
-    modules counted as they are registered and refused past ``max_bytes`` (models/budget.py)."""
+def stored_dtype(weights: dict[str, torch.Tensor]) -> torch.dtype | None:
+    """The one floating dtype of all floating ``weights`` (a model saved after ``.to(dtype)``),
+    None if they mix several or hold none."""
+    dtypes = {t.dtype for t in weights.values() if t.is_floating_point()}
+    return dtypes.pop() if len(dtypes) == 1 else None
+
+
+def _build(
+    meta: dict,
+    overrides: dict,
+    on_meta: bool,
+    max_bytes: int | None = None,
+    dtype: torch.dtype | None = None,
+) -> nn.Module:
+    """The model ``meta`` describes (converted if it was), cast to ``dtype`` if given (the
+    weights'); ``on_meta``: shapes only, on the meta device, and never converted (the
+    conversion reads weight values), its parameters and modules counted as they are
+    registered and refused past ``max_bytes`` (models/budget.py). Any failure to build (a bad
+    model_kwargs value) is one CheckpointError."""
     name, where = meta["model"], meta["path"]
     budget = (
         construction_budget(max_bytes, f"its config ({name!r})")
@@ -303,17 +333,25 @@ def _build(meta: dict, overrides: dict, on_meta: bool, max_bytes: int | None = N
                 on_unsupported=conv.get("on_unsupported", "error"),
                 inplace=True,
             )
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{where}: foreign checkpoint: cannot build {name!r} ({e})") from None
+        if dtype is not None and dtype != torch.float32:
+            model = model.to(dtype)
+    except Exception as e:  # noqa: BLE001 - a crafted config fails anywhere in a constructor
+        msg = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise CheckpointError(
+            f"{where}: foreign checkpoint: cannot build {name!r} from its model_kwargs "
+            f"({type(e).__name__}: {msg})"
+        ) from None
     return model
 
 
-def _check_size(meta: dict, overrides: dict, weights: dict[str, torch.Tensor]) -> None:
+def _check_size(
+    meta: dict, overrides: dict, weights: dict[str, torch.Tensor], dtype: torch.dtype | None
+) -> None:
     """Before allocating: the model ``meta`` declares, built on the meta device, must fit the
     weight file (exactly; a converted model's base within 8x its size), so a crafted config
     (a huge width) is refused without allocating it."""
     have = sum(t.numel() * t.element_size() for t in weights.values())
-    probe = _build(meta, overrides, True, max_bytes=memory_bytes() // 2)
+    probe = _build(meta, overrides, True, max_bytes=memory_bytes() // 2, dtype=dtype)
     if not isinstance(meta.get("converted"), dict):
         return check_fits(probe, weights, meta["path"], meta["model"])
     need = sum(t.numel() * t.element_size() for t in probe.state_dict().values())
@@ -330,7 +368,9 @@ def load_model(
     """Rebuild the model a checkpoint was saved from and load its weights; returns (model, info).
 
     ``model_name``, if given, must match the stored one. ``overrides`` are extra
-    ``create_model`` arguments that don't change the weights (e.g. ``impl``).
+    ``create_model`` arguments that don't change the weights (e.g. ``impl``, or ``img_size``
+    for a ViT: its position embeddings are resampled); one given as None is the checkpoint's.
+    The model comes back in the weights' dtype (a bfloat16 checkpoint as a bfloat16 model).
 
     Args:
         path: anything ``find_checkpoint`` takes.
@@ -346,6 +386,7 @@ def load_model(
         CheckpointError: the checkpoint cannot be read, holds another or an unknown model, or
             its weights do not fit the model built.
     """
+    overrides = {k: v for k, v in overrides.items() if v is not None}  # None: the checkpoint's
     meta, weights, _ = read_checkpoint(path)
     where = meta["path"]
     name = meta.get("model")
@@ -359,9 +400,14 @@ def load_model(
         weights = upgrade_state_dict(weights)  # quadratic alpha -> spread (older checkpoints)
     except ValueError as e:
         raise CheckpointError(f"{where}: {e}") from None
-    _check_size(meta, overrides, weights)  # on the meta device, before allocating the model
-    model = _build(meta, overrides, False)
+    dtype = stored_dtype(weights)
+    _check_size(meta, overrides, weights, dtype)  # on the meta device, before allocating
+    model = _build(meta, overrides, False, dtype=dtype)
     check_fits(model, weights, where, name)
-    model.load_state_dict(weights, strict=True)
+    try:
+        model.load_state_dict(weights, strict=True)
+    except (RuntimeError, ValueError) as e:  # e.g. a pos_embed that cannot be resampled
+        msg = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise CheckpointError(f"{where}: foreign checkpoint: {msg}") from None
     model.eval()
     return model, meta

@@ -106,9 +106,10 @@ def load_pretrained(name: str, checkpoint: str | Path, **overrides) -> nn.Module
 
     Settings the checkpoint fixes (class / distillation token, pooling, LayerNorm eps, its
     image size, the resampling kernel of its library, its number of classes) are the
-    defaults; ``overrides`` win. ``img_size`` other than the checkpoint's resamples the
-    position embeddings as the source library does; another ``num_classes`` drops the
-    checkpoint's head (a warning says so); another patch size is refused.
+    defaults; ``overrides`` win (one given as None is the checkpoint's). ``img_size`` other
+    than the checkpoint's resamples the position embeddings as the source library does;
+    another ``num_classes`` drops the checkpoint's head (a warning says so); another patch
+    size is refused.
 
     Args:
         name: a registered model name (a ViT for timm / Hugging Face weights).
@@ -122,6 +123,7 @@ def load_pretrained(name: str, checkpoint: str | Path, **overrides) -> nn.Module
     Raises:
         WeightsError: another architecture, patch size or number of heads than ``name``.
     """
+    overrides = {k: v for k, v in overrides.items() if v is not None}  # None: the checkpoint's
     src = read_source(checkpoint)
     if src is None:
         return load_model(checkpoint, model_name=name, **overrides)[0]
@@ -152,7 +154,7 @@ def load_pretrained(name: str, checkpoint: str | Path, **overrides) -> nn.Module
             f"distillation token, {name} {'has' if cfg.dist_token else 'has none'}; use {hint}"
         )
     kwargs = {**src.settings, **overrides}
-    if overrides.get("num_classes") is None:
+    if "num_classes" not in overrides:
         kwargs["num_classes"] = src.num_classes or 1000
     model = create_model(name, **kwargs)
     cfg = model.cfg

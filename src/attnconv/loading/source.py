@@ -39,8 +39,8 @@ class Source:
 
 
 def add_zero_qkv_biases(state: dict[str, torch.Tensor]) -> None:
-    """qkv_bias=False weights: our attention has one bias switch for q/k/v and the output
-    projection, so the missing q/k/v biases are added as zeros (exactly the same function)."""
+    """qkv_bias=False weights: the missing q/k/v biases are added as zeros (exactly the same
+    function), so the model built keeps the default qkv_bias=True and loads either kind."""
     for k in [k for k in state if k.endswith("attn.q_proj.weight")]:
         for proj in ("q_proj", "k_proj", "v_proj"):
             w = state[k.replace("q_proj", proj)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Any, TypeVar
 
 import torch
@@ -10,15 +11,50 @@ import torch
 C = TypeVar("C")
 
 
+# a config field's annotation -> the values it takes (bool is no int nor float here)
+_KINDS = {"int": numbers.Integral, "float": numbers.Real, "bool": bool, "str": str}
+
+
+def check_option(model: str, name: str, kind: str, val: Any) -> None:
+    """ValueError unless ``val`` fits the field annotation ``kind`` ("float", "bool | None",
+    ...): a string eps or a "false" flag fails here, not later in a forward pass. Other
+    annotations (tuples, tensors) are the model's to check."""
+    base, _, rest = kind.partition(" | ")
+    want = _KINDS.get(base)
+    if want is None or (rest == "None" and val is None):
+        return
+    if not isinstance(val, want) or (want is not bool and isinstance(val, bool)):
+        none = " or None" if rest == "None" else ""
+        raise ValueError(
+            f"{model}: {name} must be {'an' if base == 'int' else 'a'} {base}{none}, got {val!r}"
+        )
+
+
 def build_config(cfg_cls: type[C], model: str, defaults: dict[str, Any], overrides: dict) -> C:
-    """``cfg_cls(**defaults | overrides)``; unknown overrides: ValueError listing known ones."""
-    names = [f.name for f in dataclasses.fields(cfg_cls)]
-    unknown = sorted(set(overrides) - set(names))
+    """``cfg_cls(**defaults | overrides)``; unknown overrides: ValueError listing known ones,
+    a value of another type than its field's: ValueError naming it."""
+    fields = {f.name: f.type for f in dataclasses.fields(cfg_cls)}
+    unknown = sorted(set(overrides) - set(fields))
     if unknown:
         raise ValueError(
-            f"{model}: unknown option(s) {', '.join(unknown)}; known: {', '.join(names)}"
+            f"{model}: unknown option(s) {', '.join(unknown)}; known: {', '.join(fields)}"
         )
-    return cfg_cls(**{**defaults, **overrides})
+    kwargs = {**defaults, **overrides}
+    for name, val in kwargs.items():
+        check_option(model, name, str(fields[name]), val)
+    return cfg_cls(**kwargs)
+
+
+def check_stages(model: str, widths, depths) -> None:
+    """Per-stage widths and block counts of a ResNet: equal-length lists of ints >= 1."""
+    for name, vals in (("widths", widths), ("depths", depths)):
+        ok = isinstance(vals, (list, tuple)) and len(vals) > 0
+        if not ok or any(
+            isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1 for v in vals
+        ):
+            raise ValueError(f"{model}: {name} must be a list of ints >= 1, got {vals!r}")
+    if len(widths) != len(depths):
+        raise ValueError(f"{model}: widths {widths} and depths {depths} must match in length")
 
 
 def check_images(

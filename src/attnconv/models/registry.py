@@ -50,8 +50,8 @@ def check_model_args(name: str, kwargs: dict) -> None:
         )
     for key, val in kwargs.items():
         if key in _SIZES and val is not None:
-            if not isinstance(val, int) or isinstance(val, bool) or val < 1:
-                raise ValueError(f"{name}: {key} must be a positive int, got {val!r}")
+            if not isinstance(val, int) or isinstance(val, bool) or not 1 <= val < 2**31:
+                raise ValueError(f"{name}: {key} must be a positive int (< 2**31), got {val!r}")
 
 
 def create_model(name: str, **kwargs) -> nn.Module:
@@ -60,7 +60,8 @@ def create_model(name: str, **kwargs) -> nn.Module:
     Args:
         name: a registered model (``list_models()``).
         **kwargs (Any): the model's options (e.g. ``num_classes``, sizes); an unknown name or
-            option is one ValueError naming the closest ones. Weights (``checkpoint=``) are
+            option is one ValueError naming the closest ones; a size given as None is the
+            model's default. Weights (``checkpoint=``) are
             loaded by ``attnconv.create_model`` (``attnconv.loading``).
 
     Returns:
@@ -72,6 +73,8 @@ def create_model(name: str, **kwargs) -> nn.Module:
             "attnconv.create_model(name, checkpoint=PATH)"
         )
     check_model_args(name, kwargs)
+    # a size of None is the model's default (tgt_vocab_size=None has its own meaning)
+    kwargs = {k: v for k, v in kwargs.items() if v is not None or k not in _DEFAULT_IF_NONE}
     return _MODELS[name](**kwargs)
 
 
@@ -101,3 +104,4 @@ _SIZES = {
     "src_vocab_size",
     "tgt_vocab_size",
 }
+_DEFAULT_IF_NONE = _SIZES - {"tgt_vocab_size"}

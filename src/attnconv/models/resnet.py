@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._common import build_config, check_images
+from ._common import build_config, check_images, check_stages
 from .registry import register_model
 
 __all__ = ["ResNetConfig", "ResNetCifar", "resnet18_cifar"]
@@ -62,8 +62,7 @@ class ResNetCifar(nn.Module):
 
     def __init__(self, cfg: ResNetConfig) -> None:
         super().__init__()
-        if len(cfg.widths) != len(cfg.depths) or not cfg.widths:
-            raise ValueError(f"widths {cfg.widths} and depths {cfg.depths} must match in length")
+        check_stages("resnet", cfg.widths, cfg.depths)  # a stage of 0 blocks: ValueError
         self.cfg = cfg
         self.conv1 = nn.Conv2d(cfg.in_chans, cfg.widths[0], 3, stride=1, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(cfg.widths[0])

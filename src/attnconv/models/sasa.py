@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from ..layers.attention_map import AttentionMap
 from ..layers.local import LocalSelfAttention2d, local_to_dense
 from ..layers.stem import AttentionStem2d
-from ._common import build_config, check_images
+from ._common import build_config, check_images, check_stages
 from .registry import register_model
 
 DEPTHS = {26: (1, 2, 4, 1), 38: (2, 3, 5, 2), 50: (3, 4, 6, 3)}
@@ -116,8 +116,7 @@ class SASAResNet(nn.Module):
         ):
             if val not in ok:
                 raise ValueError(f"{name} must be one of {ok}, got {val!r}")
-        if len(cfg.depths) != len(cfg.widths) or not cfg.depths:
-            raise ValueError(f"depths {cfg.depths} and widths {cfg.widths} must match in length")
+        check_stages("sasa_resnet", cfg.widths, cfg.depths)
         self.cfg = cfg
         c0 = cfg.widths[0]
         if cfg.stem == "attention":

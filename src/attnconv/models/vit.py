@@ -27,6 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..layers.attention_map import AttentionMap
+from ..layers.checks import finite_float
 from ..layers.encodings.sinusoidal import sinusoid_2d
 from ..layers.feedforward import FeedForward
 from ..layers.functional import check_impl
@@ -112,6 +113,13 @@ def resample_pos_embed(
     return torch.cat([prefix, grid], dim=1)
 
 
+def mlp_width(D: int, mlp_ratio: float) -> int:
+    """timm's int(D * mlp_ratio), except that a product a float rounding puts just below an
+    integer is that integer (a loader's ratio H / D gives back exactly H)."""
+    h = D * mlp_ratio
+    return round(h) if math.isclose(h, round(h), rel_tol=1e-9) else int(h)
+
+
 class Block(nn.Module):
     """Pre-LN Transformer encoder block (ViT eq. 2-3)."""
 
@@ -119,13 +127,18 @@ class Block(nn.Module):
         super().__init__()
         D = cfg.embed_dim
         self.norm1 = nn.LayerNorm(D, eps=cfg.norm_eps)
-        self.attn = MultiHeadAttention(
-            D, cfg.num_heads, dropout=cfg.attn_dropout, bias=cfg.qkv_bias, impl=cfg.impl
+        self.attn = MultiHeadAttention(  # qkv_bias: q, k, v only; W^O keeps its bias (timm)
+            D,
+            cfg.num_heads,
+            dropout=cfg.attn_dropout,
+            bias=cfg.qkv_bias,
+            out_bias=True,
+            impl=cfg.impl,
         )
         self.drop = nn.Dropout(cfg.dropout)
         self.norm2 = nn.LayerNorm(D, eps=cfg.norm_eps)
         self.mlp = FeedForward(
-            D, int(D * cfg.mlp_ratio), cfg.dropout, activation="gelu", out_dropout=True
+            D, mlp_width(D, cfg.mlp_ratio), cfg.dropout, activation="gelu", out_dropout=True
         )
 
     def forward(self, x: torch.Tensor, return_attention: bool = False):
@@ -168,6 +181,7 @@ class VisionTransformer(nn.Module):
         if cfg.dist_token and not (cfg.class_token and cfg.global_pool == "token"):
             raise ValueError("dist_token needs the class token and global_pool='token' (DeiT)")
         check_impl(cfg.impl)
+        finite_float("mlp_ratio", cfg.mlp_ratio, positive=True)
         self.cfg = cfg
         self.num_prefix_tokens = int(cfg.class_token) + int(cfg.dist_token)
         D, P = cfg.embed_dim, cfg.patch_size
@@ -205,7 +219,8 @@ class VisionTransformer(nn.Module):
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
-                nn.init.zeros_(m.bias)
+                if m.bias is not None:  # q, k, v with qkv_bias=False
+                    nn.init.zeros_(m.bias)
         w = self.patch_embed.weight
         nn.init.trunc_normal_(w, std=math.sqrt(1.0 / w[0].numel()))
         nn.init.zeros_(self.head.weight)

@@ -191,28 +191,39 @@ class QuadraticEncoding(GaussianEncoding):
 class GeneralizedQuadraticEncoding(GaussianEncoding):
     """Generalized eq. 9: logits_h = -1/2 (delta - Delta_h)^T Sigma_h^-1 (delta - Delta_h), with
     Sigma_h^-1 = A_h A_h^T positive semi-definite, A = ``spread`` (Nh, 2, 2), Sigma^-1/2 up to a
-    rotation, init I + N(0, 0.01^2) (the reference code's ``attention_spreads``, same product).
+    rotation, init sqrt(2 init_alpha) (I + N(0, 0.01^2)): the isotropic encoding's start
+    (Sigma^-1 = 2 alpha I), I + N(0, 0.01^2) at the default alpha 0.5 (the reference code's
+    ``attention_spreads``, same product).
     As a relative encoding, r_delta = (d1^2, d2^2, d1 d2, d1, d2): Dp = 5. Checkpoints of the
     former ``precision_factor`` L (Sigma^-1 = L^T L) load as A = L^T.
 
     Args:
         num_heads: Nh, one centre and one (2, 2) spread per head.
         init_centers_std: standard deviation of the centres' initial N(0, std^2 I), in pixels.
+        init_alpha: the initial precision as the isotropic encoding's alpha (Sigma^-1 = 2 alpha I).
         hard: not defined for this encoding (an error if True).
     """
 
     name = "quadratic_generalized"
 
-    def __init__(self, num_heads: int, *, init_centers_std: float = 2.0, hard: bool = False):
+    def __init__(
+        self,
+        num_heads: int,
+        *,
+        init_centers_std: float = 2.0,
+        init_alpha: float = 0.5,
+        hard: bool = False,
+    ):
         super().__init__()
         if hard:
             raise ValueError("hard=True is only defined for positional='quadratic'")
         init_centers_std = finite_float("init_centers_std", init_centers_std)
+        init_alpha = finite_float("init_alpha", init_alpha, positive=True)
         self.num_heads = num_heads
         self.centers = nn.Parameter(torch.randn(num_heads, 2) * init_centers_std)
-        self.spread = nn.Parameter(
-            torch.eye(2).repeat(num_heads, 1, 1) + 0.01 * torch.randn(num_heads, 2, 2)
-        )
+        s0 = (2.0 * init_alpha) ** 0.5  # A = s0 I: Sigma^-1 = 2 alpha I; 1.0 at alpha 0.5
+        A = torch.eye(2).repeat(num_heads, 1, 1) + 0.01 * torch.randn(num_heads, 2, 2)
+        self.spread = nn.Parameter(s0 * A)
         upgrade_on_load(self, FACTOR_TO_SPREAD)  # checkpoints of the factor L
 
     @property

@@ -155,9 +155,11 @@ def _quadratic(*, num_heads, hard, init_centers_std, init_alpha, **_):
     )
 
 
-@register_encoding("quadratic_generalized", options=("init_centers_std",))
-def _quadratic_generalized(*, num_heads, init_centers_std, **_):
-    return GeneralizedQuadraticEncoding(num_heads, init_centers_std=init_centers_std)
+@register_encoding("quadratic_generalized", options=("init_centers_std", "init_alpha"))
+def _quadratic_generalized(*, num_heads, init_centers_std, init_alpha, **_):
+    return GeneralizedQuadraticEncoding(
+        num_heads, init_centers_std=init_centers_std, init_alpha=init_alpha
+    )
 
 
 POSITIONALS = tuple(ENCODINGS)  # the names, in registration order
