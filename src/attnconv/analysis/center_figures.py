@@ -59,6 +59,14 @@ def _legend(fig, heads: int, extra: Sequence[Line2D] = ()) -> None:
     )
 
 
+def _contours(p: np.ndarray, fractions: Sequence[float]) -> list[tuple[np.ndarray, str]]:
+    """(polyline, line style) of one head's contours, solid then dashed; none for a head with no
+    mass on the grid (a converted conv whose tap lies in the padding at a border query)."""
+    if not p.sum() > 0:
+        return []
+    return [(ln, ls) for f, ls in zip(fractions, ("-", "--")) for ln in contour_lines(p, f)]
+
+
 def plot_mass_contours(
     maps: Sequence[torch.Tensor],
     query: Sequence[int],
@@ -72,6 +80,7 @@ def plot_mass_contours(
 ) -> Path:
     """Per layer, each head's contours holding 50% (solid) and 90% (dashed) of its mass around
     the query (star), in offsets (key - query) on the token grid; crosses = ``centers`` (Delta).
+    A head without mass on the grid (its key in a converted conv's padding) draws no contour.
     ``names`` title the panels (default "layer 1", ...)."""
     nl = len(maps)
     fig, axes = _panels(nl, 3.6, 3.5)
@@ -82,14 +91,12 @@ def plot_mass_contours(
         colors = _head_colors(m.shape[0])
         radius = 2.0
         for hd in range(m.shape[0]):
-            for f, ls in zip(fractions, ("-", "--")):
-                for ln in contour_lines(m[hd], f):
-                    ax.plot(ln[:, 1] - qc, ln[:, 0] - qr, ls=ls, color=colors[hd], lw=1.2)
-                    radius = max(
-                        radius,
-                        float(np.abs(ln[:, 0] - qr).max()),
-                        float(np.abs(ln[:, 1] - qc).max()),
-                    )
+            lines = _contours(m[hd], fractions)
+            for ln, ls in lines:  # a head with no mass: none
+                ax.plot(ln[:, 1] - qc, ln[:, 0] - qr, ls=ls, color=colors[hd], lw=1.2)
+                radius = max(
+                    radius, float(np.abs(ln[:, 0] - qr).max()), float(np.abs(ln[:, 1] - qc).max())
+                )
             if centers is not None and li < len(centers):
                 cr, cc = _np(centers[li])[hd]
                 ax.plot([cc], [cr], marker="x", color=colors[hd], markersize=7, mew=2)

@@ -81,6 +81,8 @@ def read_center_log(path: str | Path) -> tuple[np.ndarray, list[np.ndarray]]:
             )
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{path}:{n}: bad centre-log line ({e})") from None
+        if not rows[-1] or any(a.shape[0] == 0 for a in rows[-1]):  # nothing to draw
+            raise ValueError(f"{path}:{n}: bad centre-log line (a line without layers or heads)")
     if not rows:
         raise ValueError(f"{path}: centre log is empty")
     shapes = [tuple(a.shape for a in r) for r in rows]

@@ -8,9 +8,17 @@ probabilities of the layer cropped to the unpadded image, queries and keys alike
 ((1, Nh, h*w, h*w) on the layer's h x w grid; a head whose key falls in the padding has an empty
 row there). Hard heads give one-hot maps on the kernel's grid. ``attention_grid`` is the input
 image's size; ``layer_names`` are the converted modules' names.
+
+A model with attention maps of its own (a ViT whose patch embedding was converted) keeps them:
+the converted patch embedding's map comes first (it makes the tokens), then the model's own
+maps, each on its own grid ("layer 1", ...). Converted convolutions elsewhere in such a model
+(between its attention layers) have no known place in depth among its maps: the converted
+layers' maps alone then, as for a CNN.
 """
 
 from __future__ import annotations
+
+import inspect
 
 import torch
 import torch.nn as nn
@@ -28,11 +36,14 @@ class ConvertedAttentionView(nn.Module):
         super().__init__()
         self.model = model
         named = [(n, m) for n, m in converted_layers(model) if m.geometry.ndim == 2]
+        self.named = named
         self.layers = [m for _, m in named]
         self.layer_names = [n for n, _ in named]  # module names label the layers (maps.layer_names)
         if not self.layers:
             raise ValueError(f"{type(model).__name__} has no converted 2-D convolution")
         self.attention_grid = tuple(image_size)
+        # a registry model returns its own maps ([] for a CNN): they are kept (forward)
+        self.own = "return_attention" in inspect.signature(model.forward).parameters
 
     def forward(self, x: torch.Tensor, return_attention: bool = False):
         sizes: dict[int, tuple[int, int]] = {}
@@ -41,14 +52,37 @@ class ConvertedAttentionView(nn.Module):
             for m in self.layers
         ]
         try:
-            out = self.model(x)
+            out = self.model(x, return_attention=True) if self.own else self.model(x)
         finally:
             for h in hooks:
                 h.remove()
+        own: list = []  # the model's own AttentionMaps
+        if self.own and isinstance(out, tuple) and len(out) == 2:
+            out, own = out
         if not return_attention:
             return out
-        maps = [(m, *sizes[id(m)]) for m in self.layers if id(m) in sizes]
-        return out, [AttentionMap(layer_maps(m, h, w), (h, w)) for m, h, w in maps]
+        ran = [(n, m) for n, m in self.named if id(m) in sizes]
+        conv = [AttentionMap(layer_maps(m, *sizes[id(m)]), sizes[id(m)]) for _, m in ran]
+        if own and self._keep_own([n for n, _ in ran], len(own)):
+            return out, conv + list(own)
+        return out, conv
+
+    def _keep_own(self, names: list[str], n: int) -> bool:
+        """The model has ``n`` attention maps of its own after the converted layers ``names``:
+        kept when these are its patch embedding (it runs before every attention layer), with
+        the layers' names and the model's token grid for the position-embedding figure
+        (``position_tokens``, measure_model). Converted convolutions elsewhere have no known
+        place in depth among the model's maps: then the converted layers alone (False)."""
+        embed = getattr(self.model, "patch_embed", None)
+        if any(m is not embed for m in self.layers):
+            return False
+        # converted layers' names, then the model's own ("layer 1", ...)
+        self.layer_names = names + [f"layer {i + 1}" for i in range(n)]
+        grid = getattr(self.model, "attention_grid", None)
+        if grid is not None:
+            prefix = int(getattr(self.model, "num_prefix_tokens", 0))
+            self.position_tokens = (tuple(grid), prefix)
+        return True
 
 
 @torch.no_grad()

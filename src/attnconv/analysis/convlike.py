@@ -10,7 +10,9 @@ measure, over every query q of every image:
 - ``peak``: the mean of max_k p(q, k), whatever its offset.
 
 Queries for which q + Delta falls outside the image (where a zero-padded convolution reads
-padding) are left out of ``score`` and ``stability``. Mass on prefix tokens (the class token)
+padding) are left out of ``score`` and ``stability``. A query row with no spatial mass at all (a
+converted conv's query whose only tap is in the padding) has no maximum: it casts no vote for the
+modal offset and is left out of ``stability`` and ``peak``. Mass on prefix tokens (the class token)
 counts in the denominator: it is mass not spent on any offset. A layer of hard heads whose offsets
 fill a K x K grid scores exactly 1.0 and reports ``kernel = K``.
 """
@@ -86,8 +88,9 @@ class ConvLikeness:
     def __init__(self) -> None:
         self.lgrid: Grid | None = None
         self.mass: torch.Tensor | None = None  # (Nh, n_offsets) summed p(q, q + o)
-        self.argmax: list[torch.Tensor] = []  # (B, Nh, hw) offset index of each row's maximum
-        self.peak_sum: torch.Tensor | None = None
+        self.argmax: list[torch.Tensor] = []  # (B, Nh, hw) offset of each row's max; -1 empty
+        self.peak_sum: torch.Tensor | None = None  # (Nh,) summed max over non-empty rows
+        self.peak_rows: torch.Tensor | None = None  # (Nh,) number of non-empty rows summed
         self.count = 0
 
     def update(self, attn: AttentionMap, batch: int | None = None) -> None:
@@ -116,10 +119,13 @@ class ConvLikeness:
         self.mass = mass if self.mass is None else self.mass + mass
         top, arg = p.max(-1)  # (B, Nh, hw)
         off = self.oidx[torch.arange(p.shape[-2]), arg]  # offset index of each row's maximum
+        full = p.sum(-1) > 0  # (B, Nh, hw) rows with spatial mass; an all-zero row has no max
+        off = torch.where(full, off, -1)  # empty rows vote for no offset
         self.argmax.append(off.expand(n, -1, -1) if off.shape[0] != n else off)
-        top = top.double()
-        peak = top.sum((0, 2)) * w
+        peak = (top.double() * full).sum((0, 2)) * w
+        rows = full.sum((0, 2)).double() * w
         self.peak_sum = peak if self.peak_sum is None else self.peak_sum + peak
+        self.peak_rows = rows if self.peak_rows is None else self.peak_rows + rows
         self.count += n
 
     def result(self) -> LayerConvLikeness:
@@ -132,21 +138,24 @@ class ConvLikeness:
         if not self.count:
             raise ValueError("no attention maps were accumulated")
         h, w = self.lgrid
-        hw = h * w
         arg = torch.cat(self.argmax, 0)  # (N, Nh, hw)
         nh = arg.shape[1]
         qr = torch.arange(h).repeat_interleave(w)
         qc = torch.arange(w).repeat(h)
         offsets, scores, stab = [], [], []
+        centre = (h - 1) * (2 * w - 1) + (w - 1)  # offset (0, 0): a head without votes
         for hd in range(nh):
-            modal = int(torch.bincount(arg[:, hd].reshape(-1)).argmax())
+            votes = arg[:, hd].reshape(-1)
+            votes = votes[votes >= 0]  # empty rows (-1) cast no vote
+            modal = int(torch.bincount(votes).argmax()) if votes.numel() else centre
             dr, dc = offset_of(modal, (h, w))
             inside = (qr + dr >= 0) & (qr + dr < h) & (qc + dc >= 0) & (qc + dc < w)  # (hw,)
             n_valid = int(inside.sum()) * self.count
             offsets.append((dr, dc))
             scores.append(float(self.mass[hd, modal]) / n_valid)
-            stab.append(float((arg[:, hd][:, inside] == modal).double().mean()))
-        peak = (self.peak_sum / (self.count * hw)).tolist()
+            a = arg[:, hd][:, inside]
+            stab.append(float((a == modal).sum()) / max(int((a >= 0).sum()), 1))
+        peak = (self.peak_sum / self.peak_rows.clamp_min(1)).tolist()  # over non-empty rows
         k, dil = kernel_of(offsets)
         return LayerConvLikeness(
             grid=(h, w),

@@ -3,7 +3,9 @@
 For a query token q, d(q) = sum_k p(q, k) * ||pos(k) - pos(q)||, in image pixels (token centres
 are ``pixels_per_token`` apart). Prefix keys (the class token) have no position: their mass is
 dropped and each row renormalized over the image tokens. A head's mean attention distance is d(q)
-averaged over every query token of every image.
+averaged over every query token of every image whose row has spatial mass: a row with none (a
+converted conv's query whose kernel tap lies wholly in the zero padding, or a row spent wholly on
+the class token) has no distance and is left out, not counted as 0.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ class MeanDistance:
         self.grid = grid
         self.ppt = (float(pixels_per_token[0]), float(pixels_per_token[1]))
         self.dist: torch.Tensor | None = None
-        self.sum: torch.Tensor | None = None
+        self.sum: torch.Tensor | None = None  # (Nh,) summed d(q) over non-empty rows
+        self.rows: torch.Tensor | None = None  # (Nh,) number of non-empty rows summed
         self.count = 0
 
     def update(self, attn: AttentionMap, batch: int | None = None) -> None:
@@ -62,26 +65,32 @@ class MeanDistance:
             lg = attn.grid
             ppt = (self.ppt[0] * self.grid[0] / lg[0], self.ppt[1] * self.grid[1] / lg[1])
             self.dist = pixel_distances(lg, ppt).float()
-        d = torch.stack(  # one image at a time: (p * dist) is as large as the maps
-            [
-                (attn.image(i).spatial(renormalize=True)[0] * self.dist).sum(-1).mean(-1)
-                for i in range(attn.shape[0])
-            ]
-        )  # (B, Nh): mean over queries of d(q)
         n = batch if (batch is not None and attn.shape[0] == 1) else attn.shape[0]
-        s = d.sum(0).double() * (n / attn.shape[0])
-        self.sum = s if self.sum is None else self.sum + s
+        w = n / attn.shape[0]  # a shared (1, ...) map stands for n images
+        s = torch.zeros(attn.num_heads, dtype=torch.float64)
+        rows = torch.zeros(attn.num_heads, dtype=torch.float64)
+        for i in range(attn.shape[0]):  # one image at a time: (p * dist) is as large as the maps
+            p = attn.image(i).spatial()[0]  # (Nh, hw, hw)
+            mass = p.sum(-1)  # (Nh, hw) each row's spatial mass
+            full = mass > 0  # rows with no spatial mass have no distance: left out
+            d = (p * self.dist).sum(-1) / mass.clamp_min(1e-30)  # d(q) of the renormalized row
+            s += (d * full).sum(-1).double()
+            rows += full.sum(-1).double()
+        self.sum = s * w if self.sum is None else self.sum + s * w
+        self.rows = rows * w if self.rows is None else self.rows + rows * w
         self.count += n
 
     def result(self) -> torch.Tensor:
         """The mean over every image added so far.
 
         Returns:
-            (Nh,) each head's mean attention distance, in pixels.
+            (Nh,) each head's mean attention distance over the rows with spatial mass, in
+            pixels (0 for a head with none).
         """
         if not self.count:
             raise ValueError("no attention maps were accumulated")
-        return (self.sum / self.count).float()
+        # mean over the non-empty rows; a head whose rows all lack spatial mass reports 0
+        return (self.sum / self.rows.clamp_min(1)).float()
 
 
 def mean_attention_distance(

@@ -11,7 +11,8 @@ step and per layer:
 - mean distance: the expected distance (tokens) from the query to the keys a head attends to,
   averaged over heads (fig. 4: local early layers, wider deeper ones);
 - travel3: how far the centres still are from a 3x3 convolution's layout, the mean distance a
-  head must move to hold its own offset of the 3x3 kernel (analysis/grid.py, grid_travel).
+  head must move to hold its own offset of the 3x3 kernel (analysis/grid.py, grid_travel); NaN
+  for a layer of more than 9 heads, which cannot each hold one of the 9 offsets.
 
 Position-only quadratic attention does not depend on the input, so these are exact functions of
 (Delta, alpha): each logged pair is loaded into a quadratic layer and scored by the same code as
@@ -73,7 +74,7 @@ def mean_distance(layer: MultiHeadSelfAttention2d, h: int, w: int) -> float:
 def head_evolution(path: str | Path, grid: tuple[int, int] = (16, 16)) -> list[dict]:
     """Per logged step: {"step", "layers": [{"displacement", "peak_mass", "sharp_heads", "grid3",
     "grid5", "mean_distance", "center_distance", "travel3"} per layer]} (see the module
-    docstring)."""
+    docstring; travel3 is NaN for a layer of more than 9 heads)."""
     recs = read_evolution(path)
     if not recs:
         raise ValueError(f"{path}: no centre-log line with alpha (a run of an older version?)")
@@ -94,7 +95,7 @@ def head_evolution(path: str | Path, grid: tuple[int, int] = (16, 16)) -> list[d
                     grid5=g.grid5,
                     mean_distance=mean_distance(layer, *grid),
                     center_distance=float(delta.norm(dim=-1).mean()),
-                    travel3=grid_travel(delta),
+                    travel3=grid_travel(delta) if len(delta) <= 9 else float("nan"),  # 9 taps
                 )
             )
         out.append({"step": rec["step"], "layers": layers})

@@ -98,8 +98,15 @@ def pretrained_normalization(path: str | Path) -> tuple[list[float], list[float]
     """The input mean/std of pretrained weights: a timm hub folder's ``config.json``
     (``pretrained_cfg``), a Hugging Face folder's ``preprocessor_config.json`` (its
     ViTImageProcessor default 0.5 / 0.5 without one); a bare timm state dict carries none:
-    ImageNet's (timm's default; some timm ViTs use 0.5)."""
+    ImageNet's (timm's default; some timm ViTs use 0.5). An attnconv checkpoint (or run) names
+    its own in its metadata (``normalization``)."""
+    from attnconv.loading.checkpoint import CheckpointError, read_meta
+
     p = Path(path)
+    try:  # an attnconv checkpoint: the mean/std it was trained with
+        return normalization(read_meta(p)[1])
+    except CheckpointError:
+        pass  # not one: a timm or Hugging Face checkpoint
     if p.is_dir() and (p / "config.json").is_file():
         cfg = json.loads((p / "config.json").read_text())
         timm_cfg = cfg.get("pretrained_cfg") if isinstance(cfg, dict) else None

@@ -113,7 +113,8 @@ def iter_attention(
 
     Args:
         model: a model whose forward takes ``return_attention=True``; set to eval mode.
-        images: the (N, C, H, W) input, moved batch by batch to the model's device.
+        images: the (N, C, H, W) input, moved batch by batch to the model's device and cast to
+            the dtype of its first floating-point parameter.
         batch_size: the most images in one batch.
         budget: the most bytes of attention maps in one batch.
         allow_empty: yield nothing (instead of raising) for a model without attention maps.
@@ -132,12 +133,14 @@ def iter_attention(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     model.eval()
     dev = next(model.parameters(), images).device  # the images go where the model is
+    floats = (p for p in model.parameters() if p.is_floating_point())
+    dtype = next(floats, images).dtype  # ... in its dtype (a bf16 model takes bf16 images)
     bar = Progress(images.shape[0], desc, unit="img", logger=log, leave=False)
     start, b = 0, min(2, batch_size)
     try:
         while start < images.shape[0]:
             stop = min(start + b, images.shape[0])
-            out = model(images[start:stop].to(dev), return_attention=True)
+            out = model(images[start:stop].to(dev, dtype), return_attention=True)
             pair = isinstance(out, tuple) and len(out) == 2
             maps = [as_map(m).to("cpu") for m in out[1]] if pair else []
             if not maps:

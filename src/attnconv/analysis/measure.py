@@ -53,6 +53,9 @@ class AttentionAnalysis:
     position_similarity: torch.Tensor | None = None  # (h, w, h, w) cosine similarities
     patch_pcs: torch.Tensor | None = None  # (K, 3, P, P) principal filters
     patch_pc_variance: torch.Tensor | None = None  # (K,) explained variance ratios
+    # the maps are position-only: a batch of several images gave shared (batch 1) maps; one
+    # image alone cannot tell (its maps have batch 1 either way): False
+    shared: bool = False
 
     @property
     def has_attention(self) -> bool:
@@ -98,6 +101,7 @@ def measure_model(
             dist = [MeanDistance(grid, ppt) for _ in maps]
             conv = [ConvLikeness() for _ in maps]
         avg.update(maps, batch=b)
+        res.shared = res.shared or (b > 1 and all(m.shape[0] == 1 for m in maps))
         for m, d, c in zip(maps, dist, conv):
             d.update(m, batch=b)
             c.update(m, batch=b)
@@ -113,8 +117,10 @@ def measure_model(
     res.centers = head_centers(model)
     res.grid_scores = grid_scores(model, grid)
     pos = find_position_embedding(model)
-    if pos is not None and pos.shape[0] == prefix + grid[0] * grid[1]:
-        res.position_similarity = position_similarity(pos, grid, prefix)
+    # a converted ViT's view (analysis/converted.py): the ViT's own token grid and prefix
+    pgrid, pprefix = getattr(model, "position_tokens", (grid, prefix))
+    if pos is not None and pos.shape[0] == pprefix + pgrid[0] * pgrid[1]:
+        res.position_similarity = position_similarity(pos, pgrid, pprefix)
     pe = find_patch_embedding(model)
     if pe is not None:
         res.patch_pcs, res.patch_pc_variance = patch_filter_pcs(pe.weight, 28)

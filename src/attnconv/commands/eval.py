@@ -55,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
             "evaluate; use an earlier checkpoint"
         )
     cfg_data = (info.get("config") or {}).get("data", {})
-    spec = args.data or cfg_data.get("dataset")
+    # a converted model stores the data `attnconv convert` checked it on in info["data"]
+    spec = args.data or cfg_data.get("dataset") or (info.get("data") or {}).get("dataset")
     if spec is None:
         raise ValueError("the checkpoint stores no dataset: pass --data")
     root = args.root or (cfg_data.get("root") if not args.data else None)
