@@ -96,3 +96,31 @@ def test_unreadable_zip_member_is_one_line_naming_it(tmp_path, damage):
     with pytest.raises(ValueError, match=f"cannot read '{member}'") as e:
         load_dataset(str(path), "train", use_cache=False)
     assert "\n" not in str(e.value)
+
+
+def test_eval_reads_the_runs_own_eval_split(tmp_path, capsys):
+    """A run evaluated on its 'val' split: `attnconv eval RUN` read 'test' by default, which
+    that dataset does not have ("no split 'test'" unless --split was given)."""
+    import json
+
+    from attnconv.cli import main
+    from attnconv.train.config import config_from_dict
+    from attnconv.train.loop import Trainer
+
+    root = tmp_path / "ds"
+    for c in ("cat", "dog"):
+        for n in _pick(f"train/{c}/", 4):
+            _put(root, n)
+        for n in _pick(f"test/{c}/", 2):
+            _put(root, n.replace("test/", "val/"), n)
+    d = {
+        "model": {"name": "tiny_cnn", "kwargs": {"width": 8}},
+        "data": {"dataset": str(root), "eval_split": "val", "cache_dir": str(tmp_path / "c")},
+        "train": {"epochs": 1, "batch_size": 4, "threads": 1, "progress": False},
+        "out_dir": str(tmp_path / "run"),
+    }
+    Trainer(config_from_dict(d)).fit()
+    capsys.readouterr()
+    assert main(["-q", "eval", str(tmp_path / "run"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["split"] == "val" and out["images"] == 4

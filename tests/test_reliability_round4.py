@@ -137,6 +137,20 @@ def test_resume_accepts_the_dataset_moved_not_another(cifar_zip, tmp_path):
         check_same_config(meta, config_from_dict(other))
 
 
+def test_resume_accepts_a_run_saved_before_a_key_existed_at_its_default(cifar_zip, tmp_path):
+    """A config key added by a later version is missing from an older run's checkpoint: the run
+    had the key's default, so a resume with the default continues it; another value does not."""
+    from attnconv.train.resume import check_same_config
+
+    d = small(cifar_zip, tmp_path / "run")
+    meta = {"config": config_from_dict(d).to_dict()}
+    del meta["config"]["train"]["label_smoothing"]  # (default 0.0) not a resume-free key
+    check_same_config(meta, config_from_dict(d))
+    smoothed = {**d, "train": {**d["train"], "label_smoothing": 0.1}}
+    with pytest.raises(ValueError, match="differs from the checkpoint's in train.label_smoothing"):
+        check_same_config(meta, config_from_dict(smoothed))
+
+
 def test_a_checkpoint_with_nan_weights_is_not_evaluated(cifar_zip, tmp_path, capsys):
     from attnconv.cli import main
     from attnconv.train.checkpoint import save_checkpoint

@@ -17,7 +17,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="run folder, checkpoint folder or its model.safetensors")
     p.add_argument("--data", help="cifar10 | cifar100 | sample | PATH (default: the training data)")
     p.add_argument("--root", help="folder holding the official CIFAR files (for --data cifar10)")
-    p.add_argument("--split", default="test", help="split of --data to use (default: test)")
+    p.add_argument(
+        "--split",
+        help="split to evaluate (default: the run's data.eval_split on its own data, else test)",
+    )
     p.add_argument("--batch-size", type=int, default=500, help="images per batch (500)")
     p.add_argument("--max-per-class", type=int, default=None, help="evaluate on a subset")
     p.add_argument(
@@ -60,8 +63,10 @@ def run(args: argparse.Namespace) -> int:
     if spec is None:
         raise ValueError("the checkpoint stores no dataset: pass --data")
     root = args.root or (cfg_data.get("root") if not args.data else None)
-    log.info(f"eval: {info['model']}; reading {spec}:{args.split}")
-    ds = load_dataset(spec, args.split, root=root, max_per_class=args.max_per_class)
+    # the split the run evaluated on, on its own data (its data.eval_split)
+    split = args.split or (None if args.data else cfg_data.get("eval_split")) or "test"
+    log.info(f"eval: {info['model']}; reading {spec}:{split}")
+    ds = load_dataset(spec, split, root=root, max_per_class=args.max_per_class)
     data_info = info.get("data", {})
     classes = data_info.get("classes")
     if classes is not None and len(classes) != ds.num_classes:
@@ -80,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         "checkpoint": info["path"],
         "model": info["model"],
         "data": spec,
-        "split": args.split,
+        "split": split,
         "images": len(ds),
         "accuracy": acc,
         "loss": loss,
@@ -92,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps(res, indent=1))
         print(
-            f"{info['model']} ({info['path']}) on {spec}:{args.split}, {len(ds)} images: "
+            f"{info['model']} ({info['path']}) on {spec}:{split}, {len(ds)} images: "
             f"accuracy {100 * acc:.2f}%, loss {loss:.4f}"
         )
     return 0

@@ -48,8 +48,12 @@ def check_same_config(meta: dict, cfg: Config) -> None:
     """Raise unless ``cfg`` is checkpoint ``meta``'s config up to the keys that may change
     (checked from the metadata alone, before any data or weights are read)."""
     old, new = flat(meta.get("config") or {}), flat(cfg.to_dict())
+    # a key a later version added is not in an older run's config: the run had its default
+    default = flat(Config().to_dict())
     changed = sorted(
-        k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in RESUME_FREE
+        k
+        for k in set(old) | set(new)
+        if old.get(k, default.get(k)) != new.get(k) and k not in RESUME_FREE
     )
     # the dataset may move (another machine's path to it), not change: the same file name
     a, b = old.get("data.dataset"), new.get("data.dataset")
