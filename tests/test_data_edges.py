@@ -124,3 +124,15 @@ def test_eval_reads_the_runs_own_eval_split(tmp_path, capsys):
     assert main(["-q", "eval", str(tmp_path / "run"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["split"] == "val" and out["images"] == 4
+
+
+def test_hidden_folders_beside_the_dataset_are_ignored(tmp_path):
+    """A notebook's .ipynb_checkpoints beside the one top folder (or inside a class folder)
+    hid the layout: "no split 'train'"."""
+    root = tmp_path / "ds"
+    for n in _pick("train/cat/", 2) + _pick("train/dog/", 2) + _pick("test/cat/", 1):
+        _put(root / "cifar", n)
+    (root / ".ipynb_checkpoints").mkdir()
+    _put(root / "cifar" / "train" / "cat" / ".ipynb_checkpoints", "x.jpg", _pick("test/dog/", 1)[0])
+    ds = load_dataset(str(root), "train", use_cache=False)
+    assert ds.classes == ["cat", "dog"] and len(ds) == 4

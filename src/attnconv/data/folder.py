@@ -34,9 +34,9 @@ MAX_ENTRIES = 2_000_000  # files and folders a dataset folder may hold
 
 
 def _dirs(d: Path) -> list[str]:
-    """Sub-folders of ``d``."""
+    """Sub-folders of ``d``, hidden ones left out (``.ipynb_checkpoints``, ``.git``)."""
     try:
-        return sorted(e.name for e in os.scandir(d) if e.is_dir())
+        return sorted(e.name for e in os.scandir(d) if e.is_dir() and not e.name.startswith("."))
     except OSError as e:
         raise ValueError(f"{d}: cannot list the dataset folder ({e})") from None
 
@@ -72,10 +72,11 @@ def _walk(path: Path, split: str) -> list[str]:
 
 
 def _is_image_name(name: str) -> bool:
-    """An image file's name, not macOS Finder's metadata (``__MACOSX/``, ``._*`` files)."""
+    """An image file's name, not macOS Finder's metadata (``__MACOSX/``, ``._*`` files) nor in a
+    hidden folder (``.ipynb_checkpoints/``)."""
     p = PurePosixPath(name)
-    apple = "__MACOSX" in p.parts or p.name.startswith("._")
-    return p.suffix.lower() in IMAGE_EXTS and not apple
+    hidden = "__MACOSX" in p.parts or any(part.startswith(".") for part in p.parts)
+    return p.suffix.lower() in IMAGE_EXTS and not hidden
 
 
 def folder_files(path: Path, split: str) -> list[str]:
@@ -93,7 +94,7 @@ class _Tree:
         self.dirs: set[str] = set()  # top-level folders (a split may be an empty folder)
         if path.is_dir():
             self.names = _walk(path, split)
-            self.dirs = {p.name for p in path.iterdir() if p.is_dir()}
+            self.dirs = set(_dirs(path))
         elif path.is_file():
             try:
                 self.zip = zipfile.ZipFile(path)
