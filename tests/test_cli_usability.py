@@ -250,9 +250,9 @@ def test_bf16_passed_over_says_why(passed_over, files, capsys, monkeypatch):
     """Where bf16 autocast would slow the step (device.bf16_passed_over gives the reason), the
     training runs in float32 and the start-up block's dtype line says why; elsewhere bf16
     autocast as asked."""
-    import attnconv.train.loop as loop
+    import attnconv.train.device as device
 
-    monkeypatch.setattr(loop, "bf16_passed_over", lambda device: passed_over)
+    monkeypatch.setattr(device, "bf16_passed_over", lambda device: passed_over)
     capsys.readouterr()
     assert main(["train", files["cfg"], "--device", "cpu", "--set", "train.bf16=true"]) == 0
     line = next(x for x in capsys.readouterr().err.splitlines() if x.startswith("  dtype"))

@@ -15,12 +15,31 @@ import torch
 from attnconv.cpuinfo import cpu_flags
 from attnconv.layers.kernels import fused
 
+from . import distributed as D
+
 log = logging.getLogger(__name__)
 
 CHOICES = "cpu, cuda, cuda:N or mps"
 
 
 BF16_MIN_GAIN = 1.25  # bf16 autocast on a CPU only where its products run this much faster
+
+
+def set_up_compute(t, info) -> tuple[bool, str | None]:
+    """This process's compute settings from the config's ``train`` section ``t``: its thread
+    count, bf16 autocast where it speeds a step (every rank takes the same choice; on CPUs where
+    bf16 measured slower a step: float32, docs/benchmarks.md), subnormals flushed on every
+    thread, deterministic algorithms. Returns (bf16 on, why it was passed over or None)."""
+    if t.threads:
+        torch.set_num_threads(t.threads)
+    off = bf16_passed_over(info.device) if t.bf16 else None
+    if t.bf16 and D.any_rank(off is not None, info):  # the ranks agree
+        off = off or "passed over on another rank's CPU"
+    if info.device.type == "cpu":  # after the thread count: every thread of it
+        flush_subnormals(t.flush_subnormals)
+    if t.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    return t.bf16 and off is None, off
 
 
 def bf16_passed_over(device: torch.device) -> str | None:

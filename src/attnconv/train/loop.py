@@ -30,7 +30,7 @@ from . import distributed as D
 from .checkpoint import atomic_write, prune_checkpoints
 from .checkpoint import save_checkpoint as _save
 from .config import Config, check_training_size
-from .device import bf16_passed_over, flush_subnormals
+from .device import set_up_compute
 from .evaluation import evaluate
 from .loaders import build_loaders, model_kwargs_for
 from .monitor import Monitor
@@ -71,18 +71,9 @@ class Trainer:
         # before the data or the model is allocated (refused in seconds; models/budget.py)
         check_training_size(cfg)
         self.info = D.init_distributed(device)
-        if t.threads:
-            torch.set_num_threads(t.threads)
-        # bf16 autocast where it speeds a step; elsewhere float32, and the summary says why
-        # (on such CPUs bf16 measured slower a step: docs/benchmarks.md, docs/training.md)
-        self.bf16_off = bf16_passed_over(self.info.device) if t.bf16 else None
-        if t.bf16 and D.any_rank(self.bf16_off is not None, self.info):  # the ranks agree
-            self.bf16_off = self.bf16_off or "passed over on another rank's CPU"
-        self.bf16 = t.bf16 and self.bf16_off is None
-        if self.info.device.type == "cpu":  # after the thread count: every thread of it
-            flush_subnormals(t.flush_subnormals)
-        if t.deterministic:
-            torch.use_deterministic_algorithms(True, warn_only=True)
+        # threads, bf16 autocast where it speeds a step (else float32, and the summary says
+        # why), subnormals, determinism
+        self.bf16, self.bf16_off = set_up_compute(t, self.info)
         self.out = Path(cfg.out_dir or "runs/default")
         self.ckdir = self.out / "checkpoints"
         # a training began here before (its logs are there; it may have been killed before its
