@@ -194,3 +194,26 @@ def test_converted_convs_between_attention_layers_give_the_converted_maps():
     view = ConvertedAttentionView(m, (16, 16)).eval()
     _, maps = view(torch.zeros(1, 3, 16, 16), return_attention=True)
     assert len(maps) == len(view.layers) and len(view.layer_names) == len(view.layers)
+
+
+def test_rerun_into_the_same_folder_removes_only_its_own_stale_figures(images, tmp_path):
+    """A second analysis into the same --out left the first one's figures it did not draw again
+    beside the new index; now they go, and files the tool never listed stay."""
+    torch.manual_seed(0)
+    out = tmp_path / "out"
+    m = attnconv.create_model("sa_learned_content", hidden_size=16, num_layers=2, num_heads=2)
+    first = render_report(measure_model(m.eval(), images, mean=MEAN, std=STD), out)
+    assert "attention_single" in first["figures"]
+    (out / "notes.png").write_bytes(b"the user's")  # not the tool's
+    listed = json.loads((out / "report.json").read_text())
+    listed["figures"]["old_figure"] = "old_figure.png"  # as an older version drew it
+    listed["figures"]["escape"] = "../outside.png"  # never followed out of the folder
+    (out / "report.json").write_text(json.dumps(listed))
+    (out / "old_figure.png").write_bytes(b"stale")
+    (tmp_path / "outside.png").write_bytes(b"kept")
+    quad = attnconv.create_model("sa_quadratic", hidden_size=16, num_layers=2).eval()
+    second = render_report(measure_model(quad, images, mean=MEAN, std=STD), out)
+    assert "attention_single" not in second["figures"]  # position only: one figure
+    assert not (out / "attention_single.png").exists() and not (out / "old_figure.png").exists()
+    assert (out / "notes.png").exists() and (tmp_path / "outside.png").exists()
+    assert all((out / f).exists() for f in second["figures"].values())

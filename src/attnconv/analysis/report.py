@@ -102,9 +102,12 @@ def render_report(
     title: str = "",
     model_name: str = "the model",
 ) -> dict:
-    """Draw ``res`` into ``out_dir``: the figures, report.json, index.md and index.html."""
+    """Draw ``res`` into ``out_dir``: the figures, report.json, index.md and index.html. The
+    figures an earlier analysis listed in the folder's report.json and this one does not draw
+    are removed (nothing else is: a file the tool did not write stays)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    before = _figures_listed(out)
     grid, qtok, n = res.grid, res.query_token, res.images
     report: dict = {
         "title": title,
@@ -280,7 +283,18 @@ def render_report(
         )
     (out / "report.json").write_text(json.dumps(report, indent=1))
     write_index(report, out, tables)
+    for name in before - set(figs.values()):  # the last analysis's, not drawn again: stale
+        (out / name).unlink(missing_ok=True)
     return report
+
+
+def _figures_listed(out: Path) -> set[str]:
+    """The figure files (plain .png names in ``out``) the folder's report.json lists."""
+    try:
+        names = json.loads((out / "report.json").read_text())["figures"].values()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return set()
+    return {n for n in names if isinstance(n, str) and Path(n).name == n and n.endswith(".png")}
 
 
 def _md_table(rows: list[list[str]]) -> str:
