@@ -239,12 +239,16 @@ def scaled_dot_product_attention(
 
     q (B, nh, Tq, dk), k (B, nh, Tk, dk), v (B, nh, Tk, dv) -> (B, nh, Tq, dv).
     ``scale`` defaults to 1/sqrt(dk). ``mask``: bool, True = may attend. ``causal``: query i
-    attends keys j <= i (aligned to the end when Tk > Tq). With ``return_attention=True`` also
+    attends keys j <= i + Tk - Tq (aligned to the end; with Tq > Tk the first Tq - Tk rows attend
+    nothing and are zero). With ``return_attention=True`` also
     returns the probabilities (B, nh, Tq, Tk) (computed by the plain path, so identical). Inside
     a ``torch.func`` transform the plain path runs too (any order of derivative).
     """
     check_impl(impl)
     _check_args(q, k, v, bias, mask, dropout_p)
+    real = isinstance(scale, int | float) and not isinstance(scale, bool)
+    if scale is not None and not (real and math.isfinite(scale)):
+        raise ValueError(f"scale must be a finite number or None, got {scale!r}")
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
         raise ValueError(
             f"q/k widths or k/v lengths differ: q {tuple(q.shape)}, k {tuple(k.shape)}, "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .checks import check_tensor, positive_int
+from .checks import check_tensor, finite_float, positive_int
 from .encodings.sinusoidal import sinusoid_1d, sinusoid_rotation_1d
 from .functional import check_impl, scaled_dot_product_attention
 from .scripting import NotScriptable
@@ -37,7 +37,9 @@ class MultiHeadAttention(NotScriptable, nn.Module):
     ``forward(query, key=None, value=None, *, key_padding_mask=None, causal=False,
     return_attention=False)``: key defaults to query (self-attention), value to key.
     ``key_padding_mask`` (B, Tk) bool, True marks a padding key that is ignored (the
-    ``torch.nn.MultiheadAttention`` convention). ``causal``: query i attends keys j <= i.
+    ``torch.nn.MultiheadAttention`` convention). ``causal``: query i attends keys j <= i + Tk - Tq
+    (aligned to the end, as a decoder's last Tq queries over Tk keys; with Tq > Tk the first
+    Tq - Tk queries attend nothing: zero rows).
     Returns y (B, Tq, embed_dim), or (y, attn) with attn (B, h, Tq, Tk) softmax probabilities.
     """
 
@@ -162,7 +164,8 @@ def sinusoidal_encoding(
 ) -> torch.Tensor:
     """PE(pos, 2i) = sin(pos * w_i), PE(pos, 2i+1) = cos(pos * w_i), w_i = base^(-2i/dim).
 
-    positions: (T,) (any real dtype) -> (T, dim) in float32 (float64 if positions are).
+    positions: (T,) (any real dtype) -> (T, dim) in the positions' floating dtype (float32 for
+    integer positions).
     """
     if dim < 2 or dim % 2 != 0:
         raise ValueError(f"sinusoidal encoding needs an even dim >= 2, got {dim}")
@@ -187,14 +190,16 @@ class SinusoidalPositionalEncoding(NotScriptable, nn.Module):
         self, dim: int, *, max_len: int = 4096, dropout: float = 0.0, base: float = 10000.0
     ) -> None:
         super().__init__()
-        self.dim = dim
-        self.max_len = max_len
-        self.base = base
+        self.dim = positive_int("dim", dim)
+        self.max_len = positive_int("max_len", max_len)
+        self.base = finite_float("base", base, positive=True)
         pe = sinusoidal_encoding(torch.arange(max_len), dim, base=base)
         self.register_buffer("pe", pe, persistent=False)  # (max_len, dim)
         self.drop = nn.Dropout(dropout)
 
     def encoding(self, length: int) -> torch.Tensor:
+        if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+            raise ValueError(f"sequence length must be an int >= 0, got {length!r}")
         if length > self.max_len:
             raise ValueError(f"sequence length {length} exceeds max_len {self.max_len}")
         return self.pe[:length]
@@ -204,6 +209,8 @@ class SinusoidalPositionalEncoding(NotScriptable, nn.Module):
         return sinusoid_rotation_1d(offset, self.dim, self.base)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not (isinstance(x, torch.Tensor) and x.is_floating_point()):
+            raise TypeError(f"x must be a floating-point tensor, got {getattr(x, 'dtype', x)}")
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"expected (B, T, {self.dim}), got shape {tuple(x.shape)}")
         return self.drop(x + self.encoding(x.shape[1]).to(x.dtype))

@@ -106,6 +106,9 @@ class Transformer(nn.Module):
                 f"d_model ({cfg.d_model}) must be divisible by num_heads ({cfg.num_heads})"
             )
         tgt_vocab = cfg.src_vocab_size if cfg.tgt_vocab_size is None else cfg.tgt_vocab_size
+        ids = {"pad_id": cfg.pad_id, "bos_id": cfg.bos_id, "eos_id": cfg.eos_id}
+        if any(i < 0 for i in ids.values()) or cfg.pad_id in (cfg.bos_id, cfg.eos_id):
+            raise ValueError(f"special ids must be >= 0 and pad_id not bos_id or eos_id, got {ids}")
         for name, v in (("src_vocab_size", cfg.src_vocab_size), ("tgt_vocab_size", tgt_vocab)):
             if v <= max(cfg.pad_id, cfg.bos_id, cfg.eos_id):
                 raise ValueError(f"{name} {v} must exceed the special ids pad/bos/eos")
@@ -173,9 +176,12 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def greedy_decode(self, src: torch.Tensor, max_len: int) -> torch.Tensor:
-        """Argmax decoding from BOS for up to max_len tokens; stops when every row has EOS."""
-        if max_len < 1:
-            raise ValueError(f"max_len must be >= 1, got {max_len}")
+        """Argmax decoding from BOS for up to max_len tokens (at most the model's ``max_len``:
+        BOS and max_len - 1 tokens are the last step's input); stops when every row has EOS."""
+        if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
+            raise ValueError(f"max_len must be an int >= 1, got {max_len!r}")
+        if max_len > self.cfg.max_len:
+            raise ValueError(f"max_len {max_len} exceeds the model's max_len {self.cfg.max_len}")
         memory, src_pad = self.encode(src)
         B = src.shape[0]
         ys = torch.full((B, 1), self.cfg.bos_id, dtype=torch.long, device=src.device)
