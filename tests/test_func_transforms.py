@@ -121,15 +121,16 @@ def test_mhsa2d_per_sample_gradients_any_shape(h, w, heads, pos, content):
     _assert_per_sample_equal(layer.eval(), torch.randn(2, 2 * heads, h, w, dtype=torch.float64))
 
 
-def _paper_model():
-    return create_model("sa_quadratic", hidden_size=16, num_layers=2, num_heads=4).double()
+def _paper_model(name: str = "sa_quadratic"):
+    return create_model(name, hidden_size=16, num_layers=2, num_heads=4).double()
 
 
-def test_paper_model_per_sample_gradients_with_dropout():
+@pytest.mark.parametrize("name", ["sa_quadratic", "sa_learned_content"])
+def test_paper_model_per_sample_gradients_with_dropout(name):
     """Training mode (hidden and attention dropout) under vmap(randomness="same"): each sample
     gets the mask a single-image step draws from the same generator state, so the per-sample
-    gradients equal a loop of ordinary steps, each from that state."""
-    model = _paper_model().train()
+    gradients equal a loop of ordinary steps (the fast kernels), each from that state."""
+    model = _paper_model(name).train()
     assert model.cfg.dropout > 0 and model.cfg.attn_dropout > 0
     xs = torch.randn(3, 3, 16, 16, dtype=torch.float64)
     ys = torch.tensor([1, 4, 7])
@@ -161,17 +162,37 @@ def test_vmap_different_randomness_is_one_line():
     vmap(grad(loss), in_dims=(None, 0), randomness="different")(_params(model), xs)
 
 
+PURE = {"reference", "shared", "dense_dropout", "fold"}  # plain torch ops, no autograd Function
+
+
 @pytest.mark.parametrize("backend", [None, *plan.BACKENDS])
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_every_table_picks_its_plain_path_in_a_transform(backend, device):
+def test_every_table_picks_plain_torch_ops_in_a_transform(backend, device):
     layer = MultiHeadSelfAttention2d(4, 4, 2, positional="quadratic")
     for content in (True, False):
-        term = layer.positional_encoding.term(4, 4, content=content)
-        case = plan.Case(term, content, backend, device, t=16, p_drop=0.1, transformed=True)
-        assert plan.choose(case) == "reference"
-        assert "torch.func transform" in plan.explain(case).splitlines()[-1]
+        for p_drop in (0.0, 0.1):
+            for dtype in (torch.float32, torch.bfloat16):
+                term = layer.positional_encoding.term(4, 4, content=content)
+                case = plan.Case(
+                    term, content, backend, device, t=16, p_drop=p_drop, dtype=dtype,
+                    transformed=True,
+                )  # fmt: skip
+                assert plan.choose(case, plan.TRANSFORM_TABLE) in PURE
+    assert set(row.name for row in plan.TRANSFORM_TABLE) == PURE
     local_backend = backend if backend in plan.LOCAL_BACKENDS else None
     local = plan.LocalCase(local_backend, device, t=16, transformed=True)
     assert plan.choose(local, plan.LOCAL_TABLE) == "reference"
     dropout = plan.DropoutCase(device, module=False, transformed=True)
     assert plan.choose(dropout, plan.DROPOUT_TABLE) == "reference"
+
+
+def test_a_layer_says_which_kernel_it_runs_in_a_transform():
+    layer = MultiHeadSelfAttention2d(4, 4, 2, positional="relative_learned").double()
+    seen = []
+
+    def f(x):
+        seen.append(layer.kernel(x[None], why=True).splitlines()[-1])
+        return layer(x[None]).sum()
+
+    grad(f)(torch.randn(4, 3, 3, dtype=torch.float64))
+    assert seen == ["chosen: fold (any: otherwise: folded into q/k, plain softmax attention)"]

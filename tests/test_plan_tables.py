@@ -12,6 +12,7 @@ from attnconv.layers.kernels import fused, plan
 
 TABLES = {
     "mhsa": (plan.TABLE, plan.Case),
+    "transform": (plan.TRANSFORM_TABLE, plan.Case),
     "local": (plan.LOCAL_TABLE, plan.LocalCase),
     "dropout": (plan.DROPOUT_TABLE, plan.DropoutCase),
     "converted": (plan.CONVERTED_TABLE, plan.ConvertedCase),

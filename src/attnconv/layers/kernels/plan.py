@@ -8,14 +8,16 @@ wins (``choose``; ``explain`` says why each earlier row was passed over):
 - ``CONVERTED_TABLE``: a converted convolution's forward (convert/modules.py).
 
 A layer's ``backend`` argument overrides the choice ("reference": the plain equations). Inside a
-``torch.func`` transform (grad, vmap, jacrev) every table picks its plain path: the other kernels'
-autograd Functions are not transform-aware (first_order.transforms_active).
+``torch.func`` transform (grad, vmap, jacrev) or forward-mode AD, MHSA2d reads TRANSFORM_TABLE
+(kernels of plain torch ops, differentiable any number of times) and every other table its
+plain path: the other kernels' autograd Functions are not transform-aware
+(first_order.transforms_active).
 
 TABLE:
 
 | kernel           | term                   | when                                             |
 |------------------|------------------------|--------------------------------------------------|
-| reference        | any                    | backend="reference", or a torch.func transform   |
+| reference        | any                    | backend="reference"                              |
 | shift            | Shift, position only   | no dropout                                       |
 | separable        | Axis, position only    | CPU, no dropout (a GPU: shared, a few batched    |
 |                  |                        | launches instead of a loop over heads/blocks)    |
@@ -150,12 +152,7 @@ class Row(NamedTuple):
 
 
 TABLE = (
-    Row(
-        "reference",
-        lambda c: c.backend == "reference" or c.transformed,
-        "any",
-        'backend="reference", or a torch.func transform',
-    ),
+    Row("reference", lambda c: c.backend == "reference", "any", 'backend="reference"'),
     Row(
         "shift",
         lambda c: c.position_only and isinstance(c.term, ShiftTerm) and c.p_drop == 0,
@@ -243,6 +240,26 @@ TABLE = (
 )
 
 
+# Inside a transform: no autograd Function (plain torch ops only); the fold and the shared
+# kernel measured faster there than the reference path (benchmarks/per_sample_grads.py,
+# docs/benchmarks.md).
+TRANSFORM_TABLE = (
+    Row(
+        "reference",
+        lambda c: (
+            c.backend == "reference"
+            or (c.position_only and c.dtype in (torch.bfloat16, torch.float16))
+            or (c.p_drop > 0 and not c.position_only and not _axis(c))
+        ),
+        "any",
+        'backend="reference"; position only in bf16/fp16; dropout on a non-axis term',
+    ),
+    Row("shared", lambda c: c.position_only, "any, position only", "float32/float64"),
+    Row("dense_dropout", lambda c: c.p_drop > 0 and _axis(c), "Axis", "dropout (the hash mask)"),
+    Row("fold", lambda c: True, "any", "otherwise: folded into q/k, plain softmax attention"),
+)
+
+
 def choose(case: NamedTuple, table: tuple[Row, ...] = TABLE) -> str:
     """The kernel's name for ``case``: the first row of ``table`` that matches (TABLE: a name of
     kernels.KERNELS)."""
@@ -292,7 +309,8 @@ def for_layer(
         autocast_dtype(device, x.dtype),
         transforms_active(),
     )
-    return explain(case) if why else choose(case)
+    table = TRANSFORM_TABLE if case.transformed else TABLE
+    return explain(case, table) if why else choose(case, table)
 
 
 class LocalCase(NamedTuple):
