@@ -4,6 +4,8 @@ window attention's, the hidden dropout's and a converted convolution's, beside M
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -103,3 +105,30 @@ def test_cuda_learned_relative_content_takes_the_fold_where_an_h100_measured_it_
     assert any(
         line.startswith("passed over: flex (") and "FOLD_CUDA_FP32_MAX_T" in line for line in why
     )
+
+
+@pytest.mark.parametrize(
+    "make, why",
+    [
+        (lambda: MultiHeadSelfAttention2d(8, 8, 2, positional="relative", backend="triton"),
+         "backend='triton' passed over (needs Axis"),
+        (lambda: LocalSelfAttention2d(8, 8, 2, 3, padding="zeros", backend="triton"),
+         "backend='triton' passed over (needs padding=\"mask\""),
+        (lambda: MultiHeadSelfAttention2d(8, 8, 2, positional="relative", backend="blocked"),
+         "backend='blocked' passed over"),
+    ],
+)  # fmt: skip
+def test_a_forced_backend_passed_over_says_so_in_one_line(make, why):
+    """backend="triton" on an encoding or a border the kernel does not take ran another kernel
+    silently (a correct result, not the one asked for); now one warning says which and why."""
+    layer = make()
+    with pytest.warns(UserWarning, match=re.escape(why)) as caught:
+        layer(torch.randn(1, 8, 5, 5))
+    assert all("\n" not in str(w.message) for w in caught)
+
+
+def test_a_forced_backend_that_runs_warns_nothing(recwarn):
+    MultiHeadSelfAttention2d(8, 8, 2, positional="quadratic", backend="blocked")(
+        torch.randn(1, 8, 5, 5)
+    )  # blocked_gaussian or blocked: the blocked kernels
+    assert not [w for w in recwarn if "passed over" in str(w.message)]

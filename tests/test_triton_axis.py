@@ -430,3 +430,12 @@ def test_the_backward_runs_at_the_forwards_query_block(monkeypatch):
     _run(axis_attention_triton, q, k, v, qa, 5, 7, 0.0, True, 0, block_m=16).sum().backward()
     for g, x in zip(grads, (q, k, v, qa)):
         torch.testing.assert_close(g, x.grad, rtol=0, atol=0)
+
+
+def test_k_and_v_that_do_not_match_q_are_one_line():
+    """The kernel read past k or v (finite garbage, on a GPU a possible illegal access)."""
+    q = torch.randn(1, 2, 35, 8, device=DEVICE)
+    q_axis = torch.randn(1, 2, 35, 12, device=DEVICE)
+    for k, v in [(q[..., :4], q), (q[:, :, :30], q), (q, q[:, :, :30])]:
+        with pytest.raises(ValueError, match=r"q, k \(B, Nh, T, dk\) and v .* must agree"):
+            axis_attention_triton(q, k, v, q_axis, 5, 7, 0.5)

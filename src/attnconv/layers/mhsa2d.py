@@ -16,6 +16,8 @@ into augmented q/k for the fused ``scaled_dot_product_attention``.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -247,7 +249,12 @@ class MultiHeadSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
         b, h, w = self._check_input(x)
         grid, p_drop = Grid(h, w, x.dtype), self.dropout if self.training else 0.0
         term = self.positional_encoding.term(h, w, content=self.content)
-        kernel = KERNELS[plan.for_layer(self, x, term, p_drop)]
+        name = plan.for_layer(self, x, term, p_drop)
+        if not plan.transforms_active() and (
+            why := plan.forced_but_passed_over(self.backend, name, plan.TABLE)
+        ):
+            warnings.warn(why, stacklevel=2)
+        kernel = KERNELS[name]
         if kernel.layout == "head_major":  # (Nh|1, D, H, B, W) values, a 1x1 conv each way
             linear = self.value == "linear"
             v = head_major(

@@ -41,7 +41,6 @@ TABLE:
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -50,6 +49,14 @@ from ..encodings.terms import AxisTerm, GaussianTerm, ShiftTerm, Term
 from ..first_order import transforms_active
 from ..precision import autocast_dtype
 from . import fused
+from .rows import Row
+from .tables import CONVERTED_TABLE as CONVERTED_TABLE
+from .tables import DROPOUT_TABLE as DROPOUT_TABLE
+from .tables import LOCAL_TABLE as LOCAL_TABLE
+from .tables import WINDOW_CUDA_MIN_T as WINDOW_CUDA_MIN_T
+from .tables import ConvertedCase as ConvertedCase
+from .tables import DropoutCase as DropoutCase
+from .tables import LocalCase as LocalCase
 
 BACKENDS = ("reference", "flex", "blocked", "fused", "fold", "triton")  # MHSA2d's
 LOCAL_BACKENDS = ("reference", "flex", "fused", "window", "triton")  # the window attention's
@@ -139,16 +146,6 @@ def _fused_wins(c: Case) -> bool:
     if c.grad:
         return c.t >= BLOCKED_MIN_T
     return BLOCKED_MIN_T <= c.t <= FUSED_INFERENCE_MAX_T and not _shared_bias(c)
-
-
-class Row(NamedTuple):
-    """A row of TABLE: the kernel's name, the predicate that picks it, and in words the terms it
-    takes and when (the docstring's table, tested equal)."""
-
-    name: str
-    when: Callable[[Case], bool]
-    term: str
-    rule: str
 
 
 TABLE = (
@@ -277,6 +274,18 @@ def explain(case: NamedTuple, table: tuple[Row, ...] = TABLE) -> str:
     raise AssertionError("the last row of a table matches every case")
 
 
+def forced_but_passed_over(backend: str | None, chosen: str, table: tuple[Row, ...]) -> str | None:
+    """A one-line warning when a layer's ``backend`` names a kernel of ``table`` whose row did not
+    match (``chosen`` runs: a correct result, not the kernel asked for; "flex_gaussian" is
+    "flex"'s, "blocked_gaussian" "blocked"'s); None otherwise."""
+    row = next((r for r in table if r.name == backend), None)
+    if row is None or chosen.startswith(backend):
+        return None
+    return (
+        f"attnconv: backend={backend!r} passed over (needs {row.term}: {row.rule}); {chosen} runs"
+    )
+
+
 def tracing() -> bool:
     """A compiler traces the forward (the blocked kernels loop in Python over images/blocks)."""
     return torch.compiler.is_compiling() or torch.compiler.is_exporting()
@@ -311,126 +320,3 @@ def for_layer(
     )
     table = TRANSFORM_TABLE if case.transformed else TABLE
     return explain(case, table) if why else choose(case, table)
-
-
-class LocalCase(NamedTuple):
-    """What LOCAL_TABLE reads: the backend override, the device, the border, whether the maps
-    are returned, whether a compiler traces the forward (no C++ extension call then), the dtype
-    q, k, v compute in (autocast's) and the number of pixels."""
-
-    backend: str | None = None
-    device: str = "cpu"
-    padding: str = "mask"
-    maps: bool = False
-    tracing: bool = False
-    dtype: torch.dtype | None = None
-    t: int = 0
-    transformed: bool = False  # inside a torch.func transform
-
-
-# On CUDA the window function from this many pixels in float32, where one H100 run measured it
-# faster than Flex (docs/benchmarks.md; benchmarks/results/cuda_layers_local.md); sizes between
-# 28x28 and 56x56 were not measured.
-WINDOW_CUDA_MIN_T = 56 * 56
-
-
-def _window_beats_flex(c: LocalCase) -> bool:
-    return c.backend is None and c.dtype == torch.float32 and c.t >= WINDOW_CUDA_MIN_T
-
-
-# kernels/window.py's local_attention ("reference": unfold; "fused": the C++ window kernel of
-# fused_local.cpp; "window": the Python window function), flex.flex_local_attention or
-# triton_local.local_attention_triton
-LOCAL_TABLE = (
-    Row(
-        "reference",
-        lambda c: c.backend == "reference" or c.transformed,
-        "any",
-        'backend="reference", or a torch.func transform: unfold',
-    ),
-    Row(
-        "triton",
-        lambda c: c.backend == "triton" and c.padding == "mask" and not c.maps,
-        'padding="mask"',
-        'backend="triton" (triton_local.py), no returned maps',
-    ),
-    Row(
-        "flex",
-        lambda c: (
-            (c.device == "cuda" if c.backend is None else c.backend == "flex")
-            and c.padding == "mask"
-            and not c.maps
-            and not _window_beats_flex(c)
-        ),
-        'padding="mask"',
-        'CUDA (or backend="flex"), no returned maps; not float32 from WINDOW_CUDA_MIN_T '
-        "pixels (the window function measured faster there)",
-    ),
-    Row(
-        "fused",
-        lambda c: (
-            c.device == "cpu"
-            and c.backend in (None, "fused")
-            and not c.tracing
-            and fused.available()
-        ),
-        "any",
-        "CPU, extension built, not traced",
-    ),
-    Row("window", lambda c: True, "any", "otherwise: the Python window kernel"),
-)
-
-
-class DropoutCase(NamedTuple):
-    """What DROPOUT_TABLE reads: the device, and whether the module HashDropout asks (it keeps
-    torch's own dropout off the CPU) or the function hash_dropout (the hash on every device)."""
-
-    device: str = "cpu"
-    module: bool = False
-    transformed: bool = False  # inside a torch.func transform
-
-
-DROPOUT_TABLE = (
-    Row(
-        "torch",
-        lambda c: c.module and c.device != "cpu",
-        "HashDropout",
-        "off the CPU: torch's fused dropout (the hash's integer passes cost more there)",
-    ),
-    Row(
-        "fused",
-        lambda c: c.device == "cpu" and not c.transformed and fused.available(),
-        "any",
-        "CPU, extension built (dropout.cpp), not in a torch.func transform",
-    ),
-    Row("reference", lambda c: True, "any", "otherwise: hash_dropout_reference"),
-)
-
-
-class ConvertedCase(NamedTuple):
-    """What CONVERTED_TABLE reads: hard heads (one-hot attention), the attention's backend, the
-    maps returned, an export tracing the forward (the shift reads indices as Python ints), and
-    whether a head's shift clamps at the border (only known for hard heads)."""
-
-    hard: bool = False
-    backend: str | None = None
-    maps: bool = False
-    exporting: bool = False
-    clamped: bool = False
-
-
-CONVERTED_TABLE = (
-    Row(
-        "attention",
-        lambda c: not c.hard or c.backend == "reference" or c.maps or c.exporting,
-        "any",
-        'soft heads, backend="reference", returned maps, or an export',
-    ),
-    Row(
-        "one_conv",
-        lambda c: not c.clamped,
-        "hard heads",
-        "no clamped border: Lemma 1's sum as one convolution (head_conv.py)",
-    ),
-    Row("head_mix", lambda c: True, "hard heads", "otherwise: channel mixes of shifted slices"),
-)

@@ -376,6 +376,9 @@ def axis_attention_triton(
     b, nh, t = q.shape[:3]
     if q_axis.shape[-2:] != (h * w, h + w) or t != h * w:
         raise ValueError(f"q_axis {tuple(q_axis.shape)} must be (B, Nh, T={h * w}, H+W={h + w})")
+    if k.shape[-2:] != q.shape[-2:] or v.shape[-2] != t or q.dim() != 4 or k.dim() != 4:
+        shapes = ", ".join(str(tuple(x.shape)) for x in (q, k, v))
+        raise ValueError(f"q, k (B, Nh, T, dk) and v (B, Nh, T, dv) must agree, got {shapes}")
     why = unsupported(q, v, h, w)
     if why:
         raise RuntimeError(f"attnconv: {why}")
