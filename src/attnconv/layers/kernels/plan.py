@@ -2,10 +2,11 @@
 wins (``choose``; ``explain`` says why each earlier row was passed over):
 
 - ``TABLE``: MultiHeadSelfAttention2d's attention, term type x device x grad x dropout x size,
-  with the thresholds the benchmarks measured (bench/anchors.py on CPU, bench/cuda.py on a GPU);
-- ``LOCAL_TABLE``: the k x k window attention of LocalSelfAttention2d and the attention stem;
-- ``DROPOUT_TABLE``: the hidden dropout's mask (dropout.py);
-- ``CONVERTED_TABLE``: a converted convolution's forward (convert/modules.py).
+  with the thresholds the benchmarks measured (bench/anchors.py on CPU, bench/cuda.py on a GPU),
+  and ``TRANSFORM_TABLE``, the same inside a torch.func transform;
+- re-exported from tables.py: ``LOCAL_TABLE`` (the k x k window attention of
+  LocalSelfAttention2d and the attention stem), ``DROPOUT_TABLE`` (the hidden dropout's mask,
+  dropout.py), ``CONVERTED_TABLE`` (a converted convolution's forward, convert/modules.py).
 
 A layer's ``backend`` argument overrides the choice ("reference": the plain equations). Inside a
 ``torch.func`` transform (grad, vmap, jacrev) or forward-mode AD, MHSA2d reads TRANSFORM_TABLE
