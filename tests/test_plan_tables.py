@@ -128,7 +128,10 @@ def test_a_forced_backend_passed_over_says_so_in_one_line(make, why):
 
 
 def test_a_forced_backend_that_runs_warns_nothing(recwarn):
-    MultiHeadSelfAttention2d(8, 8, 2, positional="quadratic", backend="blocked")(
-        torch.randn(1, 8, 5, 5)
-    )  # blocked_gaussian or blocked: the blocked kernels
+    x = torch.randn(1, 8, 5, 5)
+    MultiHeadSelfAttention2d(8, 8, 2, positional="quadratic", backend="blocked")(x)  # blocked(_g.)
+    fold = MultiHeadSelfAttention2d(8, 8, 2, positional="quadratic", content=True, backend="fold")
+    with torch.no_grad():  # fixed logits in inference: the shared bias, fold's "no blocked kernel"
+        assert fold.eval().kernel(x) == "shared_bias"
+        fold(x)
     assert not [w for w in recwarn if "passed over" in str(w.message)]

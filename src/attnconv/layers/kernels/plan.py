@@ -275,12 +275,16 @@ def explain(case: NamedTuple, table: tuple[Row, ...] = TABLE) -> str:
     raise AssertionError("the last row of a table matches every case")
 
 
+# backend="fold" is "no blocked kernel": the shared bias still serves fixed logits in inference
+_ALSO_FORCED = {("fold", "shared_bias")}
+
+
 def forced_but_passed_over(backend: str | None, chosen: str, table: tuple[Row, ...]) -> str | None:
     """A one-line warning when a layer's ``backend`` names a kernel of ``table`` whose row did not
     match (``chosen`` runs: a correct result, not the kernel asked for; "flex_gaussian" is
     "flex"'s, "blocked_gaussian" "blocked"'s); None otherwise."""
     row = next((r for r in table if r.name == backend), None)
-    if row is None or chosen.startswith(backend):
+    if row is None or chosen.startswith(backend) or (backend, chosen) in _ALSO_FORCED:
         return None
     return (
         f"attnconv: backend={backend!r} passed over (needs {row.term}: {row.rule}); {chosen} runs"
