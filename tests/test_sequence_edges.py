@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from attnconv.layers.functional import scaled_dot_product_attention
+from attnconv.layers.functional import attention_probs, scaled_dot_product_attention
 from attnconv.layers.mha import MultiHeadAttention, SinusoidalPositionalEncoding
 from attnconv.models import create_model
 
@@ -58,6 +58,8 @@ def test_attention_scale_must_be_a_finite_number(impl, scale):
     q = torch.randn(1, 2, 3, 4)
     with pytest.raises(ValueError, match="scale must be a finite number or None"):
         scaled_dot_product_attention(q, q, q, scale=scale, impl=impl)
+    with pytest.raises(ValueError, match="scale must be a finite number or None"):
+        attention_probs(q, q, scale=scale)  # the plain path's probabilities: the same check
     y = scaled_dot_product_attention(q, q, q, scale=0.5, impl=impl)
     ref = torch.softmax(q @ q.transpose(-1, -2) * 0.5, -1) @ q
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-6)

@@ -42,8 +42,15 @@ class ConvertedAttentionView(nn.Module):
         if not self.layers:
             raise ValueError(f"{type(model).__name__} has no converted 2-D convolution")
         self.attention_grid = tuple(image_size)
-        # a registry model returns its own maps ([] for a CNN): they are kept (forward)
-        self.own = "return_attention" in inspect.signature(model.forward).parameters
+        # a model's own maps ([] for a CNN) are kept when its patch embedding is the only
+        # converted layer: it runs before every attention layer. Converted convolutions elsewhere
+        # have no known place in depth among its maps: the converted layers alone then.
+        embed = getattr(model, "patch_embed", None)
+        returns_maps = "return_attention" in inspect.signature(model.forward).parameters
+        self.own = returns_maps and all(m is embed for m in self.layers)
+        grid = getattr(model, "attention_grid", None)
+        if self.own and grid is not None:  # the model's token grid: the position-embedding figure
+            self.position_tokens = (tuple(grid), int(getattr(model, "num_prefix_tokens", 0)))
 
     def forward(self, x: torch.Tensor, return_attention: bool = False):
         sizes: dict[int, tuple[int, int]] = {}
@@ -63,26 +70,9 @@ class ConvertedAttentionView(nn.Module):
             return out
         ran = [(n, m) for n, m in self.named if id(m) in sizes]
         conv = [AttentionMap(layer_maps(m, *sizes[id(m)]), sizes[id(m)]) for _, m in ran]
-        if own and self._keep_own([n for n, _ in ran], len(own)):
-            return out, conv + list(own)
-        return out, conv
-
-    def _keep_own(self, names: list[str], n: int) -> bool:
-        """The model has ``n`` attention maps of its own after the converted layers ``names``:
-        kept when these are its patch embedding (it runs before every attention layer), with
-        the layers' names and the model's token grid for the position-embedding figure
-        (``position_tokens``, measure_model). Converted convolutions elsewhere have no known
-        place in depth among the model's maps: then the converted layers alone (False)."""
-        embed = getattr(self.model, "patch_embed", None)
-        if any(m is not embed for m in self.layers):
-            return False
-        # converted layers' names, then the model's own ("layer 1", ...)
-        self.layer_names = names + [f"layer {i + 1}" for i in range(n)]
-        grid = getattr(self.model, "attention_grid", None)
-        if grid is not None:
-            prefix = int(getattr(self.model, "num_prefix_tokens", 0))
-            self.position_tokens = (tuple(grid), prefix)
-        return True
+        if own:  # converted layers' names, then the model's own ("layer 1", ...)
+            self.layer_names = [n for n, _ in ran] + [f"layer {i + 1}" for i in range(len(own))]
+        return out, conv + list(own)
 
 
 @torch.no_grad()

@@ -54,11 +54,6 @@ def first_order_only(what: str, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """``xs`` unchanged (views); a double backward through them raises HigherOrderGradError.
     A no-op when no gradient is recorded (inference, export, compile)."""
     tracing = torch.compiler.is_compiling() or torch.compiler.is_exporting()
-    if (
-        tracing
-        or transforms_active()
-        or not torch.is_grad_enabled()
-        or not any(x.requires_grad for x in xs)
-    ):
+    if tracing or not torch.is_grad_enabled() or not any(x.requires_grad for x in xs):
         return xs
     return _FirstOrderOnly.apply(what, *xs)

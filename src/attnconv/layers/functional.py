@@ -30,10 +30,11 @@ def check_impl(impl: str) -> str:
     return impl
 
 
-def _check_args(q, k, v, bias, mask, dropout_p: float = 0.0) -> None:
+def _check_args(q, k, v, bias, mask, dropout_p: float = 0.0, scale=None) -> None:
     """One-line TypeError/ValueError for arguments the kernels would reject deep inside PyTorch:
     non-tensors, integer or mixed dtypes (any floating mix under autocast), a non-bool mask,
-    masks/biases that do not broadcast to (B, nh, Tq, Tk), dropout outside [0, 1)."""
+    masks/biases that do not broadcast to (B, nh, Tq, Tk), dropout outside [0, 1), a scale that
+    is not a finite number (NaN gave NaN on the plain path, finite values on the fused one)."""
     named = (("q", q), ("k", k)) + ((("v", v),) if v is not None else ())
     for name, t in named:
         if not isinstance(t, torch.Tensor):
@@ -72,6 +73,9 @@ def _check_args(q, k, v, bias, mask, dropout_p: float = 0.0) -> None:
             )
     if not (isinstance(dropout_p, (int, float)) and 0.0 <= dropout_p < 1.0):
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p!r}")
+    real = isinstance(scale, int | float) and not isinstance(scale, bool)
+    if scale is not None and not (real and math.isfinite(scale)):
+        raise ValueError(f"scale must be a finite number or None, got {scale!r}")
 
 
 def _combine_masks(
@@ -202,7 +206,7 @@ def attention_probs(
     bias broadcasts to (B, nh, Tq, Tk); mask is boolean, True = may attend, broadcasting likewise.
     Rows whose keys are all masked get zero probabilities instead of NaN.
     """
-    _check_args(q, k, None, bias, mask)
+    _check_args(q, k, None, bias, mask, scale=scale)
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q/k widths differ: q {tuple(q.shape)}, k {tuple(k.shape)}")
     dk = q.shape[-1]
@@ -245,10 +249,7 @@ def scaled_dot_product_attention(
     a ``torch.func`` transform the plain path runs too (any order of derivative).
     """
     check_impl(impl)
-    _check_args(q, k, v, bias, mask, dropout_p)
-    real = isinstance(scale, int | float) and not isinstance(scale, bool)
-    if scale is not None and not (real and math.isfinite(scale)):
-        raise ValueError(f"scale must be a finite number or None, got {scale!r}")
+    _check_args(q, k, v, bias, mask, dropout_p, scale)
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
         raise ValueError(
             f"q/k widths or k/v lengths differ: q {tuple(q.shape)}, k {tuple(k.shape)}, "

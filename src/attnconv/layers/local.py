@@ -227,10 +227,7 @@ class LocalSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
             pe = pe.view(self.head_dim, h, w)
             k = pe.expand(bsz, self.num_heads, -1, h, w) if k is None else k + pe
         kernel = self.kernel(x.device, return_attention, x=x)
-        if not plan.transforms_active() and (
-            why := plan.forced_but_passed_over(self.backend, kernel, plan.LOCAL_TABLE)
-        ):
-            warnings.warn(why, stacklevel=2)
+        plan.warn_if_passed_over(self.backend, kernel, plan.LOCAL_TABLE)
         out = self._triton(q, k, v) if kernel == "triton" else None
         if kernel == "flex":
             out = self._flex(q, k, v)

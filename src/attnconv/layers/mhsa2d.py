@@ -16,8 +16,6 @@ into augmented q/k for the fused ``scaled_dot_product_attention``.
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -250,10 +248,7 @@ class MultiHeadSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
         grid, p_drop = Grid(h, w, x.dtype), self.dropout if self.training else 0.0
         term = self.positional_encoding.term(h, w, content=self.content)
         name = plan.for_layer(self, x, term, p_drop)
-        if not plan.transforms_active() and (
-            why := plan.forced_but_passed_over(self.backend, name, plan.TABLE)
-        ):
-            warnings.warn(why, stacklevel=2)
+        plan.warn_if_passed_over(self.backend, name, plan.TABLE)
         kernel = KERNELS[name]
         if kernel.layout == "head_major":  # (Nh|1, D, H, B, W) values, a 1x1 conv each way
             linear = self.value == "linear"

@@ -296,6 +296,11 @@ def check_fits(model: nn.Module, weights: dict[str, torch.Tensor], where: str, n
         )
 
 
+def _first_line(e: BaseException) -> str:
+    """An exception's message as one line of at most 200 characters (its type if empty)."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+
+
 def stored_dtype(weights: dict[str, torch.Tensor]) -> torch.dtype | None:
     """The one floating dtype of all floating ``weights`` (a model saved after ``.to(dtype)``),
     None if they mix several or hold none."""
@@ -336,10 +341,9 @@ def _build(
         if dtype is not None and dtype != torch.float32:
             model = model.to(dtype)
     except Exception as e:  # noqa: BLE001 - a crafted config fails anywhere in a constructor
-        msg = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise CheckpointError(
             f"{where}: foreign checkpoint: cannot build {name!r} from its model_kwargs "
-            f"({type(e).__name__}: {msg})"
+            f"({type(e).__name__}: {_first_line(e)})"
         ) from None
     return model
 
@@ -407,7 +411,6 @@ def load_model(
     try:
         model.load_state_dict(weights, strict=True)
     except (RuntimeError, ValueError) as e:  # e.g. a pos_embed that cannot be resampled
-        msg = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise CheckpointError(f"{where}: foreign checkpoint: {msg}") from None
+        raise CheckpointError(f"{where}: foreign checkpoint: {_first_line(e)}") from None
     model.eval()
     return model, meta

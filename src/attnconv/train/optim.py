@@ -35,14 +35,14 @@ def param_groups(
     norms and biases unless ``decay_1d``)."""
     decay, plain = [], []
     fixed = never_decayed(model)
-    names = [name for name, _ in model.named_parameters()]
-    unmatched = [e for e in no_decay if not any(_names(e, name) for name in names)]
+    params = list(model.named_parameters())
+    unmatched = [e for e in no_decay if not any(_names(e, name) for name, _ in params)]
     if unmatched:
         raise ValueError(
             f"optim.no_decay: {', '.join(map(repr, unmatched))} names no parameter of the model "
             "(a name as model.named_parameters() prints it, or a dotted part, e.g. 'rel_row')"
         )
-    for name, p in model.named_parameters():
+    for name, p in params:
         if not p.requires_grad:
             continue
         named = any(_names(e, name) for e in no_decay)

@@ -42,6 +42,7 @@ TABLE:
 from __future__ import annotations
 
 import importlib.util
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -279,16 +280,18 @@ def explain(case: NamedTuple, table: tuple[Row, ...] = TABLE) -> str:
 _ALSO_FORCED = {("fold", "shared_bias")}
 
 
-def forced_but_passed_over(backend: str | None, chosen: str, table: tuple[Row, ...]) -> str | None:
-    """A one-line warning when a layer's ``backend`` names a kernel of ``table`` whose row did not
+def warn_if_passed_over(backend: str | None, chosen: str, table: tuple[Row, ...]) -> None:
+    """One warning line when a layer's ``backend`` names a kernel of ``table`` whose row did not
     match (``chosen`` runs: a correct result, not the kernel asked for; "flex_gaussian" is
-    "flex"'s, "blocked_gaussian" "blocked"'s); None otherwise."""
+    "flex"'s, "blocked_gaussian" "blocked"'s). Inside a torch.func transform every layer runs
+    plain torch ops whatever its backend: nothing to say."""
     row = next((r for r in table if r.name == backend), None)
     if row is None or chosen.startswith(backend) or (backend, chosen) in _ALSO_FORCED:
-        return None
-    return (
-        f"attnconv: backend={backend!r} passed over (needs {row.term}: {row.rule}); {chosen} runs"
-    )
+        return
+    if transforms_active():
+        return
+    why = f"attnconv: backend={backend!r} passed over (needs {row.term}: {row.rule}); {chosen} runs"
+    warnings.warn(why, stacklevel=3)  # the frame that called the layer's forward
 
 
 def tracing() -> bool:
