@@ -255,7 +255,8 @@ def sasa(lines: list[str]) -> None:
 
 def train_seconds(run: Path) -> float:
     """A finished run's training time over all its sittings: the sum of each sitting's clock in
-    metrics.csv (the trainer's ``seconds`` restart at every resume), or the runner's wall.json
+    metrics.csv (the trainer's ``seconds`` restarted at every resume before its checkpoints
+    saved the clock; a drop starts a new sitting), or the runner's wall.json
     where that is larger (it times each sitting's whole command; before wall_partial.json it
     kept only the last sitting: grid_long's 4.0 h of its 23.8)."""
     total = last = 0.0

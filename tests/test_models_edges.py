@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn as nn
 from safetensors.torch import save_file
 
 from attnconv import create_model
@@ -208,3 +209,28 @@ def test_attnconv_vit_checkpoint_with_another_img_size(tmp_path):
 def test_resnet_stage_of_zero_blocks_is_refused(name, kw):
     with pytest.raises(ValueError, match="depths must be a list of ints >= 1"):
         create_model(name, **kw)
+
+
+def test_deit_distilled_training_returns_the_two_heads_apart():
+    """DeiT sec. 5 (timm's set_distilled_training): in train mode the class head's and the
+    distillation head's logits come apart, each its own loss; in eval mode their mean."""
+    torch.manual_seed(0)
+    kw = dict(img_size=32, patch_size=8, depth=1, num_classes=5, embed_dim=32, num_heads=2)
+    m = create_model("deit_tiny_distilled_patch16_224", **kw).double()
+    nn.init.normal_(m.head.weight)  # the heads start at zero: make them differ
+    nn.init.normal_(m.head_dist.weight)
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    m.train()
+    mean = m(x)
+    assert mean.shape == (2, 5)  # timm's default: averaged in training too
+    m.set_distilled_training()
+    cls, dist = m(x)
+    feats = m.forward_features(x)
+    torch.testing.assert_close(cls, m.head(feats[:, 0]), rtol=0, atol=0)
+    torch.testing.assert_close(dist, m.head_dist(feats[:, 1]), rtol=0, atol=0)
+    torch.testing.assert_close(mean, (cls + dist) / 2, rtol=0, atol=1e-15)
+    assert not torch.allclose(cls, dist)
+    m.eval()
+    torch.testing.assert_close(m(x), (cls + dist) / 2, rtol=0, atol=1e-15)
+    with pytest.raises(ValueError, match="needs the distillation head"):
+        create_model("deit_tiny_patch16_224", **kw).set_distilled_training()

@@ -178,3 +178,23 @@ def test_resuming_a_finished_run_says_so(tmp_path, cifar_zip, capsys):
     capsys.readouterr()
     assert main(["train", cfg, "--resume"]) == 0
     assert "already finished: nothing left to train" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_metrics_seconds_go_on_over_a_resume(tmp_path, cifar_zip):
+    """metrics.csv's ``seconds`` is the run's training time: a resume goes on from the clock its
+    checkpoint saved (it restarted at 0 each sitting)."""
+    run = tmp_path / "run"
+    cfg = tiny_config(tmp_path, cifar_zip, epochs=3, out_dir=str(run))
+    assert main(["train", cfg, "--stop-at-step", "2"]) == 0
+    meta = json.loads((run / "checkpoints" / "step-00000002" / "checkpoint.json").read_text())
+    saved = meta["state"]["seconds"]
+    assert saved > 0
+    assert main(["train", cfg, "--resume"]) == 0
+    rows = (run / "metrics.csv").read_text().splitlines()[1:]
+    seconds = [float(r.split(",")[-1]) for r in rows]
+    steps = [int(r.split(",")[2]) for r in rows]
+    assert seconds == sorted(seconds)
+    assert all(s >= saved for s, n in zip(seconds, steps) if n > 2)
+    meta = json.loads((run / "checkpoints" / "step-00000006" / "checkpoint.json").read_text())
+    assert meta["state"]["seconds"] >= seconds[-1] - 1.0

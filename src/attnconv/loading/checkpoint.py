@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import math
 import re
 from pathlib import Path
@@ -34,7 +33,7 @@ from attnconv.models import create_model, list_models
 from attnconv.models.budget import construction_budget
 from attnconv.models.vit import VisionTransformer
 
-from .checkpoint_meta import MetaError, check_meta, parse_meta
+from .checkpoint_meta import META_HASH, MetaError, check_meta, meta_digest, parse_meta, tensor_index
 
 FORMAT = "attnconv-checkpoint"
 VERSION = 1
@@ -50,20 +49,6 @@ class CheckpointError(ValueError):
     A ValueError whose message names the file and the problem: missing, pickle, truncated,
     corrupted or foreign.
     """
-
-
-def tensor_index(tensors: dict[str, torch.Tensor]) -> dict[str, list]:
-    return {k: [str(v.dtype).removeprefix("torch."), list(v.shape)] for k, v in tensors.items()}
-
-
-META_HASH = "meta_sha256"
-
-
-def meta_digest(meta: dict) -> str:
-    """sha256 of the metadata's canonical JSON, without its own digest (and the reader's
-    ``path``): covers the normalization, config and state that the file hashes do not."""
-    body = {k: v for k, v in meta.items() if k not in (META_HASH, "path")}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def _is_pickle(p: Path) -> bool:

@@ -8,6 +8,7 @@ the loaders read is required, the rest is optional.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from typing import Any
@@ -151,3 +152,18 @@ def check_meta(meta: dict) -> None:
             if not pid.isdigit():
                 raise _fail("optimizer.scalars", "keyed by parameter number", pid)
             _mapping(d, f"optimizer.scalars.{pid}")
+
+
+def tensor_index(tensors: dict) -> dict[str, list]:
+    """name -> [dtype, shape] of each tensor: the index checkpoint.json keeps."""
+    return {k: [str(v.dtype).removeprefix("torch."), list(v.shape)] for k, v in tensors.items()}
+
+
+META_HASH = "meta_sha256"
+
+
+def meta_digest(meta: dict) -> str:
+    """sha256 of the metadata's canonical JSON, without its own digest (and the reader's
+    ``path``): covers the normalization, config and state that the file hashes do not."""
+    body = {k: v for k, v in meta.items() if k not in (META_HASH, "path")}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()

@@ -11,10 +11,12 @@ are resampled bicubically on the patch grid (the prefix tokens' embeddings are k
 
 DeiT (Touvron et al., "Training data-efficient image transformers & distillation through
 attention", ICML 2021, sec. 5): ``dist_token`` adds a distillation token after the class token,
-and with ``dist_head`` its own classifier; at inference the two heads' logits are averaged.
+and with ``dist_head`` its own classifier; at inference the two heads' logits are averaged, and
+in training too unless ``set_distilled_training()`` asks for them apart (timm's default, switch).
 ``global_pool="avg"`` classifies the mean of the patch tokens (timm's variant, with the final
 LayerNorm after the pooling as ``fc_norm``). Pretrained timm / Hugging Face weights:
-``attnconv.create_model(name, checkpoint=PATH)`` (``attnconv.loading``).
+``attnconv.create_model(name, checkpoint=PATH)`` (``attnconv.loading``); the named geometries
+(vit_tiny_cifar, ViT-Ti/S/B/L, DeiT) are in ``vit_zoo.py``.
 """
 
 from __future__ import annotations
@@ -32,26 +34,13 @@ from ..layers.encodings.sinusoidal import sinusoid_2d
 from ..layers.feedforward import FeedForward
 from ..layers.functional import check_impl
 from ..layers.mha import MultiHeadAttention
-from ._common import build_config, check_images
-from .registry import register_model
+from ._common import check_images
 
 __all__ = [
     "ViTConfig",
     "VisionTransformer",
     "sinusoidal_2d",
     "resample_pos_embed",
-    "vit_tiny_cifar",
-    "vit_small_cifar",
-    "vit_tiny_patch16_224",
-    "vit_small_patch16_224",
-    "vit_base_patch16_224",
-    "vit_large_patch16_224",
-    "deit_tiny_patch16_224",
-    "deit_small_patch16_224",
-    "deit_base_patch16_224",
-    "deit_tiny_distilled_patch16_224",
-    "deit_small_distilled_patch16_224",
-    "deit_base_distilled_patch16_224",
 ]
 
 POS_EMBEDS = ("learned", "sinusoidal_2d")
@@ -203,7 +192,18 @@ class VisionTransformer(nn.Module):
         self.head = nn.Linear(D, cfg.num_classes)
         self.head_dist = nn.Linear(D, cfg.num_classes) if cfg.dist_token and cfg.dist_head else None
         self.num_features = D
+        self.distilled_training = False  # DeiT: train the two heads apart (set_distilled_training)
         self._init_weights()
+
+    def set_distilled_training(self, enable: bool = True) -> None:
+        """DeiT's hard-distillation training (sec. 5, timm's switch): in train mode ``forward``
+        returns the class head's and the distillation head's logits apart, (B, classes) each,
+        for a loss on the labels and one on the teacher's; in eval mode their mean as always."""
+        if enable and self.head_dist is None:
+            raise ValueError(
+                "set_distilled_training needs the distillation head (a deit_*_distilled_*)"
+            )
+        self.distilled_training = enable
 
     @property
     def attention_grid(self) -> tuple[int, int]:
@@ -303,105 +303,15 @@ class VisionTransformer(nn.Module):
         if self.cfg.global_pool == "avg":
             return self.head(self.fc_norm(feats[:, self.num_prefix_tokens :].mean(1)))
         logits = self.head(feats[:, 0])  # class token -> (B, classes)
-        if self.head_dist is not None:  # DeiT at inference: mean of the two heads
-            logits = (logits + self.head_dist(feats[:, 1])) / 2
-        return logits
+        if self.head_dist is None:
+            return logits
+        dist = self.head_dist(feats[:, 1])  # distillation token -> (B, classes)
+        if self.distilled_training and self.training:  # DeiT sec. 5: each head its own loss
+            return logits, dist
+        return (logits + dist) / 2  # DeiT at inference: mean of the two heads
 
     def forward(self, x: torch.Tensor, return_attention: bool = False):
         if return_attention:
             feats, attns = self.forward_features(x, return_attention=True)
             return self.forward_head(feats), attns
         return self.forward_head(self.forward_features(x))
-
-
-def _vit(name: str, defaults: dict, num_classes: int, overrides: dict) -> VisionTransformer:
-    defaults = {**defaults, "num_classes": num_classes}
-    return VisionTransformer(build_config(ViTConfig, name, defaults, overrides))
-
-
-_CIFAR = dict(img_size=32, patch_size=4, depth=12)
-
-
-@register_model
-def vit_tiny_cifar(num_classes: int = 10, **overrides) -> VisionTransformer:
-    """ViT-Ti (192 wide, 12 blocks, 3 heads) on 32x32 with 4x4 patches (8x8 grid)."""
-    return _vit("vit_tiny_cifar", dict(_CIFAR, embed_dim=192, num_heads=3), num_classes, overrides)
-
-
-@register_model
-def vit_small_cifar(num_classes: int = 10, **overrides) -> VisionTransformer:
-    """ViT-S (384 wide, 12 blocks, 6 heads) on 32x32 with 4x4 patches (8x8 grid)."""
-    return _vit("vit_small_cifar", dict(_CIFAR, embed_dim=384, num_heads=6), num_classes, overrides)
-
-
-# ImageNet geometries of timm / Hugging Face (patch 16 at 224: a 14x14 grid). Their defaults are
-# timm's (LayerNorm eps 1e-6, antialiased position-embedding resampling); a checkpoint loaded with
-# ``checkpoint=`` brings its own (a Hugging Face config: eps 1e-12, no antialiasing).
-_IMAGENET = dict(pos_embed_antialias=True)
-_TINY = dict(_IMAGENET, embed_dim=192, depth=12, num_heads=3)
-_SMALL = dict(_IMAGENET, embed_dim=384, depth=12, num_heads=6)
-_BASE = dict(_IMAGENET, embed_dim=768, depth=12, num_heads=12)
-_LARGE = dict(_IMAGENET, embed_dim=1024, depth=24, num_heads=16)
-_DISTILLED = dict(dist_token=True)
-
-
-@register_model
-def vit_tiny_patch16_224(num_classes: int = 1000, **overrides) -> VisionTransformer:
-    """ViT-Ti/16 at 224x224 (192 wide, 12 blocks, 3 heads; timm's geometry)."""
-    return _vit("vit_tiny_patch16_224", _TINY, num_classes, overrides)
-
-
-@register_model
-def vit_small_patch16_224(num_classes: int = 1000, **overrides) -> VisionTransformer:
-    """ViT-S/16 at 224x224 (384 wide, 12 blocks, 6 heads; timm's geometry)."""
-    return _vit("vit_small_patch16_224", _SMALL, num_classes, overrides)
-
-
-@register_model
-def vit_base_patch16_224(num_classes: int = 1000, **overrides) -> VisionTransformer:
-    """ViT-B/16 at 224x224 (768 wide, 12 blocks, 12 heads): 86.6M parameters at 1000 classes."""
-    return _vit("vit_base_patch16_224", _BASE, num_classes, overrides)
-
-
-@register_model
-def vit_large_patch16_224(num_classes: int = 1000, **overrides) -> VisionTransformer:
-    """ViT-L/16 at 224x224 (1024 wide, 24 blocks, 16 heads): 304.3M parameters at 1000 classes."""
-    return _vit("vit_large_patch16_224", _LARGE, num_classes, overrides)
-
-
-@register_model
-def deit_tiny_patch16_224(num_classes: int = 1000, **overrides) -> VisionTransformer:
-    """DeiT-Ti at 224x224: ViT-Ti/16's geometry (DeiT differs in training only)."""
-    return _vit("deit_tiny_patch16_224", _TINY, num_classes, overrides)
-
-
-@register_model
-def deit_small_patch16_224(num_classes: int = 1000, **overrides) -> VisionTransformer:
-    """DeiT-S at 224x224: ViT-S/16's geometry."""
-    return _vit("deit_small_patch16_224", _SMALL, num_classes, overrides)
-
-
-@register_model
-def deit_base_patch16_224(num_classes: int = 1000, **overrides) -> VisionTransformer:
-    """DeiT-B at 224x224: ViT-B/16's geometry."""
-    return _vit("deit_base_patch16_224", _BASE, num_classes, overrides)
-
-
-@register_model
-def deit_tiny_distilled_patch16_224(num_classes: int = 1000, **overrides) -> VisionTransformer:
-    """DeiT-Ti with the distillation token and head (DeiT sec. 5), 224x224."""
-    return _vit("deit_tiny_distilled_patch16_224", {**_TINY, **_DISTILLED}, num_classes, overrides)
-
-
-@register_model
-def deit_small_distilled_patch16_224(num_classes: int = 1000, **overrides) -> VisionTransformer:
-    """DeiT-S with the distillation token and head (DeiT sec. 5), 224x224."""
-    return _vit(
-        "deit_small_distilled_patch16_224", {**_SMALL, **_DISTILLED}, num_classes, overrides
-    )
-
-
-@register_model
-def deit_base_distilled_patch16_224(num_classes: int = 1000, **overrides) -> VisionTransformer:
-    """DeiT-B with the distillation token and head (DeiT sec. 5), 224x224."""
-    return _vit("deit_base_distilled_patch16_224", {**_BASE, **_DISTILLED}, num_classes, overrides)

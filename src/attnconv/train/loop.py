@@ -20,10 +20,7 @@ import torch.nn.functional as F
 import yaml
 
 from attnconv.layers.checks import set_backend
-from attnconv.loading.checkpoint import (
-    LATEST,
-    read_meta,
-)
+from attnconv.loading.checkpoint import LATEST, read_meta
 from attnconv.models import create_model
 
 from . import distributed as D
@@ -37,7 +34,7 @@ from .monitor import Monitor
 from .optim import build_optimizer, lr_at, set_lr
 from .resume import check_same_config, restore
 from .runfolder import RunLock, claim
-from .stopping import Interrupted, NonFiniteLoss, last_good, nonfinite_weights, stop_signals
+from .stopping import Interrupted, check_finite, check_weights, stop_signals
 
 log = logging.getLogger(__name__)
 SUMS = ("ep_loss", "ep_correct", "ep_n", "win_loss", "win_correct", "win_n")
@@ -129,6 +126,7 @@ class Trainer:
         self.evaluated = -1  # the step of the last completed evaluation
         self.sums = dict.fromkeys(SUMS, 0.0)  # epoch and log-window metric sums
         self.win_before = 0.0  # images of the log window trained before a resume (not timed)
+        self.seconds_before = 0.0  # training seconds of the earlier sittings (metrics' clock)
 
     def _start_logs(self, resume: bool) -> None:
         """metrics.csv, centers.jsonl, TensorBoard, the run's config.yaml and the summary."""
@@ -137,6 +135,7 @@ class Trainer:
             self.out,
             enabled=self.info.is_main,
             resume_step=self.step if resume else None,
+            seconds_before=self.seconds_before,
             progress=t.progress,
             tensorboard=t.tensorboard,
             total_steps=self.total,
@@ -176,6 +175,7 @@ class Trainer:
         if self.info.is_main:  # the sums over every rank (save); the others start from zero
             self.sums.update(meta["state"]["sums"])
         self.win_before = self.sums["win_n"]  # timed by the sitting that trained them
+        self.seconds_before = float(meta["state"].get("seconds", 0.0))  # older: not saved
         if self._end_was_cut():  # a signal stopped the evaluation that ends an epoch
             which = "final" if self.step >= self.total else f"step {self.step}'s"
             self.resume_note = f"the {which} evaluation was interrupted: evaluating now"
@@ -194,12 +194,7 @@ class Trainer:
             NonFiniteLoss: the weights are not all finite.
         """
         path = self.ckdir / f"step-{self.step:08d}"
-        bad = nonfinite_weights(self.model)
-        if D.any_rank(bool(bad), self.info):
-            raise NonFiniteLoss(
-                f"non-finite weights ({', '.join(bad[:2]) or 'on another rank'}) after step "
-                f"{self.step}; training stopped without saving them; {last_good(self.ckdir)}"
-            )
+        check_weights(self.model, self.step, self.ckdir, self.info)  # before writing them
         sums = dict(zip(SUMS, D.all_reduce_sum([self.sums[k] for k in SUMS], self.info)))
         if self.info.is_main:
             state = {
@@ -208,6 +203,7 @@ class Trainer:
                 "sums": sums,
                 "total_steps": self.total,
                 "evaluated": self.evaluated,
+                "seconds": self.mon.seconds(),
             }
             data = {
                 "classes": self.classes,
@@ -392,17 +388,12 @@ class Trainer:
             "eval_acc": acc,
             "step": self.step,
             "epoch": epoch + 1,
-            "seconds": time.time() - self.t_start,
+            "seconds": self.mon.seconds(),
         }
 
     def _check_finite(self, value: torch.Tensor, epoch: int, batch: int, what: str) -> None:
-        bad = not bool(torch.isfinite(value).all())
-        if D.any_rank(bad, self.info):
-            raise NonFiniteLoss(
-                f"non-finite {what} ({value.item() if bad else 'on another rank'}) at step "
-                f"{self.step + 1} (epoch {epoch + 1}, batch {batch + 1}); training stopped, "
-                f"weights not updated; {last_good(self.ckdir)}"
-            )
+        where = f"step {self.step + 1} (epoch {epoch + 1}, batch {batch + 1})"
+        check_finite(value, what, where, self.ckdir, self.info)
 
     def _interrupt(self) -> None:
         path = self.save()

@@ -3,6 +3,7 @@ a terminal, plain log lines elsewhere), metrics.csv, TensorBoard, centres.jsonl.
 
 Files in the run folder (written by rank 0):
   metrics.csv      kind (train | eval), epoch, step, lr, loss, acc, images_per_s, seconds
+                   (seconds: the run's training time, over its sittings)
   centers.jsonl    per epoch {"epoch", "step", "layers": [[[row, col] per head] per layer],
                    "alpha": [[alpha per head] per layer] (isotropic quadratic layers)}
                    from ``attention_centers()`` of each quadratic layer (Cordonnier fig. 3)
@@ -98,6 +99,7 @@ class Monitor:
         progress: bool,
         tensorboard: bool,
         total_steps: int,
+        seconds_before: float = 0.0,
     ):
         self.enabled, self.total, self.out = enabled, total_steps, out
         self.progress = Progress(
@@ -110,7 +112,7 @@ class Monitor:
         )
         self.csv_path, self.centres_path = out / "metrics.csv", out / "centers.jsonl"
         self.machines_path = out / "machines.jsonl"
-        self.t0 = time.time()
+        self.t0 = time.time() - seconds_before  # the run's clock goes on over its sittings
         self.tb = None
         if not enabled:
             return
@@ -155,7 +157,7 @@ class Monitor:
             f"{loss:.6f}",
             f"{acc:.6f}",
             f"{images_per_s:.1f}",
-            f"{time.time() - self.t0:.1f}",
+            f"{self.seconds():.1f}",
         ]
         with open_nofollow(self.csv_path, "a", newline="") as f:
             csv.writer(f).writerow(vals)
@@ -167,6 +169,11 @@ class Monitor:
                 self.tb.add_scalar("train/images_per_s", images_per_s, step)
         if kind == "eval":
             self.message(f"epoch {epoch} step {step}: eval loss {loss:.4f} acc {100 * acc:.2f}%")
+
+    def seconds(self) -> float:
+        """The run's training seconds so far: this sitting's and the saved ones of those before
+        (a resume goes on from its checkpoint's; the time a run was stopped is not counted)."""
+        return time.time() - self.t0
 
     def advance(self, step: int) -> None:
         """The run is at ``step`` (called after every optimizer step)."""

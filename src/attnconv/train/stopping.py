@@ -12,6 +12,8 @@ import torch
 
 from attnconv.loading.checkpoint import LATEST, CheckpointError, follow_latest
 
+from . import distributed as D
+
 
 class NonFiniteLoss(RuntimeError):
     """Training diverged; the message names the step and the last good checkpoint.
@@ -69,3 +71,25 @@ def nonfinite_weights(model: torch.nn.Module) -> list[str]:
         for n, t in model.state_dict().items()
         if t.is_floating_point() and not bool(torch.isfinite(t).all())
     ]
+
+
+def check_finite(value: torch.Tensor, what: str, where: str, ckdir: Path, info) -> None:
+    """Stop training (every rank: ``info``) before the weights take a non-finite ``value``
+    (the loss, the learning rate, the gradient norm): ``where`` says the step, epoch, batch."""
+    bad = not bool(torch.isfinite(value).all())
+    if D.any_rank(bad, info):
+        raise NonFiniteLoss(
+            f"non-finite {what} ({value.item() if bad else 'on another rank'}) at {where}; "
+            f"training stopped, weights not updated; {last_good(ckdir)}"
+        )
+
+
+def check_weights(model: torch.nn.Module, step: int, ckdir: Path, info) -> None:
+    """Weights that are not all finite (on any rank) are never saved: training stops and
+    ``latest`` keeps naming the last verified checkpoint."""
+    bad = nonfinite_weights(model)
+    if D.any_rank(bool(bad), info):
+        raise NonFiniteLoss(
+            f"non-finite weights ({', '.join(bad[:2]) or 'on another rank'}) after step "
+            f"{step}; training stopped without saving them; {last_good(ckdir)}"
+        )
