@@ -125,6 +125,7 @@ def test_a_forced_backend_passed_over_says_so_in_one_line(make, why):
     with pytest.warns(UserWarning, match=re.escape(why)) as caught:
         layer(torch.randn(1, 8, 5, 5))
     assert all("\n" not in str(w.message) for w in caught)
+    assert {w.filename for w in caught} == {__file__}  # the caller's line, not torch's module.py
 
 
 def test_a_forced_backend_that_runs_warns_nothing(recwarn):

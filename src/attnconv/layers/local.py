@@ -12,7 +12,6 @@ The kernel (fast path and plain reference) is kernels/window.py.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -20,6 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..warn import warn
 from .checks import BackendKnob, backend_of, check_tensor, positive_int
 from .encodings.sinusoidal import sinusoid_2d
 from .kernels import plan, triton_axis, triton_compile, triton_local
@@ -261,10 +261,7 @@ class LocalSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
             qs, vs = q.flatten(3).mT, v.flatten(3).mT  # (B, nh, T, d) views, as the kernel's
             why, block_m = triton_compile.fit(qs, vs, h, w, 0.0, True, train, self.kernel_size)
         if why:
-            warnings.warn(
-                f"attnconv: backend='triton' falls back to the window function: {why}",
-                stacklevel=3,
-            )
+            warn(f"attnconv: backend='triton' falls back to the window function: {why}")
             return None
         return triton_local.local_attention_triton(
             q, k, v, self.kernel_size, self.rel_row, self.rel_col, block_m

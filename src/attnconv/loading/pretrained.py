@@ -18,7 +18,6 @@ that does not fit it is refused with one line naming the first few offending key
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from pathlib import Path
 
 import torch
@@ -26,6 +25,7 @@ import torch.nn as nn
 
 from attnconv.models import create_model
 from attnconv.models.vit import VisionTransformer
+from attnconv.warn import warn
 
 from . import hf_format, timm_format
 from .checkpoint import load_model
@@ -171,7 +171,7 @@ def load_pretrained(name: str, checkpoint: str | Path, **overrides) -> nn.Module
     _check_fit(model, src, name)
     model.load_state_dict(src.state, strict=True)
     if notes:
-        warnings.warn(f"{src.path}: {'; '.join(notes)}", stacklevel=3)
+        warn(f"{src.path}: {'; '.join(notes)}")
     return model.eval()
 
 

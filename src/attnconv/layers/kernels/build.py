@@ -25,7 +25,6 @@ import re
 import shutil
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -34,6 +33,7 @@ from pathlib import Path
 import torch
 
 from attnconv.cpuinfo import cpu_flags
+from attnconv.warn import warn
 
 LOCK_WAIT_S = 20.0  # a live build elsewhere takes minutes: dense kernels this time instead
 LOCK = "attnconv.lock"
@@ -127,7 +127,7 @@ def say_once(message: str) -> None:
     """One line per process: why the fused kernels are not used."""
     if message not in _said:
         _said.add(message)
-        warnings.warn(message, stacklevel=3)
+        warn(message)
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,9 @@ the dtype each computes in precision.py's.
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 
+from ...warn import warn
 from ..encodings.terms import AxisTerm, GaussianTerm
 from ..functional import dropped_links, scaled_dot_product_attention
 from ..precision import hi, kernel_dtype, no_autocast, softmax_f32, upcast
@@ -129,9 +128,7 @@ def triton(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True):
         train = triton_axis.trains(q, k, v, q_axis)
         why, block_m = triton_compile.fit(q, v, grid.h, grid.w, p_drop, per_image, train)
     if why:
-        warnings.warn(
-            f"attnconv: backend='triton' falls back to the dense kernel: {why}", stacklevel=2
-        )
+        warn(f"attnconv: backend='triton' falls back to the dense kernel: {why}")
         dense = dense_dropout if p_drop > 0 else fold
         return dense(q, k, v, term, grid, scale, p_drop=p_drop, per_image=per_image)
     b = v.shape[0]

@@ -42,11 +42,11 @@ TABLE:
 from __future__ import annotations
 
 import importlib.util
-import warnings
 from typing import NamedTuple
 
 import torch
 
+from ...warn import warn
 from ..encodings.terms import AxisTerm, GaussianTerm, ShiftTerm, Term
 from ..first_order import transforms_active
 from ..precision import autocast_dtype
@@ -291,7 +291,7 @@ def warn_if_passed_over(backend: str | None, chosen: str, table: tuple[Row, ...]
     if transforms_active():
         return
     why = f"attnconv: backend={backend!r} passed over (needs {row.term}: {row.rule}); {chosen} runs"
-    warnings.warn(why, stacklevel=3)  # the frame that called the layer's forward
+    warn(why)  # at the line that called the layer
 
 
 def tracing() -> bool:
