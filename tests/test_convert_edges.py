@@ -1,14 +1,19 @@
 """Converter edge cases that once went wrong (each test failed before its fix): weights written
 behind autograd's back, padding read from a traced forward, rank-limited grouped heads, frozen
-convolutions, lazy / transposed / 3-D convolutions in convert_model, unbatched input. Every
-comparison is in float64 against the original convolution."""
+convolutions, lazy / transposed / 3-D convolutions in convert_model, unbatched input, padding
+wider than the kernel, a soft alpha the dtype cannot hold, the global RNG, the per-layer report
+of a partly converted model. Every comparison is in float64 against the original convolution."""
 
 from __future__ import annotations
+
+import re
+from contextlib import nullcontext
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.utils import prune
 
 from attnconv.convert import (
     ConvAttention2d,
@@ -21,6 +26,7 @@ from attnconv.convert import (
     unconverted_layers,
 )
 from attnconv.convert.attributes import head_matrices
+from attnconv.convert.report import layer_report
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using padding='same'")
 
@@ -243,3 +249,83 @@ def test_unbatched_input_as_the_conv_accepts_it(conv):
         attn(_input(conv, batch=0))
     with pytest.raises(ValueError, match="unbatched"):
         attn(x[0])
+
+
+@pytest.mark.parametrize(
+    "conv, size",
+    [
+        (nn.Conv2d(3, 4, 1, padding=7, padding_mode="reflect"), (16, 15)),
+        (nn.Conv2d(3, 4, 3, padding=(1, 12), padding_mode="circular"), (12, 16)),
+        (nn.Conv1d(3, 4, 1, stride=2, padding=9, padding_mode="reflect"), (13,)),
+        (_OwnForward(3, 4, 1, padding=8, padding_mode="reflect"), (9, 10)),
+    ],
+    ids=["reflect", "circular", "conv1d-reflect", "traced-reflect"],
+)
+def test_padding_wider_than_the_kernel_converts(conv, size):
+    """The probes are larger than the padding (reflect needs pad < size): such a conv was
+    refused ("fails on every probe input size") though it runs on these inputs."""
+    torch.manual_seed(0)
+    conv = conv.double()
+    attn = conv_to_attention(conv)
+    x = torch.randn(2, 3, *size, dtype=F64)
+    torch.testing.assert_close(attn(x), conv(x), **EXACT)
+
+
+@pytest.mark.parametrize(
+    "dtype, alpha, fine", [(torch.float16, 1e10, 1e9), (torch.float32, 1e39, 1e38)]
+)
+def test_soft_alpha_the_dtype_cannot_hold_is_refused(dtype, alpha, fine):
+    """alpha beyond the dtype (the spread sqrt(2 alpha) or alpha itself overflows) gave NaN
+    outputs silently (a soft layer is checked as the plain conv it is built from)."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 4, 3, padding=1).to(dtype)
+    with pytest.raises(ValueError, match=re.escape(f"alpha={alpha:g} overflows {dtype}")):
+        conv_to_attention(conv, alpha=alpha)
+    x = torch.randn(2, 3, 7, 6).to(dtype)
+    y = conv_to_attention(conv, alpha=fine)(x)  # the largest that fits: the conv, to rounding
+    torch.testing.assert_close(y.float(), conv(x).float(), rtol=1e-2, atol=1e-2)
+
+
+def test_conversion_leaves_the_global_rng_alone():
+    """Probes and the layers' throw-away init used the global generator: a seeded run drew
+    different numbers after a conversion."""
+    model = nn.Sequential(_OwnForward(3, 4, 3, padding=1), nn.Conv2d(4, 6, 3, groups=2))
+    torch.manual_seed(0)
+    expected = torch.randn(5)
+    for kw in ({}, {"alpha": 3.0, "head_dim": 1}):
+        torch.manual_seed(0)
+        with pytest.warns(UserWarning) if kw else nullcontext():
+            convert_model(model, **kw)
+        assert torch.equal(torch.randn(5), expected)
+
+
+class _Shifted(nn.Conv2d):  # its forward transforms the input: kept by on_unsupported="keep"
+    def forward(self, x):
+        return super().forward(x + 1)
+
+
+def test_layer_report_of_a_partly_converted_model():
+    """A conv kept by on_unsupported="keep" made layer_report raise TypeError ("expected a
+    ConvAttention module"), so `attnconv convert --keep-unsupported` failed whenever it kept
+    one; it is left out of the rows (unconverted_layers lists it)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), _Shifted(4, 4, 1)).double()
+    with pytest.warns(UserWarning, match="kept as they are"):
+        converted = convert_model(model, on_unsupported="keep")
+    rows = layer_report(model, converted, torch.randn(2, 3, 8, 7, dtype=F64))
+    assert [r["name"] for r in rows] == ["0"] and rows[0]["max_abs_diff"] == 0.0
+
+
+@pytest.mark.filterwarnings("ignore:.*weight_norm")
+def test_pruned_and_old_weight_norm_models_convert_as_a_copy():
+    """torch.nn.utils.prune and the old weight_norm keep a computed (non-leaf) weight that
+    copy.deepcopy refuses: convert_model (not inplace) raised a raw RuntimeError."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 4, 3, groups=2)).double()
+    prune.l1_unstructured(model[0], "weight", amount=0.5)
+    model[1] = nn.utils.weight_norm(model[1])
+    x = torch.randn(2, 3, 9, 8, dtype=F64)
+    converted = convert_model(model)
+    assert all(isinstance(m, ConvAttention2d) for m in converted)
+    torch.testing.assert_close(converted(x), model(x), **EXACT)
+    assert hasattr(model[0], "weight_orig")  # the original is left as it was

@@ -105,12 +105,27 @@ def _load(source: str, checkpoint: str | None = None):
     raise FileNotFoundError(f"{source}: no such checkpoint")
 
 
-def _check_out(out: str) -> None:
+def _check_out(out: str, report: str | None = None) -> None:
     """--out is a new or empty folder, or the output of an earlier convert (replaced whole):
-    never a run, a training checkpoint or a user's folder, which saving would delete."""
+    never a run, a training checkpoint, a user's folder nor the current one (or one above it),
+    which saving would delete; nor the folder of the --json ``report``, which it would drop."""
     from attnconv.train.checkpoint import META, STATE, WEIGHTS
 
-    path = Path(out)
+    path, here = Path(out), Path.cwd()
+    if path.suffix == ".safetensors":
+        raise ValueError(f"--out {out}: the converted model is saved as a folder; name a folder")
+    if path.resolve() in (here, *here.parents):
+        raise ValueError(f"--out {out} is the current folder or one above it; name a new folder")
+    for parent in path.parents:  # the nearest existing one must be a folder
+        if parent.exists():
+            if not parent.is_dir():
+                raise NotADirectoryError(f"--out {out}: {parent} is a file, not a folder")
+            break
+    if report and report != "-" and path.resolve() in (r := Path(report).resolve(), *r.parents):
+        raise ValueError(
+            f"--json {report} is inside --out {out}, which saving replaces whole; write the "
+            "report elsewhere"
+        )
     if not path.exists():
         return
     if not path.is_dir():
@@ -147,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
     check_output_file("--json", args.json)  # before any work
     if args.out:
-        _check_out(args.out)  # before any work: nothing is converted to be refused at the end
+        _check_out(args.out, args.json)  # before any work, never refused at the end
     device = resolve_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -172,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
         Loader(ds, min(args.num_images, len(ds)), shuffle=False, mean=mean, std=std).batches(0)
     )[0].to(device)
     rows = layer_report(model, converted, x)
-    if not rows:
+    if not rows and not kept:
         raise ValueError(f"{label}: the model has no Conv1d/Conv2d layer to convert")
     mode = "hard (alpha -> inf)" if args.alpha is None else f"soft, alpha={args.alpha:g}"
     heads = "exact heads" if args.head_dim is None else f"head_dim={args.head_dim}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import warnings
 
+import torch
 import torch.nn as nn
 
 from attnconv.progress import Progress
@@ -52,7 +53,7 @@ def convert_model(
     if on_unsupported not in ON_UNSUPPORTED:
         raise ValueError(f"on_unsupported must be one of {ON_UNSUPPORTED}, got {on_unsupported!r}")
     if not inplace:
-        model = copy.deepcopy(model)
+        model = _deepcopy(model)
     kept: list[tuple[str, str, str]] = []
 
     def convert(path: str, conv: nn.Module) -> nn.Module:
@@ -134,6 +135,19 @@ def converted_layers(model: nn.Module) -> list[tuple[str, ConvAttention]]:
         ``named_modules`` lists them.
     """
     return [(n, m) for n, m in model.named_modules() if isinstance(m, ConvAttention)]
+
+
+def _deepcopy(model: nn.Module) -> nn.Module:
+    """copy.deepcopy, past the tensors it refuses: a weight that ``torch.nn.utils.prune`` or the
+    old ``weight_norm`` computes in a forward pre-hook (not a graph leaf) is copied detached, as
+    the hook recomputes it at every forward."""
+    memo = {
+        id(v): v.detach().clone()
+        for m in model.modules()
+        for v in vars(m).values()
+        if isinstance(v, torch.Tensor) and not v.is_leaf
+    }
+    return copy.deepcopy(model, memo)
 
 
 def _convertible(m: nn.Module) -> bool:

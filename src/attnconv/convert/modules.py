@@ -313,6 +313,8 @@ def conv_to_attention(
     if check and not exact:
         check_conversion(conv, SpecConv(spec), "plain convolution read from it")
     module = _build(spec, alpha, head_dim, impl).train(conv.training)
+    if not module.hard and not bool(torch.isfinite(module.alpha).all()):  # else NaN outputs
+        raise ValueError(f"alpha={alpha:g} overflows {spec.weight.dtype}; pass a smaller one")
     copy_requires_grad(conv, module)
     if check and exact:
         check_conversion(conv, module)
@@ -325,6 +327,7 @@ def conv_to_attention(
     return module
 
 
+@torch.random.fork_rng(devices=[])  # the layer's random init, overwritten: global RNG kept
 def _build(spec, alpha: float | None, head_dim: int | None, impl: str) -> ConvAttention2d:
     """The attention module of a ConvSpec (Lemma 1: heads on the kernel's shifts)."""
     geom, w = spec.geometry, spec.weight

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 import torch
 import torch.nn as nn
 
+from .model import unconverted_layers
 from .modules import ConvAttention, conv_to_attention
 
 
@@ -19,8 +20,11 @@ def layer_report(
     """Run ``images`` through the original model, capture every conv's input and output, and
     compare each conv with its converted module on that same real input.
 
-    One dict per conv: name, kernel, stride, heads, head_dim, hard, max_abs_diff, max_abs_out.
+    One dict per converted conv: name, kernel, stride, heads, head_dim, hard, max_abs_diff,
+    max_abs_out (a conv ``convert_model(..., on_unsupported="keep")`` left as it was has none:
+    ``unconverted_layers`` lists it).
     """
+    kept = {path for path, _, _ in unconverted_layers(converted)}
     convs = {
         n: m
         for n, m in model.named_modules()
@@ -42,8 +46,8 @@ def layer_report(
             h.remove()
     rows = []
     for name in convs:
-        if name not in seen:
-            continue  # a conv the forward never calls
+        if name not in seen or name in kept:
+            continue  # a conv the forward never calls, or one left unconverted
         att = converted.get_submodule(name)
         if not isinstance(att, ConvAttention):
             raise TypeError(f"{name}: expected a ConvAttention module, got {type(att).__name__}")
