@@ -69,7 +69,12 @@ class ConvertedAttentionView(nn.Module):
         if not return_attention:
             return out
         ran = [(n, m) for n, m in self.named if id(m) in sizes]
-        conv = [AttentionMap(layer_maps(m, *sizes[id(m)]), sizes[id(m)]) for _, m in ran]
+        conv = [
+            AttentionMap(
+                layer_maps(m, *sizes[id(m)]), sizes[id(m)], 0, output_queries(m, *sizes[id(m)])
+            )
+            for _, m in ran
+        ]
         if own:  # converted layers' names, then the model's own ("layer 1", ...)
             self.layer_names = [n for n, _ in ran] + [f"layer {i + 1}" for i in range(len(own))]
         return out, conv + list(own)
@@ -87,3 +92,18 @@ def layer_maps(module: ConvAttention2d, h: int, w: int) -> torch.Tensor:
     p = probs.reshape(nh, hp, wp, hp, wp)[:, top : top + h, left : left + w]
     p = p[:, :, :, top : top + h, left : left + w]  # (Nh, h, w, h, w)
     return p.reshape(1, nh, h * w, h * w)
+
+
+def output_queries(module: ConvAttention2d, h: int, w: int) -> torch.Tensor:
+    """(h*w,) bool: the pixels of the h x w input that are the convolution's output queries,
+    anchor + o * stride on the padded image (geometry.crop); a strided or unpadded conv's other
+    queries read pixels the conv never combines (clamped at the border, or between strides)."""
+    g = module.geometry
+    left, _, top, _ = g.pad_for(h, w)
+    (oh, ow), (ah, aw), (sh, sw) = g.output_size(h, w), g.anchor, g.stride
+    rows = torch.zeros(h, dtype=torch.bool)
+    cols = torch.zeros(w, dtype=torch.bool)
+    r, c = torch.arange(oh) * sh + ah - top, torch.arange(ow) * sw + aw - left  # unpadded
+    rows[r[(r >= 0) & (r < h)]] = True  # an output query in the padding has no pixel here
+    cols[c[(c >= 0) & (c < w)]] = True
+    return (rows[:, None] & cols[None, :]).reshape(-1)

@@ -10,11 +10,13 @@ measure, over every query q of every image:
 - ``peak``: the mean of max_k p(q, k), whatever its offset.
 
 Queries for which q + Delta falls outside the image (where a zero-padded convolution reads
-padding) are left out of ``score`` and ``stability``. A query row with no spatial mass at all (a
-converted conv's query whose only tap is in the padding) has no maximum: it casts no vote for the
-modal offset and is left out of ``stability`` and ``peak``. Mass on prefix tokens (the class token)
-counts in the denominator: it is mass not spent on any offset. A layer of hard heads whose offsets
-fill a K x K grid scores exactly 1.0 and reports ``kernel = K``.
+padding) are left out of ``score`` and ``stability``, as are the queries a layer does not
+output (``AttentionMap.queries``: a converted strided or unpadded convolution's). A query row
+with no spatial mass at all (a converted conv's query whose only tap is in the padding) has no
+maximum: it casts no vote for the modal offset and is left out of ``stability`` and ``peak``.
+Mass on prefix tokens (the class token) counts in the denominator: it is mass not spent on any
+offset. A layer of hard heads whose offsets fill a K x K grid scores exactly 1.0 and reports
+``kernel = K``.
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ class ConvLikeness:
 
     def __init__(self) -> None:
         self.lgrid: Grid | None = None
+        self.queries: torch.Tensor | None = None  # (hw,) bool: the queries the layer outputs
         self.mass: torch.Tensor | None = None  # (Nh, n_offsets) summed p(q, q + o)
         self.argmax: list[torch.Tensor] = []  # (B, Nh, hw) offset of each row's max; -1 empty
         self.peak_sum: torch.Tensor | None = None  # (Nh,) summed max over non-empty rows
@@ -105,12 +108,12 @@ class ConvLikeness:
         if self.lgrid is None:
             self.lgrid = attn.grid
             self.oidx = offset_index(self.lgrid)  # (hw, hw)
+            self.queries = attn.queries  # the queries the layer outputs (None: all)
         elif attn.grid != self.lgrid:
             raise ValueError(f"attention on a {attn.grid} grid after maps on {self.lgrid}")
         n = batch if (batch is not None and attn.shape[0] == 1) else attn.shape[0]
         w = n / attn.shape[0]  # a shared (1, ...) map stands for n images
-        k = attn.num_prefix_tokens
-        p = attn.probs.detach()[:, :, k:, k:]  # (B, Nh, hw, hw)
+        p = attn.output_rows()  # (B, Nh, hw, hw), queries the layer does not output: empty
         nh = p.shape[1]
         h, wd = self.lgrid
         mass = torch.zeros(nh, (2 * h - 1) * (2 * wd - 1), dtype=torch.float64)
@@ -150,6 +153,8 @@ class ConvLikeness:
             modal = int(torch.bincount(votes).argmax()) if votes.numel() else centre
             dr, dc = offset_of(modal, (h, w))
             inside = (qr + dr >= 0) & (qr + dr < h) & (qc + dc >= 0) & (qc + dc < w)  # (hw,)
+            if self.queries is not None:  # a strided / unpadded conv's output queries only
+                inside &= self.queries.cpu()
             n_valid = int(inside.sum()) * self.count
             offsets.append((dr, dc))
             scores.append(float(self.mass[hd, modal]) / n_valid)

@@ -70,7 +70,7 @@ class MeanDistance:
         s = torch.zeros(attn.num_heads, dtype=torch.float64)
         rows = torch.zeros(attn.num_heads, dtype=torch.float64)
         for i in range(attn.shape[0]):  # one image at a time: (p * dist) is as large as the maps
-            p = attn.image(i).spatial()[0]  # (Nh, hw, hw)
+            p = attn.image(i).output_rows()[0].float()  # (Nh, hw, hw)
             mass = p.sum(-1)  # (Nh, hw) each row's spatial mass
             full = mass > 0  # rows with no spatial mass have no distance: left out
             d = (p * self.dist).sum(-1) / mass.clamp_min(1e-30)  # d(q) of the renormalized row

@@ -25,11 +25,14 @@ class AttentionMap:
         probs: (B or 1, Nh, T, T) softmax rows (queries) over keys, T = num_prefix_tokens + h*w.
         grid: (h, w) of the spatial tokens, row-major after the prefix tokens.
         num_prefix_tokens: tokens before the grid (a ViT's class or distillation token).
+        queries: (h*w,) bool, the spatial queries whose output the layer keeps (a converted
+            strided or unpadded convolution outputs only some); None: every one.
     """
 
     probs: torch.Tensor  # (B or 1, Nh, T, T), T = num_prefix_tokens + h*w
     grid: Grid  # (h, w) of the spatial tokens, row-major
     num_prefix_tokens: int = 0
+    queries: torch.Tensor | None = None  # (h*w,) bool: the queries output; None: all
 
     def __post_init__(self) -> None:
         p = self.probs
@@ -45,6 +48,9 @@ class AttentionMap:
                 f"AttentionMap of {p.shape[-1]} tokens does not fit a {h}x{w} grid with "
                 f"{n} prefix tokens"
             )
+        q = self.queries
+        if q is not None and (not isinstance(q, torch.Tensor) or q.shape != (h * w,)):
+            raise ValueError(f"AttentionMap.queries must be a ({h * w},) bool tensor or None")
 
     @property
     def shape(self) -> torch.Size:
@@ -62,6 +68,13 @@ class AttentionMap:
             p = p / p.sum(-1, keepdim=True).clamp_min(1e-30)
         return p
 
+    def output_rows(self) -> torch.Tensor:
+        """(B, Nh, hw, hw) spatial probabilities, prefix tokens dropped and the rows of queries
+        the layer does not output zeroed (the statistics leave empty rows out)."""
+        n = self.num_prefix_tokens
+        p = self.probs.detach()[..., n:, n:]
+        return p if self.queries is None else p * self.queries.to(p.device, p.dtype)[:, None]
+
     def query_index(self, row: int, col: int) -> int:
         """Token index of the spatial query (row, col) of this map's grid."""
         h, w = self.grid
@@ -77,7 +90,9 @@ class AttentionMap:
 
     def image(self, index: int) -> AttentionMap:
         """The map of one batch element, as a batch of 1."""
-        return AttentionMap(self.probs[index : index + 1], self.grid, self.num_prefix_tokens)
+        probs = self.probs[index : index + 1]
+        return AttentionMap(probs, self.grid, self.num_prefix_tokens, self.queries)
 
     def to(self, *args, **kwargs) -> AttentionMap:
-        return AttentionMap(self.probs.to(*args, **kwargs), self.grid, self.num_prefix_tokens)
+        probs = self.probs.to(*args, **kwargs)
+        return AttentionMap(probs, self.grid, self.num_prefix_tokens, self.queries)
