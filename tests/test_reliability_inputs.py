@@ -86,6 +86,11 @@ CRAFTED = [
         lambda m: m.update(converted={"alpha": "big"}),
         "converted.alpha must be a positive number or null",
     ),
+    (
+        "seconds",
+        lambda m: m.update(state={"step": 1, "seconds": "1 h"}),
+        "state.seconds must be a number of seconds",
+    ),
 ]
 
 

@@ -140,6 +140,8 @@ def check_meta(meta: dict) -> None:
     state = _mapping(meta.get("state"), "state", optional=True)
     if "step" in state and not (_is_int(state["step"]) and state["step"] >= 0):
         raise _fail("state.step", "a step number", state["step"])
+    if "seconds" in state and not (_is_num(state["seconds"]) and state["seconds"] >= 0):
+        raise _fail("state.seconds", "a number of seconds", state["seconds"])
     sums = _mapping(state.get("sums"), "state.sums", optional=True)
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in sums.values()):
         raise _fail("state.sums", "a mapping of numbers", sums)
