@@ -127,7 +127,7 @@ RUN = [
     (
         "analyze-out-is-a-file",
         ["analyze", "{ckpt}", "--out", "{ok}", "--data", "sample"],
-        r"File exists",
+        r"--out .*ok.yaml: .*ok.yaml is a file, not a folder",
     ),
     (
         "explore-not-html",

@@ -83,18 +83,43 @@ def output_dir(args: argparse.Namespace) -> Path:
     return RESULTS_DIR
 
 
+def count(text: str) -> int:
+    """argparse type of a count (threads, repeats, batch, size): an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def positive(text: str) -> float:
+    """argparse type of a finite amount > 0 (a memory budget in GB)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {value:g}")
+    return value
+
+
 def suite_parser(suite: str, description: str | None, only: list[str]) -> argparse.ArgumentParser:
     """The options every timing suite takes (``attnconv bench --suite SUITE -- ...``)."""
     p = argparse.ArgumentParser(prog=f"attnconv bench --suite {suite}", description=description)
     p.add_argument("--quick", action="store_true", help="tiny sizes, in-process, no memory")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per case (1)")
+    p.add_argument("--threads", type=count, default=1, help="torch threads per case (1)")
     p.add_argument(
-        "--repeats", type=int, default=None, help="timed repeats per case; the median is reported"
+        "--repeats",
+        type=count,
+        default=None,
+        help="timed repeats per case; the median is reported",
     )
     add_output_options(p)
     p.add_argument(
         "--budget-gb",
-        type=float,
+        type=positive,
         default=6.0,
         help="skip reference cases estimated to need more memory (6)",
     )

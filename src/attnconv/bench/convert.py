@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from attnconv.bench.common import add_output_options, output_dir
+from attnconv.bench.common import add_output_options, count, output_dir, positive
 
 COMMAND = "attnconv bench --suite convert"
 NET_TARGET = 3.0  # converted / original inference time of each network of bench_networks
@@ -329,12 +329,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=COMMAND, description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="tiny sizes (CI smoke test)")
     add_output_options(p)
-    p.add_argument("--budget-gb", type=float, help="(accepted for `attnconv bench`; unused)")
-    p.add_argument("--batch", type=int, default=32, help="images per timed batch, 32x32 (32)")
-    p.add_argument("--repeats", type=int, default=15, help="interleaved timed repeats (15)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (1)")
-    p.add_argument("--net-batch", type=int, default=4, help="batch of the network table")
-    p.add_argument("--net-size", type=int, default=112, help="image side of that table")
+    p.add_argument("--budget-gb", type=positive, help="(accepted for `attnconv bench`; unused)")
+    p.add_argument("--batch", type=count, default=32, help="images per timed batch, 32x32 (32)")
+    p.add_argument("--repeats", type=count, default=15, help="interleaved timed repeats (15)")
+    p.add_argument("--threads", type=count, default=1, help="torch threads (1)")
+    p.add_argument("--net-batch", type=count, default=4, help="batch of the network table")
+    p.add_argument("--net-size", type=count, default=112, help="image side of that table")
     p.add_argument("--checkpoint", help="trained checkpoint for the predictions check")
     p.add_argument("--data", help="dataset for the predictions check (e.g. the CIFAR-10 zip)")
     args = p.parse_args(argv)

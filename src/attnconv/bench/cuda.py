@@ -40,6 +40,7 @@ import torch.nn.functional as F
 
 from attnconv.bench.anchors import DenseSDPA, model_step
 from attnconv.bench.common import (
+    count,
     markdown_table,
     output_dir,
     suite_command,
@@ -336,7 +337,7 @@ def device_name(device: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = suite_parser("cuda", __doc__, ["content", "local", "models"])
-    p.add_argument("--inner", type=int, default=10, help="calls per timed repeat (10)")
+    p.add_argument("--inner", type=count, default=10, help="calls per timed repeat (10)")
     p.add_argument(
         "--mode",
         choices=("both", "train", "infer"),

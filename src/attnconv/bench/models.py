@@ -46,6 +46,7 @@ import torch.nn.functional as F
 
 from attnconv.bench.common import (
     MALLOC_POLICIES,
+    count,
     count_flops,
     markdown_table,
     output_dir,
@@ -304,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         default="both",
         help="paper configuration, CPU experiment scale, or both (both)",
     )
-    p.add_argument("--batch-paper", type=int, nargs="+", help="batches at the paper scale (16)")
+    p.add_argument("--batch-paper", type=count, nargs="+", help="batches at the paper scale (16)")
     p.add_argument(
         "--compile",
         action="store_true",
@@ -313,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--no-memory", action="store_true", help="skip the peak-memory subprocesses (faster)"
     )
-    p.add_argument("--batch-cpu", type=int, nargs="+", help="CPU-scale batches (64; quick 2)")
+    p.add_argument("--batch-cpu", type=count, nargs="+", help="CPU-scale batches (64; quick 2)")
     p.add_argument("--models", nargs="+", choices=MODELS, help="several models (default: all)")
     p.add_argument(
         "--docs", action="store_true", help="replace the results block of docs/benchmarks.md"

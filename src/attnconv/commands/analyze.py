@@ -10,7 +10,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from .options import add_device
+from .options import add_device, check_output_folder
 
 log = logging.getLogger(__name__)
 HELP = "figures of what the attention heads learned (PNGs + index.md/index.html)"
@@ -141,6 +141,7 @@ def analyze_checkpoint(
 
 def run(args: argparse.Namespace) -> int:
     path, name = model_source(args)
+    check_output_folder("--out", args.out)  # a file (or a folder under one): before any work
     report = analyze_checkpoint(
         path,
         args.out,

@@ -11,6 +11,8 @@ import importlib
 
 from attnconv.bench import SUITES
 
+from .options import check_output_folder
+
 HELP = f"run a benchmark suite ({', '.join(SUITES)}): time, peak memory, GFLOP/s"
 
 
@@ -51,5 +53,6 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--{opt} must be >= 1, got {getattr(args, opt)}")
     if args.budget_gb is not None and not args.budget_gb > 0:
         raise ValueError(f"--budget-gb must be > 0, got {args.budget_gb}")
+    check_output_folder("--out", args.out_dir)  # before the cases run, not after (their results)
     mod = importlib.import_module(f"attnconv.bench.{name}")
     return int(mod.main(suite_argv(args)) or 0)

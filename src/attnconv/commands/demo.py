@@ -24,6 +24,8 @@ import statistics
 import time
 from pathlib import Path
 
+from .options import check_output_folder
+
 HELP = "train a small quadratic-attention model for ~2 minutes and draw what its heads learned"
 log = logging.getLogger(__name__)
 MARGIN = 0.8  # plan the steps for this share of the time left (the machine may be shared)
@@ -158,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
     t_start = time.time()
     data = args.data or default_data()
     out = Path(args.out or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
+    check_output_folder("--out", out)  # a file, or a folder under one: before any work
     if out.exists() and any(out.iterdir()) and not args.overwrite:  # before any work
         raise ValueError(
             f"--out {out}: a run is already there; choose another --out, or pass "
@@ -207,6 +210,11 @@ def run(args: argparse.Namespace) -> int:
         f"{d.max_per_class} training images per class"
     )
     train_ds = load_dataset(d.dataset, d.train_split, root=d.root, max_per_class=d.max_per_class)
+    if len(train_ds) < cfg.train.batch_size:  # the trainer's refusal, before the plan divides
+        raise ValueError(  # by the epoch's steps (0)
+            f"{train_ds.source}: {len(train_ds)} images, fewer than one batch of "
+            f"{cfg.train.batch_size}"
+        )
     train_s = max(train_time(), MIN_TRAIN_S)
     if train_time() < MIN_TRAIN_S:  # said up front, never a negative allotment
         over = (time.time() - t_start + MIN_TRAIN_S + eval_s + figures_s) / 60
@@ -248,15 +256,16 @@ def run(args: argparse.Namespace) -> int:
     lr_goal = lr_at(planned - 1, cfg.optim.lr, cfg.schedule, planned, cfg.train.steps_per_epoch)
     n_eval = len(eval_ds)
     print(f"\nThe demo took {wall / 60:.1f} min (budget {args.minutes:g} min): {took}.")
+    kw = {**MODEL, **cfg.model.kwargs}  # the model trained: --set model.kwargs.* included
     print(
-        f"It trained {cfg.model.name} ({MODEL['num_layers']} layers of {MODEL['num_heads']} "
-        f"quadratic attention heads) on {len(train_ds)} images of {data} for {step} steps of "
+        f"It trained {cfg.model.name} ({kw['num_layers']} layers of {kw['num_heads']} "
+        f"attention heads) on {len(train_ds)} images of {data} for {step} steps of "
         f"{cfg.train.batch_size} images ({step * cfg.train.batch_size} images seen)."
     )
     if step >= planned:
         print(
-            f"The learning rate followed its cosine schedule to the end ({cfg.optim.lr:g} -> "
-            f"{lr_end:.2g})."
+            f"The learning rate followed its {cfg.schedule.name} schedule to the end "
+            f"({cfg.optim.lr:g} -> {lr_end:.2g})."
         )
     else:
         print(

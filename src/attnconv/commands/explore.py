@@ -6,7 +6,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from .options import add_device
+from .options import add_device, check_output_file
 
 log = logging.getLogger(__name__)
 HELP = "write a self-contained HTML page to explore every head's attention by clicking pixels"
@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--average must be >= 0, got {args.average}")
     if Path(args.out).suffix.lower() not in (".html", ".htm"):
         raise ValueError(f"--out must name an .html file, got {args.out}")
+    check_output_file("--out", args.out)  # a folder (or one under a file): before any work
     path, name = model_source(args)
     resolve_device(args.device)  # an unusable --device before any work
     log.info(f"explore: loading {path} and {max(args.images, args.average)} test images")
@@ -78,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
             max_queries=args.max_queries,
             batch_size=args.batch_size,
         )
-    size = out.stat().st_size / 1e6
-    print(f"wrote {out} ({size:.1f} MB, {args.images} images, average of {args.average})")
+    size, shown = out.stat().st_size / 1e6, min(args.images, len(images))
+    # what the page holds: the split may have fewer images than asked for
+    average = min(args.average, len(images))
+    print(f"wrote {out} ({size:.1f} MB, {shown} images, average of {average})")
     return 0

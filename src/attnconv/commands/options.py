@@ -28,3 +28,16 @@ def check_output_file(flag: str, path: str | None) -> None:
             if not parent.is_dir():
                 raise NotADirectoryError(f"{flag} {path}: {parent} is a file, not a folder")
             return
+
+
+def check_output_folder(flag: str, path: str | Path | None) -> None:
+    """A folder the command will write into (``--out DIR``): refused before any work if it, or
+    a folder on its way, is a file (None: the command's default, nothing to check)."""
+    if not path:
+        return
+    p = Path(path)
+    for q in (p, *p.parents):
+        if q.exists():
+            if not q.is_dir():
+                raise NotADirectoryError(f"{flag} {path}: {q} is a file, not a folder")
+            return

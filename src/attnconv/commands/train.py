@@ -42,11 +42,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_device(p)
 
 
+def _holds_run(out: Path) -> bool:
+    """A run was saved in ``out`` (a checkpoint or logged metrics), not only a config file."""
+    return any((out / "checkpoints").glob("step-*")) or (out / "metrics.csv").is_file()
+
+
 def run(args: argparse.Namespace) -> int:
     from attnconv.train.config import load_config
     from attnconv.train.run import train
     from attnconv.train.stopping import Interrupted, NonFiniteLoss
 
+    folder = Path(args.config)
+    if folder.is_dir():  # a run folder, say ("no such config file" said it was not there)
+        run = folder / "config.yaml"
+        hint = f"`attnconv train {run} --out {folder} --resume`"
+        raise IsADirectoryError(
+            f"{args.config} is a folder, not a config file"
+            + (f" (a run folder: continue it with {hint})" if _holds_run(folder) else "")
+        )
     cfg = load_config(args.config, args.overrides)
     if args.out:
         cfg.out_dir = args.out
@@ -54,6 +67,14 @@ def run(args: argparse.Namespace) -> int:
         cfg.out_dir = str(Path("runs") / Path(args.config).stem)
     if args.stop_at_step is not None and args.stop_at_step < 1:
         raise ValueError(f"--stop-at-step must be >= 1, got {args.stop_at_step}")
+    out = Path(cfg.out_dir)
+    if folder.resolve() == (out / "config.yaml").resolve() and not _holds_run(out):
+        # the run writes its resolved config there: the user's file (comments, base:) was lost
+        raise ValueError(
+            f"{args.config} is the config.yaml that a run in {out} writes (its resolved "
+            "config): training would replace your file; keep it outside the run folder or "
+            "train into another folder (--out)"
+        )
     try:
         last = train(
             cfg,
