@@ -141,7 +141,12 @@ def test_cli_errors_are_one_line(tmp_path, cifar_zip, capsys):
     argv = ["analyze", str(ck), "--data", str(cifar_zip), "--out", str(tmp_path / "o")]
     assert main(argv + ["--num-images", "2"]) == 2
     *status, err = capsys.readouterr().err.strip().splitlines()  # the error: one line, last
-    assert "nothing to analyze" in err and all(s.startswith("analyze: ") for s in status)
+    assert "convert it first" in err and all(s.startswith("analyze: ") for s in status)
+    assert main(["explore", str(ck), "--data", str(cifar_zip), "--out", str(tmp_path / "p.html")])
+    assert "convert it first" in capsys.readouterr().err  # was "returned no attention maps"
+    kw = {"hidden_size": 16, "num_layers": 1, "num_heads": 2}
+    sa = attnconv.create_model("sa_learned_content", **kw)
+    argv[1] = str(save_checkpoint(tmp_path / "sa", sa, "sa_learned_content", kw))
     assert main(argv + ["--num-images", "2", "--query", "40", "0"]) == 2
     assert "outside the 32x32 image" in capsys.readouterr().err
     assert main(["explore", str(ck), "--out", str(tmp_path / "p.txt")]) == 2

@@ -67,6 +67,8 @@ def test_atomic_replace_and_latest_pointer(saved, tmp_path):
     path.rename(run / "checkpoints" / "step-00000005")
     (run / "checkpoints" / LATEST).write_text("step-00000005")
     assert load_model(run)[1]["path"].endswith("step-00000005")  # run folder -> latest
+    pointer = run / "checkpoints" / LATEST  # the pointer itself (was "foreign checkpoint")
+    assert load_model(pointer)[1]["path"].endswith("step-00000005")
 
 
 def test_truncated(saved):

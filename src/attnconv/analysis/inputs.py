@@ -10,6 +10,12 @@ import torch
 import torch.nn as nn
 
 from attnconv.data import CIFAR10_MEAN, CIFAR10_STD, load_dataset
+from attnconv.layers.local import LocalSelfAttention2d
+from attnconv.layers.mha import MultiHeadAttention
+from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
+from attnconv.layers.stem import AttentionStem2d
+
+ATTENTION = (MultiHeadSelfAttention2d, LocalSelfAttention2d, AttentionStem2d, MultiHeadAttention)
 
 
 def load_checkpoint_model(path: str | Path) -> tuple[nn.Module, dict]:
@@ -27,8 +33,8 @@ def analyzable(model: nn.Module, info: dict, path, image_size) -> nn.Module:
 
     if info.get("converted"):
         return ConvertedAttentionView(model, tuple(image_size)).eval()
-    if hasattr(model, "attention_grid"):
-        return model
+    if hasattr(model, "attention_grid") and any(isinstance(m, ATTENTION) for m in model.modules()):
+        return model  # (a CNN of the registry has a grid too: its feature map, no attention)
     raise ValueError(
         f"{path}: model {info.get('model')!r} has no attention maps (a CNN: convert it first, "
         "`attnconv convert CHECKPOINT --out DIR`, and analyze DIR)"

@@ -307,7 +307,7 @@ CAPTIONS = {
     "attention_single": "Attention of every head (columns) of every layer (rows) for the query "
     "(red +) of one test image (Cordonnier et al. fig. 4-6).",
     "attention_single_zoom": "The same, zoomed on the keys around the query.",
-    "attention_average": "The same query, attention averaged over the test images.",
+    "attention_average": "The same query, attention averaged over the images.",
     "attention_average_zoom": "The average, zoomed on the keys around the query.",
     "mass_contours": "Contours holding 50% (solid) and 90% (dashed) of each head's averaged "
     "attention around the query (star), x = the head's learned centre (quadratic layers).",
@@ -330,7 +330,7 @@ def write_index(report: dict, out: Path, tables: dict[str, list[list[str]]]) -> 
     figs = report["figures"]
     title = report.get("title") or "attention analysis"
     intro = (
-        f"{report['images']} test images of {report['image_size'][0]}x{report['image_size'][1]} "
+        f"{report['images']} images of {report['image_size'][0]}x{report['image_size'][1]} "
         f"pixels, token grid {report['attention_grid'][0]}x{report['attention_grid'][1]}"
         f"{' + class token' if report['num_prefix_tokens'] else ''}; query pixel "
         f"{tuple(report['query_pixel'])} = token {tuple(report['query_token'])}."

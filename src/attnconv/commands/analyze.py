@@ -134,7 +134,7 @@ def analyze_checkpoint(
             image_index=image,
             zoom=zoom or None,
             center_log=center_log,
-            title=f"{info.get('model')} ({Path(info.get('path', checkpoint)).name})",
+            title=f"{info.get('model')} ({Path(info.get('path', checkpoint)).name}, {split} split)",
             batch_size=batch_size,
         )
 

@@ -75,7 +75,10 @@ def run(args: argparse.Namespace) -> int:
             labels=labels[: args.images],
             mean=mean,
             std=std,
-            title=f"attention explorer: {info.get('model')} ({Path(info.get('path', '')).name})",
+            title=(
+                f"attention explorer: {info.get('model')} "
+                f"({Path(info.get('path', '')).name}, {args.split} split)"
+            ),
             max_queries=args.max_queries,
             batch_size=args.batch_size,
         )

@@ -129,7 +129,8 @@ def resolve(spec: str, *, root: str | Path | None = None, download_ok: bool = Fa
         arch = ARCHIVES[spec]
         raise FileNotFoundError(
             f"{spec} not found in {root} (looked for {arch.folder}/ and {arch.filename}); "
-            f"set data.download=true (needs internet) or data.dataset=PATH"
+            f"give its folder or archive as the path (--data PATH for eval / analyze / explore, "
+            f"data.dataset=PATH in a training config), or set data.download=true (needs internet)"
         )
     path = Path(spec).expanduser()
     if not path.exists():

@@ -64,7 +64,8 @@ def _is_pickle(p: Path) -> bool:
 
 def find_checkpoint(path: str | Path) -> Path:
     """The checkpoint folder that ``path`` names: a run folder, a folder of step checkpoints
-    (``latest`` pointer), a checkpoint folder, or its checkpoint.json / model.safetensors.
+    (``latest`` pointer), that pointer, a checkpoint folder, or its checkpoint.json /
+    model.safetensors.
 
     Args:
         path: a run folder, a checkpoints folder, a checkpoint folder, or a file in one.
@@ -88,6 +89,8 @@ def find_checkpoint(path: str | Path) -> Path:
     if p.is_file():
         if p.name in (META, WEIGHTS, STATE):
             return find_checkpoint(p.parent)
+        if p.name == LATEST:  # a folder of step checkpoints' pointer: the step it names
+            return find_checkpoint(follow_latest(p.parent))
         if _is_pickle(p):
             raise CheckpointError(
                 f"{p}: pickle checkpoint (torch.save format); attnconv never unpickles files "
