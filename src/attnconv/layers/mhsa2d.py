@@ -24,6 +24,7 @@ from .checks import BackendKnob, backend_of, check_tensor, positive_int
 from .encodings.base import PositionalEncoding, check_size
 from .encodings.registry import POSITIONALS, build_encoding
 from .encodings.terms import Grid
+from .first_order import transforms_active
 from .functional import dropped_links
 from .kernels import KERNELS, plan, triton_axis
 from .kernels.position import dense_inputs, reference_probs
@@ -287,8 +288,8 @@ class MultiHeadSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
         xn = x.permute(2, 3, 0, 1)  # (B, Cin, H, W) view
         b, h, w = self._check_input(xn)
         term = self.positional_encoding.term(h, w, content=self.content)
-        if plan.for_layer(self, xn, term, 0.0) != "separable":
-            return self.forward(xn).permute(2, 3, 0, 1)
+        if plan.for_layer(self, xn, term, 0.0) != "separable" or transforms_active():
+            return self.forward(xn).permute(2, 3, 0, 1)  # (a transform: no fused head sum)
         nh, dv, p = self.num_heads, self.head_dim, self.dropout if self.training else 0.0
         if self.value == "identity":
             v = x[None]  # (1, H, W, B, C): every head reads the raw input

@@ -253,6 +253,12 @@ TRANSFORM_TABLE = (
         "any",
         'backend="reference"; position only in bf16/fp16; dropout on a non-axis term',
     ),
+    Row(
+        "separable",
+        lambda c: c.position_only and _axis(c) and c.p_drop == 0,
+        "Axis, position only",
+        "no dropout: a row then a column operator (each image's gradient never T x T)",
+    ),
     Row("shared", lambda c: c.position_only, "any, position only", "float32/float64"),
     Row("dense_dropout", lambda c: c.p_drop > 0 and _axis(c), "Axis", "dropout (the hash mask)"),
     Row("fold", lambda c: True, "any", "otherwise: folded into q/k, plain softmax attention"),
