@@ -329,3 +329,10 @@ def test_pruned_and_old_weight_norm_models_convert_as_a_copy():
     assert all(isinstance(m, ConvAttention2d) for m in converted)
     torch.testing.assert_close(converted(x), model(x), **EXACT)
     assert hasattr(model[0], "weight_orig")  # the original is left as it was
+
+
+@pytest.mark.parametrize("alpha", [True, "8", float("nan")])
+def test_alpha_that_is_not_a_number_is_refused(alpha):
+    """alpha=True was taken as alpha=1 (a bool is an int in Python)."""
+    with pytest.raises(TypeError, match="alpha must be None \\(hard\\) or a finite number"):
+        conv_to_attention(nn.Conv2d(3, 4, 3), alpha=alpha)

@@ -302,7 +302,8 @@ def conv_to_attention(
         )
     if isinstance(conv.weight, nn.parameter.UninitializedParameter):  # kept by on_unsupported
         raise UnsupportedConv("lazy convolution is not initialized yet: run one forward first")
-    if alpha is not None and not (isinstance(alpha, (int, float)) and math.isfinite(alpha)):
+    number = isinstance(alpha, (int, float)) and not isinstance(alpha, bool)  # True is not 1
+    if alpha is not None and not (number and math.isfinite(alpha)):
         raise TypeError(f"alpha must be None (hard) or a finite number, got {alpha!r}")
     if alpha is not None and alpha <= 0:
         raise ValueError(f"alpha must be > 0, got {alpha}")
