@@ -92,6 +92,8 @@ def test_distance_and_convlike_of_strided_and_unpadded_convs_count_their_outputs
 def test_attention_map_queries_are_checked():
     with pytest.raises(ValueError, match="queries must be a \\(4,\\) bool tensor"):
         AttentionMap(torch.ones(1, 1, 4, 4) / 4, (2, 2), 0, torch.ones(3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="bool tensor"):
+        AttentionMap(torch.ones(1, 1, 4, 4) / 4, (2, 2), 0, torch.ones(4))
 
 
 # ---------------------------------------------------------------------------- normalization

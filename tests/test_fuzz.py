@@ -53,7 +53,9 @@ def mhsa_config(draw):
         kw["head_dim"] = draw(st.integers(1, 3))
     if draw(st.booleans()):
         kw["qk_dim"] = draw(st.integers(1, 3))
-    if positional in ("relative", "relative_learned") and draw(st.booleans()):
+    # relative_learned with content: the query's halves are its tables (no rel_dim to take)
+    takes_rel_dim = positional == "relative" or (positional == "relative_learned" and not content)
+    if takes_rel_dim and draw(st.booleans()):
         kw["rel_dim"] = draw(st.integers(1, 4))
     if positional == "relative":
         kw["learned_r"] = draw(st.booleans())

@@ -49,7 +49,9 @@ class AttentionMap:
                 f"{n} prefix tokens"
             )
         q = self.queries
-        if q is not None and (not isinstance(q, torch.Tensor) or q.shape != (h * w,)):
+        if q is not None and not (
+            isinstance(q, torch.Tensor) and q.dtype == torch.bool and q.shape == (h * w,)
+        ):
             raise ValueError(f"AttentionMap.queries must be a ({h * w},) bool tensor or None")
 
     @property
@@ -89,8 +91,13 @@ class AttentionMap:
         return p.reshape(*p.shape[:2], *self.grid)
 
     def image(self, index: int) -> AttentionMap:
-        """The map of one batch element, as a batch of 1."""
-        probs = self.probs[index : index + 1]
+        """The map of one batch element, as a batch of 1 (a shared map, batch 1: itself for every
+        image); a negative index counts from the end."""
+        b = self.probs.shape[0]
+        if b > 1 and not -b <= index < b:  # a slice would give an empty map
+            raise ValueError(f"image index {index} is outside the batch of {b} maps")
+        i = index % b  # shared (b == 1): every image's map is the one
+        probs = self.probs[i : i + 1]
         return AttentionMap(probs, self.grid, self.num_prefix_tokens, self.queries)
 
     def to(self, *args, **kwargs) -> AttentionMap:

@@ -54,6 +54,23 @@ def check_tensor(
         )
 
 
+def check_window(q, k, v, rel_row, rel_col, kernel_size) -> None:
+    """The local window kernel's tensors must agree (kernels/window.py): k q's (B, nh, d, H, W),
+    v (B, nh, [M,] dv, H, W), rel_row / rel_col (k, d // 2) and (k, d - d // 2); else one
+    ValueError line (the C++ kernel reads its inputs by q's sizes: past a smaller one)."""
+    ks = positive_int("kernel_size", kernel_size)
+    b, nh, d, h, w = q.shape
+    v_fits = v.dim() in (5, 6) and v.shape[:2] == (b, nh) and v.shape[-2:] == (h, w)
+    if (k is not None and k.shape != q.shape) or not v_fits:
+        got = ", ".join(str(None if t is None else tuple(t.shape)) for t in (q, k, v))
+        raise ValueError(f"k must be q's (B, nh, d, H, W), v (B, nh, [M,] dv, H, W); got {got}")
+    tables = [None if t is None else tuple(t.shape) for t in (rel_row, rel_col)]
+    if tables != [None, None] and tables != [(ks, d // 2), (ks, d - d // 2)]:
+        raise ValueError(
+            f"rel_row, rel_col must be ({ks}, {d // 2}), ({ks}, {d - d // 2}), got {tables}"
+        )
+
+
 def backend_of(impl: str, backend: str | None, backends: tuple[str, ...]) -> str | None:
     """An image layer's one knob, ``backend`` (None: its plan's choice): ``impl="reference"``,
     the older spelling, is ``backend="reference"``; both naming different kernels is an error."""

@@ -82,7 +82,8 @@ class MultiHeadSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
             family of kernels where it applies (kernels/plan.py).
         **encoding_options (Any): go to the named encoding (``build_encoding``): ``hard``,
             ``init_centers_std``, ``init_alpha`` (quadratic); ``relative_terms``, ``learned_r``
-            (relative, Dai eq. 8); ``rel_dim`` (r_delta width, relative encodings);
+            (relative, Dai eq. 8); ``rel_dim`` (r_delta width, relative encodings; not
+            relative_learned read by the query, whose tables are its halves);
             ``head_keys`` (relative_learned: per-head keys read the tables, with content too).
 
     Shapes:

@@ -142,6 +142,11 @@ class QuadraticEncoding(GaussianEncoding):
     def set_alpha(self, alpha) -> None:
         """Set every head's (or, with an (Nh,) tensor, each head's) alpha: s = sqrt(2 alpha)."""
         a = torch.as_tensor(alpha, dtype=torch.float64)
+        if a.dim() > 1 or a.numel() not in (1, self.num_heads):
+            raise ValueError(
+                f"alpha must be a number or ({self.num_heads},), one per head, got shape "
+                f"{tuple(a.shape)}"
+            )
         if not bool(torch.isfinite(a).all()) or bool((a < 0).any()):
             raise ValueError(f"alpha must be finite and >= 0, got {alpha}")
         self.spread.copy_(torch.sqrt(2 * a).to(self.spread).expand_as(self.spread))
@@ -245,7 +250,9 @@ class GeneralizedQuadraticEncoding(GaussianEncoding):
         ``gaussian_offset_logits`` is the offset form, kept for precision)."""
         ctr = hi(self.centers) if dtype is None else self.centers.to(dtype)
         p = pixel_coords(h, w, ctr.device, ctr.dtype)  # (T, 2)
-        s = self.precision.to(ctr.dtype)  # (Nh, 2, 2)
+        # S = A A^T in the fold's dtype: its large terms reach dS, whose rounding in a bf16
+        # product (a backward inside autocast) would not cancel in dA = (dS + dS^T) A
+        s = spread_precision(self.spread.to(ctr.dtype))  # (Nh, 2, 2)
         target = p[None] + ctr[:, None, :]  # (Nh, T, 2)
         lin = torch.einsum("hij,htj->hti", s, target)  # (Nh, T, 2)
         quad = torch.stack([-0.5 * s[:, 0, 0], -0.5 * s[:, 1, 1], -s[:, 0, 1]], -1)  # (Nh, 3)

@@ -220,7 +220,9 @@ class LearnedRelativeEncoding(PositionalEncoding):
     Args:
         num_heads: Nh.
         qk_dim: Dk; the query reads the tables with its two halves.
-        rel_dim: width of the row and column tables together (half each).
+        rel_dim: width of each of the row and column tables read by per-head keys; the query
+            reads tables of its own halves (``qk_dim // 2`` and the rest), so then ``rel_dim``
+            must be ``qk_dim``.
         content: whether the layer has the content term (sets the default of ``head_keys``).
         head_keys: per-head keys read the tables (default: without content only).
         max_size: side of the learned tables (images up to max_size x max_size).
@@ -249,6 +251,12 @@ class LearnedRelativeEncoding(PositionalEncoding):
         self.query_reads = self.reads_q = not head_keys  # the query reads the tables (q . r)
         self.learned_size = max_size
         if self.query_reads:  # half the query's channels read the rows, half the columns
+            if rel_dim != qk_dim:  # the tables are the query's halves: a rel_dim is not read
+                raise ValueError(
+                    f"relative_learned read by the query: its tables are the query's halves "
+                    f"(qk_dim={qk_dim}), got rel_dim={rel_dim} (per-head keys take one: "
+                    "head_keys=True)"
+                )
             dr, dc = qk_dim // 2, qk_dim - qk_dim // 2
         else:  # per-head keys read them
             dr = dc = rel_dim

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..checks import check_window
 from ..functional import check_impl, scaled_dot_product_attention
 from ..precision import LOW, backward_without_autocast
 from .fused import available, extension
@@ -272,6 +273,7 @@ def local_attention(
         raise ValueError(f"q must be (B, nh, d, H, W), got shape {tuple(q.shape)}")
     if k is None and rel_row is None:
         raise ValueError("local_attention needs keys k or relative tables rel_row/rel_col")
+    check_window(q, k, v, rel_row, rel_col, kernel_size)  # before the kernels read them
     bsz, nh, dk, h, w = q.shape
     ks = kernel_size
     if (v.dim() == 6) != (mix is not None):
