@@ -116,7 +116,7 @@ RUN = [
     ("analyze-truncated", ["analyze", "{tmp}/trunc", "--out", "{tmp}/an"], r"truncated"),
     (
         "analyze-image-range",
-        ["analyze", "{ckpt}", "--out", "{tmp}/an", "--data", "sample", "--image", "100000"],
+        ["analyze", "{sa}", "--out", "{tmp}/an", "--data", "sample", "--image", "100000"],
         r"--image 100000 is out of range",
     ),
     (
@@ -185,7 +185,11 @@ def _files(tmp: Path) -> dict[str, str]:
     (tmp / "ok.yaml").write_text("model:\n  name: tiny_cnn\ndata:\n  dataset: sample\n")
     (tmp / "typo.yaml").write_text("modle:\n  name: tiny_cnn\n")
     (tmp / "broken.yaml").write_text("model: [\n")
-    return {"tmp": str(tmp), "ok": str(tmp / "ok.yaml"), "ckpt": str(ckpt)}
+    kw = {"hidden_size": 16, "num_layers": 1, "num_heads": 2}  # attention: analyze reads it
+    sa = save_checkpoint(
+        tmp / "sa", create_model("sa_learned_content", **kw), "sa_learned_content", kw
+    )
+    return {"tmp": str(tmp), "ok": str(tmp / "ok.yaml"), "ckpt": str(ckpt), "sa": str(sa)}
 
 
 @pytest.fixture(scope="module")
