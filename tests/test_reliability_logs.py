@@ -195,6 +195,6 @@ def test_metrics_seconds_go_on_over_a_resume(tmp_path, cifar_zip):
     seconds = [float(r.split(",")[-1]) for r in rows]
     steps = [int(r.split(",")[2]) for r in rows]
     assert seconds == sorted(seconds)
-    assert all(s >= saved for s, n in zip(seconds, steps) if n > 2)
+    assert all(s + 0.05 >= saved for s, n in zip(seconds, steps) if n > 2)  # rows: 0.1 s
     meta = json.loads((run / "checkpoints" / "step-00000006" / "checkpoint.json").read_text())
     assert meta["state"]["seconds"] >= seconds[-1] - 1.0

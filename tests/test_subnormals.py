@@ -87,7 +87,9 @@ def test_eval_flushes_as_the_run_trained(cifar_zip, tmp_path, on):
     from attnconv.cli import main
 
     use_cache(tmp_path / "cache")
-    d = small(cifar_zip, tmp_path / "run", train={"flush_subnormals": on, "epochs": 1})
+    sa = {"name": "sa_learned_content", "kwargs": {"hidden_size": 16, "num_layers": 1}}
+    sa["kwargs"]["num_heads"] = 2  # an attention model: analyze refuses a CNN (convert it)
+    d = small(cifar_zip, tmp_path / "run", train={"flush_subnormals": on, "epochs": 1}, model=sa)
     Trainer(config_from_dict(d)).fit()
     device.flush_subnormals(not on)
     ck = str(tmp_path / "run" / "checkpoints")
@@ -102,7 +104,9 @@ def test_analyze_and_explore_flush_as_the_run_trained(cifar_zip, tmp_path, on):
     from attnconv.analysis.inputs import load_for_analysis
 
     use_cache(tmp_path / "cache")
-    d = small(cifar_zip, tmp_path / "run", train={"flush_subnormals": on, "epochs": 1})
+    sa = {"name": "sa_learned_content", "kwargs": {"hidden_size": 16, "num_layers": 1}}
+    sa["kwargs"]["num_heads"] = 2  # an attention model: analyze refuses a CNN (convert it)
+    d = small(cifar_zip, tmp_path / "run", train={"flush_subnormals": on, "epochs": 1}, model=sa)
     Trainer(config_from_dict(d)).fit()
     device.flush_subnormals(not on)
     load_for_analysis(tmp_path / "run" / "checkpoints", str(cifar_zip), 2, device="cpu")
