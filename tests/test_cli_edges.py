@@ -14,20 +14,10 @@ import zipfile
 import pytest
 import torch
 
-from attnconv.cli import main
 from attnconv.commands import demo
 from attnconv.models import create_model
 from attnconv.train.checkpoint import save_checkpoint
-
-
-def _run(argv: list[str], capsys) -> tuple[int, str, str]:
-    capsys.readouterr()
-    try:
-        code = main(argv)
-    except SystemExit as e:  # argparse usage errors
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+from cli_run import run_cli
 
 
 def _one_error_line(err: str, command: str) -> str:
@@ -67,7 +57,7 @@ def fast_demo(monkeypatch, tmp_path):
 def test_demo_on_fewer_training_images_than_a_batch_is_one_line(fast_demo, tmp_path, capsys):
     out = tmp_path / "d"
     argv = ["demo", "--data", "sample", "--out", str(out), "--minutes", "0.1", "--no-figures"]
-    code, _, err = _run([*argv, "--set", "data.max_per_class=2"], capsys)
+    code, _, err = run_cli([*argv, "--set", "data.max_per_class=2"], capsys)
     line = _one_error_line(err, "demo")
     assert code == 2 and "20 images, fewer than one batch of 50" in line, err
     assert not out.exists()
@@ -77,7 +67,7 @@ def test_demo_summary_names_the_model_and_schedule_it_trained(fast_demo, tmp_pat
     argv = ["demo", "--data", "sample", "--out", str(tmp_path / "d"), "--minutes", "0.05"]
     sets = ["model.kwargs.num_layers=2", "model.kwargs.num_heads=4", "schedule.name=multistep"]
     sets += ["data.eval_max_per_class=2"]
-    code, out, err = _run([*argv, "--no-figures", *(f"--set={s}" for s in sets)], capsys)
+    code, out, err = run_cli([*argv, "--no-figures", *(f"--set={s}" for s in sets)], capsys)
     assert code == 0, err
     assert "It trained sa_quadratic (2 layers of 4 attention heads)" in out, out
     assert "followed its multistep schedule to the end (0.1 -> 0.1)" in out, out
@@ -87,12 +77,12 @@ def test_train_of_a_run_folder_says_it_is_a_folder(tmp_path, capsys):
     run = tmp_path / "run"
     (run / "checkpoints" / "step-00000001").mkdir(parents=True)
     (run / "config.yaml").write_text("model:\n  name: tiny_cnn\n")
-    code, _, err = _run(["train", str(run)], capsys)
+    code, _, err = run_cli(["train", str(run)], capsys)
     line = _one_error_line(err, "train")
     assert code == 2 and f"{run} is a folder, not a config file" in line, line
     assert f"attnconv train {run / 'config.yaml'} --out {run} --resume" in line, line
     (run / "checkpoints" / "step-00000001").rmdir()  # no run saved there: no such advice
-    line = _one_error_line(_run(["train", str(run)], capsys)[2], "train")
+    line = _one_error_line(run_cli(["train", str(run)], capsys)[2], "train")
     assert line.endswith(f"{run} is a folder, not a config file"), line
 
 
@@ -108,7 +98,7 @@ def test_train_never_replaces_the_users_config_in_its_run_folder(flag, tmp_path,
         "train: {epochs: 1, batch_size: 8, threads: 1}\n"
     )
     (run / "config.yaml").write_text(mine)
-    code, _, err = _run(["train", str(run / "config.yaml"), "--out", str(run), *flag], capsys)
+    code, _, err = run_cli(["train", str(run / "config.yaml"), "--out", str(run), *flag], capsys)
     line = _one_error_line(err, "train")
     assert code == 2 and "is the config.yaml that a run in" in line, line
     assert (run / "config.yaml").read_text() == mine and sorted(run.iterdir()) == [
@@ -124,8 +114,8 @@ def test_a_runs_own_config_continues_it(tmp_path, capsys):
         "data: {dataset: sample, max_per_class: 4, eval_max_per_class: 1}\n"
         "train: {epochs: 2, batch_size: 8, threads: 1}\n"
     )
-    assert _run(["train", str(cfg), "--out", str(run), "--stop-at-step", "3"], capsys)[0] == 0
-    code, out, err = _run(
+    assert run_cli(["train", str(cfg), "--out", str(run), "--stop-at-step", "3"], capsys)[0] == 0
+    code, out, err = run_cli(
         ["train", str(run / "config.yaml"), "--out", str(run), "--resume"], capsys
     )
     assert code == 0 and "resuming at step 3" in err, err
@@ -149,7 +139,7 @@ def test_analysis_out_is_refused_before_any_work(
 ):
     (tmp_path / "f.txt").write_text("mine")
     (tmp_path / "page.html").mkdir()
-    code, _, err = _run([command, vit, "--data", "sample", "--out", str(tmp_path / out)], capsys)
+    code, _, err = run_cli([command, vit, "--data", "sample", "--out", str(tmp_path / out)], capsys)
     line = _one_error_line(err, command)
     assert code == 2 and line.endswith(message.format(tmp=tmp_path)), line
     assert (tmp_path / "f.txt").read_text() == "mine"
@@ -162,7 +152,7 @@ def test_demo_out_under_a_file_is_refused_before_any_work(tmp_path, capsys, monk
     monkeypatch.setattr("attnconv.data.load_dataset", never)
     (tmp_path / "f.txt").write_text("mine")
     for out in ("f.txt", "f.txt/run"):
-        code, _, err = _run(["demo", "--out", str(tmp_path / out)], capsys)
+        code, _, err = run_cli(["demo", "--out", str(tmp_path / out)], capsys)
         line = _one_error_line(err, "demo")
         assert code == 2 and line.endswith(f"{tmp_path}/f.txt is a file, not a folder"), line
 
@@ -178,7 +168,7 @@ def test_explore_prints_the_counts_the_page_holds(vit, cifar_zip, tmp_path, caps
             (data / n).write_bytes(z.read(n))
     page = tmp_path / "p.html"
     argv = ["explore", vit, "--data", str(data), "--out", str(page), "--images", "4"]
-    code, out, err = _run([*argv, "--num-images", "6"], capsys)
+    code, out, err = run_cli([*argv, "--num-images", "6"], capsys)
     assert code == 0, err
     assert out.strip().endswith("MB, 3 images, average of 3)"), out
     html = page.read_text()
@@ -224,7 +214,7 @@ def test_suite_options_after_the_separator_are_checked(suite, argv, message, mon
     assert message in err[-1], err
 
 
-def test_bench_out_that_is_a_file_is_refused_before_the_cases_run(tmp_path, capsys, monkeypatch):
+def test_bench_out_that_is_a_file_is_refused_before_the_casesrun_cli(tmp_path, capsys, monkeypatch):
     import attnconv.bench.layers as layers
 
     def never(argv):
@@ -233,6 +223,6 @@ def test_bench_out_that_is_a_file_is_refused_before_the_cases_run(tmp_path, caps
     monkeypatch.setattr(layers, "main", never)
     (tmp_path / "f.txt").write_text("mine")
     for out in ("f.txt", "f.txt/b"):
-        code, _, err = _run(["bench", "--quick", "--out", str(tmp_path / out)], capsys)
+        code, _, err = run_cli(["bench", "--quick", "--out", str(tmp_path / out)], capsys)
         line = _one_error_line(err, "bench")
         assert code == 2 and line.endswith(f"{tmp_path}/f.txt is a file, not a folder"), line

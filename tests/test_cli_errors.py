@@ -22,6 +22,7 @@ import torch
 
 from attnconv.models import create_model
 from attnconv.train.checkpoint import save_checkpoint
+from cli_run import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -213,19 +214,6 @@ def results(files):
         return dict(pool.map(run, [c for c in CASES if c[0] in SUBPROCESS]))
 
 
-def _in_process(argv: list[str], capsys) -> tuple[int, str, str]:
-    """attnconv.cli.main(argv) as the console script runs it (SystemExit -> its code)."""
-    from attnconv.cli import main
-
-    capsys.readouterr()
-    try:
-        code = main(argv)
-    except SystemExit as e:  # argparse usage errors
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 PARAMS = [
     pytest.param(c, id=c[0], marks=[pytest.mark.slow] if c[0] in SUBPROCESS else []) for c in CASES
 ]
@@ -237,7 +225,7 @@ def test_bad_arguments_exit_2_with_one_clear_line(case, files, request, capsys):
     if name in SUBPROCESS:
         code, out, err = request.getfixturevalue("results")[name]
     else:
-        code, out, err = _in_process([a.format(**files) for a in argv], capsys)
+        code, out, err = run_cli([a.format(**files) for a in argv], capsys)
     assert "Traceback" not in err + out, err
     assert code == 2, (code, err)
     lines = err.strip().splitlines()
