@@ -14,11 +14,11 @@ transformers = pytest.importorskip("transformers")
 @pytest.fixture
 def micro_name(monkeypatch):
     """A registry name of the micro geometry (the real ones need 224 px forwards: slow here)."""
-    from attnconv.models import registry, vit
+    from attnconv.models import registry, vit_zoo
 
     def vit_micro_test(num_classes: int = 1000, **overrides):
         geometry = dict(SMALL, patch_size=16, img_size=64, dist_token=True)
-        return vit._vit("vit_micro_test", geometry, num_classes, overrides)
+        return vit_zoo._vit("vit_micro_test", geometry, num_classes, overrides)
 
     monkeypatch.setitem(registry._MODELS, "vit_micro_test", vit_micro_test)
     return "vit_micro_test"
