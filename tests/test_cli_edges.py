@@ -226,3 +226,11 @@ def test_bench_out_that_is_a_file_is_refused_before_the_casesrun_cli(tmp_path, c
         code, _, err = run_cli(["bench", "--quick", "--out", str(tmp_path / out)], capsys)
         line = _one_error_line(err, "bench")
         assert code == 2 and line.endswith(f"{tmp_path}/f.txt is a file, not a folder"), line
+
+
+def test_demo_into_a_folder_of_other_files_says_not_empty(tmp_path, capsys):
+    """It said "a run is already there" of any non-empty folder."""
+    (tmp_path / "notes.txt").write_text("mine")
+    code, _, err = run_cli(["demo", "--out", str(tmp_path)], capsys)
+    assert code == 2 and "not empty" in err and "a run is already there" not in err
+    assert (tmp_path / "notes.txt").read_text() == "mine"

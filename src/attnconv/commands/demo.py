@@ -162,9 +162,10 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
     check_output_folder("--out", out)  # a file, or a folder under one: before any work
     if out.exists() and any(out.iterdir()) and not args.overwrite:  # before any work
+        what = "a run is already there" if (out / "config.yaml").is_file() else "not empty"
         raise ValueError(
-            f"--out {out}: a run is already there; choose another --out, or pass "
-            "--overwrite to replace it"
+            f"--out {out}: {what}; choose another --out, or pass --overwrite (it replaces "
+            "the files a run writes there, nothing else)"
         )
     base = {
         "model": {"name": "sa_quadratic", "kwargs": dict(MODEL)},
