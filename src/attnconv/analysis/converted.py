@@ -96,14 +96,15 @@ def layer_maps(module: ConvAttention2d, h: int, w: int) -> torch.Tensor:
 
 def output_queries(module: ConvAttention2d, h: int, w: int) -> torch.Tensor:
     """(h*w,) bool: the pixels of the h x w input that are the convolution's output queries,
-    anchor + o * stride on the padded image (geometry.crop); a strided or unpadded conv's other
-    queries read pixels the conv never combines (clamped at the border, or between strides)."""
+    the ones geometry.crop keeps of the padded image (anchor + o * stride); a strided or
+    unpadded conv's other queries read pixels the conv never combines (clamped at the border,
+    or between strides)."""
     g = module.geometry
     left, _, top, _ = g.pad_for(h, w)
-    (oh, ow), (ah, aw), (sh, sw) = g.output_size(h, w), g.anchor, g.stride
-    rows = torch.zeros(h, dtype=torch.bool)
-    cols = torch.zeros(w, dtype=torch.bool)
-    r, c = torch.arange(oh) * sh + ah - top, torch.arange(ow) * sw + aw - left  # unpadded
-    rows[r[(r >= 0) & (r < h)]] = True  # an output query in the padding has no pixel here
-    cols[c[(c >= 0) & (c < w)]] = True
-    return (rows[:, None] & cols[None, :]).reshape(-1)
+    hp, wp = g.padded_size(h, w)
+    at = g.crop(torch.arange(hp * wp).view(1, 1, hp, wp), h, w).reshape(-1)  # padded indices
+    r, c = at // wp - top, at % wp - left  # on the unpadded input
+    inside = (r >= 0) & (r < h) & (c >= 0) & (c < w)  # an output query in the padding: no pixel
+    queries = torch.zeros(h * w, dtype=torch.bool)
+    queries[(r * w + c)[inside]] = True
+    return queries

@@ -8,7 +8,7 @@ import json
 import os
 from pathlib import Path
 
-from .options import add_device, check_output_file
+from .options import add_device, check_output_file, check_parent_folders
 
 HELP = "convert every convolution of a model (checkpoint or model name) into self-attention"
 
@@ -116,11 +116,7 @@ def _check_out(out: str, report: str | None = None) -> None:
         raise ValueError(f"--out {out}: the converted model is saved as a folder; name a folder")
     if path.resolve() in (here, *here.parents):
         raise ValueError(f"--out {out} is the current folder or one above it; name a new folder")
-    for parent in path.parents:  # the nearest existing one must be a folder
-        if parent.exists():
-            if not parent.is_dir():
-                raise NotADirectoryError(f"--out {out}: {parent} is a file, not a folder")
-            break
+    check_parent_folders("--out", out)
     if report and report != "-" and path.resolve() in (r := Path(report).resolve(), *r.parents):
         raise ValueError(
             f"--json {report} is inside --out {out}, which saving replaces whole; write the "

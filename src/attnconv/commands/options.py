@@ -20,10 +20,15 @@ def check_output_file(flag: str, path: str | None) -> None:
     it is a folder or a folder on its way is a file ('-' and None: nothing to write)."""
     if not path or path == "-":
         return
-    p = Path(path)
-    if p.is_dir():
+    if Path(path).is_dir():
         raise IsADirectoryError(f"{flag} {path} is a folder; name a file")
-    for parent in p.parents:
+    check_parent_folders(flag, path)
+
+
+def check_parent_folders(flag: str, path: str | Path) -> None:
+    """The nearest existing folder above ``path`` is a folder, not a file (writing under a file
+    would fail after the work)."""
+    for parent in Path(path).parents:
         if parent.exists():
             if not parent.is_dir():
                 raise NotADirectoryError(f"{flag} {path}: {parent} is a file, not a folder")
@@ -36,8 +41,6 @@ def check_output_folder(flag: str, path: str | Path | None) -> None:
     if not path:
         return
     p = Path(path)
-    for q in (p, *p.parents):
-        if q.exists():
-            if not q.is_dir():
-                raise NotADirectoryError(f"{flag} {path}: {q} is a file, not a folder")
-            return
+    if p.exists() and not p.is_dir():
+        raise NotADirectoryError(f"{flag} {path}: {p} is a file, not a folder")
+    check_parent_folders(flag, path)
