@@ -139,20 +139,26 @@ def test_torchrun_batchnorm_logged_evaluation_is_the_saved_models(setup):
 @pytest.mark.slow
 def test_torchrun_takes_one_bf16_choice(setup):
     """train.bf16 under torchrun: the ranks agree on bf16 autocast (one all-reduce of whether
-    any rank passes it over) and the run completes; rank 0's dtype line gives this machine's
-    verdict (device.bf16_passed_over: float32 with its reason, or bf16 autocast)."""
-    from attnconv.train.device import bf16_passed_over
+    any rank passes it over) and the run completes; rank 0's dtype line gives one of the
+    verdicts device.bf16_passed_over can reach on this CPU. The gain is measured per rank on a
+    shared machine, so it is not measured again here: ranks may differ near the threshold (CI
+    once had rank 1 pass over what rank 0 and this process kept), and the all-reduce then says
+    "another rank's CPU"."""
+    from attnconv.train.device import _cpu_bf16_flags
 
     cfg, tmp, _ = setup
     r = _torchrun(cfg, tmp / "ddp_bf16", "--set", "train.bf16=true", cache=tmp / "cache")
     assert r.returncode == 0, r.stderr[-3000:]
     line = next(x for x in r.stderr.splitlines() if x.startswith("  dtype"))
-    torch.set_num_threads(1)  # as the workers ran (OMP_NUM_THREADS=1)
-    why = bf16_passed_over(torch.device("cpu"))
-    if why:  # the figure measured again here differs: the reason up to it
-        assert f"passed over: {why.split(' measured ')[0]}" in line, line
-    else:
-        assert "bfloat16 autocast (float32 weights)" in line, line
+    if not _cpu_bf16_flags():  # no measurement: every rank passes over for the same reason
+        assert "passed over: this CPU has no bf16 instructions" in line, line
+        return
+    verdicts = (
+        "bfloat16 autocast (float32 weights)",
+        "passed over: this CPU's bf16 matrix products measured",
+        "passed over: passed over on another rank's CPU",
+    )
+    assert sum(v in line for v in verdicts) == 1, line
 
 
 def test_a_worker_exits_with_its_code_and_flushed_streams_a_lone_process_returns():
