@@ -153,6 +153,18 @@ def test_triton_precision_as_tight_as_plain(dtype, b, nh, h, w, dk, dv, p):
         assert got <= 2 * plain, (outs["triton"], outs["plain"])
 
 
+@pytest.mark.parametrize(
+    "b, nh, h, w, dk, dv, p", [(1, 2, 1, 1, 8, 8, 0.0), (2, 1, 2, 1, 8, 8, 0.3)]
+)
+def test_triton_precision_with_one_or_two_keys(b, nh, h, w, dk, dv, p):
+    """float32 on a 1 x 1 and a 2 x 1 image, as above: with one key the plain path's
+    gradients are exact (P = 1, dS = 0) and the kernel's must be too. flash attention's delta,
+    rowsum(dY o Y), left dQ, dK and the axis logits' gradients nonzero there (Y's rounding
+    against the recomputed P); the dQ kernel's delta pass, rowsum(P o dP) / rowsum(P), is
+    exact."""
+    test_triton_precision_as_tight_as_plain(torch.float32, b, nh, h, w, dk, dv, p)
+
+
 def test_the_backward_recomputes_the_forwards_logits_whatever_the_layout_rounding(
     monkeypatch,
 ):
@@ -422,7 +434,7 @@ def test_the_backward_runs_at_the_forwards_query_block(monkeypatch):
     q, k, v, qa = _inputs(1, 2, 5, 7, 8, 8, torch.float64)
     y = _run(axis_attention_triton, q, k, v, qa, 5, 7, 0.0, True, 0, block_m=64)
     y.sum().backward()
-    assert seen == [("_fwd", 16), ("_bwd_dq", 16), ("_bwd_dkdv", 16)]
+    assert seen == [("_fwd", 16), ("_bwd_dq", 16), ("_bwd_dq", 16), ("_bwd_dkdv", 16)]
     monkeypatch.setattr(triton_axis, "launch", real)
     grads = [x.grad.clone() for x in (q, k, v, qa)]
     for x in (q, k, v, qa):

@@ -33,7 +33,7 @@ def _check(rows: list[dict], cases: list[Case], archs: list[int]):
         (str(c), a, k)
         for c in cases
         for a in archs
-        for k in (["_fwd", "_bwd_dq", "_bwd_dkdv"] if c.train else ["_fwd"])
+        for k in (["_fwd", "_bwd_dq_delta", "_bwd_dq", "_bwd_dkdv"] if c.train else ["_fwd"])
     ]
     assert [(r["case"], r["arch"], r["kernel"]) for r in rows] == want
     for r in rows:
@@ -151,7 +151,7 @@ def test_the_rung_search_fits_the_limit_it_is_given_not_the_architectures():
     width 128 needs more than 99 KiB at 3 stages), where sm_90's table limit would have
     stopped at the first."""
     rows = [line.split() for line in compiled_python("-c", _DEVICE_LIMIT).splitlines()]
-    assert [r[0] for r in rows] == ["_fwd", "_bwd_dq", "_bwd_dkdv"]
+    assert [r[0] for r in rows] == ["_fwd", "_bwd_dq_delta", "_bwd_dq", "_bwd_dkdv"]
     assert all(int(r[3]) <= SHARED_LIMIT[86] == int(r[4]) and r[5] == "True" for r in rows)
     assert min(int(r[1]) for r in rows) < 3  # some kernel stepped down
 
@@ -192,7 +192,9 @@ def test_the_check_compiles_what_the_launch_code_builds():
     case = Case(torch.float16, 4, 9, 24, 16, p=0.2, per_image=False)
     (fwd, _, meta), *back = triton_compile.launches(case)
     assert fwd is triton_axis._fwd
-    assert [k for k, _, _ in back] == [triton_axis._bwd_dq, triton_axis._bwd_dkdv]
+    dq, dkdv = triton_axis._bwd_dq, triton_axis._bwd_dkdv
+    assert [k for k, _, _ in back] == [dq, dq, dkdv]
+    assert [m.get("DELTA_PASS") for _, _, m in back] == [True, False, None]  # delta first
     assert meta["DKP"] == 32 and meta["DVP"] == 16 and meta["WP"] == 16 and meta["DROP"]
     assert meta["SPLIT_P"] and not meta["PER_IMAGE"]
 
@@ -234,7 +236,7 @@ def test_a_gpu_that_refuses_one_kernels_block_gets_one_block_for_all_three():
     (content.triton passes it on), so the backward recomputes the logits as the forward did."""
     out = compiled_python("-c", _SHARED_BLOCK).splitlines()
     assert out[0] == "None 16"
-    assert out[1:] == ["_fwd 16", "_bwd_dq 16", "_bwd_dkdv 16"]
+    assert out[1:] == ["_fwd 16", "_bwd_dq 16", "_bwd_dq 16", "_bwd_dkdv 16"]
 
 
 def test_the_axis_logits_add_a_fifth_to_a_plain_flash_loop_at_most():

@@ -107,7 +107,18 @@ def test_the_picked_tiles_compile_for_sm90_as_the_sweep_recorded():
     where no candidate compiled without one)."""
     pytest.importorskip("triton")
     rows = [json.loads(line) for line in compiled_python("-c", _CHOSEN, timeout=900).splitlines()]
-    assert len(rows) == 18
+    assert len(rows) == 24  # 3 kinds x 2 widths x 4 launches
+    # the dQ kernel's delta pass runs at _bwd_dq's tile (the sweep compiles no tile of its own)
+    # and does a part of its work: where _bwd_dq spills nothing, neither does it (at 512 wide
+    # both spill, the pass 544 bytes against 504, triton 3.9)
+    dq = {(r["kind"], r["d"]): r for r in rows if r["kernel"] == "_bwd_dq"}
+    for r in (r for r in rows if r["kernel"] == "_bwd_dq_delta"):
+        twin = dq[r["kind"], r["d"]]
+        assert [r[k] for k in ("block_m", "keys", "warps")] == [
+            twin[k] for k in ("block_m", "keys", "warps")
+        ]
+        assert r["stack"] == 0 or twin["stack"] > 0, (r, twin)
+    rows = [r for r in rows if r["kernel"] != "_bwd_dq_delta"]
     records = triton_sweep.read(sorted(RESULTS.glob("triton_sweep_*.jsonl")))
     if rows[0]["triton"] not in {r["triton"] for r in records}:
         pytest.skip(f"no recorded sweep of triton {rows[0]['triton']}")

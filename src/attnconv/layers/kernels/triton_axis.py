@@ -9,9 +9,10 @@ learned-relative encodings (``q_axis`` = [R, C], terms.AxisTerm). A program owns
 BLOCK_M queries and walks the keys ROWS image rows at a time, so a key block's column logits
 are the query block's C (loaded once) and its row logits ROWS values per query: no (T, T)
 tensor in memory, no gather in the loop. Online softmax in forward (the log-sum-exp kept); the
-backward recomputes the probabilities in two kernels: one per key block (dK, dV) and one per
-query block (dQ and the gradients of R and C, reduced over the keys of each image row and
-column inside the program that owns the queries: no atomics). M is the counter hash of
+backward recomputes the probabilities in two kernels: one per query block (a first pass for each
+query's delta = rowsum(P o dP), then dQ and the gradients of R and C, reduced over the keys of
+each image row and column inside the program that owns the queries: no atomics) and one per
+key block (dK, dV). M is the counter hash of
 ``functional.dropped_links``, redrawn in every kernel from (seed, row, key), so it drops
 the links the CPU kernels and the plain path drop under one seed (the fold on CUDA draws
 SDPA's own mask: the same law, other links). q, k, v in float32 (TF32 only where
@@ -148,6 +149,11 @@ def _tiled(kernel, meta: dict, dtype: torch.dtype, block_m: int | None) -> dict:
     return dict(meta, BLOCK_M=block_m or t.block_m, ROWS=rows, num_warps=t.warps)
 
 
+def launch_name(kernel, meta: dict) -> str:
+    """A launch's name in reports: the kernel's, the dQ kernel's delta pass told apart."""
+    return kernel.__name__ + ("_delta" if meta.get("DELTA_PASS") else "")
+
+
 def compile_options(meta: dict) -> tuple[dict, int]:
     """A launch's compile-time values (the kernel's constexpr parameters) and its num_warps."""
     return {k: v for k, v in meta.items() if k != "num_warps"}, meta["num_warps"]
@@ -282,11 +288,13 @@ def forward_launch(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, tr
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     rng = device_values([seed, drop_threshold(p)], torch.int64, q.device)
     scalars = (rng, device_values([scale, 1.0 / (1.0 - p)], acc, q.device))
-    # (B, T, Nh, Dv) in float32: the backward's rowsum(dY o Y) from a bfloat16 Y lost
-    # precision in the positional gradients (docs/benchmarks.md)
+    # (B, T, Nh, Dv) in float32, rounded to q's dtype by torch: Triton's interpreter truncates
+    # a float32 stored to bfloat16 (torch rounds to nearest), which put the tests' bf16 outputs
+    # at 1.2-1.6x the plain path's error; the backward reads the saved m and 1 / l, never Y
     y = torch.empty(b, t, nh, dv, dtype=acc, device=q.device)
     stats = torch.empty(2, b, nh, t, dtype=acc, device=q.device)  # each query's m, 1 / l
-    # training in bfloat16/float16: Y's rowsum(dY o Y) in backward needs P unrounded
+    # training in bfloat16/float16: Y (so the loss's dY) as if P stayed float32; a bf16 P put
+    # the layer's gradients at up to 4.3x the plain path's error (docs/benchmarks.md)
     split = q.dtype in (torch.bfloat16, torch.float16) and train
     fmeta = _tiled(_fwd, dict(meta, SPLIT_P=split), q.dtype, block_m)
     tile = (fmeta["BLOCK_M"], fmeta["ROWS"] * fmeta["WP"], fmeta["WP"])
@@ -297,14 +305,16 @@ def forward_launch(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, tr
     return (_query_blocks(h, w, b * nh), args, fmeta), (y, stats, scalars, sizes, meta)
 
 
-def backward_launches(q, k, v, q_axis, y, stats, scalars, dy, sizes, meta, block_m=None):
-    """The two backward kernels' (kernel, grid, arguments, compile-time values: the forward's
-    block shape, each its own num_warps) and the gradients they write (dq, dk, dv, d q_axis),
-    in the accumulation dtype; ``meta``: the forward's shared values (``forward_launch``)."""
+def backward_launches(q, k, v, q_axis, stats, scalars, dy, sizes, meta, block_m=None):
+    """The backward's launches in order, each (kernel, grid, arguments, compile-time values:
+    the forward's block shape, each kernel its own num_warps): the dQ kernel's delta pass
+    (rowsum(P o dP) into delta), dQ / dR / dC, dK / dV; and the gradients they write (dq, dk,
+    dv, d q_axis), in the accumulation dtype; ``meta``: the forward's shared values
+    (``forward_launch``)."""
     b, nh, t, dk = q.shape
     h, w, dv = sizes[2], sizes[3], v.shape[-1]
     acc = stats.dtype
-    delta = (dy.to(acc) * y.to(acc)).sum(-1).transpose(1, 2).contiguous()  # (B, Nh, T)
+    delta = torch.empty(b, nh, t, dtype=acc, device=q.device)  # the delta pass's
     dq = torch.empty(b, nh, t, dk, dtype=acc, device=q.device)
     ks = sizes[8]  # the window's side, 0: the axis logits; a window's offsets off the image
     na = window_logits(ks, w) if ks else h + w  # get no key: zero
@@ -314,8 +324,10 @@ def backward_launches(q, k, v, q_axis, y, stats, scalars, dy, sizes, meta, block
     strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(q_axis), *_strides(dy))
     common = (q, k, v, q_axis, dy, stats, delta)
     dq_meta, kv_meta = (_tiled(f, meta, q.dtype, block_m) for f in (_bwd_dq, _bwd_dkdv))
+    dq_args = (*common, dq, dqa, *scalars)
     launches = [
-        (_bwd_dq, _query_blocks(h, w, b * nh), (*common, dq, dqa, *scalars), dq_meta),
+        (_bwd_dq, _query_blocks(h, w, b * nh), dq_args, dict(dq_meta, DELTA_PASS=True)),
+        (_bwd_dq, _query_blocks(h, w, b * nh), dq_args, dict(dq_meta, DELTA_PASS=False)),
         (_bwd_dkdv, _key_blocks(h, w, sizes[10], b * nh), (*common, dk_, dv_, *scalars), kv_meta),
     ]
     launches = [(f, g, (*a, *strides, *sizes), m) for f, g, a, m in launches]
@@ -331,7 +343,7 @@ class _TritonAxis(torch.autograd.Function):
         # the backward kernels take the forward's query block (a smaller one only where their
         # own shared memory forces it): other product shapes would round the logits otherwise
         ctx.block_m = launch(_fwd, grid, args, meta)
-        ctx.save_for_backward(q, k, v, q_axis, y, stats, *scalars)
+        ctx.save_for_backward(q, k, v, q_axis, stats, *scalars)
         ctx.sizes = sizes
         return y.to(q.dtype)
 
@@ -339,10 +351,10 @@ class _TritonAxis(torch.autograd.Function):
     @once_differentiable
     @backward_without_autocast
     def backward(ctx, dy):
-        q, k, v, q_axis, y, stats, *scalars = ctx.saved_tensors
+        q, k, v, q_axis, stats, *scalars = ctx.saved_tensors
         dy = dy.to(q.dtype).contiguous()
         launches, (dq, dk, dv, dqa) = backward_launches(
-            q, k, v, q_axis, y, stats, scalars, dy, ctx.sizes, ctx.meta, ctx.block_m
+            q, k, v, q_axis, stats, scalars, dy, ctx.sizes, ctx.meta, ctx.block_m
         )
         for kernel, grid, args, meta in launches:
             launch(kernel, grid, args, meta)

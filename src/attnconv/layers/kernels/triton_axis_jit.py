@@ -189,9 +189,14 @@ def _bwd_dq(
     PREC: tl.constexpr,
     ACC: tl.constexpr,
     WINDOW: tl.constexpr,
+    DELTA_PASS: tl.constexpr,
 ):
-    """dQ, dR, dC of one query block: dS = P o (dP - rowsum(dY o Y)); dR, dC its sums over
-    the keys of each image row / column."""
+    """dQ, dR, dC of one query block: dS = P o (dP - delta); dR, dC its sums over the keys
+    of each image row / column. DELTA_PASS: the pass before, delta = rowsum(P o dP) / rowsum(P)
+    from the probabilities this backward recomputes (into DELTA), not flash attention's
+    rowsum(dY o Y): Y's rounding does not cancel against them, and dividing by rowsum(P) makes
+    each row of dS sum to 0 as it does exactly (a 1 x N image's row-logit gradient, 0, came
+    out at up to 6x the plain path's error in fp32; docs/benchmarks.md)."""
     N: tl.constexpr = ROWS * WP
     if ACC == tl.float64:  # a float argument is fp32 on a GPU: float64's exact values from SC
         scale, inv_keep = tl.load(SC), tl.load(SC + 1)
@@ -221,6 +226,8 @@ def _bwd_dq(
         dqa = DQA + bh * T * (H + W) + i[:, None] * (H + W)  # (B, Nh, T, H + W) contiguous
     dq = tl.zeros((BLOCK_M, DKP), ACC)
     dc = tl.zeros((BLOCK_M, WP), ACC)
+    pdp = tl.zeros((BLOCK_M,), ACC)  # the delta pass's sum_j P dP and sum_j P
+    psum = tl.zeros((BLOCK_M,), ACC)
     for step in range(0, s_hi, s_step):
         r0, c0 = _step(step, r_lo, c_lo, down, ROWS, WP, WINDOW)
         c = c0 + tl.arange(0, WP)
@@ -238,30 +245,37 @@ def _bwd_dq(
         dp = _dot(dy, vt, PREC, ACC)
         if DROP:
             dp = tl.where(_kept(RNG, row, key), dp * inv_keep, 0.0)
-        ds = p * (dp - delta[:, None])
-        dq += _dot(ds.to(kb.dtype), kb, PREC, ACC)
-        ds3 = tl.reshape(ds, (BLOCK_M, ROWS, WP))
-        if WINDOW:  # at each query's row offset, this block column's part
-            dr, _ = _offsets(i, W, rr, c, BEFORE)
-            part = dqa + (step // down) * KS
-            tl.store(part + dr, tl.sum(ds3, 2), mask=_inside(i_ok, dr, rr, KS, H))
+        if DELTA_PASS:
+            pdp += tl.sum(p * dp, 1)
+            psum += tl.sum(p, 1)
         else:
-            r_ok = i_ok[:, None] & (rr[None, :] < H)
-            tl.store(dqa + rr[None, :], tl.sum(ds3, 2), mask=r_ok)
-        dc += tl.sum(ds3, 1)
-        if WINDOW:  # a block column done: at each query's column offset
-            if step % down == down - 1:
-                _, dco = _offsets(i, W, c, c, BEFORE)
-                tl.store(dqa + parts * KS + dco, dc, mask=_inside(i_ok, dco, c, KS, W))
-                dc = tl.zeros((BLOCK_M, WP), ACC)
-    tl.store(
-        DQ + bh * T * DK + i[:, None] * DK + dk[None, :],
-        dq * scale,
-        mask=i_ok[:, None] & (dk[None, :] < DK),
-    )
-    if not WINDOW:
-        c = tl.arange(0, WP)
-        tl.store(dqa + H + c[None, :], dc, mask=i_ok[:, None] & (c[None, :] < W))
+            ds = p * (dp - delta[:, None])
+            dq += _dot(ds.to(kb.dtype), kb, PREC, ACC)
+            ds3 = tl.reshape(ds, (BLOCK_M, ROWS, WP))
+            if WINDOW:  # at each query's row offset, this block column's part
+                dr, _ = _offsets(i, W, rr, c, BEFORE)
+                part = dqa + (step // down) * KS
+                tl.store(part + dr, tl.sum(ds3, 2), mask=_inside(i_ok, dr, rr, KS, H))
+            else:
+                r_ok = i_ok[:, None] & (rr[None, :] < H)
+                tl.store(dqa + rr[None, :], tl.sum(ds3, 2), mask=r_ok)
+            dc += tl.sum(ds3, 1)
+            if WINDOW:  # a block column done: at each query's column offset
+                if step % down == down - 1:
+                    _, dco = _offsets(i, W, c, c, BEFORE)
+                    tl.store(dqa + parts * KS + dco, dc, mask=_inside(i_ok, dco, c, KS, W))
+                    dc = tl.zeros((BLOCK_M, WP), ACC)
+    if DELTA_PASS:
+        tl.store(DELTA + bh * T + i, pdp / tl.where(i_ok, psum, 1.0), mask=i_ok)
+    else:
+        tl.store(
+            DQ + bh * T * DK + i[:, None] * DK + dk[None, :],
+            dq * scale,
+            mask=i_ok[:, None] & (dk[None, :] < DK),
+        )
+        if not WINDOW:
+            c = tl.arange(0, WP)
+            tl.store(dqa + H + c[None, :], dc, mask=i_ok[:, None] & (c[None, :] < W))
 
 
 @triton.jit

@@ -94,7 +94,7 @@ def launches(case: Case, block_m: int | None = None) -> list[tuple]:
     na = 2 * case.window if case.window else case.h + case.w  # [Rq | Cq] or [R | C]
     qa = z(1, 1, t, na, dtype=torch.promote_types(case.dtype, torch.float32))
     args = (q, k, v, qa, case.h, case.w, case.dk**-0.5, case.p, 0, case.per_image, block_m)
-    (_, fargs, fmeta), (y, stats, scalars, sizes, meta) = triton_axis.forward_launch(
+    (_, fargs, fmeta), (_, stats, scalars, sizes, meta) = triton_axis.forward_launch(
         *args, case.train, case.window
     )
     if case.tf32:  # as on a GPU with allow_tf32: tf32 products, tf32's tiles
@@ -104,7 +104,7 @@ def launches(case: Case, block_m: int | None = None) -> list[tuple]:
     if case.train:
         dy = z(1, t, 1, case.dv, dtype=case.dtype)
         back, _ = triton_axis.backward_launches(
-            q, k, v, qa, y, stats, scalars, dy, sizes, meta, block_m
+            q, k, v, qa, stats, scalars, dy, sizes, meta, block_m
         )
         out += [(kernel, a, m) for kernel, _, a, m in back]
     return out
@@ -188,7 +188,7 @@ def compile_launch(kernel, args: tuple, meta: dict, case: Case, arch: int, limit
     cubin = compiled.asm.get("cubin")
     regs, stack = resources(cubin) if cubin else (None, None)
     shared, keys = compiled.metadata.shared, meta["ROWS"] * meta["WP"]
-    name, mma = kernel.__name__, tensor_core_ops(cubin) if cubin else None
+    name, mma = triton_axis.launch_name(kernel, meta), tensor_core_ops(cubin) if cubin else None
     return Compiled(
         name, case, arch, shared, regs, stack, seconds, stages, block_m, limit, keys, warps, mma
     )
@@ -229,7 +229,7 @@ def inside(case: Case, limit: int) -> bool:
 def envelope() -> list[Case]:
     """The envelope's corners: in each dtype the widest heads of each width the tiles tell
     apart (triton_tiles.WIDTHS: a narrower width may take a larger tile), every flag that adds
-    a product (dropout, bfloat16's split P, tf32), rows of 64."""
+    a product or a pass (dropout, bfloat16's split P, training's delta pass, tf32), rows of 64."""
     out = []
     for dt, widest in ENVELOPE.items():
         for d in (d for d in triton_tiles.WIDTHS if d <= widest):

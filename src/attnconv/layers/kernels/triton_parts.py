@@ -111,7 +111,7 @@ def _query_tile(t0, T, H, W, BLOCK_M: tl.constexpr, WP: tl.constexpr, WINDOW: tl
 
 @triton.jit
 def _query_stats(STATS, DELTA, bh, T, i, i_ok):
-    """A query block's saved max m, 1 / l (forward) and rowsum(dY o Y) (backward's delta)."""
+    """A query block's saved max m, 1 / l (forward) and delta (the dQ kernel's delta pass)."""
     m_i = tl.load(STATS + bh * T + i, mask=i_ok, other=0.0)
     inv_l = tl.load(STATS + tl.num_programs(1) * T + bh * T + i, mask=i_ok, other=0.0)
     return m_i, inv_l, tl.load(DELTA + bh * T + i, mask=i_ok, other=0.0)

@@ -58,6 +58,8 @@ def sweep(arch: int = 90, rows=(16,), kinds=KINDS, widths=WIDTHS):
             for width in widths:
                 c = case(kind, width, row)
                 for kernel, args, meta in launches(c):
+                    if meta.get("DELTA_PASS"):  # the dQ kernel's first pass: _bwd_dq's tile
+                        continue
                     spilled: list[Tile] = []
                     for t in order:
                         rec = dict(triton=triton.__version__, arch=arch, row=row, kind=kind)
