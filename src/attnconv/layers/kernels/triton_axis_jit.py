@@ -15,6 +15,7 @@ from .triton_parts import (
     _key_band,
     _key_block,
     _logits,
+    _low,
     _offsets,
     _query_band,
     _query_stats,
@@ -121,10 +122,10 @@ def _fwd(
         if DROP:
             p = tl.where(_kept(RNG, row, key), p, 0.0)
         vb = _tokens(V + b * sv_b + hd * sv_h, key * sv_t, k_ok, dv, DV)
-        p_hi = p.to(vb.dtype)
+        p_hi = _low(p, vb.dtype)
         acc = acc * alpha[:, None] + _dot(p_hi, vb, PREC, ACC)
         if SPLIT_P:  # P = hi + lo in two low-precision products: Y as if P stayed float32
-            acc += _dot((p - p_hi.to(ACC)).to(vb.dtype), vb, PREC, ACC)
+            acc += _dot(_low(p - p_hi.to(ACC), vb.dtype), vb, PREC, ACC)
         m_i = m_new
     if WINDOW:  # the rows past T saw no key (their l is 0); not stored, but kept finite
         l_i = tl.where(i_ok, l_i, 1.0)
@@ -250,7 +251,7 @@ def _bwd_dq(
             psum += tl.sum(p, 1)
         else:
             ds = p * (dp - delta[:, None])
-            dq += _dot(ds.to(kb.dtype), kb, PREC, ACC)
+            dq += _dot(_low(ds, kb.dtype), kb, PREC, ACC)
             ds3 = tl.reshape(ds, (BLOCK_M, ROWS, WP))
             if WINDOW:  # at each query's row offset, this block column's part
                 dr, _ = _offsets(i, W, rr, c, BEFORE)
@@ -382,9 +383,9 @@ def _bwd_dkdv(
             dp = tl.where(kept, dp * inv_keep, 0.0)
         else:
             pd = p
-        dv_acc += _dot(tl.trans(pd.to(dy.dtype)), dy, PREC, ACC)
+        dv_acc += _dot(tl.trans(_low(pd, dy.dtype)), dy, PREC, ACC)
         ds = p * (dp - delta[:, None])
-        dk_acc += _dot(tl.trans(ds.to(q.dtype)), q, PREC, ACC)
+        dk_acc += _dot(tl.trans(_low(ds, q.dtype)), q, PREC, ACC)
     out_k = DK_ + bh * T * DK + key[:, None] * DK + dk[None, :]
     tl.store(out_k, dk_acc * scale, mask=k_ok[:, None] & (dk[None, :] < DK))
     out_v = DV_ + bh * T * DV + key[:, None] * DV + dv[None, :]
