@@ -451,3 +451,44 @@ def test_k_and_v_that_do_not_match_q_are_one_line():
     for k, v in [(q[..., :4], q), (q[:, :, :30], q), (q, q[:, :, :30])]:
         with pytest.raises(ValueError, match=r"q, k \(B, Nh, T, dk\) and v .* must agree"):
             axis_attention_triton(q, k, v, q_axis, 5, 7, 0.5)
+
+
+@pytest.mark.parametrize("window", [0, 3])
+def test_the_delta_pass_runs_again_where_the_dq_pass_steps_down(monkeypatch, window):
+    """The dQ kernel's two passes at one query block: where the dQ pass's shared memory forces a
+    smaller block than the delta pass ran at (a direct call on a small-shared-memory GPU, no
+    block from triton_compile.fit), delta is computed again at that block and dQ after it, the
+    window's partial row-logit slots cleared first; the gradients then equal a call at that
+    block to the bit."""
+    from attnconv.layers.kernels.triton_local import local_attention_triton
+
+    real, seen = triton_axis.launch, []
+
+    def launch(kernel, grid, args, meta):
+        if meta.get("DELTA_PASS") is False and meta["BLOCK_M"] > 16:  # as if Triton refused it
+            meta = dict(meta, BLOCK_M=16)
+        seen.append((triton_axis.launch_name(kernel, meta), meta["BLOCK_M"]))
+        return real(kernel, grid, args, meta)
+
+    gen = torch.Generator().manual_seed(3)
+    if window:
+        xs = [torch.randn(1, 2, 8, 6, 9, dtype=torch.float64, generator=gen) for _ in "qkv"]
+        xs += [torch.randn(window, 4, dtype=torch.float64, generator=gen) for _ in "rc"]
+        xs = [x.requires_grad_() for x in xs]
+
+        def call(block_m):
+            return local_attention_triton(*xs[:3], window, *xs[3:], block_m=block_m)
+    else:
+        xs = list(_inputs(1, 2, 5, 7, 8, 8, torch.float64, gen=gen))
+
+        def call(block_m):
+            return _run(axis_attention_triton, *xs, 5, 7, 0.0, True, 0, block_m=block_m)
+
+    monkeypatch.setattr(triton_axis, "launch", launch)
+    g = torch.autograd.grad(call(64).square().sum(), xs)
+    monkeypatch.setattr(triton_axis, "launch", real)
+    names = [n for n, _ in seen]
+    assert names == ["_fwd", "_bwd_dq_delta", "_bwd_dq", "_bwd_dq_delta", "_bwd_dq", "_bwd_dkdv"]
+    assert [b for _, b in seen[1:5]] == [64, 16, 16, 16], seen
+    for a, b in zip(g, torch.autograd.grad(call(16).square().sum(), xs)):
+        torch.testing.assert_close(a, b, rtol=1e-15, atol=1e-15)

@@ -288,10 +288,8 @@ def forward_launch(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, tr
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     rng = device_values([seed, drop_threshold(p)], torch.int64, q.device)
     scalars = (rng, device_values([scale, 1.0 / (1.0 - p)], acc, q.device))
-    # (B, T, Nh, Dv) in float32, rounded to q's dtype by torch: Triton's interpreter truncates
-    # a float32 stored to bfloat16 (torch rounds to nearest), which put the tests' bf16 outputs
-    # at 1.2-1.6x the plain path's error; the backward reads the saved m and 1 / l, never Y
-    y = torch.empty(b, t, nh, dv, dtype=acc, device=q.device)
+    # (B, T, Nh, Dv) in q's dtype; the backward reads the saved m and 1 / l, never Y
+    y = torch.empty(b, t, nh, dv, dtype=q.dtype, device=q.device)
     stats = torch.empty(2, b, nh, t, dtype=acc, device=q.device)  # each query's m, 1 / l
     # training in bfloat16/float16: Y (so the loss's dY) as if P stayed float32; a bf16 P put
     # the layer's gradients at up to 4.3x the plain path's error (docs/benchmarks.md)
@@ -345,7 +343,7 @@ class _TritonAxis(torch.autograd.Function):
         ctx.block_m = launch(_fwd, grid, args, meta)
         ctx.save_for_backward(q, k, v, q_axis, stats, *scalars)
         ctx.sizes = sizes
-        return y.to(q.dtype)
+        return y
 
     @staticmethod
     @once_differentiable
@@ -356,8 +354,14 @@ class _TritonAxis(torch.autograd.Function):
         launches, (dq, dk, dv, dqa) = backward_launches(
             q, k, v, q_axis, stats, scalars, dy, ctx.sizes, ctx.meta, ctx.block_m
         )
-        for kernel, grid, args, meta in launches:
-            launch(kernel, grid, args, meta)
+        (fd, gd, ad, md), (fq, gq, aq, mq), kv = launches
+        block = launch(fd, gd, ad, md)  # delta, then dQ at its block: P rounded alike in both
+        got = launch(fq, gq, aq, dict(mq, BLOCK_M=block))
+        if got < block:  # the dQ pass's shared memory forced a smaller block: both again at it
+            dqa.zero_()  # (a window's partial row-logit slots are per tile)
+            launch(fd, gd, ad, dict(md, BLOCK_M=got))
+            launch(fq, gq, aq, dict(mq, BLOCK_M=got))
+        launch(*kv)
         if ctx.sizes[8]:  # a window's partial row-logit gradients added
             dqa = window_dqa(dqa, ctx.sizes[8])
         grads = (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dqa.to(q_axis.dtype))

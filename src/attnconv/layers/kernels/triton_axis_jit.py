@@ -132,7 +132,7 @@ def _fwd(
     y = acc * (inv_keep / l_i)[:, None]
     tl.store(
         Y + b * sy_b + hd * sy_h + i[:, None] * sy_t + dv[None, :],
-        y.to(Y.dtype.element_ty),
+        _low(y, Y.dtype.element_ty),
         mask=i_ok[:, None] & (dv[None, :] < DV),
     )
     # P = exp(S - m) / l, each row's max and 1 / sum kept apart: a log-sum-exp m + log l
@@ -267,7 +267,12 @@ def _bwd_dq(
                     tl.store(dqa + parts * KS + dco, dc, mask=_inside(i_ok, dco, c, KS, W))
                     dc = tl.zeros((BLOCK_M, WP), ACC)
     if DELTA_PASS:
-        tl.store(DELTA + bh * T + i, pdp / tl.where(i_ok, psum, 1.0), mask=i_ok)
+        psum = tl.where(i_ok, psum, 1.0)
+        if ACC == tl.float64:
+            delta = pdp / psum
+        else:  # rounded to nearest: a GPU's '/' is an approximate division (2 ulp)
+            delta = tl.math.div_rn(pdp, psum)
+        tl.store(DELTA + bh * T + i, delta, mask=i_ok)
     else:
         tl.store(
             DQ + bh * T * DK + i[:, None] * DK + dk[None, :],

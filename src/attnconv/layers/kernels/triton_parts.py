@@ -49,11 +49,13 @@ def _dot(a, b, PREC: tl.constexpr, ACC: tl.constexpr):
 def _low(x, dtype: tl.constexpr):
     """float32 x in ``dtype``, rounded to nearest even as a GPU rounds it. Triton's interpreter
     truncates a float32 cast to bfloat16 (its error twice a rounding's: the CPU tests' bf16 dV
-    at 2.3x the plain path's), so there the bits are rounded first and the cast is exact."""
+    at 2.3x the plain path's), so there the bits are rounded and taken as bfloat16's (NaN kept
+    a NaN; the interpreter's own conversion also loses subnormals)."""
     if INTERPRET and dtype == tl.bfloat16:
         bits = x.to(tl.uint32, bitcast=True)
-        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-        return bits.to(tl.float32, bitcast=True).to(dtype)
+        top = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        top = tl.where(x != x, (bits >> 16) | 0x40, top)
+        return top.to(tl.uint16).to(dtype, bitcast=True)
     return x.to(dtype)
 
 
