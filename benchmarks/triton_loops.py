@@ -6,6 +6,11 @@ hash, and bfloat16 training's split P) add to each step of the loop, a static fi
 nothing of memory stalls or tensor-core occupancy, which only a GPU run measures.
 
     python benchmarks/triton_loops.py [--arch 90] [--quick] [--json] [--out FILE]
+    python benchmarks/triton_loops.py --backward [--arch 90] [--out FILE]
+
+``--backward``: the training launches' main loops instead (the dQ kernel's delta pass, the dQ
+pass, dK/dV), each loop's instructions over the (query, key) pairs a step covers (BLOCK_M x
+keys), and the delta pass's share of the backward's instructions a pair.
 
 The plain loop (``plain_flash_forward`` below): softmax(scale q k^T) v, online softmax, keys
 masked past T, nothing else; ours: ``triton_axis_jit._fwd`` as ``triton_axis.forward_launch``
@@ -98,6 +103,37 @@ def compare(case: tc.Case, arch: int) -> dict:
     )  # fmt: skip
 
 
+def backward(case: tc.Case, arch: int) -> list[dict]:
+    """Each backward launch's main loop: instructions, tensor-core ones, per (query, key) pair."""
+    rows = []
+    for kernel, args, meta in tc.launches(case)[1:]:
+        constexprs, warps = triton_axis.compile_options(meta)
+        loop = _loop(kernel, tc.signature(kernel, args, constexprs), constexprs, warps, arch)
+        pairs = meta["BLOCK_M"] * meta["ROWS"] * meta["WP"]
+        name = triton_axis.launch_name(kernel, meta)
+        rows.append(dict(case=str(case), arch=arch, kernel=name, block_m=meta["BLOCK_M"]))
+        rows[-1].update(keys=pairs // meta["BLOCK_M"], warps=warps, loop=len(loop))
+        rows[-1].update(mma=sum("MMA" in op for op in loop), per_pair=len(loop) / pairs)
+    return rows
+
+
+def backward_table(cases: list[tc.Case], arch: int) -> list[str]:
+    md = [
+        f"triton {triton.__version__}, torch {torch.__version__}, sm_{arch}",
+        "| case | kernel | BLOCK_M | keys | warps | loop | mma | a pair | share of the pair's |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for case in cases:
+        rows = backward(case, arch)
+        total = sum(r["per_pair"] for r in rows)
+        md += [
+            f"| {r['case']} | {r['kernel']} | {r['block_m']} | {r['keys']} | {r['warps']} "
+            f"| {r['loop']} | {r['mma']} | {r['per_pair']:.3f} | {r['per_pair'] / total:.2f} |"
+            for r in rows
+        ]
+    return md
+
+
 def cases(quick: bool) -> list[tc.Case]:
     """bfloat16 at 32x32 tokens, head widths 16 and 64: inference (the logits alone), training
     without dropout (bfloat16's split P: P = hi + lo in two products), dropout alone (its
@@ -119,9 +155,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="one case")
     p.add_argument("--json", action="store_true", help="one JSON object per case")
     p.add_argument("--out", default=None, help="also write the markdown table to this file")
+    p.add_argument("--backward", action="store_true", help="the training launches' loops")
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("triton_loops: unset TRITON_INTERPRET (the interpreter compiles none)")
+    if args.backward:
+        training = [c for c in cases(args.quick) if c.train] or [
+            tc.Case(torch.bfloat16, 32, 32, 16, 16)
+        ]
+        training += [tc.Case(torch.float32, 32, 32, 64, 64)]
+        text = "\n".join(backward_table(training, args.arch)) + "\n"
+        sys.stdout.write(text)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(text)
+        return 0
     rows = [compare(c, args.arch) for c in cases(args.quick)]
     if args.json:
         for r in rows:
