@@ -252,10 +252,10 @@ def test_a_compiled_layer_runs_the_kernel_as_it_is(kind):
 
 def test_window_sizes_past_int32_offsets_fall_back(monkeypatch):
     """The window kernel's largest tensor is the dQ kernel's row-logit scratch, (B, Nh, T,
-    (P + 1) k) (triton_axis.window_logits): 28 columns for k = 7 on 8-column tiles, more than a
+    (P + 1) k) (triton_tiles.window_logits): 28 columns for k = 7 on 8-column tiles, more than a
     head of 8; past 2^31 elements, a one-line reason (shapes only: meta tensors)."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert triton_axis.window_logits(7, 56) == 28
+    assert triton_tiles.window_logits(7, 56) == 28
     limit = (2**31 - 1) // (56 * 56 * 28)
 
     def maps(b):

@@ -36,6 +36,7 @@ from ..first_order import first_order_only
 from ..functional import drop_threshold, dropout_seed
 from ..precision import backward_without_autocast, no_autocast
 from . import triton_tiles
+from .triton_tiles import window_logits, window_wp
 
 INSTALLED = importlib.util.find_spec("triton") is not None
 MAX_WIDTH = 128  # a key block is at least one image row: wider rows would spill registers
@@ -236,12 +237,6 @@ def _key_blocks(h: int, w: int, shift: int, programs: int):
     return grid
 
 
-def window_parts(window: int, wp: int) -> int:
-    """The block columns a window's query tile reaches at most (triton_parts._window_partials):
-    the dQ kernel stores a row-logit gradient for each."""
-    return -(-(wp + window - 2) // wp) + 1
-
-
 def device_values(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """``values`` as a tensor on ``device`` without a host-device synchronization: a CUDA
     tensor made from a list is a copy from pageable memory, which waits for every kernel queued
@@ -253,17 +248,6 @@ def device_values(values: list, dtype: torch.dtype, device: torch.device) -> tor
     for j, x in enumerate(values):
         out[j].fill_(x)  # fill_(a Python number): the value a kernel argument, no host tensor
     return out
-
-
-def window_wp(w: int) -> int:
-    """The columns of a window's query tiles and key blocks on an image W pixels wide."""
-    return min(triton_tiles.WINDOW_WP, _pow2(w))
-
-
-def window_logits(window: int, w: int) -> int:
-    """The columns of the dQ kernel's row-logit scratch for a k x k window (P + 1) k: P partial
-    row-logit gradients (``window_parts``) and the column ones."""
-    return (window_parts(window, window_wp(w)) + 1) * window
 
 
 def window_dqa(dqa: torch.Tensor, window: int) -> torch.Tensor:

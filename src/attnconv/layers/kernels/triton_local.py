@@ -22,7 +22,7 @@ import torch
 
 from ..first_order import first_order_only
 from ..precision import no_autocast
-from . import triton_axis
+from . import triton_axis, triton_tiles
 from .fused import axis_attention_reference
 
 
@@ -32,7 +32,7 @@ def unsupported(
     """Why the kernel cannot run these inputs (one line), or None when it can."""
     if padding != "mask":
         return f'the Triton window kernel takes padding="mask", not {padding!r}'
-    return triton_axis.unsupported(q, v, h, w, logits=triton_axis.window_logits(kernel_size, w))
+    return triton_axis.unsupported(q, v, h, w, logits=triton_tiles.window_logits(kernel_size, w))
 
 
 def _seq(t: torch.Tensor) -> torch.Tensor:

@@ -199,3 +199,20 @@ def window_shift(h: int, w: int, ks: int, block_m: int, keys: int, wp: int) -> i
     in one block (7x7: 1, where the shifted grid walks 4); the one that walks fewer keys."""
     shifts = ((ks - 1) // 2, 0)
     return min(shifts, key=lambda s: walked_keys(h, w, ks, block_m, keys, wp, s))
+
+
+def window_wp(w: int) -> int:
+    """The columns of a window's query tiles and key blocks on an image W pixels wide."""
+    return min(WINDOW_WP, 1 << max(0, w - 1).bit_length())
+
+
+def window_parts(window: int, wp: int) -> int:
+    """The block columns a window's query tile reaches at most (triton_parts._window_partials):
+    the dQ kernel stores a row-logit gradient for each."""
+    return -(-(wp + window - 2) // wp) + 1
+
+
+def window_logits(window: int, w: int) -> int:
+    """The columns of the dQ kernel's row-logit scratch for a k x k window (P + 1) k: P partial
+    row-logit gradients (``window_parts``) and the column ones."""
+    return (window_parts(window, window_wp(w)) + 1) * window
