@@ -171,7 +171,15 @@ def test_triton_window_precision_as_tight_as_plain(dtype, b, nh, h, w, dk, dv, k
     image row the backward's delta from rowsum(dY o Y) put rel_row's gradient at 2.9x and 6.3x
     the plain path's error in float32; the dQ kernel's delta pass, rowsum(P o dP) / rowsum(P),
     cancels it."""
-    gen = torch.Generator().manual_seed(h * w)
+    errs = window_errors(dtype, b, nh, h, w, dk, dv, ks, torch.Generator().manual_seed(h * w))
+    for got, plain in zip(errs["triton"], errs["plain"]):
+        assert got <= 2 * plain, (errs["triton"], errs["plain"])
+
+
+def window_errors(dtype, b, nh, h, w, dk, dv, ks, gen) -> dict[str, list[float]]:
+    """The kernel's ("triton") and its plain equations' ("plain") distance to the float64
+    equations, output then the gradients of q, k, v, rel_row, rel_col (the error's norm);
+    benchmarks/triton_precision_sweep.py takes it over random cases."""
     xs = list(_inputs(b, nh, h, w, dk, dv, ks, torch.float64, gen=gen))
     low = dtype != torch.float32
     if low:  # both paths start from the same rounded q, k, v
@@ -192,8 +200,7 @@ def test_triton_window_precision_as_tight_as_plain(dtype, b, nh, h, w, dk, dv, k
         errs[name] = [(y.double() - exact).norm().item()] + [
             (a.double() - e).norm().item() for a, e in zip(grads, exact_g)
         ]
-    for got, plain in zip(errs["triton"], errs["plain"]):
-        assert got <= 2 * plain, (errs["triton"], errs["plain"])
+    return errs
 
 
 @pytest.mark.parametrize(

@@ -36,7 +36,7 @@ from ..first_order import first_order_only
 from ..functional import drop_threshold, dropout_seed
 from ..precision import backward_without_autocast, no_autocast
 from . import triton_tiles
-from .triton_tiles import window_logits, window_wp
+from .triton_tiles import pow2, window_logits, window_wp
 
 INSTALLED = importlib.util.find_spec("triton") is not None
 MAX_WIDTH = 128  # a key block is at least one image row: wider rows would spill registers
@@ -122,10 +122,6 @@ def trains(*xs: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and any(x.requires_grad for x in xs)
 
 
-def _pow2(x: int, least: int = 1) -> int:
-    return max(least, 1 << max(0, x - 1).bit_length())
-
-
 def _meta(q, h: int, w: int, window: int = 0) -> dict:
     """The compile-time values the three kernels share: image rows padded to WP >= W columns
     (a window's: triton_tiles.WINDOW_WP columns), the products' precision and accumulation
@@ -135,7 +131,7 @@ def _meta(q, h: int, w: int, window: int = 0) -> dict:
     else:
         prec = "ieee"  # bf16/fp16 multiply exactly in fp32; float64 stays
     acc = tl.float64 if q.dtype == torch.float64 else tl.float32
-    wp = window_wp(w) if window else _pow2(w)
+    wp = window_wp(w) if window else pow2(w)
     return dict(WP=wp, PREC=prec, ACC=acc, WINDOW=window > 0)
 
 
@@ -268,15 +264,14 @@ def forward_launch(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, tr
     b, nh, t, dk = q.shape
     dv = v.shape[-1]
     meta = _meta(q, h, w, window)
-    meta.update(DKP=_pow2(dk, 16), DVP=_pow2(dv, 16), DROP=p > 0, PER_IMAGE=per_image)
+    meta.update(DKP=pow2(dk, 16), DVP=pow2(dv, 16), DROP=p > 0, PER_IMAGE=per_image)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     rng = device_values([seed, drop_threshold(p)], torch.int64, q.device)
     scalars = (rng, device_values([scale, 1.0 / (1.0 - p)], acc, q.device))
     # (B, T, Nh, Dv) in q's dtype; the backward reads the saved m and 1 / l, never Y
     y = torch.empty(b, t, nh, dv, dtype=q.dtype, device=q.device)
     stats = torch.empty(2, b, nh, t, dtype=acc, device=q.device)  # each query's m, 1 / l
-    # training in bfloat16/float16: Y (so the loss's dY) as if P stayed float32; a bf16 P put
-    # the layer's gradients at up to 4.3x the plain path's error (docs/benchmarks.md)
+    # training in bfloat16/float16: Y (so the loss's dY) as if P stayed float32
     split = q.dtype in (torch.bfloat16, torch.float16) and train
     fmeta = _tiled(_fwd, dict(meta, SPLIT_P=split), q.dtype, block_m)
     tile = (fmeta["BLOCK_M"], fmeta["ROWS"] * fmeta["WP"], fmeta["WP"])

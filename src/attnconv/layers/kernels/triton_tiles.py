@@ -201,9 +201,14 @@ def window_shift(h: int, w: int, ks: int, block_m: int, keys: int, wp: int) -> i
     return min(shifts, key=lambda s: walked_keys(h, w, ks, block_m, keys, wp, s))
 
 
+def pow2(x: int, least: int = 1) -> int:
+    """The least power of two >= x (and >= ``least``): padded rows and head widths."""
+    return max(least, 1 << max(0, x - 1).bit_length())
+
+
 def window_wp(w: int) -> int:
     """The columns of a window's query tiles and key blocks on an image W pixels wide."""
-    return min(WINDOW_WP, 1 << max(0, w - 1).bit_length())
+    return min(WINDOW_WP, pow2(w))
 
 
 def window_parts(window: int, wp: int) -> int:
