@@ -196,7 +196,7 @@ def test_the_check_compiles_what_the_launch_code_builds():
     assert [k for k, _, _ in back] == [dq, dq, dkdv]
     assert [m.get("DELTA_PASS") for _, _, m in back] == [True, False, None]  # delta first
     assert meta["DKP"] == 32 and meta["DVP"] == 16 and meta["WP"] == 16 and meta["DROP"]
-    assert meta["SPLIT_P"] and not meta["PER_IMAGE"]
+    assert not meta["PER_IMAGE"]
 
 
 def test_a_parameter_the_launch_does_not_give_is_named():
@@ -241,10 +241,10 @@ def test_a_gpu_that_refuses_one_kernels_block_gets_one_block_for_all_three():
 
 def test_the_axis_logits_add_a_fifth_to_a_plain_flash_loop_at_most():
     """benchmarks/triton_loops.py: the forward's key loop against a plain flash-attention loop
-    at the same tile, compiled for sm_90. In inference (no dropout, no split P) the row and
-    column logits cost 1.19x the plain loop's instructions (bf16, 32x32, width 16; 2026-11-28,
-    triton 3.9 and 3.6), with the same tensor-core instructions; a change that makes the loop
-    dearer than 1.3x, or moves a product off the tensor cores, shows here."""
+    at the same tile, compiled for sm_90. Without dropout the row and column logits cost 1.19x
+    the plain loop's instructions (bf16, 32x32, width 16; 2026-11-28, triton 3.9 and 3.6), with
+    the same tensor-core instructions; a change that makes the loop dearer than 1.3x, or moves
+    a product off the tensor cores, shows here."""
     out = compiled_python(
         str(Path(__file__).parents[1] / "benchmarks/triton_loops.py"), "--quick", "--json"
     )

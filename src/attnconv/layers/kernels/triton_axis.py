@@ -253,7 +253,7 @@ def window_dqa(dqa: torch.Tensor, window: int) -> torch.Tensor:
     return torch.cat([rows, dqa[..., -window:]], -1)
 
 
-def forward_launch(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, train, window=0):
+def forward_launch(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, window=0):
     """The forward kernel's (grid, arguments, compile-time values) and its outputs (y, stats,
     scalars): what ``_TritonAxis`` launches and ``triton_compile`` compiles for a GPU.
     ``window``: k for SASA's k x k window (triton_local.py; q_axis then holds each query's
@@ -271,9 +271,7 @@ def forward_launch(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, tr
     # (B, T, Nh, Dv) in q's dtype; the backward reads the saved m and 1 / l, never Y
     y = torch.empty(b, t, nh, dv, dtype=q.dtype, device=q.device)
     stats = torch.empty(2, b, nh, t, dtype=acc, device=q.device)  # each query's m, 1 / l
-    # training in bfloat16/float16: Y (so the loss's dY) as if P stayed float32
-    split = q.dtype in (torch.bfloat16, torch.float16) and train
-    fmeta = _tiled(_fwd, dict(meta, SPLIT_P=split), q.dtype, block_m)
+    fmeta = _tiled(_fwd, meta, q.dtype, block_m)
     tile = (fmeta["BLOCK_M"], fmeta["ROWS"] * fmeta["WP"], fmeta["WP"])
     shift = triton_tiles.window_shift(h, w, window, *tile) if window else 0  # its key grid
     sizes = (nh, t, h, w, dk, dv, scale, 1.0 / (1.0 - p), window, (window - 1) // 2, shift)
@@ -313,9 +311,9 @@ def backward_launches(q, k, v, q_axis, stats, scalars, dy, sizes, meta, block_m=
 
 class _TritonAxis(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, train, window=0):
+    def forward(ctx, q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, window=0):
         (grid, args, meta), (y, stats, scalars, sizes, ctx.meta) = forward_launch(
-            q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, train, window
+            q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, window
         )
         # the backward kernels take the forward's query block (a smaller one only where their
         # own shared memory forces it): other product shapes would round the logits otherwise
@@ -344,7 +342,7 @@ class _TritonAxis(torch.autograd.Function):
         if ctx.sizes[8]:  # a window's partial row-logit gradients added
             dqa = window_dqa(dqa, ctx.sizes[8])
         grads = (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dqa.to(q_axis.dtype))
-        return (*grads, None, None, None, None, None, None, None, None, None)
+        return (*grads, None, None, None, None, None, None, None, None)
 
 
 # torch.compile runs the kernels as they are (a graph break): dynamo tracing a Triton launch
@@ -386,5 +384,4 @@ def axis_attention_triton(
         q_axis = q_axis.contiguous()
     q, k, v, q_axis = first_order_only("the Triton axis attention", q, k, v, q_axis)
     with no_autocast(q.device.type):
-        train = trains(q, k, v, q_axis)
-        return _TritonAxis.apply(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, train)
+        return _TritonAxis.apply(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m)

@@ -73,7 +73,6 @@ def _fwd(
     PER_IMAGE: tl.constexpr,
     PREC: tl.constexpr,
     ACC: tl.constexpr,
-    SPLIT_P: tl.constexpr,
     WINDOW: tl.constexpr,
 ):
     N: tl.constexpr = ROWS * WP
@@ -122,10 +121,7 @@ def _fwd(
         if DROP:
             p = tl.where(_kept(RNG, row, key), p, 0.0)
         vb = _tokens(V + b * sv_b + hd * sv_h, key * sv_t, k_ok, dv, DV)
-        p_hi = _low(p, vb.dtype)
-        acc = acc * alpha[:, None] + _dot(p_hi, vb, PREC, ACC)
-        if SPLIT_P:  # P = hi + lo in two low-precision products: Y as if P stayed float32
-            acc += _dot(_low(p - p_hi.to(ACC), vb.dtype), vb, PREC, ACC)
+        acc = acc * alpha[:, None] + _dot(_low(p, vb.dtype), vb, PREC, ACC)
         m_i = m_new
     if WINDOW:  # the rows past T saw no key (their l is 0); not stored, but kept finite
         l_i = tl.where(i_ok, l_i, 1.0)

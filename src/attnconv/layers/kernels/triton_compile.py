@@ -95,7 +95,7 @@ def launches(case: Case, block_m: int | None = None) -> list[tuple]:
     qa = z(1, 1, t, na, dtype=torch.promote_types(case.dtype, torch.float32))
     args = (q, k, v, qa, case.h, case.w, case.dk**-0.5, case.p, 0, case.per_image, block_m)
     (_, fargs, fmeta), (_, stats, scalars, sizes, meta) = triton_axis.forward_launch(
-        *args, case.train, case.window
+        *args, case.window
     )
     if case.tf32:  # as on a GPU with allow_tf32: tf32 products, tf32's tiles
         fmeta = triton_axis._tiled(triton_axis._fwd, dict(fmeta, PREC="tf32"), case.dtype, block_m)
@@ -229,7 +229,7 @@ def inside(case: Case, limit: int) -> bool:
 def envelope() -> list[Case]:
     """The envelope's corners: in each dtype the widest heads of each width the tiles tell
     apart (triton_tiles.WIDTHS: a narrower width may take a larger tile), every flag that adds
-    a product or a pass (dropout, bfloat16's split P, training's delta pass, tf32), rows of 64."""
+    a product or a pass (dropout, training's backward and its delta pass, tf32), rows of 64."""
     out = []
     for dt, widest in ENVELOPE.items():
         for d in (d for d in triton_tiles.WIDTHS if d <= widest):

@@ -107,8 +107,7 @@ def local_attention_triton(
         qa = relative_logits(qs, rel_row, rel_col, ks)  # (B, Nh, T, 2k)
         kseq = _seq(k.to(q.dtype)) if k is not None else torch.zeros_like(qs)
         qs, kseq, vs, qa = first_order_only("the Triton window attention", qs, kseq, vs, qa)
-        train = triton_axis.trains(qs, kseq, vs, qa)
         y = triton_axis._TritonAxis.apply(  # (B, T, Nh, dv); q is scaled, no dropout
-            qs, kseq, vs, qa, h, w, 1.0, 0.0, 0, True, block_m, train, ks
+            qs, kseq, vs, qa, h, w, 1.0, 0.0, 0, True, block_m, ks
         )
     return y.permute(0, 2, 3, 1).reshape(b, nh, -1, h, w)
