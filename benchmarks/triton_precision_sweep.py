@@ -5,7 +5,12 @@ GPU): for each case, the kernel's distance to the float64 equations against its 
 the norm of the error, both paths from the same rounded q, k, v and output gradient). Prints
 each case's ratios and the cases past 2x, the suite's bound.
 
+``--axis``: the axis kernel's precision cases instead (tests/test_triton_axis.py's
+PRECISION_CASES and measure, ``axis_errors``: v shared by the heads), each error of both paths
+and their ratio, in float32, bfloat16 and float16.
+
     python benchmarks/triton_precision_sweep.py --cases 30
+    python benchmarks/triton_precision_sweep.py --axis
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import torch  # noqa: E402
 
-from test_triton_local import window_errors  # noqa: E402  (the test's own measure)
+from test_triton_axis import PRECISION_CASES, axis_errors  # noqa: E402  (the tests' own)
+from test_triton_local import window_errors  # noqa: E402
 
 NAMES = ("y", "q", "k", "v", "rel_row", "rel_col")
+AXIS_NAMES = ("y", "q", "k", "v", "q_axis")
 
 
 def ratios(dtype, b, nh, h, w, dk, dv, ks, seed) -> list[float]:
@@ -36,7 +43,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--cases", type=int, default=30)
     ap.add_argument("--seed", type=int, default=1, help="draws the cases")
+    ap.add_argument("--axis", action="store_true", help="the axis kernel's test cases")
     args = ap.parse_args()
+    if args.axis:
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            for case in PRECISION_CASES:
+                e = axis_errors(dtype, *case)
+                print(
+                    f"{str(dtype)[6:]:8} B,Nh,H,W,dk,dv,p={case}  "
+                    + "  ".join(
+                        f"{n} {a:.3g}/{b:.3g}={a / b:.2f}"
+                        for n, a, b in zip(AXIS_NAMES, e["triton"], e["plain"])
+                    ),
+                    flush=True,
+                )
+        return
     rng, past = random.Random(args.seed), []
     for _ in range(args.cases):
         dtype = rng.choice([torch.float32, torch.bfloat16])

@@ -117,6 +117,21 @@ if INSTALLED:
     from .triton_axis_jit import _bwd_dkdv, _bwd_dq, _fwd
 
 
+def shared(x: torch.Tensor) -> torch.Tensor:
+    """(B, Nh, T, d) -> (B|1, Nh|1, T, d): one copy of a batch or head axis expanded at stride 0."""
+    for d in (0, 1):
+        if x.stride(d) == 0 and x.shape[d] > 1:
+            x = x.narrow(d, 0, 1)
+    return x
+
+
+def shared_sum(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The kernel's gradient g (B, Nh, T, d), accumulation dtype, for ``x`` (B|1, Nh|1, T, d):
+    summed over the axes x shares before it is rounded to x's dtype."""
+    dims = [d for d in (0, 1) if x.shape[d] < g.shape[d]]
+    return (g.sum(dims, keepdim=True) if dims else g).to(x.dtype)
+
+
 def trains(*xs: torch.Tensor) -> bool:
     """Whether a backward will follow a call on ``xs``: grad mode on, an input needing it."""
     return torch.is_grad_enabled() and any(x.requires_grad for x in xs)
@@ -311,9 +326,12 @@ def backward_launches(q, k, v, q_axis, stats, scalars, dy, sizes, meta, block_m=
 
 class _TritonAxis(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, window=0):
+    def forward(ctx, q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, window=0, bh=None):
+        # (B|1, Nh|1, T, d) each, bh = (B, Nh): what the batch or the heads share, read at stride 0
+        ctx.bh = bh or [max(x.shape[d] for x in (q, k, v, q_axis)) for d in (0, 1)]
         (grid, args, meta), (y, stats, scalars, sizes, ctx.meta) = forward_launch(
-            q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, window
+            *(x.expand(*ctx.bh, *x.shape[2:]) for x in (q, k, v, q_axis)),
+            *(h, w, scale, p, seed, per_image, block_m, window),
         )
         # the backward kernels take the forward's query block (a smaller one only where their
         # own shared memory forces it): other product shapes would round the logits otherwise
@@ -326,10 +344,11 @@ class _TritonAxis(torch.autograd.Function):
     @once_differentiable
     @backward_without_autocast
     def backward(ctx, dy):
-        q, k, v, q_axis, stats, *scalars = ctx.saved_tensors
-        dy = dy.to(q.dtype).contiguous()
+        xs, (stats, *scalars) = ctx.saved_tensors[:4], ctx.saved_tensors[4:]
+        dy = dy.to(xs[0].dtype).contiguous()
+        full = [x.expand(*ctx.bh, *x.shape[2:]) for x in xs]
         launches, (dq, dk, dv, dqa) = backward_launches(
-            q, k, v, q_axis, stats, scalars, dy, ctx.sizes, ctx.meta, ctx.block_m
+            *full, stats, scalars, dy, ctx.sizes, ctx.meta, ctx.block_m
         )
         (fd, gd, ad, md), (fq, gq, aq, mq), kv = launches
         block = launch(fd, gd, ad, md)  # delta, then dQ at its block: P rounded alike in both
@@ -341,8 +360,8 @@ class _TritonAxis(torch.autograd.Function):
         launch(*kv)
         if ctx.sizes[8]:  # a window's partial row-logit gradients added
             dqa = window_dqa(dqa, ctx.sizes[8])
-        grads = (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dqa.to(q_axis.dtype))
-        return (*grads, None, None, None, None, None, None, None, None)
+        grads = (shared_sum(g, x) for g, x in zip((dq, dk, dv, dqa), xs))
+        return (*grads, None, None, None, None, None, None, None, None, None)
 
 
 # torch.compile runs the kernels as they are (a graph break): dynamo tracing a Triton launch
@@ -361,9 +380,9 @@ def axis_attention_triton(
     seed: int | None = None,
     block_m: int | None = None,
 ):
-    """q, k (B, Nh, T, dk), v (B, Nh, T, dv) (heads may share values: stride 0), q_axis
-    (B|1, Nh, T, H + W) -> (B, T, Nh, dv) in q's dtype (bfloat16/float16/float32/float64); the
-    logits q_axis in float32 at least; attention dropout p with the links of
+    """q, k (B, Nh, T, dk), v (B, Nh, T, dv) (the batch or the heads may share one: stride 0),
+    q_axis (B|1, Nh, T, H + W) -> (B, T, Nh, dv) in q's dtype (bfloat16/float16/float32/
+    float64); the logits q_axis in float32 at least; attention dropout p with the links of
     ``dropped_links(Nh, T, B if per_image else None, p, seed=seed)`` (seed: drawn from the
     default generator when None). First derivative only."""
     b, nh, t = q.shape[:3]
@@ -376,12 +395,12 @@ def axis_attention_triton(
     if why:
         raise RuntimeError(f"attnconv: {why}")
     seed = (dropout_seed() if p > 0 else 0) if seed is None else seed
-    k, v = k.to(q.dtype), v.to(q.dtype)
-    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
-    q_axis = q_axis.to(torch.promote_types(q.dtype, torch.float32))
-    q_axis = q_axis.expand(b, nh, t, h + w)
-    if q_axis.stride(-1) != 1:
-        q_axis = q_axis.contiguous()
+    dts = (q.dtype,) * 3 + (torch.promote_types(q.dtype, torch.float32),)
+    # what the heads or the batch share (value="identity", one query set for the batch) is
+    # cast once, not per head, and its gradient summed in the accumulation dtype
+    q, k, v, q_axis = (shared(x).to(dt) for x, dt in zip((q, k, v, q_axis), dts))
+    q, k, v, q_axis = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v, q_axis))
     q, k, v, q_axis = first_order_only("the Triton axis attention", q, k, v, q_axis)
     with no_autocast(q.device.type):
-        return _TritonAxis.apply(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m)
+        args = (h, w, scale, p, seed, per_image, block_m, 0, (b, nh))
+        return _TritonAxis.apply(q, k, v, q_axis, *args)
