@@ -34,10 +34,11 @@ def _spy(monkeypatch) -> list[tuple]:
 
 
 @pytest.mark.parametrize("p", [0.0, 0.3])
-def test_queries_shared_by_the_batch_and_values_by_the_heads_equal_the_equations(p):
+def test_queries_shared_by_the_batch_and_values_by_the_heads_equal_the_equations(monkeypatch, p):
     """float64: q, k of one image expanded over a batch of 3, v of one head over 4 heads; the
     values and every gradient equal the plain equations', and the kernel is given each shared
     tensor once."""
+    seen = _spy(monkeypatch)
     gen = torch.Generator().manual_seed(5)
     b, nh, h, w, dk, dv = 3, 4, 5, 7, 8, 6
     t = h * w
@@ -52,6 +53,8 @@ def test_queries_shared_by_the_batch_and_values_by_the_heads_equal_the_equations
         return f(q, k, v.expand(-1, nh, -1, -1), qa, h, w, 0.37, p, True, seed=3)
 
     y, ref = run(axis_attention_triton), run(axis_attention_reference)
+    ((q_in, k_in, v_in, qa_in),) = seen
+    assert q_in.shape[0] == k_in.shape[0] == 1 and v_in.shape[1] == 1 and qa_in.shape[:2] == (b, nh)
     torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
     g = torch.randn(y.shape, dtype=y.dtype, generator=gen).to(y.device)
     for a, r in zip(torch.autograd.grad(y, xs, g), torch.autograd.grad(ref, xs, g)):
@@ -125,3 +128,30 @@ def test_layer_shares_values_as_tight_as_plain_under_bf16_autocast(monkeypatch, 
         assert seen[0][2].shape[1] == 1
     for got, plain in zip(errs["triton"], errs[None]):
         assert got <= 2 * plain + 1e-6, (errs["triton"], errs[None])
+
+
+def test_batch_and_heads_that_neither_broadcast_nor_match_are_one_line():
+    """q of 2 images against v of 3: a ValueError naming the shapes, before any launch."""
+    q = k = torch.zeros(2, 2, 6, 8, device=DEVICE)
+    v, qa = torch.zeros(3, 2, 6, 8, device=DEVICE), torch.zeros(1, 2, 6, 5, device=DEVICE)
+    with pytest.raises(ValueError, match="batch and heads must be 1 or alike"):
+        axis_attention_triton(q, k, v, qa, 2, 3, 0.3)
+
+
+def test_a_gradient_is_returned_only_where_an_input_asks_for_one(monkeypatch):
+    """q, k without requires_grad: the backward hands autograd None for them (no batch sum
+    of a gradient nobody reads), and v's is the plain equations'."""
+    gen = torch.Generator().manual_seed(7)
+    q, k = (torch.randn(1, 2, 6, 8, dtype=torch.float64, generator=gen) for _ in "qk")
+    v = torch.randn(3, 1, 6, 4, dtype=torch.float64, generator=gen)
+    qa = torch.randn(1, 2, 6, 5, dtype=torch.float64, generator=gen)
+    q, k, qa, v = (x.to(DEVICE) for x in (q, k, qa, v))
+    v.requires_grad_()
+    calls = []
+    real = triton_axis.shared_sum
+    monkeypatch.setattr(triton_axis, "shared_sum", lambda g, x: calls.append(x.shape) or real(g, x))
+    args = (q.expand(3, -1, -1, -1), k.expand(3, -1, -1, -1), v.expand(-1, 2, -1, -1), qa)
+    (got,) = torch.autograd.grad(axis_attention_triton(*args, 2, 3, 0.3).sum(), [v])
+    (want,) = torch.autograd.grad(axis_attention_reference(*args, 2, 3, 0.3).sum(), [v])
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert calls == [v.shape]

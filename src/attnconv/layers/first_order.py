@@ -31,7 +31,11 @@ class _FirstOrderOnly(torch.autograd.Function):
     @staticmethod
     def forward(ctx, what: str, *xs: torch.Tensor):
         ctx.what = what
-        return tuple(x.view_as(x) for x in xs)
+        ctx.set_materialize_grads(False)
+        out = tuple(x.view_as(x) for x in xs)
+        # an input without a gradient stays so: the kernel's Function then computes none for it
+        ctx.mark_non_differentiable(*(o for o, x in zip(out, xs) if not x.requires_grad))
+        return out
 
     @staticmethod
     def backward(ctx, *grads):

@@ -36,7 +36,7 @@ from ..first_order import first_order_only
 from ..functional import drop_threshold, dropout_seed
 from ..precision import backward_without_autocast, no_autocast
 from . import triton_tiles
-from .triton_tiles import pow2, window_logits, window_wp
+from .triton_tiles import pow2, window_dqa, window_logits, window_wp
 
 INSTALLED = importlib.util.find_spec("triton") is not None
 MAX_WIDTH = 128  # a key block is at least one image row: wider rows would spill registers
@@ -117,12 +117,14 @@ if INSTALLED:
     from .triton_axis_jit import _bwd_dkdv, _bwd_dq, _fwd
 
 
-def shared(x: torch.Tensor) -> torch.Tensor:
-    """(B, Nh, T, d) -> (B|1, Nh|1, T, d): one copy of a batch or head axis expanded at stride 0."""
+def shared(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, Nh, T, d) -> (B|1, Nh|1, T, d) in ``dtype``, unit stride on the last axis (the kernels'
+    loads): a batch or head axis expanded at stride 0 kept as one copy, one cast copy at most."""
     for d in (0, 1):
         if x.stride(d) == 0 and x.shape[d] > 1:
             x = x.narrow(d, 0, 1)
-    return x
+    fmt = torch.preserve_format if x.stride(-1) == 1 else torch.contiguous_format
+    return x.to(dtype, memory_format=fmt)
 
 
 def shared_sum(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -261,13 +263,6 @@ def device_values(values: list, dtype: torch.dtype, device: torch.device) -> tor
     return out
 
 
-def window_dqa(dqa: torch.Tensor, window: int) -> torch.Tensor:
-    """(B, Nh, T, (P + 1) k) -> (B, Nh, T, 2k): the dQ kernel's P partial row-logit gradients
-    added, the column ones beside them."""
-    rows = dqa[..., :-window].unflatten(-1, (-1, window)).sum(-2)
-    return torch.cat([rows, dqa[..., -window:]], -1)
-
-
 def forward_launch(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, window=0):
     """The forward kernel's (grid, arguments, compile-time values) and its outputs (y, stats,
     scalars): what ``_TritonAxis`` launches and ``triton_compile`` compiles for a GPU.
@@ -360,7 +355,8 @@ class _TritonAxis(torch.autograd.Function):
         launch(*kv)
         if ctx.sizes[8]:  # a window's partial row-logit gradients added
             dqa = window_dqa(dqa, ctx.sizes[8])
-        grads = (shared_sum(g, x) for g, x in zip((dq, dk, dv, dqa), xs))
+        needs = ctx.needs_input_grad[:4]
+        grads = (shared_sum(g, x) if n else None for g, x, n in zip((dq, dk, dv, dqa), xs, needs))
         return (*grads, None, None, None, None, None, None, None, None, None)
 
 
@@ -385,7 +381,11 @@ def axis_attention_triton(
     float64); the logits q_axis in float32 at least; attention dropout p with the links of
     ``dropped_links(Nh, T, B if per_image else None, p, seed=seed)`` (seed: drawn from the
     default generator when None). First derivative only."""
-    b, nh, t = q.shape[:3]
+    t = q.shape[2]
+    b, nh = (max(x.shape[d] for x in (q, k, v, q_axis)) for d in (0, 1))
+    if any(x.shape[d] not in (1, n) for x in (q, k, v, q_axis) for d, n in ((0, b), (1, nh))):
+        shapes = ", ".join(str(tuple(x.shape)) for x in (q, k, v, q_axis))
+        raise ValueError(f"q, k, v, q_axis: batch and heads must be 1 or alike, got {shapes}")
     if q_axis.shape[-2:] != (h * w, h + w) or t != h * w:
         raise ValueError(f"q_axis {tuple(q_axis.shape)} must be (B, Nh, T={h * w}, H+W={h + w})")
     if k.shape[-2:] != q.shape[-2:] or v.shape[-2] != t or q.dim() != 4 or k.dim() != 4:
@@ -398,8 +398,7 @@ def axis_attention_triton(
     dts = (q.dtype,) * 3 + (torch.promote_types(q.dtype, torch.float32),)
     # what the heads or the batch share (value="identity", one query set for the batch) is
     # cast once, not per head, and its gradient summed in the accumulation dtype
-    q, k, v, q_axis = (shared(x).to(dt) for x, dt in zip((q, k, v, q_axis), dts))
-    q, k, v, q_axis = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v, q_axis))
+    q, k, v, q_axis = (shared(x, dt) for x, dt in zip((q, k, v, q_axis), dts))
     q, k, v, q_axis = first_order_only("the Triton axis attention", q, k, v, q_axis)
     with no_autocast(q.device.type):
         args = (h, w, scale, p, seed, per_image, block_m, 0, (b, nh))

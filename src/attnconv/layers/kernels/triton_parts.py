@@ -215,6 +215,6 @@ def _key_band(
 @triton.jit
 def _window_partials(KS, WP: tl.constexpr):
     """How many key-block columns a query tile's windows (WP + KS - 1 columns) reach at most, on
-    any grid: the row-logit gradient is summed per block column (``triton_axis.window_dqa`` adds
+    any grid: the row-logit gradient is summed per block column (``triton_tiles.window_dqa`` adds
     them), the column one stored once."""
     return tl.cdiv(WP + KS - 2, WP) + 1

@@ -221,3 +221,10 @@ def window_logits(window: int, w: int) -> int:
     """The columns of the dQ kernel's row-logit scratch for a k x k window (P + 1) k: P partial
     row-logit gradients (``window_parts``) and the column ones."""
     return (window_parts(window, window_wp(w)) + 1) * window
+
+
+def window_dqa(dqa: torch.Tensor, window: int) -> torch.Tensor:
+    """(B, Nh, T, (P + 1) k) -> (B, Nh, T, 2k): the dQ kernel's P partial row-logit gradients
+    added, the column ones beside them."""
+    rows = dqa[..., :-window].unflatten(-1, (-1, window)).sum(-2)
+    return torch.cat([rows, dqa[..., -window:]], -1)
