@@ -12,7 +12,7 @@ upcast helpers and the autocast-off context.
 from __future__ import annotations
 
 import functools
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -22,6 +22,30 @@ LOW = (torch.bfloat16, torch.float16)
 def hi(t: torch.Tensor) -> torch.Tensor:
     """float32 copy of a bfloat16/float16 tensor (parameters, queries), anything else as is."""
     return t.float() if t.dtype in LOW else t
+
+
+@contextmanager
+def hi_kept_low(t: torch.Tensor):
+    """``hi(t)`` for the block, where autograd keeps ``t`` in place of hi(t) or any view of it
+    and makes the float32 copy again in the backward (exact: hi is a cast). A bfloat16 q read in
+    float32 (the relative tables' logits) then holds no float32 copy from forward to backward:
+    at the paper's content model, 368 MB a layer (docs/benchmarks.md)."""
+    high = hi(t)
+    if high is t or not torch.is_grad_enabled():
+        yield high
+        return
+    dtype, storage = high.dtype, high.untyped_storage().data_ptr()  # (no reference to high)
+
+    def pack(x: torch.Tensor):
+        if x.dtype == dtype and x.untyped_storage().data_ptr() == storage:
+            return (x.size(), x.stride(), x.storage_offset())  # a view of hi(t)
+        return x
+
+    def unpack(x):
+        return hi(t).as_strided(*x) if isinstance(x, tuple) else x
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        yield high
 
 
 def kernel_dtype(dtype: torch.dtype) -> torch.dtype:

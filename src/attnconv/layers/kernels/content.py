@@ -15,7 +15,7 @@ import torch
 from ...warn import warn
 from ..encodings.terms import AxisTerm, GaussianTerm
 from ..functional import dropped_links, scaled_dot_product_attention
-from ..precision import hi, kernel_dtype, no_autocast, softmax_f32, upcast
+from ..precision import hi, hi_kept_low, kernel_dtype, no_autocast, softmax_f32, upcast
 from . import triton_axis, triton_compile
 from .blocked import axis_attention, gaussian_attention
 from .flex import axis_score_mod, flex_mod_attention, gaussian_score_mod
@@ -31,12 +31,25 @@ def score_mod(term: AxisTerm, q: torch.Tensor, *, in_kernel: bool = False):
     return axis_score_mod(term.q_axis(q), term.h, term.w)
 
 
+def q_axis_kept_low(term: AxisTerm, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q (B|1, Nh, T, dk) made contiguous, and its axis logits from hi(q): the tables' product
+    then saves views of hi(q) (a strided q's halves would be copied), which autograd keeps as q
+    itself (precision.hi_kept_low): no float32 copy of a bfloat16 q from forward to backward."""
+    q = q.contiguous()
+    with hi_kept_low(q) as q_hi:
+        return q, term.q_axis(q_hi)
+
+
 def flex(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True, in_kernel=False):
     """FlexAttention, the row/column logits added by a score_mod (flex.py). q, k, v keep their
     (autocast) dtype, the kernel accumulates scores in float32 and the logits are added in
     float32."""
     with no_autocast(q.device.type):
-        mod = score_mod(term, hi(q), in_kernel=in_kernel)
+        if in_kernel:
+            mod = score_mod(term, hi(q), in_kernel=True)
+        else:  # the logits' float32 q not held for the backward
+            q, q_axis = q_axis_kept_low(term, q)
+            mod = axis_score_mod(q_axis, term.h, term.w)
         y = flex_mod_attention(
             q, k.to(q.dtype), v.to(q.dtype), mod, scale, compiled=q.device.type == "cuda"
         )
@@ -124,18 +137,14 @@ def triton(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True):
     why, block_m = triton_axis.unsupported(q, v, grid.h, grid.w), None
     if not why:  # the axis logits count too: a learned encoding trains through them
         with no_autocast(q.device.type):
-            q_axis = term.q_axis(hi(q))  # (B|1, Nh, T, h + w), float32 at least
+            q, q_axis = q_axis_kept_low(term, q)  # (B|1, Nh, T, h + w), float32 at least
         train = triton_axis.trains(q, k, v, q_axis)
         why, block_m = triton_compile.fit(q, v, grid.h, grid.w, p_drop, per_image, train)
     if why:
         warn(f"attnconv: backend='triton' falls back to the dense kernel: {why}")
         dense = dense_dropout if p_drop > 0 else fold
         return dense(q, k, v, term, grid, scale, p_drop=p_drop, per_image=per_image)
-    b = v.shape[0]
-    with no_autocast(q.device.type):
-        if q_axis.stride(0) == 0:  # input-independent (quadratic): one copy for the batch
-            q_axis = q_axis[:1]
-        q, k = q.expand(b, *q.shape[1:]), k.expand(b, *k.shape[1:])
+    with no_autocast(q.device.type):  # q, k, q_axis of one image (B|1) read for every image
         y = triton_axis.axis_attention_triton(
             q, k, v, q_axis, grid.h, grid.w, scale, p_drop, per_image, block_m=block_m
         )

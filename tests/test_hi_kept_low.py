@@ -1,0 +1,134 @@
+"""precision.hi_kept_low: a bfloat16 q read in float32 (the learned relative tables' logits, the
+Triton and Flex paths' q_axis) with autograd keeping q itself, not its float32 copy, from the
+forward to the backward; values and gradients bit for bit those of the plain ``hi``."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import weakref
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnconv.layers.kernels import content, triton_axis
+from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
+from attnconv.layers.precision import hi, hi_kept_low
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _term(nh: int, dk: int, h: int, w: int, seed: int):
+    torch.manual_seed(seed)
+    lay = MultiHeadSelfAttention2d(
+        8, 8, nh, head_dim=dk, positional="relative_learned", max_size=max(h, w)
+    )
+    return lay, lay.positional_encoding.term(h, w, content=True)
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    b=st.integers(1, 3),
+    nh=st.integers(1, 3),
+    h=st.integers(1, 5),
+    w=st.integers(1, 5),
+    dk=st.sampled_from([2, 4, 6]),
+    dtype=st.sampled_from([torch.bfloat16, torch.float16]),
+    seed=st.integers(0, 99),
+)
+def test_values_and_gradients_equal_the_plain_upcasts(b, nh, h, w, dk, dtype, seed):
+    lay, term = _term(nh, dk, h, w, seed)
+    gen = torch.Generator().manual_seed(seed)
+    q0 = torch.randn(b, h * w, nh, dk, generator=gen).to(dtype).transpose(1, 2)  # a view
+    g = torch.randn(b, nh, h * w, h + w, generator=gen)
+    out = {}
+    for kept in (False, True):
+        q = q0.detach().requires_grad_()
+        if kept:
+            with hi_kept_low(q) as q_hi:
+                y = term.q_axis(q_hi)
+        else:
+            y = term.q_axis(hi(q))
+        out[kept] = [y, *torch.autograd.grad(y, [q, *lay.positional_encoding.parameters()], g)]
+    for a, r in zip(out[True], out[False]):
+        assert a.dtype == r.dtype and torch.equal(a, r)
+
+
+def _copy_outlives_the_block(kept: bool) -> bool:
+    """Whether the float32 copy of q stays alive after the block while the graph does."""
+    _, term = _term(2, 4, 3, 4, 0)
+    q = torch.randn(2, 2, 12, 4).bfloat16().requires_grad_()
+    if kept:
+        with hi_kept_low(q) as q_hi:
+            y = term.q_axis(q_hi)
+    else:
+        q_hi = hi(q)
+        y = term.q_axis(q_hi)
+    copy = weakref.ref(q_hi)
+    del q_hi
+    gc.collect()
+    alive = copy() is not None
+    y.sum().backward()  # the graph still runs, from q itself
+    assert q.grad is not None and q.grad.abs().sum() > 0
+    return alive
+
+
+def test_the_float32_copy_is_not_held_for_the_backward():
+    assert _copy_outlives_the_block(kept=False)  # the plain upcast: autograd keeps it
+    assert not _copy_outlives_the_block(kept=True)
+
+
+def test_float32_and_no_grad_are_passed_through():
+    q = torch.randn(1, 2, 3, 4, requires_grad=True)
+    with hi_kept_low(q) as q_hi:
+        assert q_hi is q
+    with torch.no_grad(), hi_kept_low(q.bfloat16()) as q_hi:
+        assert q_hi.dtype == torch.float32
+
+
+def _stored_q_halves(monkeypatch, kept: bool) -> list[tuple]:
+    """What autograd stores in the layer's forward (relative_learned with content, the Triton
+    backend, bfloat16 autocast), every pack hook's result recorded: the float32 halves of q
+    (B Nh T, dk / 2) the tables' products would keep. ``kept=False``: the plain hi (before)."""
+    real = torch.autograd.graph.saved_tensors_hooks
+    stored = []
+
+    def recording(pack, unpack):
+        return real(lambda x: stored.append(r := pack(x)) or r, unpack)
+
+    monkeypatch.setattr(torch.autograd.graph, "saved_tensors_hooks", recording)
+    if not kept:
+        monkeypatch.setattr(content, "hi_kept_low", lambda q: contextlib.nullcontext(hi(q)))
+    b, nh, dk, h, w = 2, 3, 16, 4, 5
+    torch.manual_seed(0)
+    lay = MultiHeadSelfAttention2d(
+        8, 8, nh, head_dim=dk, positional="relative_learned", max_size=5, backend="triton"
+    ).to(DEVICE)
+    x = torch.randn(b, 8, h, w, device=DEVICE, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        with torch.autocast(DEVICE, dtype=torch.bfloat16):
+            y = lay(x)
+    y.float().sum().backward()
+    assert x.grad is not None
+    return [
+        tuple(r.shape)
+        for r in stored
+        if isinstance(r, torch.Tensor)
+        and r.dtype == torch.float32
+        and tuple(r.shape) == (b * nh * h * w, dk // 2)
+    ]
+
+
+@pytest.mark.skipif(
+    not triton_axis.INSTALLED or not (torch.cuda.is_available() or triton_axis.interpreted()),
+    reason="needs triton and a GPU or TRITON_INTERPRET=1",
+)
+def test_the_triton_path_keeps_no_float32_copy_of_q(monkeypatch):
+    """The learned relative logits' product reads q in float32: with hi_kept_low (and q made
+    contiguous, so the product saves views of hi(q), not copies of its halves) autograd keeps
+    none of it; the plain hi kept both halves, a float32 copy of q a layer."""
+    with monkeypatch.context() as m:
+        assert len(_stored_q_halves(m, kept=False)) == 2
+    assert _stored_q_halves(monkeypatch, kept=True) == []
