@@ -25,11 +25,13 @@ START=$(date +%s)
 # it means anything
 DRY=""
 TESTS_S=60
+LOCAL_S=50  # the SASA group's seconds
 REPS_MODELS=5; REPS=3; INNER=5  # timed repeats (medians) and calls a timing
 if [ "${DRY_RUN:-0}" = 1 ]; then
   export TRITON_INTERPRET=1
   DRY="--device cpu --quick"
   TESTS_S=25
+  LOCAL_S=120  # the interpreter on two shared cores: its code run once, whatever their load
   REPS_MODELS=1; REPS=1; INNER=1  # one call of each: the code runs, no figure is kept
   # tests that pass on a CPU in seconds go first, so the step's lines are checked whatever
   # the interpreter's speed (on a GPU the list below keeps its order)
@@ -51,7 +53,7 @@ echo "== content attention kernels" | tee -a "$LOG"
 timeout 190 $py -m attnconv.cli bench --suite cuda --repeats $REPS --out-dir "$OUT" -- --only content \
   --inner $INNER $DRY 2>&1 | tail -60 | tee -a "$LOG"
 echo "== SASA window kernels, training (as many cases as the time allows; 56x56 first)" | tee -a "$LOG"
-timeout 50 $py -m attnconv.cli bench --suite cuda --repeats $REPS --out-dir "$OUT" -- --only local \
+timeout $LOCAL_S $py -m attnconv.cli bench --suite cuda --repeats $REPS --out-dir "$OUT" -- --only local \
   --mode train --inner $INNER $DRY 2>&1 | tail -30 | tee -a "$LOG"
 echo "== CUDA tests (the time left; each test's line in cuda_tests.log as it ends)" | tee -a "$LOG"
 # the time the steps above left unused goes to the tests: 510 s less what has passed (30 s kept
@@ -69,7 +71,8 @@ timeout ${TESTS_S:-60} $py -m pytest -v -rfE -p no:cacheprovider ${FIRST_TESTS:-
   tests/test_functional.py::test_on_a_gpu_odd_head_widths_still_take_a_fused_kernel \
   tests/test_data.py::test_a_loader_on_the_gpu_yields_the_cpu_loaders_batches \
   tests/test_hash_dropout.py::test_module_runs_torchs_dropout_on_cuda tests/test_triton_axis.py \
-  tests/test_triton_local.py tests/test_cuda_models_bench.py tests/test_cuda_backend.py \
+  tests/test_triton_local.py tests/test_triton_shared.py tests/test_hi_kept_low.py \
+  tests/test_cuda_models_bench.py tests/test_cuda_backend.py \
   > "$OUT/cuda_tests.log" 2>&1
 echo "exit $? (124: the time ran out); $(grep -c ' PASSED' "$OUT/cuda_tests.log") passed," \
   "$(grep -c ' FAILED' "$OUT/cuda_tests.log") failed" | tee -a "$LOG"

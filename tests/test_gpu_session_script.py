@@ -118,7 +118,7 @@ def test_the_script_runs_end_to_end_as_a_cpu_dry_run(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,  # the steps' own timeouts add to 575 s in a dry run
     )
     assert run.returncode == 0, run.stderr[-2000:]
     log = (tmp_path / "gpu_session.log").read_text()

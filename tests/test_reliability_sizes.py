@@ -105,10 +105,10 @@ def test_checkpoint_declaring_100000_layers_is_refused_fast(tmp_path):
     meta["model_kwargs"]["num_layers"] = 100_000
     meta[ck.META_HASH] = ck.meta_digest(meta)  # a crafter recomputes the digest
     (path / ck.META).write_text(json.dumps(meta))
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # this process's CPU seconds: a shared machine's load adds none
     with pytest.raises(ck.CheckpointError, match=f"more than {MAX_MODULES} modules|GiB"):
         ck.load_model(path)
-    assert time.perf_counter() - t0 < 5
+    assert time.process_time() - t0 < 5
 
 
 def test_weight_file_size_checked_before_reading(tmp_path, monkeypatch):
