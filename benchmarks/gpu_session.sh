@@ -71,8 +71,8 @@ timeout ${TESTS_S:-60} $py -m pytest -v -rfE -p no:cacheprovider ${FIRST_TESTS:-
   tests/test_functional.py::test_on_a_gpu_odd_head_widths_still_take_a_fused_kernel \
   tests/test_data.py::test_a_loader_on_the_gpu_yields_the_cpu_loaders_batches \
   tests/test_hash_dropout.py::test_module_runs_torchs_dropout_on_cuda tests/test_triton_axis.py \
-  tests/test_triton_local.py tests/test_triton_shared.py tests/test_hi_kept_low.py \
-  tests/test_cuda_models_bench.py tests/test_cuda_backend.py \
+  tests/test_triton_local.py tests/test_cuda_models_bench.py tests/test_cuda_backend.py \
+  tests/test_triton_shared.py tests/test_hi_kept_low.py \
   > "$OUT/cuda_tests.log" 2>&1
 echo "exit $? (124: the time ran out); $(grep -c ' PASSED' "$OUT/cuda_tests.log") passed," \
   "$(grep -c ' FAILED' "$OUT/cuda_tests.log") failed" | tee -a "$LOG"

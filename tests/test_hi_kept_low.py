@@ -28,6 +28,17 @@ def _term(nh: int, dk: int, h: int, w: int, seed: int):
     return lay, lay.positional_encoding.term(h, w, content=True)
 
 
+def _recording(monkeypatch) -> list:
+    """Every pack hook's result from here on (a tuple: a view of hi(q) kept as q)."""
+    real, stored = torch.autograd.graph.saved_tensors_hooks, []
+
+    def recording(pack, unpack):
+        return real(lambda x: stored.append(r := pack(x)) or r, unpack)
+
+    monkeypatch.setattr(torch.autograd.graph, "saved_tensors_hooks", recording)
+    return stored
+
+
 @settings(max_examples=10, deadline=None)
 @given(
     b=st.integers(1, 3),
@@ -39,6 +50,9 @@ def _term(nh: int, dk: int, h: int, w: int, seed: int):
     seed=st.integers(0, 99),
 )
 def test_values_and_gradients_equal_the_plain_upcasts(b, nh, h, w, dk, dtype, seed):
+    """content.q_axis_kept_low (the Triton and Flex paths') against term.q_axis(hi(q)), q a
+    strided view as the projection gives it: values and the gradients of q and the tables bit
+    for bit, with both halves of hi(q) kept as q."""
     lay, term = _term(nh, dk, h, w, seed)
     gen = torch.Generator().manual_seed(seed)
     q0 = torch.randn(b, h * w, nh, dk, generator=gen).to(dtype).transpose(1, 2)  # a view
@@ -46,14 +60,37 @@ def test_values_and_gradients_equal_the_plain_upcasts(b, nh, h, w, dk, dtype, se
     out = {}
     for kept in (False, True):
         q = q0.detach().requires_grad_()
-        if kept:
-            with hi_kept_low(q) as q_hi:
-                y = term.q_axis(q_hi)
-        else:
-            y = term.q_axis(hi(q))
+        with pytest.MonkeyPatch.context() as m:
+            stored = _recording(m)
+            y = content.q_axis_kept_low(term, q)[1] if kept else term.q_axis(hi(q))
+        assert sum(isinstance(r, tuple) for r in stored) == (2 if kept else 0)
         out[kept] = [y, *torch.autograd.grad(y, [q, *lay.positional_encoding.parameters()], g)]
     for a, r in zip(out[True], out[False]):
         assert a.dtype == r.dtype and torch.equal(a, r)
+
+
+def test_a_query_changed_in_place_before_the_backward_is_an_error():
+    """As autograd's own version check makes it: the backward would otherwise read the new q."""
+    _, term = _term(2, 4, 3, 4, 0)
+    q = torch.randn(2, 2, 12, 4).bfloat16().requires_grad_()
+    q2 = q * 1  # a tensor in the graph that can be written in place
+    _, y = content.q_axis_kept_low(term, q2)
+    y.sum().backward(retain_graph=True)  # as made: fine
+    with torch.no_grad():
+        q2.mul_(2)
+    with pytest.raises(RuntimeError, match="modified in place"):
+        y.sum().backward()
+
+
+def test_hooks_of_a_user_around_it_keep_their_tensors():
+    """Only the innermost saved-tensor hooks apply: under a user's (activation offload,
+    checkpointing) the plain upcast runs, so their pack hook sees every saved tensor."""
+    _, term = _term(2, 4, 3, 4, 0)
+    q = torch.randn(2, 2, 12, 4).bfloat16().requires_grad_()
+    seen = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda x: seen.append(x) or x, lambda x: x):
+        content.q_axis_kept_low(term, q)
+    assert any(x.dtype == torch.float32 and x.shape == (48, 2) for x in seen)
 
 
 def _copy_outlives_the_block(kept: bool) -> bool:
@@ -92,13 +129,7 @@ def _stored_q_halves(monkeypatch, kept: bool) -> list[tuple]:
     """What autograd stores in the layer's forward (relative_learned with content, the Triton
     backend, bfloat16 autocast), every pack hook's result recorded: the float32 halves of q
     (B Nh T, dk / 2) the tables' products would keep. ``kept=False``: the plain hi (before)."""
-    real = torch.autograd.graph.saved_tensors_hooks
-    stored = []
-
-    def recording(pack, unpack):
-        return real(lambda x: stored.append(r := pack(x)) or r, unpack)
-
-    monkeypatch.setattr(torch.autograd.graph, "saved_tensors_hooks", recording)
+    stored = _recording(monkeypatch)
     if not kept:
         monkeypatch.setattr(content, "hi_kept_low", lambda q: contextlib.nullcontext(hi(q)))
     b, nh, dk, h, w = 2, 3, 16, 4, 5
@@ -107,7 +138,9 @@ def _stored_q_halves(monkeypatch, kept: bool) -> list[tuple]:
         8, 8, nh, head_dim=dk, positional="relative_learned", max_size=5, backend="triton"
     ).to(DEVICE)
     x = torch.randn(b, 8, h, w, device=DEVICE, requires_grad=True)
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+    # the plain upcast: a recording hook of the test's own sees what autograd keeps
+    record = torch.autograd.graph.saved_tensors_hooks if not kept else None
+    with record(lambda t: t, lambda t: t) if record else contextlib.nullcontext():
         with torch.autocast(DEVICE, dtype=torch.bfloat16):
             y = lay(x)
     y.float().sum().backward()

@@ -155,3 +155,10 @@ def test_a_gradient_is_returned_only_where_an_input_asks_for_one(monkeypatch):
     (want,) = torch.autograd.grad(axis_attention_reference(*args, 2, 3, 0.3).sum(), [v])
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     assert calls == [v.shape]
+
+
+def test_an_input_not_4d_is_one_line():
+    q = torch.zeros(2, 6, 8, device=DEVICE)  # heads missing
+    qa = torch.zeros(1, 2, 6, 5, device=DEVICE)
+    with pytest.raises(ValueError, match="must be 4-D"):
+        axis_attention_triton(q, q, q, qa, 2, 3, 0.3)

@@ -12,6 +12,7 @@ upcast helpers and the autocast-off context.
 from __future__ import annotations
 
 import functools
+import weakref
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -24,25 +25,50 @@ def hi(t: torch.Tensor) -> torch.Tensor:
     return t.float() if t.dtype in LOW else t
 
 
+def _hooks_free() -> bool:
+    """No saved-tensor hooks of anyone else's are open (a user's activation checkpointing or CPU
+    offload: only the innermost pair applies, so ours would take their tensors), hooks can be
+    pushed, and no compiler is tracing."""
+    autograd = torch._C._autograd
+    top = getattr(autograd, "_top_saved_tensors_default_hooks", None)
+    enabled = getattr(autograd, "_saved_tensors_hooks_is_enabled", None)
+    if top is None or enabled is None or torch.compiler.is_compiling():
+        return False
+    return enabled() and top(False) is None
+
+
 @contextmanager
 def hi_kept_low(t: torch.Tensor):
     """``hi(t)`` for the block, where autograd keeps ``t`` in place of hi(t) or any view of it
     and makes the float32 copy again in the backward (exact: hi is a cast). A bfloat16 q read in
     float32 (the relative tables' logits) then holds no float32 copy from forward to backward:
-    at the paper's content model, 368 MB a layer (docs/benchmarks.md)."""
+    at the paper's content model, 368 MB a layer (docs/benchmarks.md). The plain ``hi`` where
+    other saved-tensor hooks are open (``_hooks_free``); t or hi(t) changed in place before the
+    backward is an error, as autograd's own check makes it."""
     high = hi(t)
-    if high is t or not torch.is_grad_enabled():
+    if high is t or not torch.is_grad_enabled() or not _hooks_free():
         yield high
         return
-    dtype, storage = high.dtype, high.untyped_storage().data_ptr()  # (no reference to high)
+    # what identifies hi(t) and its views, no reference to it held
+    key = (high.dtype, high.device, high.untyped_storage().data_ptr())
+    version, layout, made = t._version, (t.shape, t.stride()), weakref.ref(high)
 
     def pack(x: torch.Tensor):
-        if x.dtype == dtype and x.untyped_storage().data_ptr() == storage:
-            return (x.size(), x.stride(), x.storage_offset())  # a view of hi(t)
+        if x.numel() and (x.dtype, x.device, x.untyped_storage().data_ptr()) == key:
+            if x._version == 0:  # hi(t) as made: t can make it again
+                return (x.size(), x.stride(), x.storage_offset())
         return x
 
     def unpack(x):
-        return hi(t).as_strided(*x) if isinstance(x, tuple) else x
+        if not isinstance(x, tuple):
+            return x
+        changed = (h := made()) is not None and h._version != 0  # hi(t) written after
+        if changed or t._version != version or (t.shape, t.stride()) != layout:
+            raise RuntimeError(
+                "attnconv: a tensor the backward needs (the queries read in float32) was "
+                "modified in place after the forward"
+            )
+        return hi(t).as_strided(*x)
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         yield high

@@ -35,6 +35,8 @@ def q_axis_kept_low(term: AxisTerm, q: torch.Tensor) -> tuple[torch.Tensor, torc
     """q (B|1, Nh, T, dk) made contiguous, and its axis logits from hi(q): the tables' product
     then saves views of hi(q) (a strided q's halves would be copied), which autograd keeps as q
     itself (precision.hi_kept_low): no float32 copy of a bfloat16 q from forward to backward."""
+    if not term.query_reads:  # input-independent logits (quadratic): q not read
+        return q, term.q_axis(hi(q))
     q = q.contiguous()
     with hi_kept_low(q) as q_hi:
         return q, term.q_axis(q_hi)

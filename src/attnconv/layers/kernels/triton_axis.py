@@ -381,6 +381,9 @@ def axis_attention_triton(
     float64); the logits q_axis in float32 at least; attention dropout p with the links of
     ``dropped_links(Nh, T, B if per_image else None, p, seed=seed)`` (seed: drawn from the
     default generator when None). First derivative only."""
+    if any(x.dim() != 4 for x in (q, k, v, q_axis)):
+        shapes = ", ".join(str(tuple(x.shape)) for x in (q, k, v, q_axis))
+        raise ValueError(f"q, k, v, q_axis must be 4-D (B, Nh, T, columns), got {shapes}")
     t = q.shape[2]
     b, nh = (max(x.shape[d] for x in (q, k, v, q_axis)) for d in (0, 1))
     if any(x.shape[d] not in (1, n) for x in (q, k, v, q_axis) for d, n in ((0, b), (1, nh))):
@@ -388,7 +391,7 @@ def axis_attention_triton(
         raise ValueError(f"q, k, v, q_axis: batch and heads must be 1 or alike, got {shapes}")
     if q_axis.shape[-2:] != (h * w, h + w) or t != h * w:
         raise ValueError(f"q_axis {tuple(q_axis.shape)} must be (B, Nh, T={h * w}, H+W={h + w})")
-    if k.shape[-2:] != q.shape[-2:] or v.shape[-2] != t or q.dim() != 4 or k.dim() != 4:
+    if k.shape[-2:] != q.shape[-2:] or v.shape[-2] != t:
         shapes = ", ".join(str(tuple(x.shape)) for x in (q, k, v))
         raise ValueError(f"q, k (B, Nh, T, dk) and v (B, Nh, T, dv) must agree, got {shapes}")
     why = unsupported(q, v, h, w)
