@@ -9,8 +9,12 @@ each case's ratios and the cases past 2x, the suite's bound.
 PRECISION_CASES and measure, ``axis_errors``: v shared by the heads), each error of both paths
 and their ratio, in float32, bfloat16 and float16.
 
+``--spread B,Nh,H,W,dk,dv,k --seeds N``: one float32 window case over N seeds of its inputs,
+each ratio's median, min and max: whether a case past 2x is the kernel or the seed.
+
     python benchmarks/triton_precision_sweep.py --cases 30
     python benchmarks/triton_precision_sweep.py --axis
+    python benchmarks/triton_precision_sweep.py --spread 1,2,2,1,16,8,3 --seeds 8
 """
 
 from __future__ import annotations
@@ -44,7 +48,20 @@ def main() -> None:
     ap.add_argument("--cases", type=int, default=30)
     ap.add_argument("--seed", type=int, default=1, help="draws the cases")
     ap.add_argument("--axis", action="store_true", help="the axis kernel's test cases")
+    ap.add_argument("--spread", default=None, help="B,Nh,H,W,dk,dv,k: one case over --seeds")
+    ap.add_argument("--seeds", type=int, default=8)
     args = ap.parse_args()
+    if args.spread:
+        case = tuple(int(x) for x in args.spread.split(","))
+        runs = [ratios(torch.float32, *case, seed) for seed in range(args.seeds)]
+        print(f"float32 B,Nh,H,W,dk,dv,k={case} over {args.seeds} seeds: median [min, max]")
+        for n, rs in zip(NAMES, zip(*runs)):
+            rs = sorted(rs)
+            print(
+                f"  {n:8} {rs[len(rs) // 2]:.2f} [{rs[0]:.2f}, {rs[-1]:.2f}]  past 2x: "
+                f"{sum(r > 2 for r in rs)} of {len(rs)}"
+            )
+        return
     if args.axis:
         for dtype in (torch.float32, torch.bfloat16, torch.float16):
             for case in PRECISION_CASES:
