@@ -277,6 +277,28 @@ def test_layer_backend_triton_equals_reference(positional, dropout):
         torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
 
 
+def layer_errors(lay, exact_lay, x, measure) -> dict:
+    """The layer under bfloat16 autocast, backend="triton" ("triton") and the plain path
+    (impl="reference" under the same autocast, None): each one's distance to ``exact_lay``
+    (the float64 layer, given lay's state), output then the gradients of x and every
+    parameter, ``measure`` of the error tensor (its max, or its norm)."""
+    exact_lay.load_state_dict(lay.state_dict())
+    xd = x.double().requires_grad_()
+    ye = exact_lay(xd)
+    ge = torch.autograd.grad(ye.square().sum(), [xd, *exact_lay.parameters()])
+    errs = {}
+    for backend, impl in (("triton", "auto"), (None, "reference")):
+        lay.backend, lay.impl = backend, impl
+        xf = x.clone().requires_grad_()
+        with torch.autocast(DEVICE, dtype=torch.bfloat16):
+            y = lay(xf)
+        gs = torch.autograd.grad(y.float().square().sum(), [xf, *lay.parameters()])
+        errs[backend] = [measure(y.double() - ye).item()] + [
+            measure(a.double() - e).item() for a, e in zip(gs, ge)
+        ]
+    return errs
+
+
 def test_layer_backend_triton_bf16_autocast_as_tight_as_plain():
     """The layer under bfloat16 autocast: backend="triton" within 2x of the plain path's
     (impl="reference" under the same autocast) distance to float64, output and gradients."""
@@ -292,20 +314,7 @@ def test_layer_backend_triton_bf16_autocast_as_tight_as_plain():
         .double()
         .to(DEVICE)
     )
-    exact_lay.load_state_dict(lay.state_dict())
-    xd = x.double().requires_grad_()
-    ye = exact_lay(xd)
-    ge = torch.autograd.grad(ye.square().sum(), [xd, *exact_lay.parameters()])
-    errs = {}
-    for backend, impl in (("triton", "auto"), (None, "reference")):
-        lay.backend, lay.impl = backend, impl
-        xf = x.clone().requires_grad_()
-        with torch.autocast(DEVICE, dtype=torch.bfloat16):
-            y = lay(xf)
-        gs = torch.autograd.grad(y.float().square().sum(), [xf, *lay.parameters()])
-        errs[backend] = [(y.double() - ye).abs().max().item()] + [
-            (a.double() - e).abs().max().item() for a, e in zip(gs, ge)
-        ]
+    errs = layer_errors(lay, exact_lay, x, lambda e: e.abs().max())
     for got, plain in zip(errs["triton"], errs[None]):
         assert got <= 2 * plain + 1e-6, (errs["triton"], errs[None])
 

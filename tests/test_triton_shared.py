@@ -13,6 +13,7 @@ from attnconv.layers.kernels import triton_axis
 from attnconv.layers.kernels.fused import axis_attention_reference
 from attnconv.layers.kernels.triton_axis import axis_attention_triton
 from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
+from test_triton_axis import layer_errors  # the layer test's own measure
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(
@@ -108,21 +109,8 @@ def test_layer_shares_values_as_tight_as_plain_under_bf16_autocast(monkeypatch, 
         kw["head_dim"] = 8
     lay = MultiHeadSelfAttention2d(16, 16, **kw).to(DEVICE)
     exact_lay = MultiHeadSelfAttention2d(16, 16, impl="reference", **kw).double().to(DEVICE)
-    exact_lay.load_state_dict(lay.state_dict())
     x = torch.randn(2, 16, 5, 7, device=DEVICE)
-    xd = x.double().requires_grad_()
-    ge = torch.autograd.grad(exact_lay(xd).square().sum(), [xd, *exact_lay.parameters()])
-    ye = exact_lay(xd).detach()
-    errs = {}
-    for backend, impl in (("triton", "auto"), (None, "reference")):
-        lay.backend, lay.impl = backend, impl
-        xf = x.clone().requires_grad_()
-        with torch.autocast(DEVICE, dtype=torch.bfloat16):
-            y = lay(xf)
-        gs = torch.autograd.grad(y.float().square().sum(), [xf, *lay.parameters()])
-        errs[backend] = [(y.double() - ye).norm().item()] + [
-            (a.double() - e).norm().item() for a, e in zip(gs, ge)
-        ]
+    errs = layer_errors(lay, exact_lay, x, torch.linalg.norm)
     assert len(seen) == 1
     if value == "identity":
         assert seen[0][2].shape[1] == 1

@@ -134,6 +134,10 @@ def shared_sum(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return (g.sum(dims, keepdim=True) if dims else g).to(x.dtype)
 
 
+def _bad_shapes(what: str, *xs: torch.Tensor) -> ValueError:
+    return ValueError(f"{what}, got " + ", ".join(str(tuple(x.shape)) for x in xs))
+
+
 def trains(*xs: torch.Tensor) -> bool:
     """Whether a backward will follow a call on ``xs``: grad mode on, an input needing it."""
     return torch.is_grad_enabled() and any(x.requires_grad for x in xs)
@@ -382,18 +386,15 @@ def axis_attention_triton(
     ``dropped_links(Nh, T, B if per_image else None, p, seed=seed)`` (seed: drawn from the
     default generator when None). First derivative only."""
     if any(x.dim() != 4 for x in (q, k, v, q_axis)):
-        shapes = ", ".join(str(tuple(x.shape)) for x in (q, k, v, q_axis))
-        raise ValueError(f"q, k, v, q_axis must be 4-D (B, Nh, T, columns), got {shapes}")
+        raise _bad_shapes("q, k, v, q_axis must be 4-D (B, Nh, T, columns)", q, k, v, q_axis)
     t = q.shape[2]
     b, nh = (max(x.shape[d] for x in (q, k, v, q_axis)) for d in (0, 1))
     if any(x.shape[d] not in (1, n) for x in (q, k, v, q_axis) for d, n in ((0, b), (1, nh))):
-        shapes = ", ".join(str(tuple(x.shape)) for x in (q, k, v, q_axis))
-        raise ValueError(f"q, k, v, q_axis: batch and heads must be 1 or alike, got {shapes}")
+        raise _bad_shapes("q, k, v, q_axis: batch and heads must be 1 or alike", q, k, v, q_axis)
     if q_axis.shape[-2:] != (h * w, h + w) or t != h * w:
         raise ValueError(f"q_axis {tuple(q_axis.shape)} must be (B, Nh, T={h * w}, H+W={h + w})")
     if k.shape[-2:] != q.shape[-2:] or v.shape[-2] != t:
-        shapes = ", ".join(str(tuple(x.shape)) for x in (q, k, v))
-        raise ValueError(f"q, k (B, Nh, T, dk) and v (B, Nh, T, dv) must agree, got {shapes}")
+        raise _bad_shapes("q, k (B, Nh, T, dk) and v (B, Nh, T, dv) must agree", q, k, v)
     why = unsupported(q, v, h, w)
     if why:
         raise RuntimeError(f"attnconv: {why}")
