@@ -10,11 +10,15 @@ import pytest
 from attnconv import cpuinfo
 
 X86 = """processor\t: 0
-model name\t: Some Xeon(R) CPU
+cpu family\t: 26
+model\t\t: 2
+model name\t: AMD EPYC
 flags\t\t: fpu sse2 avx512f avx512_bf16
 
 processor\t: 1
-model name\t: Some Xeon(R) CPU
+cpu family\t: 26
+model\t\t: 2
+model name\t: AMD EPYC
 flags\t\t: fpu sse2 avx512f avx512_bf16
 """
 ARM = """processor\t: 0
@@ -40,6 +44,11 @@ def fake(monkeypatch, tmp_path):
 def test_x86_flags_and_name(fake):
     fake(X86)
     assert cpuinfo.cpu_flags() == {"fpu", "sse2", "avx512f", "avx512_bf16"}
+    assert cpuinfo.cpu_name() == "AMD EPYC (family 26, model 2)"  # a Zen 5, not a Zen 4 (25)
+
+
+def test_a_name_without_family_numbers_is_the_name_alone(fake):
+    fake("processor\t: 0\nmodel name\t: Some Xeon(R) CPU\nflags\t\t: fpu\n")
     assert cpuinfo.cpu_name() == "Some Xeon(R) CPU"
 
 

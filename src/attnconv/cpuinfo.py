@@ -34,5 +34,11 @@ def cpu_flags() -> frozenset[str] | None:
 
 
 def cpu_name() -> str:
-    """The CPU's model name, else the machine type."""
-    return _fields().get("model name") or platform.processor() or platform.machine()
+    """The CPU's model name with x86's family and model numbers where the system gives them
+    (a virtual machine may call a Zen 4 and a Zen 5 both "AMD EPYC": families 25 and 26), else
+    the machine type."""
+    f = _fields()
+    name = f.get("model name") or platform.processor() or platform.machine()
+    if "model name" in f and "cpu family" in f and "model" in f:
+        name += f" (family {f['cpu family']}, model {f['model']})"
+    return name
