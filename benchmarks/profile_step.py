@@ -1,0 +1,89 @@
+"""Where one training step of a paper model spends its CPU time: torch.profiler's table of one
+step (forward, backward, SGD) after two warm-up steps, by operator and input shape.
+
+    python benchmarks/profile_step.py [--model sa_learned_content] [--batch 8] [--bf16] \
+        [--threads 1] [--rows 14]
+    python benchmarks/profile_step.py --products 256x400x256 256x256x400
+
+``--products MxKxN ...`` times instead an (M, K) @ (K, N) matrix product in float32 and in
+bf16 (torch.mm into a preallocated output, medians of 7 rounds of 20), e.g. the fused content
+kernel's per-head products at the paper's 16x16 tokens and 400-wide heads.
+
+The model at its paper configuration (hidden 400 for the Cordonnier models), random 32x32
+images, subnormals flushed as `attnconv train` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import attnconv
+
+
+def products(shapes: list[str]) -> None:
+    print(f"{torch.get_num_threads()} thread(s)\n| M x K x N | fp32 GFLOP/s | bf16 GFLOP/s |")
+    print("|---|---|---|")
+    for shape in shapes:
+        m, k, n = (int(v) for v in shape.split("x"))
+        rates = []
+        for dt in (torch.float32, torch.bfloat16):
+            a, b = torch.randn(m, k, dtype=dt), torch.randn(k, n, dtype=dt)
+            out = torch.empty(m, n, dtype=dt)
+            times = []
+            for _ in range(8):  # the first round a warm-up
+                t0 = time.perf_counter()
+                for _ in range(20):
+                    torch.mm(a, b, out=out)
+                times.append((time.perf_counter() - t0) / 20)
+            rates.append(2 * m * k * n / statistics.median(times[1:]) / 1e9)
+        print(f"| {shape} | {rates[0]:.0f} | {rates[1]:.0f} |")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="sa_learned_content")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast, as the paper configs train")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--rows", type=int, default=14)
+    p.add_argument("--products", nargs="+", metavar="MxKxN")
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    if a.products:
+        return products(a.products)
+    torch.set_flush_denormal(True)
+    torch.manual_seed(0)
+    model = attnconv.create_model(a.model).train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(a.batch, 3, 32, 32), torch.randint(0, 10, (a.batch,))
+
+    def step():
+        with torch.autocast("cpu", torch.bfloat16, enabled=a.bf16):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    step()
+    step()
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        step()
+    table = prof.key_averages(group_by_input_shape=True).table(
+        sort_by="self_cpu_time_total",
+        row_limit=a.rows,
+        max_name_column_width=24,
+        max_shapes_column_width=70,
+    )
+    print(
+        f"{a.model}, batch {a.batch}, {'bf16 autocast' if a.bf16 else 'float32'}, "
+        f"{a.threads} thread(s)\n{table}"
+    )
+
+
+if __name__ == "__main__":
+    main()
