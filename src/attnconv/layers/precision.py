@@ -81,6 +81,13 @@ def kernel_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def operand_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The fused CPU kernel's product operands (q, k, v, P, dS): bfloat16 (autocast's) stays, as
+    the plain autocast path's products take it (each product's float32 sum rounded once); the
+    axis logits, softmax and every sum in kernel_dtype. Any other dtype: kernel_dtype."""
+    return torch.bfloat16 if dtype == torch.bfloat16 else kernel_dtype(dtype)
+
+
 def softmax_f32(logits: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dim in at least float32 (bfloat16/float16 logits lose the
     max-subtraction's precision); the one place every attention path normalizes."""
@@ -129,3 +136,20 @@ def backward_without_autocast(backward):
             return backward(ctx, grad, *rest)
 
     return run
+
+
+def shared(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, Nh, T, d) -> (B|1, Nh|1, T, d) in ``dtype``, unit stride on the last axis (the kernels'
+    loads): a batch or head axis expanded at stride 0 kept as one copy, one cast copy at most."""
+    for d in (0, 1):
+        if x.stride(d) == 0 and x.shape[d] > 1:
+            x = x.narrow(d, 0, 1)
+    fmt = torch.preserve_format if x.stride(-1) == 1 else torch.contiguous_format
+    return x.to(dtype, memory_format=fmt)
+
+
+def shared_sum(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The kernel's gradient g (B, Nh, T, d), accumulation dtype, for ``x`` (B|1, Nh|1, T, d):
+    summed over the axes x shares before it is rounded to x's dtype."""
+    dims = [d for d in (0, 1) if x.shape[d] < g.shape[d]]
+    return (g.sum(dims, keepdim=True) if dims else g).to(x.dtype)

@@ -15,7 +15,15 @@ import torch
 from ...warn import warn
 from ..encodings.terms import AxisTerm, GaussianTerm
 from ..functional import dropped_links, scaled_dot_product_attention
-from ..precision import hi, hi_kept_low, kernel_dtype, no_autocast, softmax_f32, upcast
+from ..precision import (
+    hi,
+    hi_kept_low,
+    kernel_dtype,
+    no_autocast,
+    operand_dtype,
+    softmax_f32,
+    upcast,
+)
 from . import triton_axis, triton_compile
 from .blocked import axis_attention, gaussian_attention
 from .flex import axis_score_mod, flex_mod_attention, gaussian_score_mod
@@ -123,10 +131,14 @@ def dense_dropout(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True):
 def fused(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True):
     """softmax(scale q k^T + R[q1, k1] + C[q2, k2]) with the links of ``functional.dropped_links``
     removed, times v: the C++ kernel of fused.py (one task per image and head, query blocks in
-    L2, the mask redrawn in backward), in kernel_dtype."""
+    L2, the mask redrawn in backward), in kernel_dtype; under bf16 autocast q, k, v stay the
+    bfloat16 operands of its products, the axis logits float32."""
     with no_autocast(q.device.type):
-        q = q.to(kernel_dtype(q.dtype))  # once: the axis logits and the kernel read it
-        q_axis = term.q_axis(q)  # (B|1, Nh, T, h + w)
+        if operand_dtype(q.dtype) != kernel_dtype(q.dtype):  # bf16: no float32 q kept
+            q, q_axis = q_axis_kept_low(term, q)
+        else:
+            q = q.to(kernel_dtype(q.dtype))  # once: the axis logits and the kernel read it
+            q_axis = term.q_axis(q)  # (B|1, Nh, T, h + w)
         y = axis_attention_fused(q, k, v, q_axis, grid.h, grid.w, scale, p_drop, per_image)
     return y.to(grid.dtype)
 

@@ -24,7 +24,14 @@ from torch.autograd.function import once_differentiable
 
 from ..first_order import first_order_only
 from ..functional import drop_threshold, dropout_seed, dropped_links
-from ..precision import backward_without_autocast, kernel_dtype, no_autocast
+from ..precision import (
+    backward_without_autocast,
+    kernel_dtype,
+    no_autocast,
+    operand_dtype,
+    shared,
+    shared_sum,
+)
 from . import build
 
 # two translation units compiled side by side: the Python bindings, and the three kernels as
@@ -77,10 +84,11 @@ class _FusedAxis(torch.autograd.Function):
         ctx, q, k, v, q_axis, h: int, w: int, scale: float, p: float, seed: int, per_image: bool
     ):
         args = (h, w, scale, p, seed, drop_threshold(p), per_image)
-        y, mx, inv = extension().forward(q, k, v, q_axis, *args)
+        ctx.full = (*q.shape[:2], *v.shape[2:])  # v may be (B|1, Nh|1, T, dv): shared
+        y, mx, inv = extension().forward(q, k, v.expand(ctx.full), q_axis, *args)
         ctx.save_for_backward(q, k, v, q_axis, mx, inv)
         ctx.args = args
-        return y  # (B, T, Nh, Dv)
+        return y  # (B, T, Nh, Dv), q_axis's dtype
 
     @staticmethod
     @once_differentiable
@@ -88,8 +96,10 @@ class _FusedAxis(torch.autograd.Function):
     def backward(ctx, dy):
         q, k, v, q_axis, mx, inv = ctx.saved_tensors
         dy = dy.to(q.dtype).contiguous()
-        dq, dk, dv, dqa = extension().backward(dy, q, k, v, q_axis, mx, inv, *ctx.args)
-        return dq, dk, dv, dqa, None, None, None, None, None, None
+        vf = v.expand(ctx.full)
+        dq, dk, dv, dqa = extension().backward(dy, q, k, vf, q_axis, mx, inv, *ctx.args)
+        dv = shared_sum(dv, v)  # summed over what v shares in q_axis's dtype, rounded once
+        return dq.to(q.dtype), dk.to(k.dtype), dv, dqa, None, None, None, None, None, None
 
 
 def axis_attention_fused(
@@ -107,7 +117,11 @@ def axis_attention_fused(
     """q, k (B, Nh, T, dk), v (B, Nh, T, dv) (heads may share values: stride 0), q_axis
     (B|1, Nh, T, H + W) -> (B, T, Nh, dv) in kernel_dtype (float32; float64 stays); attention
     dropout p with the links of ``dropped_links(Nh, T, B if per_image else None, p, seed=seed)``
-    (seed: drawn from the default generator when None). First derivative only."""
+    (seed: drawn from the default generator when None). First derivative only.
+
+    A bfloat16 q (autocast) keeps q, k and v (cast once where the heads share it) bfloat16: the
+    operands of the kernel's five products (bf16 GEMMs, each product rounded once to bfloat16, as
+    the plain autocast path rounds them), the axis logits, softmax, mask and every sum float32."""
     b, nh, t = q.shape[:3]
     if q_axis.shape[-2:] != (h * w, h + w) or t != h * w:
         raise ValueError(f"q_axis {tuple(q_axis.shape)} must be (B, Nh, T={h * w}, H+W={h + w})")
@@ -115,7 +129,9 @@ def axis_attention_fused(
         raise RuntimeError(f"attnconv: the fused kernel is not built ({DISABLE}=1 or no compiler)")
     seed = (dropout_seed() if p > 0 else 0) if seed is None else seed
     dt = kernel_dtype(q.dtype)
-    q, k, v = (x.to(dt) for x in (q, k, v))
+    ops = operand_dtype(q.dtype)  # the products' operands
+    q, k = q.to(ops), k.to(ops)
+    v = v if v.dtype == ops else shared(v, ops)  # (B|1, Nh|1, T, dv): one cast copy
     q_axis = q_axis.to(dt).expand(b, nh, t, h + w).contiguous()
     q, k, v, q_axis = first_order_only("the fused axis attention (impl='auto')", q, k, v, q_axis)
     with no_autocast(q.device.type):

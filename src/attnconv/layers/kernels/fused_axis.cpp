@@ -10,6 +10,9 @@
 // mask) run from cache, the products are BLAS calls on strided views (no layout copies).
 // Backward recomputes the probabilities from the saved row max and 1 / sum (flash-attention
 // style) and redraws the same mask: nothing (T, T) is kept between forward and backward.
+// Under bf16 autocast q, k, v come in bfloat16: the five products take bfloat16 operands
+// (oneDNN's bf16 GEMM, float32 sums, each product rounded once to bfloat16, as the plain autocast
+// path rounds it), while the logits, softmax, mask, dS and every accumulator stay float32.
 #include <ATen/ATen.h>
 
 #include "hash.h"
@@ -109,23 +112,68 @@ Geometry geometry(const at::Tensor& q, const at::Tensor& v, int64_t h, int64_t w
                   static_cast<uint32_t>(seed), static_cast<uint32_t>(threshold), per_image};
 }
 
+// out = a @ b (float32/float64). Operands in out's dtype: one BLAS call into out. bfloat16
+// operands: the product into ``lo`` (bfloat16, out's shape), then widened into out.
+void mm_to(at::Tensor out, const at::Tensor& a, const at::Tensor& b, at::Tensor lo) {
+  if (a.scalar_type() == out.scalar_type()) {
+    at::mm_out(out, a, b);
+  } else {
+    at::mm_out(lo, a, b);
+    out.copy_(lo);
+  }
+}
+
+// out = a @ b (first) or out += a @ b, as mm_to: the float32 sum over query blocks is out's.
+void mm_acc(at::Tensor out, const at::Tensor& a, const at::Tensor& b, at::Tensor lo, bool first) {
+  if (a.scalar_type() == out.scalar_type()) {
+    out.addmm_(a, b, first ? 0.0 : 1.0);  // the first block overwrites
+  } else {
+    at::mm_out(lo, a, b);
+    if (first) out.copy_(lo); else out.add_(lo);
+  }
+}
+
+// An operand of a product: ``x`` itself, or (bfloat16 kernels) x rounded into ``lo``.
+at::Tensor operand(const at::Tensor& x, at::Tensor lo) {
+  if (!lo.defined()) return x;
+  lo.copy_(x);
+  return lo;
+}
+
+void check_dtypes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const at::Tensor& qa) {
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
+              "q, k and v must share a dtype");
+  TORCH_CHECK(qa.scalar_type() == q.scalar_type() ||
+                  (q.scalar_type() == at::kBFloat16 && qa.scalar_type() == at::kFloat),
+              "qa must be q's dtype, or float32 with bfloat16 q, k, v");
+}
+
 }  // namespace
 
 // q, k (B, Nh, T, dk), v (B, Nh, T, dv) (any strides), qa (B, Nh, T, H + W) contiguous ->
-// y (B, T, Nh, dv), row max and 1 / sum (B, Nh, T).
+// y (B, T, Nh, dv), row max and 1 / sum (B, Nh, T), all in qa's dtype (q, k, v may be
+// bfloat16 with float32 qa: the products' operands).
 std::vector<at::Tensor> forward(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor qa,
                                 int64_t h, int64_t w, double scale, double p, int64_t seed,
                                 int64_t threshold, bool per_image) {
   TORCH_CHECK(qa.is_contiguous(), "qa must be contiguous");
+  check_dtypes(q, k, v, qa);
   const Geometry g = geometry(q, v, h, w, scale, p, seed, threshold, per_image);
   TORCH_CHECK(g.t == h * w && qa.size(3) == h + w, "q, qa and the grid disagree");
-  auto y = at::empty({g.b, g.t, g.nh, g.dv}, q.options());
-  auto mx = at::empty({g.b, g.nh, g.t}, q.options());
-  auto inv = at::empty({g.b, g.nh, g.t}, q.options());
-  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "fused_axis_forward", [&] {
+  const bool low = q.scalar_type() != qa.scalar_type();
+  auto y = at::empty({g.b, g.t, g.nh, g.dv}, qa.options());
+  auto mx = at::empty({g.b, g.nh, g.t}, qa.options());
+  auto inv = at::empty({g.b, g.nh, g.t}, qa.options());
+  AT_DISPATCH_FLOATING_TYPES(qa.scalar_type(), "fused_axis_forward", [&] {
     parallel_tasks(0, g.b * g.nh, 1, [&](int64_t lo, int64_t hi_end) {
       const int64_t bq = g.block();
-      auto buf = at::empty({bq, g.t}, q.options());
+      auto buf = at::empty({bq, g.t}, qa.options());
+      at::Tensor s_lo, y_lo;  // bfloat16 kernels: the products' bfloat16 sides
+      if (low) {
+        s_lo = at::empty({bq, g.t}, q.options());
+        y_lo = at::empty({bq, g.dv}, q.options());
+      }
       for (int64_t task = lo; task < hi_end; ++task) {
         const int64_t bi = task / g.nh, hi = task % g.nh;
         auto qh = q[bi][hi], kt = k[bi][hi].t(), vh = v[bi][hi], yh = y[bi].select(1, hi);
@@ -135,12 +183,13 @@ std::vector<at::Tensor> forward(at::Tensor q, at::Tensor k, at::Tensor v, at::Te
         for (int64_t i0 = 0; i0 < g.t; i0 += bq) {
           const int64_t n = std::min(bq, g.t - i0);
           auto s = buf.narrow(0, 0, n);
-          at::mm_out(s, qh.narrow(0, i0, n), kt);
+          auto slo = low ? s_lo.narrow(0, 0, n) : at::Tensor();
+          mm_to(s, qh.narrow(0, i0, n), kt, slo);
           scalar_t* sp = s.data_ptr<scalar_t>();
           probabilities<scalar_t>(sp, qah + i0 * (h + w), s, n, g, mxh + i0, invh + i0, true);
           if (g.p > 0) drop<scalar_t>(sp, static_cast<scalar_t*>(nullptr), n, i0, bi, hi, g);
           auto yb = yh.narrow(0, i0, n);
-          at::mm_out(yb, s, vh);
+          mm_to(yb, operand(s, slo), vh, low ? y_lo.narrow(0, 0, n) : at::Tensor());
         }
       }
     });
@@ -149,20 +198,31 @@ std::vector<at::Tensor> forward(at::Tensor q, at::Tensor k, at::Tensor v, at::Te
 }
 
 // Gradients of ``forward`` from dy (B, T, Nh, dv) and its row statistics:
-// dq, dk (B, Nh, T, dk), dv (B, Nh, T, dv) per head, dqa (B, Nh, T, H + W).
+// dq, dk (B, Nh, T, dk), dv (B, Nh, T, dv) per head, dqa (B, Nh, T, H + W), in qa's dtype
+// (dy in q's: with bfloat16 q, k, v an operand of the products, as they are).
 std::vector<at::Tensor> backward(at::Tensor dy, at::Tensor q, at::Tensor k, at::Tensor v,
                                  at::Tensor qa, at::Tensor mx, at::Tensor inv,
                                  int64_t h, int64_t w, double scale, double p, int64_t seed,
                                  int64_t threshold, bool per_image) {
+  check_dtypes(q, k, v, qa);
+  TORCH_CHECK(dy.scalar_type() == q.scalar_type(), "dy must be q's dtype");
   const Geometry g = geometry(q, v, h, w, scale, p, seed, threshold, per_image);
-  auto dq = at::empty({g.b, g.t, g.nh, g.dk}, q.options()).transpose(1, 2);
-  auto dk = at::empty({g.b, g.nh, g.t, g.dk}, q.options());  // contiguous: accumulated into
-  auto dv = at::empty({g.b, g.nh, g.t, g.dv}, q.options());
-  auto dqa = at::zeros({g.b, g.nh, g.t, h + w}, q.options());
-  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "fused_axis_backward", [&] {
+  const bool low = q.scalar_type() != qa.scalar_type();
+  auto dq = at::empty({g.b, g.t, g.nh, g.dk}, qa.options()).transpose(1, 2);
+  auto dk = at::empty({g.b, g.nh, g.t, g.dk}, qa.options());  // contiguous: accumulated into
+  auto dv = at::empty({g.b, g.nh, g.t, g.dv}, qa.options());
+  auto dqa = at::zeros({g.b, g.nh, g.t, h + w}, qa.options());
+  AT_DISPATCH_FLOATING_TYPES(qa.scalar_type(), "fused_axis_backward", [&] {
     parallel_tasks(0, g.b * g.nh, 1, [&](int64_t lo, int64_t hi_end) {
       const int64_t bq = g.block();
-      auto bufs = at::empty({3, bq, g.t}, q.options());
+      auto bufs = at::empty({3, bq, g.t}, qa.options());
+      at::Tensor p_lo, dq_lo, dk_lo, dv_lo;  // bfloat16 kernels: the products' bfloat16 sides
+      if (low) {
+        p_lo = at::empty({bq, g.t}, q.options());
+        dq_lo = at::empty({bq, g.dk}, q.options());
+        dk_lo = at::empty({g.t, g.dk}, q.options());
+        dv_lo = at::empty({g.t, g.dv}, q.options());
+      }
       for (int64_t task = lo; task < hi_end; ++task) {
         const int64_t bi = task / g.nh, hi = task % g.nh;
         auto qh = q[bi][hi], kh = k[bi][hi], vh = v[bi][hi], dyh = dy[bi].select(1, hi);
@@ -176,17 +236,18 @@ std::vector<at::Tensor> backward(at::Tensor dy, at::Tensor q, at::Tensor k, at::
           auto s = bufs[0].narrow(0, 0, n), dp = bufs[1].narrow(0, 0, n);
           auto pd = bufs[2].narrow(0, 0, n);
           auto qb = qh.narrow(0, i0, n), dyb = dyh.narrow(0, i0, n);
-          at::mm_out(s, qb, kh.t());
+          auto plo = low ? p_lo.narrow(0, 0, n) : at::Tensor();
+          mm_to(s, qb, kh.t(), plo);
           scalar_t* sp = s.data_ptr<scalar_t>();
           probabilities<scalar_t>(sp, qah + i0 * (h + w), s, n, g, mxh + i0, invh + i0, false);
-          at::mm_out(dp, dyb, vh.t());  // dL/d(P M / (1 - p))
+          mm_to(dp, dyb, vh.t(), plo);  // dL/d(P M / (1 - p))
           at::Tensor kept = s;
           if (g.p > 0) {
             pd.copy_(s);
             drop<scalar_t>(pd.data_ptr<scalar_t>(), dp.data_ptr<scalar_t>(), n, i0, bi, hi, g);
             kept = pd;
           }
-          dvh.addmm_(kept.t(), dyb, i0 > 0 ? 1.0 : 0.0);  // the first block overwrites
+          mm_acc(dvh, operand(kept, plo).t(), dyb, dv_lo, i0 == 0);
           scalar_t* dpp = dp.data_ptr<scalar_t>();
           const scalar_t sc = static_cast<scalar_t>(scale);
           for (int64_t i = 0; i < n; ++i) {  // dS = P o (dP - delta): R and C gradients from
@@ -212,8 +273,9 @@ std::vector<at::Tensor> backward(at::Tensor dy, at::Tensor q, at::Tensor k, at::
             }
           }
           auto dqb = dqh.narrow(0, i0, n);
-          at::mm_out(dqb, s, kh);
-          dkh.addmm_(s.t(), qb, i0 > 0 ? 1.0 : 0.0);
+          auto ds = operand(s, plo);  // scale dS
+          mm_to(dqb, ds, kh, low ? dq_lo.narrow(0, 0, n) : at::Tensor());
+          mm_acc(dkh, ds.t(), qb, dk_lo, i0 == 0);
         }
       }
     });

@@ -34,7 +34,7 @@ from torch.autograd.function import once_differentiable
 
 from ..first_order import first_order_only
 from ..functional import drop_threshold, dropout_seed
-from ..precision import backward_without_autocast, no_autocast
+from ..precision import backward_without_autocast, no_autocast, shared, shared_sum
 from . import triton_tiles
 from .triton_tiles import pow2, window_dqa, window_logits, window_wp
 
@@ -115,23 +115,6 @@ if INSTALLED:
     import triton.language as tl
 
     from .triton_axis_jit import _bwd_dkdv, _bwd_dq, _fwd
-
-
-def shared(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(B, Nh, T, d) -> (B|1, Nh|1, T, d) in ``dtype``, unit stride on the last axis (the kernels'
-    loads): a batch or head axis expanded at stride 0 kept as one copy, one cast copy at most."""
-    for d in (0, 1):
-        if x.stride(d) == 0 and x.shape[d] > 1:
-            x = x.narrow(d, 0, 1)
-    fmt = torch.preserve_format if x.stride(-1) == 1 else torch.contiguous_format
-    return x.to(dtype, memory_format=fmt)
-
-
-def shared_sum(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """The kernel's gradient g (B, Nh, T, d), accumulation dtype, for ``x`` (B|1, Nh|1, T, d):
-    summed over the axes x shares before it is rounded to x's dtype."""
-    dims = [d for d in (0, 1) if x.shape[d] < g.shape[d]]
-    return (g.sum(dims, keepdim=True) if dims else g).to(x.dtype)
 
 
 def _bad_shapes(what: str, *xs: torch.Tensor) -> ValueError:
