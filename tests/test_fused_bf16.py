@@ -15,6 +15,24 @@ from attnconv.layers.kernels.fused import axis_attention_fused, axis_attention_r
 pytestmark = pytest.mark.skipif(not fused.available(), reason="the C++ extension did not build")
 
 
+@pytest.fixture
+def seen(monkeypatch):
+    """The (q, k, v, qa) of each call the extension's forward gets, recorded; the calls run."""
+    calls = []
+    ext = fused.extension()
+
+    class Spy:
+        def forward(self, *args):
+            calls.append(args[:4])
+            return ext.forward(*args)
+
+        def backward(self, *args):
+            return ext.backward(*args)
+
+    monkeypatch.setattr(fused, "extension", lambda: Spy())
+    return calls
+
+
 def _errors(f, xs, h, w, p, g, exact, exact_g, autocast):
     """Max |error| against float64 of the output and each input's gradient."""
     leaves = [x.detach().clone().requires_grad_() for x in xs]
@@ -54,28 +72,18 @@ def test_bf16_operands_as_tight_as_plain_autocast(h, w, shared_v, p):
         assert a <= 2 * r, (got, plain)
 
 
-def test_bf16_values_shared_by_the_heads_are_cast_once_and_summed_before_rounding(monkeypatch):
-    """The kernel gets the shared value tensor as one bfloat16 copy (B, 1, T, dv), expanded at
-    stride 0; its gradient is the float32 sum over the heads, rounded once."""
-    seen = []
-    ext = fused.extension()
-
-    class Spy:
-        def forward(self, q, k, v, *rest):
-            seen.append((q.dtype, v.dtype, v.stride(1)))
-            return ext.forward(q, k, v, *rest)
-
-        def backward(self, *args):
-            return ext.backward(*args)
-
-    monkeypatch.setattr(fused, "extension", lambda: Spy())
+def test_bf16_values_shared_by_the_heads_are_cast_once(seen):
+    """The kernel gets a float32 value tensor the heads share as one bfloat16 copy, expanded at
+    stride 0; its gradient, the sum over the heads, stays float32 and agrees with float64."""
     b, nh, h, w, d = 2, 4, 3, 5, 8
     q, k = (torch.randn(b, nh, h * w, d).bfloat16().requires_grad_() for _ in "qk")
     x = torch.randn(b, 1, h * w, d, requires_grad=True)
     qa = torch.randn(b, nh, h * w, h + w, requires_grad=True)
     y = axis_attention_fused(q, k, x.expand(b, nh, h * w, d), qa, h, w, 0.3)
     (gx,) = torch.autograd.grad(y, x, torch.ones_like(y))
-    assert seen == [(torch.bfloat16, torch.bfloat16, 0)]
+    assert [(q.dtype, v.dtype, v.stride(1)) for q, _, v, _ in seen] == [
+        (torch.bfloat16,) * 2 + (0,)
+    ]
     # the same gradient from the kernel's per-head float32 gradients summed in float64
     xb = x.detach().bfloat16().double().requires_grad_()
     ref = axis_attention_reference(
@@ -92,21 +100,9 @@ def test_bf16_values_shared_by_the_heads_are_cast_once_and_summed_before_roundin
     torch.testing.assert_close(gx.double(), gref, rtol=0.05, atol=0.05)
 
 
-def test_the_content_layer_under_autocast_hands_the_kernel_bf16(monkeypatch):
+def test_the_content_layer_under_autocast_hands_the_kernel_bf16(seen):
     from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
 
-    seen = []
-    ext = fused.extension()
-
-    class Spy:
-        def forward(self, q, k, v, qa, *rest):
-            seen.append((q.dtype, k.dtype, v.dtype, qa.dtype))
-            return ext.forward(q, k, v, qa, *rest)
-
-        def backward(self, *args):
-            return ext.backward(*args)
-
-    monkeypatch.setattr(fused, "extension", lambda: Spy())
     torch.manual_seed(0)
     for value in ("linear", "identity"):
         lay = MultiHeadSelfAttention2d(
@@ -119,4 +115,4 @@ def test_the_content_layer_under_autocast_hands_the_kernel_bf16(monkeypatch):
         y.float().square().sum().backward()
         assert x.grad is not None and torch.isfinite(x.grad).all()
     bf = torch.bfloat16
-    assert seen == [(bf, bf, bf, torch.float32)] * 2
+    assert [tuple(t.dtype for t in call) for call in seen] == [(bf, bf, bf, torch.float32)] * 2
