@@ -44,7 +44,7 @@ fi
 # (their count and compile time: benchmarks/triton_test_compiles.py, docs/benchmarks.md), and
 # the suites below record each kernel's error against float64 themselves.
 echo "== smoke: the Triton kernel in the layer, float64 and bf16 autocast" | tee -a "$LOG"
-timeout 60 $py -m pytest -q -p no:cacheprovider tests/test_triton_axis.py -k layer_backend_triton \
+timeout 60 $py -m pytest -q -p no:cacheprovider -m "slow or not slow" tests/test_triton_axis.py -k layer_backend_triton \
   2>&1 | tail -15 | tee -a "$LOG"
 echo "== paper models, full training step" | tee -a "$LOG"
 timeout 180 $py -m attnconv.cli bench --suite cuda --repeats $REPS_MODELS --out-dir "$OUT" -- --only models $DRY \
@@ -63,10 +63,13 @@ if [ "${DRY_RUN:-0}" != 1 ]; then
   [ "$TESTS_S" -lt 60 ] && TESTS_S=60
 fi
 echo "CUDA tests: ${TESTS_S} s" | tee -a "$LOG"
-# -v -rfE: a test's verdict is written when it ends, so a timeout keeps those that ran
+# -v -rfE: a test's verdict is written when it ends, so a timeout keeps those that ran;
+# -m "slow or not slow": the files' slow tests too (slow through the CPU's interpreter, and
+# test_cuda_backend.py's GPU property test), which the default -m "not slow" would leave out
 # first the paper models trained, stopped, resumed and evaluated by the CLI on the GPU, and the
 # Triton kernels queued without a host-device sync (seconds)
-timeout ${TESTS_S:-60} $py -m pytest -v -rfE -p no:cacheprovider ${FIRST_TESTS:-} tests/test_cuda_train.py \
+timeout ${TESTS_S:-60} $py -m pytest -v -rfE -p no:cacheprovider -m "slow or not slow" ${FIRST_TESTS:-} \
+  tests/test_cuda_train.py \
   tests/test_cuda_sync.py \
   tests/test_functional.py::test_on_a_gpu_odd_head_widths_still_take_a_fused_kernel \
   tests/test_data.py::test_a_loader_on_the_gpu_yields_the_cpu_loaders_batches \

@@ -36,7 +36,8 @@ def record() -> set[tuple]:
         return launch(kernel, grid, args, meta)
 
     triton_axis.launch = recording
-    code = pytest.main(["-q", "-p", "no:cacheprovider", str(ROOT / "tests/test_triton_axis.py")])
+    args = ["-q", "-p", "no:cacheprovider", "-m", "slow or not slow"]  # every test, slow or not
+    code = pytest.main([*args, str(ROOT / "tests/test_triton_axis.py")])
     if code != 0:
         raise SystemExit(f"the Triton tests failed (pytest exit {code}): nothing to count")
     return seen

@@ -25,6 +25,8 @@ pytestmark = pytest.mark.skipif(
     reason="needs triton (pip install triton) and a GPU or TRITON_INTERPRET=1",
 )
 
+SLOW = pytest.mark.slow  # the cases that take seconds through the interpreter (CI runs them)
+
 
 def _inputs(b, nh, h, w, dk, dv, dtype, shared=False, batch_axis=False, gen=None):
     t = h * w
@@ -50,6 +52,7 @@ def _equal_in_float64(xs, h, w, p, per_image, seed, gen, **kw):
         torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
 
 
+@pytest.mark.slow  # its 20 drawn shapes take 20-25 s through the interpreter
 @settings(max_examples=20 if DEVICE == "cpu" else 4, deadline=None)  # on a GPU: a compile each
 @given(
     b=st.integers(1, 2),
@@ -75,7 +78,10 @@ def test_triton_equals_plain_equations(
     _equal_in_float64(xs, h, w, p, per_image, seed, gen, block_m=block_m)
 
 
-@pytest.mark.parametrize("h, w, dk", [(2, 40, 8), (3, 20, 48), (1, 100, 16)])
+@pytest.mark.parametrize(
+    "h, w, dk",
+    [pytest.param(2, 40, 8, marks=SLOW), pytest.param(3, 20, 48, marks=SLOW), (1, 100, 16)],
+)
 def test_triton_equals_plain_equations_on_wide_rows(h, w, dk):
     """Rows wider than 16 pixels take the tiles swept at rows of 32, 64 (and 128: 64's), a key
     step of whole rows: float64 values and every gradient, with dropout."""
@@ -107,7 +113,7 @@ PRECISION_CASES = [  # b, nh, h, w, dk, dv, p
     (2, 3, 5, 7, 8, 16, 0.0),
     (1, 1, 6, 10, 48, 16, 0.2),
     (2, 2, 1, 12, 8, 16, 0.0),
-    (1, 2, 16, 16, 32, 16, 0.1),
+    (1, 2, 16, 16, 32, 16, 0.1),  # 16x16 (float32's tile: 25-35 s through the interpreter)
     (1, 2, 4, 6, 400, 400, 0.1),  # the paper's content heads: hidden 400 wide
     (1, 2, 2, 40, 16, 16, 0.1),  # rows padded to 64: the tiles swept at rows of 64
     (1, 1, 3, 20, 48, 16, 0.0),  # rows padded to 32
@@ -116,7 +122,10 @@ PRECISION_CASES = [  # b, nh, h, w, dk, dv, p
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("b, nh, h, w, dk, dv, p", PRECISION_CASES)
+@pytest.mark.parametrize(
+    "b, nh, h, w, dk, dv, p",
+    [pytest.param(*c, marks=SLOW) if c[2] * c[3] == 256 else c for c in PRECISION_CASES],
+)
 def test_triton_precision_as_tight_as_plain(dtype, b, nh, h, w, dk, dv, p):
     """float32 inputs, or bfloat16 / float16 (as autocast hands them to the kernel: q, k, v
     rounded, the axis logits in float32): the kernel's distance to the float64 equations, values
@@ -251,7 +260,7 @@ def test_triton_dropout_mask_is_dropped_links():
 
 
 @pytest.mark.parametrize("positional", ["quadratic", "relative_learned"])
-@pytest.mark.parametrize("dropout", [0.0, 0.25])
+@pytest.mark.parametrize("dropout", [0.0, pytest.param(0.25, marks=SLOW)])
 def test_layer_backend_triton_equals_reference(positional, dropout):
     """MultiHeadSelfAttention2d(backend="triton") against impl="reference" in float64 under one
     seed: the output and the gradients of the input and every parameter (projections, the
@@ -471,7 +480,7 @@ def test_k_and_v_that_do_not_match_q_are_one_line():
             axis_attention_triton(q, k, v, q_axis, 5, 7, 0.5)
 
 
-@pytest.mark.parametrize("window", [0, 3])
+@pytest.mark.parametrize("window", [0, pytest.param(3, marks=SLOW)])
 def test_the_delta_pass_runs_again_where_the_dq_pass_steps_down(monkeypatch, window):
     """The dQ kernel's two passes at one query block: where the dQ pass's shared memory forces a
     smaller block than the delta pass ran at (a direct call on a small-shared-memory GPU, no

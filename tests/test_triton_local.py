@@ -28,6 +28,8 @@ pytestmark = pytest.mark.skipif(
     reason="needs triton (pip install triton) and a GPU or TRITON_INTERPRET=1",
 )
 
+SLOW = pytest.mark.slow  # the cases that take seconds through the interpreter (CI runs them)
+
 
 def _inputs(b, nh, h, w, dk, dv, ks, dtype, keys=True, rel=True, gen=None):
     def rand(*shape):
@@ -60,6 +62,7 @@ def _equal_in_float64(q, k, v, rows, cols, ks, block_m, gen):
         torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
 
 
+@pytest.mark.slow  # its 20 drawn shapes take 20-35 s through the interpreter
 @settings(max_examples=20 if DEVICE == "cpu" else 4, deadline=None)
 @given(
     b=st.integers(1, 2),
@@ -111,7 +114,11 @@ def test_window_shift_walks_fewer_keys():
     assert triton_tiles.walked_keys(7, 7, 7, 64, 64, 8, 0) == 64
 
 
-@pytest.mark.parametrize("h, w, ks, block_m", TILED)
+# the three larger images take 4-16 s each through the interpreter
+TILED_CASES = [pytest.param(*c, marks=SLOW) if c[0] * c[1] > 150 else c for c in TILED]
+
+
+@pytest.mark.parametrize("h, w, ks, block_m", TILED_CASES)
 def test_triton_window_tiles_cover_the_image(h, w, ks, block_m):
     """Images of several query tiles each way (8 columns wide, block_m // 8 rows), windows whose
     reach crosses key blocks on either key grid: float64 values and every gradient equal the
@@ -122,7 +129,7 @@ def test_triton_window_tiles_cover_the_image(h, w, ks, block_m):
     _equal_in_float64(q, k, v, rows, cols, ks, block_m, gen)
 
 
-@pytest.mark.parametrize("h, w, ks, block_m", [TILED[0], TILED[2]])
+@pytest.mark.parametrize("h, w, ks, block_m", [TILED_CASES[0], TILED[2]])
 def test_every_window_output_element_is_written(poisoned_empty, h, w, ks, block_m):
     """The outputs allocated empty (Y, the statistics, dQ, dK, dV) with that memory NaN
     beforehand: values and every gradient still equal the unfold kernel's (both key grids)."""
@@ -157,7 +164,7 @@ def test_the_plain_equations_of_the_kernel_are_the_window_attention():
     "b, nh, h, w, dk, dv, ks",
     [
         (2, 2, 6, 7, 8, 8, 3),
-        (1, 2, 9, 20, 16, 16, 7),
+        pytest.param(1, 2, 9, 20, 16, 16, 7, marks=SLOW),
         (2, 3, 8, 8, 16, 8, 5),
         (1, 2, 1, 12, 8, 8, 3),  # one image row: every row-logit gradient an exact 0
         (2, 2, 1, 5, 8, 8, 3),
@@ -207,6 +214,7 @@ def window_errors(dtype, b, nh, h, w, dk, dv, ks, gen) -> dict[str, list[float]]
     "positional, logits", [("relative", "qk+qr"), ("absolute", "qk+qr"), ("relative", "qr")]
 )
 @pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.slow  # 8-10 s each through the interpreter; the compiled-layer test below is quick
 def test_layer_backend_triton_equals_reference(positional, logits, stride):
     torch.manual_seed(0)
     lay = LocalSelfAttention2d(6, 8, 2, 5, stride, positional, logits, backend="triton")
@@ -233,7 +241,7 @@ def test_the_table_takes_triton_only_where_it_can_run():
     assert "triton" in plan.LOCAL_BACKENDS
 
 
-@pytest.mark.parametrize("kind", ["content", "window"])
+@pytest.mark.parametrize("kind", [pytest.param("content", marks=SLOW), "window"])
 def test_a_compiled_layer_runs_the_kernel_as_it_is(kind):
     """torch.compile around a layer on backend="triton": the kernel runs outside the graph
     (torch.compiler.disable: dynamo would trace a launch's rungs, or the interpreter's Python),

@@ -34,7 +34,7 @@ def _spy(monkeypatch) -> list[tuple]:
     return seen
 
 
-@pytest.mark.parametrize("p", [0.0, 0.3])
+@pytest.mark.parametrize("p", [0.0, pytest.param(0.3, marks=pytest.mark.slow)])
 def test_queries_shared_by_the_batch_and_values_by_the_heads_equal_the_equations(monkeypatch, p):
     """float64: q, k of one image expanded over a batch of 3, v of one head over 4 heads; the
     values and every gradient equal the plain equations', and the kernel is given each shared
