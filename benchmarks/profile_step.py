@@ -4,10 +4,16 @@ step (forward, backward, SGD) after two warm-up steps, by operator and input sha
     python benchmarks/profile_step.py [--model sa_learned_content] [--batch 8] [--bf16] \
         [--threads 1] [--rows 14]
     python benchmarks/profile_step.py --products 256x400x256 256x256x400
+    python benchmarks/profile_step.py --layouts 1024x64x8 1024x64x64
 
 ``--products MxKxN ...`` times instead an (M, K) @ (K, N) matrix product in float32 and in
 bf16 (torch.mm into a preallocated output, medians of 7 rounds of 20), e.g. the fused content
 kernel's per-head products at the paper's 16x16 tokens and 400-wide heads.
+
+``--layouts MxKxN ...`` times, in float32, the product the fused content kernel accumulates its
+key and value gradients with, out (M, N) += a^T b over a query block (a: the block's (K, M)
+probabilities or dS, b: its (K, N) queries or output gradient), into an out stored row-major and
+into one stored column-major (a transposed view), in microseconds.
 
 The model at its paper configuration (hidden 400 for the Cordonnier models), random 32x32
 images, subnormals flushed as `attnconv train` runs.
@@ -18,6 +24,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from functools import partial
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -34,14 +41,31 @@ def products(shapes: list[str]) -> None:
         for dt in (torch.float32, torch.bfloat16):
             a, b = torch.randn(m, k, dtype=dt), torch.randn(k, n, dtype=dt)
             out = torch.empty(m, n, dtype=dt)
-            times = []
-            for _ in range(8):  # the first round a warm-up
-                t0 = time.perf_counter()
-                for _ in range(20):
-                    torch.mm(a, b, out=out)
-                times.append((time.perf_counter() - t0) / 20)
-            rates.append(2 * m * k * n / statistics.median(times[1:]) / 1e9)
+            rates.append(2 * m * k * n / _median_s(partial(torch.mm, a, b, out=out)) / 1e9)
         print(f"| {shape} | {rates[0]:.0f} | {rates[1]:.0f} |")
+
+
+def _median_s(f, rounds: int = 8, calls: int = 20) -> float:
+    times = []
+    for _ in range(rounds):  # the first round a warm-up
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            f()
+        times.append((time.perf_counter() - t0) / calls)
+    return statistics.median(times[1:])
+
+
+def layouts(shapes: list[str]) -> None:
+    print(f"{torch.get_num_threads()} thread(s), float32, out (M, N) += a^T b")
+    print("| M x K x N | row-major out us | column-major out us | row / column |")
+    print("|---|---|---|---|")
+    for shape in shapes:
+        m, k, n = (int(v) for v in shape.split("x"))
+        a, b = torch.randn(k, m), torch.randn(k, n)
+        rows, cols = torch.zeros(m, n), torch.zeros(n, m).t()
+        t_row = _median_s(partial(rows.addmm_, a.t(), b))
+        t_col = _median_s(partial(cols.addmm_, a.t(), b))
+        print(f"| {shape} | {t_row * 1e6:.0f} | {t_col * 1e6:.0f} | {t_row / t_col:.2f} |")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -52,10 +76,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rows", type=int, default=14)
     p.add_argument("--products", nargs="+", metavar="MxKxN")
+    p.add_argument("--layouts", nargs="+", metavar="MxKxN")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     if a.products:
         return products(a.products)
+    if a.layouts:
+        return layouts(a.layouts)
     torch.set_flush_denormal(True)
     torch.manual_seed(0)
     model = attnconv.create_model(a.model).train()
