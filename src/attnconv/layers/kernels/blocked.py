@@ -60,6 +60,13 @@ def _exp_(s: torch.Tensor) -> torch.Tensor:
     return s.exp_()
 
 
+def _column_major_zeros(x: torch.Tensor) -> torch.Tensor:
+    """Zeros of x's shape (..., T, d), each (T, d) stored column-major (a transposed view): the
+    layout in which the BLAS sums dK, dV += P^T dO over query blocks fastest (docs/benchmarks.md,
+    the fused kernel's key and value gradients)."""
+    return x.new_zeros(*x.shape[:-2], x.shape[-1], x.shape[-2]).transpose(-2, -1)
+
+
 class _AxisAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, q_axis, h: int, w: int, scale: float, bq: int):
@@ -90,7 +97,8 @@ class _AxisAttention(torch.autograd.Function):
         (h, w), scale, bq = ctx.hw, ctx.scale, ctx.bq
         b, nh, t, _ = q.shape
         dout = dout.to(q.dtype).contiguous()
-        dq, dk, dv, dqa = (torch.zeros_like(x) for x in (q, k, v, q_axis))
+        dq, dqa = torch.zeros_like(q), torch.zeros_like(q_axis)
+        dk, dv = _column_major_zeros(k), _column_major_zeros(v)
         for i in range(b):
             kt, qa = k[i].transpose(1, 2), q_axis[i if q_axis.shape[0] > 1 else 0]
             dqa_i = dqa[i if q_axis.shape[0] > 1 else 0]
@@ -171,7 +179,7 @@ class _GaussianAttention(torch.autograd.Function):
         drop = drop[0] if drop else None
         b, nh, t, _ = q.shape
         dout = dout.to(q.dtype).contiguous()
-        dq, dk, dv = (torch.zeros_like(x) for x in (q, k, v))
+        dq, dk, dv = torch.zeros_like(q), _column_major_zeros(k), _column_major_zeros(v)
         u = torch.zeros(nh, 2, dtype=q.dtype, device=q.device)  # sum dS e
         dprec = torch.zeros_like(prec)  # -1/2 sum dS e e^T
         for j in range(0, t, bq):
