@@ -4,7 +4,7 @@ step (forward, backward, SGD) after two warm-up steps, by operator and input sha
     python benchmarks/profile_step.py [--model sa_learned_content] [--batch 8] [--bf16] \
         [--threads 1] [--rows 14]
     python benchmarks/profile_step.py --products 256x400x256 256x256x400
-    python benchmarks/profile_step.py --layouts 1024x64x8 1024x64x64
+    python benchmarks/profile_step.py --layouts 1024x64x8 1024x64x64 [--heads 8]
 
 ``--products MxKxN ...`` times instead an (M, K) @ (K, N) matrix product in float32 and in
 bf16 (torch.mm into a preallocated output, medians of 7 rounds of 20), e.g. the fused content
@@ -13,7 +13,8 @@ kernel's per-head products at the paper's 16x16 tokens and 400-wide heads.
 ``--layouts MxKxN ...`` times, in float32, the product the fused content kernel accumulates its
 key and value gradients with, out (M, N) += a^T b over a query block (a: the block's (K, M)
 probabilities or dS, b: its (K, N) queries or output gradient), into an out stored row-major and
-into one stored column-major (a transposed view), in microseconds.
+into one stored column-major (a transposed view), in microseconds; ``--heads N`` batches N heads'
+products in one baddbmm_, as the Python query-blocked kernels (blocked.py) run them.
 
 The model at its paper configuration (hidden 400 for the Cordonnier models), random 32x32
 images, subnormals flushed as `attnconv train` runs.
@@ -55,16 +56,19 @@ def _median_s(f, rounds: int = 8, calls: int = 20) -> float:
     return statistics.median(times[1:])
 
 
-def layouts(shapes: list[str]) -> None:
-    print(f"{torch.get_num_threads()} thread(s), float32, out (M, N) += a^T b")
+def layouts(shapes: list[str], heads: int = 1) -> None:
+    batch = (heads,) if heads > 1 else ()
+    what = f"{heads} heads in one baddbmm_" if batch else "one addmm_"
+    print(f"{torch.get_num_threads()} thread(s), float32, out (M, N) += a^T b, {what}")
     print("| M x K x N | row-major out us | column-major out us | row / column |")
     print("|---|---|---|---|")
     for shape in shapes:
         m, k, n = (int(v) for v in shape.split("x"))
-        a, b = torch.randn(k, m), torch.randn(k, n)
-        rows, cols = torch.zeros(m, n), torch.zeros(n, m).t()
-        t_row = _median_s(partial(rows.addmm_, a.t(), b))
-        t_col = _median_s(partial(cols.addmm_, a.t(), b))
+        a, b = torch.randn(*batch, k, m), torch.randn(*batch, k, n)
+        rows, cols = torch.zeros(*batch, m, n), torch.zeros(*batch, n, m).transpose(-2, -1)
+        acc = "baddbmm_" if batch else "addmm_"
+        t_row = _median_s(partial(getattr(rows, acc), a.transpose(-2, -1), b))
+        t_col = _median_s(partial(getattr(cols, acc), a.transpose(-2, -1), b))
         print(f"| {shape} | {t_row * 1e6:.0f} | {t_col * 1e6:.0f} | {t_row / t_col:.2f} |")
 
 
@@ -77,12 +81,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rows", type=int, default=14)
     p.add_argument("--products", nargs="+", metavar="MxKxN")
     p.add_argument("--layouts", nargs="+", metavar="MxKxN")
+    p.add_argument("--heads", type=int, default=1, help="--layouts: heads batched in one product")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     if a.products:
         return products(a.products)
     if a.layouts:
-        return layouts(a.layouts)
+        return layouts(a.layouts, a.heads)
     torch.set_flush_denormal(True)
     torch.manual_seed(0)
     model = attnconv.create_model(a.model).train()
