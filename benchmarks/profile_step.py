@@ -58,7 +58,8 @@ def _median_s(f, rounds: int = 8, calls: int = 20) -> float:
 
 def layouts(shapes: list[str], heads: int = 1) -> None:
     batch = (heads,) if heads > 1 else ()
-    what = f"{heads} heads in one baddbmm_" if batch else "one addmm_"
+    acc = "baddbmm_" if batch else "addmm_"  # the fused kernel's product, or blocked.py's
+    what = f"{heads} head(s), {acc}"
     print(f"{torch.get_num_threads()} thread(s), float32, out (M, N) += a^T b, {what}")
     print("| M x K x N | row-major out us | column-major out us | row / column |")
     print("|---|---|---|---|")
@@ -66,7 +67,6 @@ def layouts(shapes: list[str], heads: int = 1) -> None:
         m, k, n = (int(v) for v in shape.split("x"))
         a, b = torch.randn(*batch, k, m), torch.randn(*batch, k, n)
         rows, cols = torch.zeros(*batch, m, n), torch.zeros(*batch, n, m).transpose(-2, -1)
-        acc = "baddbmm_" if batch else "addmm_"
         t_row = _median_s(partial(getattr(rows, acc), a.transpose(-2, -1), b))
         t_col = _median_s(partial(getattr(cols, acc), a.transpose(-2, -1), b))
         print(f"| {shape} | {t_row * 1e6:.0f} | {t_col * 1e6:.0f} | {t_row / t_col:.2f} |")

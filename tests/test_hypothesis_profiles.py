@@ -53,7 +53,7 @@ def _drawn(tmp_path: Path, run: int, *args: str) -> dict[str, list[int]]:
     return json.loads(out.read_text())
 
 
-@pytest.mark.slow  # a pytest run of its own each: about 10 s
+@pytest.mark.slow  # a pytest run of its own each
 @pytest.mark.parametrize("profile", ["ci", "deep"])
 def test_ci_repeats_its_own_examples_and_deep_draws_ten_times_as_many_new_ones(tmp_path, profile):
     args = ("--hypothesis-profile", "deep") if profile == "deep" else ()

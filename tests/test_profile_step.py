@@ -4,24 +4,18 @@ shapes, one product or heads batched."""
 
 from __future__ import annotations
 
-import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "profile_step.py"
-
-
-def _main():
-    spec = importlib.util.spec_from_file_location("profile_step", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import profile_step  # noqa: E402
 
 
 @pytest.mark.parametrize("heads", ["1", "3"])
 def test_layouts_times_both_layouts_of_each_shape(capsys, heads):
-    _main()(["--layouts", "32x8x4", "16x4x12", "--heads", heads])
+    profile_step.main(["--layouts", "32x8x4", "16x4x12", "--heads", heads])
     out = capsys.readouterr().out.splitlines()
     assert ("baddbmm_" in out[0]) == (heads != "1")
     rows = [

@@ -56,7 +56,7 @@ def test_centre_log_of_attention_models(cifar_zip, tmp_path, name):
     assert "layers.0.attn.positional_encoding.centers" in no_decay_names(tr.model, ["centers"])
 
 
-@pytest.mark.slow  # a training start and two resumes: about 11 s
+@pytest.mark.slow  # a training start and two resumes
 def test_machines_log_says_where_each_start_and_resume_trained(cifar_zip, tmp_path):
     from attnconv import __version__
     from attnconv.cpuinfo import cpu_name

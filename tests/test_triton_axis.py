@@ -52,7 +52,7 @@ def _equal_in_float64(xs, h, w, p, per_image, seed, gen, **kw):
         torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
 
 
-@pytest.mark.slow  # its 20 drawn shapes take 20-25 s through the interpreter
+@pytest.mark.slow  # 20 drawn shapes through the interpreter: the quick run's longest
 @settings(max_examples=20 if DEVICE == "cpu" else 4, deadline=None)  # on a GPU: a compile each
 @given(
     b=st.integers(1, 2),
@@ -113,7 +113,7 @@ PRECISION_CASES = [  # b, nh, h, w, dk, dv, p
     (2, 3, 5, 7, 8, 16, 0.0),
     (1, 1, 6, 10, 48, 16, 0.2),
     (2, 2, 1, 12, 8, 16, 0.0),
-    (1, 2, 16, 16, 32, 16, 0.1),  # 16x16 (float32's tile: 25-35 s through the interpreter)
+    (1, 2, 16, 16, 32, 16, 0.1),  # 16x16: float32's small tile, many programs (slow, below)
     (1, 2, 4, 6, 400, 400, 0.1),  # the paper's content heads: hidden 400 wide
     (1, 2, 2, 40, 16, 16, 0.1),  # rows padded to 64: the tiles swept at rows of 64
     (1, 1, 3, 20, 48, 16, 0.0),  # rows padded to 32

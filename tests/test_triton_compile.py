@@ -45,7 +45,7 @@ def _check(rows: list[dict], cases: list[Case], archs: list[int]):
             assert (r["mma"] > 0) == tensor_cores, r  # float32 / float64: FMA by design
 
 
-@pytest.mark.slow  # every kernel and tile compiled for sm_90: 20-30 s
+@pytest.mark.slow  # every kernel and tile compiled for sm_90
 def test_kernels_compile_for_sm90_within_its_shared_memory():
     _check(_compile("--quick"), triton_compile.cases(quick=True), [90])
 

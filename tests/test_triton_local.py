@@ -62,7 +62,7 @@ def _equal_in_float64(q, k, v, rows, cols, ks, block_m, gen):
         torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
 
 
-@pytest.mark.slow  # its 20 drawn shapes take 20-35 s through the interpreter
+@pytest.mark.slow  # 20 drawn shapes through the interpreter: the quick run's longest
 @settings(max_examples=20 if DEVICE == "cpu" else 4, deadline=None)
 @given(
     b=st.integers(1, 2),
@@ -114,7 +114,7 @@ def test_window_shift_walks_fewer_keys():
     assert triton_tiles.walked_keys(7, 7, 7, 64, 64, 8, 0) == 64
 
 
-# the three larger images take 4-16 s each through the interpreter
+# the three larger images: many query tiles through the interpreter
 TILED_CASES = [pytest.param(*c, marks=SLOW) if c[0] * c[1] > 150 else c for c in TILED]
 
 
@@ -214,7 +214,7 @@ def window_errors(dtype, b, nh, h, w, dk, dv, ks, gen) -> dict[str, list[float]]
     "positional, logits", [("relative", "qk+qr"), ("absolute", "qk+qr"), ("relative", "qr")]
 )
 @pytest.mark.parametrize("stride", [1, 2])
-@pytest.mark.slow  # 8-10 s each through the interpreter; the compiled-layer test below is quick
+@pytest.mark.slow  # a whole layer through the interpreter; the compiled-layer test is quick
 def test_layer_backend_triton_equals_reference(positional, logits, stride):
     torch.manual_seed(0)
     lay = LocalSelfAttention2d(6, 8, 2, 5, stride, positional, logits, backend="triton")

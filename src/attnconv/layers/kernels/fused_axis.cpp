@@ -210,7 +210,7 @@ std::vector<at::Tensor> backward(at::Tensor dy, at::Tensor q, at::Tensor k, at::
   const bool low = q.scalar_type() != qa.scalar_type();
   auto dq = at::empty({g.b, g.t, g.nh, g.dk}, qa.options()).transpose(1, 2);
   // dK, dV accumulate over query blocks; each head's (T, d) stored column-major (a transposed
-  // view), the BLAS's fast layout for that product: 1.2-6x faster at d <= 128 (docs/benchmarks.md)
+  // view), the layout the BLAS sums that product into fastest (measured: docs/benchmarks.md)
   auto dk = at::empty({g.b, g.nh, g.dk, g.t}, qa.options()).transpose(2, 3);
   auto dv = at::empty({g.b, g.nh, g.dv, g.t}, qa.options()).transpose(2, 3);
   auto dqa = at::zeros({g.b, g.nh, g.t, h + w}, qa.options());
