@@ -54,7 +54,7 @@ def test_values_and_gradients_equal_the_plain_upcasts(b, nh, h, w, dk, dtype, se
     strided view as the projection gives it: values and the gradients of q and the tables bit
     for bit against the plain upcast of q made contiguous as the path makes it, with both halves
     of hi(q) kept as q; against the strided view's upcast within float32 roundoff (a BLAS may
-    sum another layout in another order: an Intel Xeon's table gradient, 1 ulp)."""
+    sum another layout in another order: docs/benchmarks.md)."""
     lay, term = _term(nh, dk, h, w, seed)
     gen = torch.Generator().manual_seed(seed)
     q0 = torch.randn(b, h * w, nh, dk, generator=gen).to(dtype).transpose(1, 2)  # a view
@@ -72,7 +72,7 @@ def test_values_and_gradients_equal_the_plain_upcasts(b, nh, h, w, dk, dtype, se
         out[case] = [y, *torch.autograd.grad(y, [q, *lay.positional_encoding.parameters()], g)]
     for a, r, s in zip(out["kept"], out["contiguous"], out["strided"]):
         assert a.dtype == r.dtype == s.dtype and torch.equal(a, r)
-        torch.testing.assert_close(a.float(), s.float())  # float32 roundoff: rtol 1.3e-6
+        torch.testing.assert_close(a.float(), s.float())  # float32 roundoff
 
 
 def test_a_query_changed_in_place_before_the_backward_is_an_error():
