@@ -89,8 +89,9 @@ def position_attention(
 
     No dropout: the separable row then column operators. A mask shared by the batch: P o keep
     is one dense (Nh*T, T) matrix for the whole batch and one GEMM against x (T, B*C), measured
-    faster on CPU than the separable product plus its sparse correction (whose Nh*T*B*C-sized
-    passes are memory-bound). A mask per image: separable product minus the sparse term."""
+    faster on CPU than the separable product plus its sparse correction, whose Nh*T*B*C-sized
+    passes are memory-bound (benchmarks/batch_mask_ab.py; figures in docs/benchmarks.md).
+    A mask per image: separable product minus the sparse term."""
     g, h, w, b, ch = x.shape
     nh, t = r.shape[0], h * w
     r, c = r.to(x.dtype), c.to(x.dtype)
