@@ -4,9 +4,9 @@ With one mask for the whole batch (``attn_dropout_mask: batch``, the reference c
 ``shared_position.position_attention`` builds P o keep as one dense (Nh*T, T) matrix and applies it
 to every image's values in one GEMM. The alternative it passes over keeps the separable row and
 column operators and subtracts the dropped links as a sparse product,
-(P o keep) x = P x - (P o 1_D) x (``dropped_product``, ``F.embedding_bag``). This times both,
-forward + backward (gradients to R, C and x), interleaved in one process, medians of the rounds,
-at the paper models' shapes, and checks they agree.
+(P o keep) x = P x - (P o 1_D) x (``separable_minus_dropped``, ``F.embedding_bag``). This times
+both, forward + backward (gradients to R, C and x), interleaved in one process, medians of the
+rounds, at the paper models' shapes, and checks they agree.
 
     python benchmarks/batch_mask_ab.py --threads 1 --rounds 7
 """
@@ -21,22 +21,10 @@ import torch
 
 from attnconv.cpuinfo import cpu_name
 from attnconv.layers.functional import dropped_links
-from attnconv.layers.kernels.shared_position import (
-    dropped_product,
-    position_attention,
-    separable_tokens,
-)
+from attnconv.layers.kernels.shared_position import position_attention, separable_minus_dropped
 
-
-def dense(r, c, x, drop):
-    return position_attention(r, c, x, drop)  # the plan's path for a (Nh, T, T) mask
-
-
-def sparse(r, c, x, drop):
-    g, h, w, b, ch = x.shape
-    y = separable_tokens(r, c, x.reshape(g, h, w, b * ch))
-    y = y.add_(dropped_product(r, c, x, drop, sign=-1.0).view(y.shape))
-    return y.view(r.shape[0], h, w, b, ch)
+# position_attention takes the dense GEMM for a (Nh, T, T) mask; the other is its per-image path
+PATHS = (("dense", position_attention), ("sparse", separable_minus_dropped))
 
 
 def case(nh, side, b, ch, p, dtype):
@@ -82,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
         nh, side, b, ch = (int(v) for v in spec.split("x"))
         r, c, x, gy, drop = case(nh, side, b, ch, args.p, torch.float32)
         outs = {}
-        for name, fn in (("dense", dense), ("sparse", sparse)):  # warm-up and the check
+        for name, fn in PATHS:  # warm-up and the check
             outs[name] = step(fn, r, c, x, gy, drop)
         diff = max(  # relative to the largest entry of each output and gradient
             ((a - b_).abs().max() / a.abs().max()).item()
@@ -90,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         times = {"dense": [], "sparse": []}
         for _ in range(args.rounds):
-            for name, fn in (("dense", dense), ("sparse", sparse)):
+            for name, fn in PATHS:
                 t0 = time.perf_counter()
                 step(fn, r, c, x, gy, drop)
                 times[name].append(time.perf_counter() - t0)

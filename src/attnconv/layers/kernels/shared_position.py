@@ -106,13 +106,22 @@ def position_attention(
     if drop is None:
         y = separable_tokens(r, c, x.reshape(g, h, w, b * ch))  # (Nh, H, W, B*C)
         return y.view(nh, h, w, b, ch)
-    # P x - (P o 1_D) x in x's dtype, autocast off: in bfloat16 the difference of the two rounded
-    # products measured twice the plain path's error. The sparse term has negated weights and is
-    # added in place to y itself (not a view): the backward neither copies nor negates.
+    return separable_minus_dropped(r, c, x, drop)
+
+
+def separable_minus_dropped(
+    r: torch.Tensor, c: torch.Tensor, x: torch.Tensor, drop: torch.Tensor
+) -> torch.Tensor:
+    """(P o keep) x = P x - (P o 1_D) x, UNSCALED: the separable product minus the sparse one over
+    the dropped links; shapes as ``position_attention``, drop (Nh, T, T) or (B, Nh, T, T)."""
+    g, h, w, b, ch = x.shape
+    # In x's dtype, autocast off: in bfloat16 the difference of the two rounded products
+    # measured twice the plain path's error. The sparse term has negated weights and is added in
+    # place to y itself (not a view): the backward neither copies nor negates.
     with no_autocast(x.device.type):
         y = separable_tokens(r, c, x.reshape(g, h, w, b * ch))
         y = y.add_(dropped_product(r, c, x, drop, sign=-1.0).view(y.shape))
-    return y.view(nh, h, w, b, ch)
+    return y.view(r.shape[0], h, w, b, ch)
 
 
 class _HeadSumLinear(torch.autograd.Function):
