@@ -25,6 +25,7 @@ import torch.nn.functional as F
 import yaml
 
 from attnconv.bench.common import add_output_options, output_dir
+from attnconv.catalog import RECIPES
 from attnconv.models import create_model
 from experiments_runs import default_data  # beside this file
 
@@ -33,7 +34,7 @@ MODELS = ("sa_quadratic", "sa_learned", "sa_learned_content", "resnet18_cifar")
 
 
 def geometry() -> dict:
-    cfg = yaml.safe_load((ROOT / "configs" / "experiments" / "_sa_small.yaml").read_text())
+    cfg = yaml.safe_load((RECIPES / "experiments" / "_sa_small.yaml").read_text())
     return dict(cfg["model"]["kwargs"])
 
 

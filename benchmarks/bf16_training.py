@@ -30,11 +30,12 @@ from pathlib import Path
 import torch
 
 from attnconv.bench.models_report import replace_block
+from attnconv.catalog import RECIPES
 from attnconv.train.device import bf16_passed_over
 from experiments_runs import default_data  # beside this file
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = ROOT / "configs" / "experiments"
+CONFIGS = RECIPES / "experiments"
 RUNS = ROOT / "runs" / "bf16_training"
 RESULTS = ROOT / "benchmarks" / "results" / "bf16_training.md"
 DOCS = ROOT / "docs" / "benchmarks.md"  # the page that shows the block

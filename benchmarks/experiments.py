@@ -4,6 +4,7 @@
     python benchmarks/experiments.py status [NAME ...]  # what is done, what is left
     python benchmarks/experiments.py report           # tables + figures from the run folders
     python benchmarks/experiments.py save             # the run folders into the repository
+    python benchmarks/experiments.py ship [NAME ...]  # finished runs as the package's pretrained
 
 Run folders live under a run root outside the repository: ``--runs DIR``, else the environment
 variable ATTNCONV_RUNS, else ../attnconv-runs beside the checkout. `run` trains each experiment
@@ -39,6 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the report's modules beside this file
 import experiments_archive as archive  # noqa: E402
 import experiments_report as report_  # noqa: E402
+import experiments_ship as ship_  # noqa: E402
 from experiments_runs import CONFIGS, ROOT, default_data, progress  # noqa: E402
 
 RUNS = Path(os.environ.get("ATTNCONV_RUNS") or ROOT.parent / "attnconv-runs")  # see --runs
@@ -263,6 +265,10 @@ def main() -> None:
     st.set_defaults(fn=status)
     sub.add_parser("report", help="regenerate tables and figures").set_defaults(fn=report)
     sub.add_parser("save", help="keep the run folders in the repository").set_defaults(fn=save)
+    sh_ = sub.add_parser("ship", help="finished runs as pretrained weights with cards (package)")
+    sh_.add_argument("names", nargs="*", help="names of benchmarks/pretrained_cards.yaml (all)")
+    sh_.add_argument("--data", default=str(default_data()), help="the CIFAR-10 JPEG zip")
+    sh_.set_defaults(fn=lambda a: ship_.ship(a.names, RUNS, Path(a.data)))
     for sp in sub.choices.values():
         sp.add_argument("--runs", default=None, help=f"run root (default: {RUNS})")
     args = p.parse_args()

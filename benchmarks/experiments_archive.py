@@ -5,12 +5,24 @@ The run root lives outside the repository (benchmarks/experiments.py); a machine
 kept takes it along, finished runs and a long run's hours alike. ``save`` copies each run folder
 (paths under the repository's parent folder written relative to the repository)
 into ``benchmarks/results/experiment_runs/<name>/`` without what can be rebuilt or is large: the
-TensorBoard logs, the lock, the step-0 control checkpoint, the training log, and every
-checkpoint except, for a run not finished, the one ``checkpoints/latest`` names (its resume
-point: weights, optimizer and RNG state). A finished run keeps what the report reads (metrics,
-logged centres, analyses, wall time, config). ``restore`` copies an archived run back into a
-run root that lacks it (never over one it has: the run root is newer or equal), so `run`
-resumes the archived run from its saved step and `report` regenerates from the archive alone.
+TensorBoard logs, the lock, the step-0 control checkpoint, the training log and the checkpoints.
+Of the checkpoints it keeps one:
+
+- a run not finished keeps its resume point (weights, optimizer and RNG state) in
+  ``checkpoints/``: the one the run root's ``checkpoints/latest`` names, copied only when the
+  archive has none yet or when the run is a quarter of its steps (REPLACE_EVERY) past the
+  archived one; in between the logs are updated and the archived checkpoint stays as it is (a
+  resume from it drops the metrics rows past it);
+- a finished run (its folder has wall.json) keeps its final weights in ``final/``: the weight
+  file of the checkpoint ``checkpoints/latest`` names (else the last step folder) byte for byte,
+  with weights-only metadata (no optimizer nor training state, no machine's paths), a folder
+  ``attnconv.loading.load_model`` loads. A run root with no checkpoint left keeps the archived
+  ``final/``.
+
+A finished run keeps too what the report reads (metrics, logged centres, analyses, wall time,
+config). ``restore`` copies an archived run back into a run root that lacks it (never over one
+it has: the run root is newer or equal), so `run` resumes the archived run from its saved step
+and `report` regenerates from the archive alone.
 """
 
 from __future__ import annotations
@@ -19,12 +31,35 @@ import json
 import shutil
 from pathlib import Path
 
+from attnconv.catalog import CIFAR_ZIP, WEIGHT_FILE, sha256_of
 from experiments_runs import ROOT
 
 ARCHIVE = ROOT / "benchmarks" / "results" / "experiment_runs"
-SKIP = {"tb", ".lock", "init", "experiment.log", "checkpoints"}  # rebuilt, large or transient
-CHECKPOINTS, LATEST = "checkpoints", "latest"
+SKIP = {"tb", ".lock", "init", "experiment.log", "checkpoints", "final"}  # rebuilt, large or ours
+CHECKPOINTS, LATEST, FINAL, META = "checkpoints", "latest", "final", "checkpoint.json"
 BASE = ROOT.parent  # the folder holding the repository, the run root and the data
+# An unfinished run's archived resume checkpoint is replaced once the run is this fraction of its
+# steps past it: a 150,000-step run then commits at most 4 resume checkpoints + its final weights,
+# under 30 MB of git history for the largest run (ResNet18 at quarter width: ~5.6 MB a checkpoint).
+REPLACE_EVERY = 0.25
+
+
+def weights_only(meta: dict) -> dict:
+    """A training checkpoint's metadata as a shipped one: no optimizer nor training state, no
+    machine's paths (the data as the recipes name it, no run folder)."""
+    from attnconv.loading.checkpoint import META_HASH, STATE, meta_digest
+
+    out = {k: v for k, v in meta.items() if k not in ("path", "optimizer", META_HASH)}
+    out["state"] = {"step": meta["state"]["step"]}
+    out["tensors"] = {WEIGHT_FILE: meta["tensors"][WEIGHT_FILE]}
+    out["files"] = {WEIGHT_FILE: meta["files"][WEIGHT_FILE]}
+    cfg = json.loads(json.dumps(meta.get("config") or {}))
+    cfg.setdefault("data", {})["dataset"] = CIFAR_ZIP
+    cfg["out_dir"] = None
+    out["config"] = cfg
+    assert STATE not in out["files"]
+    out[META_HASH] = meta_digest(out)
+    return out
 
 
 def _relative(value, base: str):
@@ -44,6 +79,7 @@ def _copy(src: Path, dest: Path, prefix: str) -> None:
     """Copy one file; a config or JSON record with its paths under folder ``prefix`` (ending in
     "/") made relative (a checkpoint's metadata gets its digest again, as the trainer computes
     it)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
     if src.suffix in (".yaml", ".json") and prefix in (text := src.read_text()):
         if src.suffix == ".yaml":
             dest.write_text(text.replace(prefix, "../"))
@@ -58,20 +94,62 @@ def _copy(src: Path, dest: Path, prefix: str) -> None:
     shutil.copy2(src, dest)
 
 
-def _kept(src: Path) -> tuple[list[Path], str | None]:
-    """The files of run folder ``src`` that the archive keeps (paths relative to ``src``), and
-    the step checkpoint among them that ``latest`` names (None for a finished run)."""
-    files = [p.relative_to(src) for p in src.rglob("*") if p.is_file()]
-    files = [f for f in files if f.parts[0] not in SKIP and not f.parts[-1].startswith(".")]
-    latest, step = src / CHECKPOINTS / LATEST, None
-    if not (src / "wall.json").exists() and latest.is_file():  # unfinished: its resume point
-        step = latest.read_text().strip()  # read once: a training may move it meanwhile
-        files += [
-            p.relative_to(src)
-            for p in (src / CHECKPOINTS / step).rglob("*")
-            if p.is_file() and not p.name.startswith(".")
-        ]
-    return sorted(files), step
+def _files(src: Path, folder: Path) -> list[Path]:
+    """The files under ``folder`` (dot files left out), relative to run folder ``src``."""
+    return sorted(
+        p.relative_to(src) for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")
+    )
+
+
+def _state(checkpoint: Path) -> dict:
+    return json.loads((checkpoint / META).read_text())["state"]
+
+
+def _replace(src: Path, dest: Path, step: str) -> bool:
+    """Whether the run root's resume checkpoint ``step`` replaces the archived one: the archive
+    has none (or none it can read), the run is REPLACE_EVERY of its steps past it, or behind it
+    (it started over); always when the checkpoint does not say its total steps."""
+    new = _state(src / CHECKPOINTS / step)  # FileNotFoundError: pruned meanwhile
+    try:
+        old = _state(dest / CHECKPOINTS / (dest / CHECKPOINTS / LATEST).read_text().strip())
+        gap = new["step"] - old["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return True
+    total = new.get("total_steps")
+    return not isinstance(total, int) or gap < 0 or gap >= REPLACE_EVERY * total
+
+
+def _resume(src: Path, dest: Path, tmp: Path, prefix: str) -> None:
+    """An unfinished run's resume point into ``tmp``: the checkpoint the run root's ``latest``
+    names where ``_replace`` says so, else the archived one as it is."""
+    if not (src / CHECKPOINTS / LATEST).is_file():
+        return
+    step = (src / CHECKPOINTS / LATEST).read_text().strip()  # once: a training moves it
+    if not _replace(src, dest, step):
+        shutil.copytree(dest / CHECKPOINTS, tmp / CHECKPOINTS)
+        return
+    for f in _files(src, src / CHECKPOINTS / step):
+        _copy(src / f, tmp / f, prefix)
+    (tmp / CHECKPOINTS / LATEST).write_text(step + "\n")  # the one copied, not the live file
+
+
+def _final(src: Path, dest: Path, tmp: Path, prefix: str) -> None:
+    """A finished run's final weights into ``tmp/final`` (weights-only metadata); the archived
+    ones where the run root has no checkpoint left (or none that reads back whole)."""
+    from attnconv.loading.checkpoint import CheckpointError, read_meta
+
+    try:
+        checkpoint, meta = read_meta(src / CHECKPOINTS)
+        (tmp / FINAL).mkdir(parents=True)
+        shutil.copyfile(checkpoint / WEIGHT_FILE, tmp / FINAL / WEIGHT_FILE)
+        if sha256_of(tmp / FINAL / WEIGHT_FILE) != meta["files"][WEIGHT_FILE]["sha256"]:
+            raise CheckpointError(f"{checkpoint / WEIGHT_FILE}: sha256 differs")
+        meta = weights_only(_relative(meta, prefix))
+        (tmp / FINAL / META).write_text(json.dumps(meta, indent=1))
+    except (CheckpointError, FileNotFoundError):
+        shutil.rmtree(tmp / FINAL, ignore_errors=True)
+        if (dest / FINAL).is_dir():
+            shutil.copytree(dest / FINAL, tmp / FINAL)
 
 
 def save(
@@ -84,19 +162,17 @@ def save(
     for src in sorted(p for p in runs.iterdir() if (p / "config.yaml").is_file()):
         if names and src.name not in names:
             continue
-        dest = archive / src.name
-        tmp = archive / f".{src.name}.tmp"
+        dest, tmp = archive / src.name, archive / f".{src.name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        files, step = _kept(src)
+        finished = (src / "wall.json").exists()
         try:
-            for f in files:
-                (tmp / f).parent.mkdir(parents=True, exist_ok=True)
-                _copy(src / f, tmp / f, prefix)
+            for f in _files(src, src):
+                if f.parts[0] not in SKIP:
+                    _copy(src / f, tmp / f, prefix)
+            (_final if finished else _resume)(src, dest, tmp, prefix)
         except FileNotFoundError:  # a training pruned that checkpoint meanwhile: keep the last
             shutil.rmtree(tmp, ignore_errors=True)
             continue
-        if step is not None:  # the pointer to the checkpoint copied, not the live file
-            (tmp / CHECKPOINTS / LATEST).write_text(step + "\n")
         shutil.rmtree(dest, ignore_errors=True)
         tmp.rename(dest)
         saved.append(src.name)
@@ -104,8 +180,8 @@ def save(
 
 
 def restore(runs: Path, names: list[str] | None = None, archive: Path = ARCHIVE) -> list[str]:
-    """Copy each archived run (all, or ``names``) that ``runs`` lacks into it; returns the names
-    restored. A run folder already in ``runs`` is never touched."""
+    """Copy each archived run (all, or ``names``) that ``runs`` lacks into it (its ``final/``
+    too); returns the names restored. A run folder already in ``runs`` is never touched."""
     if not archive.is_dir():
         return []
     restored = []

@@ -13,7 +13,7 @@ def caption(text: str) -> list[str]:
 
 
 def seed_of(name: str) -> int | None:
-    """The seed of an experiment of configs/experiments; None where it has no config."""
+    """The seed of an experiment recipe (experiments/NAME); None where it has no recipe."""
     cfg = CONFIGS / f"{name}.yaml"
     return train_config(cfg).seed if cfg.exists() else None
 

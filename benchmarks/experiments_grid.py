@@ -44,7 +44,7 @@ def grid_formation(lines: list[str], runs: Path) -> None:
         t = train_config(ref)
         ips, images = read_metrics(runs / name)["images_per_s"], ref_steps * t.batch_size
         lines += [
-            f"The reference code's budget (its recipe, configs/sa_quadratic.yaml: "
+            f"The reference code's budget (its recipe, src/attnconv/configs/sa_quadratic.yaml: "
             f"{t.epochs} epochs of the 50,000 training images, batch {t.batch_size}, "
             f"hidden 400) is {images / 1e6:.0f}M images, "
             f"{images / train_config(cfg).batch_size / total_steps(cfg):.0f}x this run's, "

@@ -8,8 +8,10 @@ import csv
 import json
 from pathlib import Path
 
+from attnconv.catalog import RECIPES
+
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = ROOT / "configs" / "experiments"
+CONFIGS = RECIPES / "experiments"
 FIGS = ROOT / "docs" / "figures"
 RESULTS = ROOT / "benchmarks" / "results" / "experiments.md"  # the last regenerated report
 

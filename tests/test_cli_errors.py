@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnconv.catalog import RECIPES
 from attnconv.models import create_model
 from attnconv.train.checkpoint import save_checkpoint
 from cli_run import run_cli
@@ -264,7 +265,7 @@ def test_console_script_is_the_same_entry_point():
 def test_eval_of_a_config_file_says_it_is_a_config(capsys):
     from attnconv.cli import main
 
-    cfg = str(ROOT / "configs" / "cpu" / "sa_quadratic.yaml")
+    cfg = str(RECIPES / "cpu" / "sa_quadratic.yaml")
     assert main(["eval", cfg]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert "a training config, not a checkpoint" in last and "attnconv train" in last

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from attnconv.catalog import RECIPES
 from attnconv.train.config import config_from_dict, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
-BASE = ROOT / "configs" / "cpu" / "sa_quadratic.yaml"  # train: epochs 3, batch_size 50; data sample
+BASE = RECIPES / "cpu" / "sa_quadratic.yaml"  # train: epochs 3, batch_size 50; data sample
 
 
 def _yaml(tmp_path: Path, text: str, name: str = "run.yaml") -> Path:

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import pytest
 
+from attnconv.catalog import RECIPES, find_recipe, list_pretrained
 from attnconv.cli import build_parser, main
 from attnconv.train.config import load_config
 from attnconv.train.distributed import RENDEZVOUS
@@ -123,9 +124,9 @@ class Runner:
                 assert self.config, "CONFIG used before a training line"
                 a = self.config
             elif a.startswith("configs/"):
-                a = str(ROOT / a)
-            elif "../shared/data/cifar10-jpeg.zip" in a:
-                a = a.replace("../shared/data/cifar10-jpeg.zip", str(self.cifar_zip))
+                a = str(RECIPES.parent / a)  # as a checkout spelled it: the recipe
+            elif "PATH/cifar10-jpeg.zip" in a:  # the full CIFAR-10 the page points at
+                a = a.replace("PATH/cifar10-jpeg.zip", str(self.cifar_zip))
             out.append(a)
         return out
 
@@ -148,6 +149,9 @@ class Runner:
             self.done.append("parsed: torchrun ... attnconv train")
         elif prog == "attnconv":
             self.attnconv(self.subst(rest))
+        elif prog == "git":  # the development clone: shallow (the history is large)
+            assert rest[:3] == ["clone", "--depth", "1"], rest
+            self.done.append("checked: git clone --depth 1")
         elif prog == "hf":  # Hugging Face's download (network): its form only; the folder it
             # makes is what tests/test_vit_weights_cli.py builds offline and analyzes
             assert rest[0] == "download" and "--local-dir" in rest, rest
@@ -160,8 +164,12 @@ class Runner:
     def pip(self, rest: list[str]) -> None:
         assert rest[0] == "install", rest
         deps = _pyproject()["project"]
-        for spec in rest[1:]:
+        args = iter(rest[1:])
+        for spec in args:
             if spec == "-e":
+                continue
+            if spec == "--index-url":  # PyTorch's CPU-only index, as pytorch.org gives it
+                assert next(args) == "https://download.pytorch.org/whl/cpu"
                 continue
             if spec.startswith("."):  # the project itself, with extras
                 extras = re.findall(r"\[(.*)\]", spec)
@@ -190,8 +198,14 @@ class Runner:
 
     def attnconv(self, argv: list[str]) -> None:
         args = _parse(argv)
+        if args.command == "train" and args.config:  # a recipe's name: its file
+            args.config = str(find_recipe(args.config))
+            argv = [a if a != argv[1] else args.config for a in argv]
         if args.command == "demo":
             self.done.append("parsed: attnconv demo")  # the 2-minute run: tests/test_demo.py
+        elif args.command == "train" and args.list:
+            assert main(argv) == 0, argv
+            self.done.append("ran: attnconv train --list")
         elif args.command == "train" and "/configs/cpu/" in args.config + "/":
             self.config = args.config
             assert main([*argv, *SMALL]) == 0, argv
@@ -212,6 +226,10 @@ class Runner:
 
             assert args.model in list_models(), args.model
             self.done.append(f"parsed: attnconv {args.command} --model {args.model}")
+        elif (args.checkpoint if args.command == "eval" else getattr(args, "source", None)) in (
+            list_pretrained()
+        ):
+            self.pretrained(args, argv)
         elif args.command in ("eval", "explore"):  # of the run trained above
             given = args.checkpoint if args.command == "eval" else args.source
             run = Path(given.replace("NAME", Path(self.config or "NAME").stem))
@@ -225,6 +243,19 @@ class Runner:
         else:
             raise AssertionError(f"documented command with no test policy: attnconv {argv}")
 
+    def pretrained(self, args: argparse.Namespace, argv: list[str]) -> None:
+        """A shipped model by name: run, on the real test images where --data names them
+        (else the embedded sample, as a user without the full set gets), at small sizes."""
+        small = {
+            "eval": ["--max-per-class", "2"],
+            "explore": ["--average", "4", "--images", "1"],
+            "analyze": ["--num-images", "4"],
+            "convert": ["--num-images", "4", "--max-per-class", "2"],
+        }[args.command]
+        argv = [a.replace("PATH/cifar10-jpeg.zip", str(self.cifar_zip)) for a in argv]
+        assert main([*argv, *small]) == 0, argv
+        self.done.append(f"ran: attnconv {args.command} (pretrained)")
+
 
 def run_python(code: str, where: str) -> None:
     linecache.cache[where] = (len(code), None, code.splitlines(True), where)  # for tracebacks
@@ -235,7 +266,7 @@ def run_python(code: str, where: str) -> None:
 def test_page_blocks_run_in_order(page, tmp_path, monkeypatch, cifar_zip):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("ATTNCONV_CACHE", str(tmp_path / "cache"))
-    (tmp_path / "configs").symlink_to(ROOT / "configs")
+    (tmp_path / "configs").symlink_to(RECIPES)
     runner, ran = Runner(tmp_path, cifar_zip), 0
     for i, (kind, code, opted_out) in enumerate(blocks(page)):
         where = f"{rel(page)}, block {i + 1}"

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from attnconv.catalog import RECIPES
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "experiments.py"
 sys.path.insert(0, str(SCRIPT.parent))
@@ -107,7 +109,7 @@ def test_summed_lr_counts_each_logged_rate_for_the_steps_since_the_last_log(tmp_
 def test_planned_lr_sum_of_the_reference_recipe_is_its_per_epoch_staircase():
     import math
 
-    steps, total = runs_.planned_lr_sum(ROOT / "configs" / "sa_quadratic.yaml")
+    steps, total = runs_.planned_lr_sum(RECIPES / "sa_quadratic.yaml")
     assert steps == 300 * 500  # 300 epochs of 50,000 images in batches of 100
     per_epoch = [0.1 * e / 15 for e in range(15)]  # epoch 0 at lr 0 (the reference's warm-up)
     per_epoch += [0.05 * (1 + math.cos(math.pi * (e - 15) / 285)) for e in range(15, 300)]
@@ -117,7 +119,7 @@ def test_planned_lr_sum_of_the_reference_recipe_is_its_per_epoch_staircase():
 def test_total_steps_count_an_epoch_as_the_trainer_does(tmp_path):
     """steps_per_epoch is capped at one pass (50,000 // batch, the last partial batch dropped),
     as the trainer's Loader caps it."""
-    base = ROOT / "configs" / "experiments" / "_sa_small.yaml"
+    base = RECIPES / "experiments" / "_sa_small.yaml"
     cfg = tmp_path / "capped.yaml"
     cfg.write_text(f"base: {base}\ntrain:\n  epochs: 3\n  steps_per_epoch: 1000\n")
     assert runs_.total_steps(cfg) == 3 * 781

@@ -4,12 +4,12 @@ parametrization of the Gaussian precision, its weight-decay groups and its sched
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
 import attnconv
+from attnconv.catalog import RECIPES
 from attnconv.layers.encodings import GeneralizedQuadraticEncoding, QuadraticEncoding
 from attnconv.train.config import ScheduleConfig
 from attnconv.train.optim import lr_at, no_decay_names, param_groups
@@ -262,7 +262,7 @@ def test_paper_configs_train_in_bf16_and_float32_is_one_flag_away(name):
     changed."""
     from attnconv.train.config import load_config
 
-    path = Path(__file__).resolve().parents[1] / "configs" / f"{name}.yaml"
+    path = RECIPES / f"{name}.yaml"
     bf16, fp32 = load_config(path), load_config(path, ["train.bf16=false"])
     assert bf16.train.bf16 is True and fp32.train.bf16 is False
     a, b = bf16.to_dict(), fp32.to_dict()

@@ -11,6 +11,7 @@ import yaml
 
 from attnconv.bench import models as bench_models
 from attnconv.bench import models_report
+from attnconv.catalog import RECIPES
 from attnconv.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +72,7 @@ def test_reference_anchor_is_checked_equal_before_timing(monkeypatch):
 
 
 def test_cpu_scale_is_the_experiments_geometry():
-    exp = ROOT / "configs" / "experiments"
+    exp = RECIPES / "experiments"
     sa = yaml.safe_load((exp / "_sa_small.yaml").read_text())["model"]["kwargs"]
     sa.pop("attn_dropout")  # the benchmark sets it per case
     assert sa == bench_models.CPU_SA

@@ -15,11 +15,12 @@ import pytest
 import torch
 
 import attnconv
+from attnconv.catalog import RECIPES
 from attnconv.models.budget import training_bytes
 from attnconv.train import loop
 from attnconv.train.config import config_from_dict
 from attnconv.train.loop import Interrupted, Trainer
-from train_helpers import ROOT, small, use_cache, weights
+from train_helpers import small, use_cache, weights
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -53,7 +54,7 @@ def test_a_training_step_too_large_is_refused_before_work():
 @pytest.mark.slow
 def test_the_cli_refuses_it_in_seconds(tmp_path):
     t0 = time.perf_counter()
-    cfg = str(ROOT / "configs" / "cpu" / "sa_quadratic.yaml")
+    cfg = str(RECIPES / "cpu" / "sa_quadratic.yaml")
     r = subprocess.run(
         [
             sys.executable,

@@ -8,10 +8,10 @@ import torch
 import torch.nn as nn
 import yaml
 
+from attnconv.catalog import RECIPES
 from attnconv.layers.encodings.centers import center_layers
 from attnconv.train.config import Config, ScheduleConfig, load_config
 from attnconv.train.optim import lr_at, no_decay_names
-from train_helpers import ROOT
 
 
 def test_unknown_config_key_lists_close_matches(tmp_path):
@@ -87,7 +87,7 @@ def test_schedules():
     )
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "configs").rglob("*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", sorted((RECIPES).rglob("*.yaml")), ids=lambda p: p.stem)
 def test_shipped_configs_are_valid(path):
     from attnconv.models import list_models
 

@@ -32,6 +32,10 @@ _EXPORTS = {
     "LearnedRelativeEncoding": "attnconv.layers.encodings",
     # checkpoint loading: its home is this one line
     "load_model": "attnconv.loading",
+    # what ships beside the code: recipes and pretrained weights with cards (torch-free)
+    "list_pretrained": "attnconv.catalog",
+    "pretrained_info": "attnconv.catalog",
+    "list_recipes": "attnconv.catalog",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import torch
 import torch.nn as nn
 
 from attnconv.data import CIFAR10_MEAN, CIFAR10_STD, load_dataset
+from attnconv.data.datasets import stored_or_sample
 from attnconv.layers.local import LocalSelfAttention2d
 from attnconv.layers.mha import MultiHeadAttention
 from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
@@ -59,7 +61,10 @@ def data_spec(data: str | None, info: dict) -> str:
     spec = spec or (info.get("data") or {}).get("dataset")
     if not spec:
         raise ValueError("no --data given and the checkpoint does not name its dataset")
-    return str(spec)
+    spec, note = stored_or_sample(str(spec))
+    if note:
+        logging.getLogger(__name__).warning(note)
+    return spec
 
 
 def test_images(

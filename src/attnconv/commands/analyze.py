@@ -22,7 +22,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         "source",
         nargs="?",
         metavar="CHECKPOINT",
-        help="checkpoint folder (or run folder with checkpoints/latest)",
+        help="checkpoint folder, run folder (its checkpoints/latest) or a pretrained name "
+        "(attnconv.list_pretrained())",
     )
     p.add_argument(
         "--model", help="registry name for --checkpoint weights, e.g. vit_base_patch16_224"
@@ -51,6 +52,10 @@ def model_source(args: argparse.Namespace) -> tuple[str, str | None]:
         raise ValueError("no checkpoint: give CHECKPOINT, or --model NAME --checkpoint PATH")
     if args.weights and not args.model:
         raise ValueError("--checkpoint needs --model NAME (e.g. vit_base_patch16_224)")
+    if not args.model:  # a pretrained name: its checked folder (before torch is imported)
+        from attnconv.catalog import resolve_checkpoint
+
+        path = resolve_checkpoint(path)
     p = Path(path)
     if not args.model and p.is_dir() and (p / "config.json").is_file():
         raise ValueError(

@@ -16,8 +16,8 @@ HELP = "convert every convolution of a model (checkpoint or model name) into sel
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "source",
-        help="checkpoint (run folder, checkpoint folder, .safetensors) or a "
-        "registry model name (random weights, or --checkpoint)",
+        help="checkpoint (run folder, checkpoint folder, .safetensors), a pretrained name "
+        "(attnconv.list_pretrained()) or a registry model name (random weights, or --checkpoint)",
     )
     p.add_argument(
         "--checkpoint",
@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--data",
         help="dataset for accuracy before/after: cifar10 | sample | PATH "
-        "(e.g. ../shared/data/cifar10-jpeg.zip); default: per-layer check only, on "
+        "(e.g. the full CIFAR-10 JPEG zip); default: per-layer check only, on "
         "the embedded real sample",
     )
     p.add_argument("--split", default="test", help="split of --data to use (default: test)")
@@ -143,6 +143,10 @@ def _check_out(out: str, report: str | None = None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if "." in args.source and not args.checkpoint:  # a path, or a pretrained MODEL.TAG
+        from attnconv.catalog import resolve_checkpoint
+
+        args.source = resolve_checkpoint(args.source)  # before torch is imported
     import warnings
 
     import torch

@@ -1,9 +1,9 @@
 """`attnconv demo`: train a CPU-scale quadratic self-attention model for a couple of minutes, then
 write its checkpoint, metrics and figures of its heads into a run folder.
 
-Data: ``--data`` if given, else the full CIFAR-10 JPEG zip at ``../shared/data/cifar10-jpeg.zip``
-(or ``$ATTNCONV_CIFAR_ZIP``) when it exists, else the CIFAR-10 sample embedded in the package, so
-it runs offline on a fresh machine. The whole command fits ``--minutes``: after the test images are
+Data: ``--data`` if given, else the full CIFAR-10 JPEG zip that ``$ATTNCONV_CIFAR_ZIP`` names
+when it is set, else the CIFAR-10 sample embedded in the package, so it runs offline on a fresh
+machine. The whole command fits ``--minutes``: after the test images are
 decoded, a short timed warm-up of the real training step (real batches, augmentation, optimizer)
 and of an evaluation batch measures this machine's throughput; only as many training images as
 the time left can use are decoded, and the schedule (steps, cosine to its end) is sized so that
@@ -19,7 +19,6 @@ import csv
 import json
 import logging
 import math
-import os
 import statistics
 import time
 from pathlib import Path
@@ -59,7 +58,7 @@ MODEL = {
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--data",
-        help="dataset (default: ../shared/data/cifar10-jpeg.zip if found, "
+        help="dataset (default: the full CIFAR-10 JPEG zip $ATTNCONV_CIFAR_ZIP names, "
         "else the embedded sample)",
     )
     p.add_argument("--out", help="run folder (default: runs/demo-<date>-<time>)")
@@ -86,10 +85,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def default_data() -> str:
-    for cand in (os.environ.get("ATTNCONV_CIFAR_ZIP"), "../shared/data/cifar10-jpeg.zip"):
-        if cand and Path(cand).is_file():
-            return cand
-    return "sample"
+    from attnconv.catalog import cifar_zip
+
+    found = cifar_zip()
+    return found if found and Path(found).is_file() else "sample"
 
 
 def _probe(cfg, ds, threads: int, probe_s: float, steps: int = 6) -> tuple[float, float]:
@@ -285,9 +284,24 @@ def run(args: argparse.Namespace) -> int:
             "start to end). The grid of the paper's fig. 3 forms over thousands of steps, not "
             "minutes: docs/experiments.md shows it in a 150,000-step run (grid_long)."
         )
+    _offer_pretrained()
     print(f"\nrun folder: {out.resolve()}")
     print(f"  checkpoint  {out / 'checkpoints'} (attnconv eval {out})")
     print(f"  metrics     {out / 'metrics.csv'}, head centres per epoch {out / 'centers.jsonl'}")
     if not args.no_figures:
         print(f"  figures     {figures / 'index.html'} ({figures / 'index.md'})")
     return 0
+
+
+def _offer_pretrained() -> None:
+    """The demo's closing offer: the shipped model trained to the grid (one command)."""
+    from attnconv.catalog import list_pretrained, pretrained_info
+
+    if not (names := list_pretrained("sa_quadratic.*")):
+        return
+    card = pretrained_info(names[0])
+    print(
+        f"That run ships trained: {card['name']} ({card['steps']:,} steps, "
+        f"{100 * card['test_accuracy']:.1f}% on the test set). Open its heads with:\n"
+        f"  attnconv explore {card['name']} --out grid.html"
+    )

@@ -14,7 +14,11 @@ HELP = "evaluate a checkpoint (accuracy, loss) on a dataset split"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("checkpoint", help="run folder, checkpoint folder or its model.safetensors")
+    p.add_argument(
+        "checkpoint",
+        help="run folder, checkpoint folder, its model.safetensors, or a pretrained name "
+        "(attnconv.list_pretrained())",
+    )
     p.add_argument("--data", help="cifar10 | cifar100 | sample | PATH (default: the training data)")
     p.add_argument("--root", help="folder holding the official CIFAR files (for --data cifar10)")
     p.add_argument(
@@ -34,9 +38,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from attnconv.catalog import resolve_checkpoint
+
+    args.checkpoint = resolve_checkpoint(args.checkpoint)  # a pretrained name: its folder
     import torch
 
     from attnconv.data import CIFAR10_MEAN, CIFAR10_STD, Loader, load_dataset
+    from attnconv.data.datasets import stored_or_sample
     from attnconv.loading import load_model
     from attnconv.train.device import flush_as_trained, resolve_device
     from attnconv.train.distributed import DistInfo
@@ -62,6 +70,10 @@ def run(args: argparse.Namespace) -> int:
     spec = args.data or cfg_data.get("dataset") or (info.get("data") or {}).get("dataset")
     if spec is None:
         raise ValueError("the checkpoint stores no dataset: pass --data")
+    if not args.data:
+        spec, note = stored_or_sample(spec)
+        if note:
+            print(f"eval: {note}")
     root = args.root or (cfg_data.get("root") if not args.data else None)
     # the split the run evaluated on, on its own data (its data.eval_split)
     split = args.split or (None if args.data else cfg_data.get("eval_split")) or "test"

@@ -39,23 +39,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .analyze import model_source
+
+    path, name = model_source(args)  # a wrong path or name: said before torch is imported
     import torch
 
     from attnconv.analysis.explorer import explore_model
     from attnconv.analysis.inputs import load_for_analysis
     from attnconv.train.device import resolve_device
 
-    from .analyze import model_source
-
-    for name in ("images", "max_queries", "batch_size"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for opt in ("images", "max_queries", "batch_size"):
+        if getattr(args, opt) < 1:
+            raise ValueError(f"--{opt.replace('_', '-')} must be >= 1, got {getattr(args, opt)}")
     if args.average < 0:
         raise ValueError(f"--average must be >= 0, got {args.average}")
     if Path(args.out).suffix.lower() not in (".html", ".htm"):
         raise ValueError(f"--out must name an .html file, got {args.out}")
     check_output_file("--out", args.out)  # a folder (or one under a file): before any work
-    path, name = model_source(args)
     resolve_device(args.device)  # an unusable --device before any work
     log.info(f"explore: loading {path} and {max(args.images, args.average)} test images")
     model, info, images, labels, mean, std = load_for_analysis(

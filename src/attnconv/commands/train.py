@@ -1,4 +1,6 @@
-"""`attnconv train CONFIG.yaml [--set key=value ...] [--resume]` (also under torchrun)."""
+"""`attnconv train RECIPE [--data PATH] [--set key=value ...] [--resume]` (also under torchrun).
+
+RECIPE is a shipped recipe's name (``attnconv train --list``) or a YAML file."""
 
 from __future__ import annotations
 
@@ -12,7 +14,21 @@ HELP = "train a model from a YAML config (resumable; torchrun for several proces
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="YAML config (see configs/ and configs/cpu/)")
+    p.add_argument(
+        "config",
+        nargs="?",
+        metavar="RECIPE",
+        help="a shipped recipe's name (e.g. cpu/sa_quadratic, experiments/grid_long; "
+        "--list names them all) or a YAML config file",
+    )
+    p.add_argument("--list", action="store_true", help="list the shipped recipes and stop")
+    p.add_argument(
+        "--data",
+        metavar="PATH",
+        help="the training data instead of the recipe's (data.dataset): sample, cifar10 or a "
+        "PATH, e.g. the full CIFAR-10 JPEG zip the experiments recipes need (or set "
+        "ATTNCONV_CIFAR_ZIP)",
+    )
     p.add_argument(
         "--set",
         dest="overrides",
@@ -47,12 +63,33 @@ def _holds_run(out: Path) -> bool:
     return any((out / "checkpoints").glob("step-*")) or (out / "metrics.csv").is_file()
 
 
+def print_recipes() -> None:
+    from attnconv.catalog import CIFAR_ZIP, list_recipes
+
+    recipes = list_recipes()
+    width = max(map(len, recipes))
+    print(f"{len(recipes)} recipes (attnconv train NAME); experiments/* need the full CIFAR-10:")
+    print(f"  --data PATH or ATTNCONV_CIFAR_ZIP=PATH ({CIFAR_ZIP}); the others run on the sample")
+    for name, line in recipes.items():
+        print(f"  {name:<{width}}  {line}")
+
+
 def run(args: argparse.Namespace) -> int:
+    from attnconv.catalog import find_recipe
+
+    if args.list:
+        print_recipes()
+        return 0
+    if not args.config:
+        raise ValueError("name a recipe or a YAML config (attnconv train --list names them)")
+    folder = find_recipe(args.config)  # a wrong name or path: said before torch is imported
+    if args.data and "/" in args.data and not Path(args.data).expanduser().exists():
+        raise FileNotFoundError(f"--data {args.data}: no such file or folder")
+
     from attnconv.train.config import load_config
     from attnconv.train.run import train
     from attnconv.train.stopping import Interrupted, NonFiniteLoss
 
-    folder = Path(args.config)
     if folder.is_dir():  # a run folder, say ("no such config file" said it was not there)
         run = folder / "config.yaml"
         hint = f"`attnconv train {run} --out {folder} --resume`"
@@ -60,11 +97,12 @@ def run(args: argparse.Namespace) -> int:
             f"{args.config} is a folder, not a config file"
             + (f" (a run folder: continue it with {hint})" if _holds_run(folder) else "")
         )
-    cfg = load_config(args.config, args.overrides)
+    overrides = [f"data.dataset={args.data}"] * bool(args.data) + list(args.overrides)
+    cfg = load_config(folder, overrides)
     if args.out:
         cfg.out_dir = args.out
     if cfg.out_dir is None:
-        cfg.out_dir = str(Path("runs") / Path(args.config).stem)
+        cfg.out_dir = str(Path("runs") / folder.stem)
     if args.stop_at_step is not None and args.stop_at_step < 1:
         raise ValueError(f"--stop-at-step must be >= 1, got {args.stop_at_step}")
     out = Path(cfg.out_dir)

@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from attnconv.catalog import CIFAR_ZIP, CIFAR_ZIP_ENV, CIFAR_ZIP_HINT, cifar_zip
+
 from .cifar import ARCHIVES, download, find_cifar, read_cifar
 from .folder import folder_files, read_image_folder
 
@@ -100,12 +102,23 @@ def _kind(path: Path) -> str:
     return "folder"
 
 
+def stored_or_sample(spec: str) -> tuple[str, str | None]:
+    """The dataset a checkpoint names, or the embedded sample where that is the full CIFAR-10
+    zip (``cifar10-jpeg.zip``, as the shipped pretrained models name it) and this machine has
+    none; returns (spec, a note saying so or None)."""
+    if Path(spec).name != CIFAR_ZIP or Path(spec).expanduser().exists() or cifar_zip():
+        return spec, None
+    note = f"the full CIFAR-10 is not here: using the embedded sample instead; {CIFAR_ZIP_HINT}"
+    return "sample", note
+
+
 def resolve(spec: str, *, root: str | Path | None = None, download_ok: bool = False) -> Path:
     """The file or folder that ``spec`` names (downloading official CIFAR if allowed).
 
     Args:
         spec: ``"cifar10"`` / ``"cifar100"``, ``"sample"`` (the embedded CIFAR-10 sample), or a
-            path to a file or folder.
+            path to a file or folder (``cifar10-jpeg.zip`` where no such file is here: the one
+            ``$ATTNCONV_CIFAR_ZIP`` names).
         root: where official CIFAR is looked for (default: ``default_cache_dir() / "cifar"``).
         download_ok: download official CIFAR into ``root`` when it is not there.
 
@@ -133,6 +146,13 @@ def resolve(spec: str, *, root: str | Path | None = None, download_ok: bool = Fa
             f"data.dataset=PATH in a training config), or set data.download=true (needs internet)"
         )
     path = Path(spec).expanduser()
+    if not path.exists() and path.name == CIFAR_ZIP:  # the recipes' name for the full set
+        env = cifar_zip()
+        if env is None:
+            raise FileNotFoundError(f"{spec}: the full CIFAR-10 is not here; {CIFAR_ZIP_HINT}")
+        path = Path(env).expanduser()
+        if not path.exists():
+            raise FileNotFoundError(f"{CIFAR_ZIP_ENV}={env}: no such file")
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such dataset file or folder")
     return path

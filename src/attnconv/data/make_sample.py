@@ -1,6 +1,6 @@
 """Regenerate the embedded CIFAR-10 sample from the full JPEG zip.
 
-    python -m attnconv.data.make_sample ../shared/data/cifar10-jpeg.zip
+    python -m attnconv.data.make_sample PATH/cifar10-jpeg.zip
 
 Copies the JPEG files unchanged (the first ``--train`` / ``--test`` files of every class, in name
 order) into ``attnconv/data/sample/cifar10_sample.zip`` with the same ``split/class/file``

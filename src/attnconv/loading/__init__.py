@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch.nn as nn
 
+from attnconv.catalog import PretrainedError, list_pretrained, pretrained_info
 from attnconv.models import check_model_args
 from attnconv.models import create_model as build_model
 
@@ -23,6 +24,9 @@ from .source import WeightsError
 
 __all__ = [
     "CheckpointError",
+    "PretrainedError",
+    "list_pretrained",
+    "pretrained_info",
     "WeightsError",
     "create_model",
     "load_model",
@@ -32,20 +36,37 @@ __all__ = [
 ]
 
 
-def create_model(name: str, *, checkpoint: str | Path | None = None, **kwargs) -> nn.Module:
-    """The model ``name`` built with ``kwargs``; with ``checkpoint`` (an attnconv checkpoint, a
-    timm state dict or a Hugging Face ViT/DeiT folder) loaded with its weights, in eval mode.
+def create_model(
+    name: str,
+    *,
+    pretrained: bool = False,
+    checkpoint: str | Path | None = None,
+    **kwargs,
+) -> nn.Module:
+    """The model ``name`` built with ``kwargs``; with ``pretrained=True`` the shipped weights
+    of a pretrained name (``list_pretrained()``), with ``checkpoint`` (an attnconv checkpoint, a
+    timm state dict or a Hugging Face ViT/DeiT folder) its weights; loaded ones in eval mode.
+
+        model = attnconv.create_model("sa_quadratic.cifar10_grid_long", pretrained=True)
 
     Args:
-        name: a registered model name (``list_models()``).
+        name: a registered model name (``list_models()``); with ``pretrained=True`` a shipped
+            name ``MODEL.TAG`` (``list_pretrained()``), or MODEL for its default tag.
+        pretrained: load the shipped weights of ``name`` (checked against its card's sha256).
         checkpoint: weights to load: an attnconv checkpoint, a timm state dict or a Hugging Face
             ViT/DeiT folder; None builds the model with fresh weights.
-        **kwargs (Any): the model's constructor arguments (size, classes, ...); with a
-            checkpoint they override the settings it fixes.
+        **kwargs (Any): the model's constructor arguments (size, classes, ...); with weights
+            they override the settings the weights fix (``backend=`` say, never a shape).
 
     Returns:
-        The model (in eval mode when loaded from a checkpoint).
+        The model (in eval mode when loaded with weights).
     """
+    if pretrained:
+        if checkpoint is not None:
+            raise ValueError(f"{name}: pretrained=True or checkpoint=PATH, not both")
+        from attnconv.catalog import pretrained_folder
+
+        return load_model(pretrained_folder(name), **kwargs)[0]
     if checkpoint is None:
         return build_model(name, **kwargs)
     check_model_args(name, kwargs)  # a bad name or size is said before any file is read

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import fnmatch
 from collections.abc import Callable
 
 import torch.nn as nn
@@ -29,19 +30,27 @@ def register_model(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
     return fn
 
 
-def list_models() -> list[str]:
+def list_models(pattern: str | None = None) -> list[str]:
     """The names ``create_model`` takes.
 
+    Args:
+        pattern: a shell-style filter, e.g. ``"sasa_*"`` or ``"*vit*"`` (None: all).
+
     Returns:
-        Every registered model name, sorted.
+        Every registered model name (matching ``pattern``), sorted.
     """
-    return sorted(_MODELS)
+    return sorted(n for n in _MODELS if pattern is None or fnmatch.fnmatchcase(n, pattern))
 
 
 def check_model_args(name: str, kwargs: dict) -> None:
     """ValueError for an unknown model name (with close matches) or a size that is not a
     positive int: a clear error here, not a crash in a constructor."""
     if name not in _MODELS:
+        if "." in name:  # MODEL.TAG: a pretrained name (attnconv.catalog)
+            raise ValueError(
+                f"unknown model {name!r}: a pretrained name MODEL.TAG takes pretrained=True "
+                "(attnconv.list_pretrained() names them)"
+            )
         close = difflib.get_close_matches(name, list(_MODELS), n=3, cutoff=0.5)
         some = close or list_models()[:3]
         hint = f"did you mean {', '.join(some)}?" if close else f"e.g. {', '.join(some)};"

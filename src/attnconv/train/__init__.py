@@ -2,7 +2,7 @@
 (written here, read by ``attnconv.loading``).
 
     from attnconv.train import load_config, train, load_model
-    cfg = load_config("configs/cpu/sa_quadratic.yaml", ["train.epochs=1"])
+    cfg = load_config(find_recipe("cpu/sa_quadratic"), ["train.epochs=1"])
     train(cfg)                      # writes runs/... (checkpoints, metrics.csv, centers.jsonl)
     model, info = load_model(cfg.out_dir)
 """
