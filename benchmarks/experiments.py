@@ -7,23 +7,25 @@
     python benchmarks/experiments.py ship [NAME ...]  # finished runs as the package's pretrained
 
 Run folders live under a run root outside the repository: ``--runs DIR``, else the environment
-variable ATTNCONV_RUNS, else ../attnconv-runs beside the checkout. `run` trains each experiment
-with `attnconv train` into <runs>/<name>/, resuming every unfinished run from its last checkpoint
-(a budget of many hours accrues across sittings: kill it at any time, run it again), skipping a
-finished one or one that a second `run` beside it is training (start one `run` per core, or give
-one run both: `--procs 2`, two processes of one thread under torchrun, 1.26x the images/s of one
-process with `--threads 2` on grid_long), then the follow-ups: `attnconv analyze` for the attention
-models, `attnconv convert` of the trained ResNet18 on the 10,000 test images, and the Lemma 2
-sweep. `report` reads only those folders: it writes benchmarks/results/experiments.md, copies the
-figures to docs/figures/, and replaces the block between the experiments markers of
+variable ATTNCONV_RUNS, else ../attnconv-runs beside the checkout. `run` trains each experiment with
+`attnconv train` into <runs>/<name>/, resuming every unfinished run from its last checkpoint (a
+budget of many hours accrues across sittings: kill it at any time, run it again), skipping a
+finished one (a complete wall.json, written last; never trained again but by `--rerun NAME`, which
+writes no archive) or one that a second `run` beside it is training: its runner lock
+(<runs>/.<name>.runner.lock) is taken before anything is restored or decided (start one `run` per
+core, or give one run both: `--procs 2`, two processes of one thread under torchrun, 1.26x the
+images/s of one process with `--threads 2` on grid_long), then the follow-ups: `attnconv analyze`
+for the attention models, `attnconv convert` of the trained ResNet18 on the 10,000 test images, and
+the Lemma 2 sweep. `report` reads only those folders: it writes benchmarks/results/experiments.md,
+copies the figures to docs/figures/, and replaces the block between the experiments markers of
 docs/experiments.md (its links are relative to that page). Nothing in the tables is typed by hand.
 The run folders are kept in the repository too (experiments_archive.py): `save` (and `report`) copy
 them to benchmarks/results/experiment_runs/ (an unfinished run with its last checkpoint), `run` does
-for the run it trains, every few minutes and once more as it ends, and `run`
-and `report` restore any the run root lacks, so a new machine resumes where the last one saved. On
-a machine with a CUDA GPU `attnconv train` runs there (its default device), CIFAR kept on the GPU
-as uint8 with crop and flip done there; a run started on one device resumes on the other (not bit
-for bit: the two round differently).
+for the run it trains, every few minutes and once more as it ends, and `run` and `report` restore
+any the run root lacks, so a new machine resumes where the last one saved. On a machine with a CUDA
+GPU `attnconv train` runs there (its default device), CIFAR kept on the GPU as uint8 with crop and
+flip done there; a run started on one device resumes on the other (not bit for bit: the two round
+differently).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the report's modules
 import experiments_archive as archive  # noqa: E402
 import experiments_report as report_  # noqa: E402
 import experiments_ship as ship_  # noqa: E402
-from experiments_runs import CONFIGS, ROOT, default_data, progress  # noqa: E402
+from experiments_runs import CONFIGS, ROOT, default_data, finished, progress  # noqa: E402
 
 RUNS = Path(os.environ.get("ATTNCONV_RUNS") or ROOT.parent / "attnconv-runs")  # see --runs
 ARCHIVE_WHILE_TRAINING = True  # False for a --runs root given on the command line (scratch runs
@@ -107,15 +109,15 @@ def run(args: argparse.Namespace) -> None:
         raise SystemExit(f"--threads {args.threads}: must be at least 1")
     if args.procs < 1:
         raise SystemExit(f"--procs {args.procs}: must be at least 1")
-    cfgs = experiments(args.names)
-    for name in archive.restore(RUNS, [c.stem for c in cfgs]):
-        print(f"{name}: restored from {archive.ARCHIVE.relative_to(ROOT)}", flush=True)
+    rerun = list(getattr(args, "rerun", None) or [])
+    cfgs = experiments(args.names) if args.names or not rerun else []
+    cfgs += [c for c in experiments(rerun) if c not in cfgs]  # checked before any work
     failed = []
     for cfg in cfgs:
         try:
-            run_one(cfg, data, args.threads, args.procs)
-            if ARCHIVE_WHILE_TRAINING:  # the finished run as it ends, its follow-ups with it
-                archive.save(RUNS, names=[cfg.stem])
+            run_one(cfg, data, args.threads, args.procs, rerun=cfg.stem in rerun)
+            if ARCHIVE_WHILE_TRAINING and not rerun:  # the finished run as it ends, and its
+                archive.save(RUNS, names=[cfg.stem])  # follow-ups (a rerun: never archived)
         except SystemExit as e:  # one experiment's failure does not stop the queue
             print(f"[{time.strftime('%H:%M:%S')}] {cfg.stem}: {e}", flush=True)
             failed.append(cfg.stem)
@@ -134,28 +136,85 @@ def busy(out: Path) -> bool:
     return False
 
 
-def run_one(cfg: Path, data: Path, threads: int | None = None, procs: int = 1) -> None:
-    """Train one experiment to its end (resuming it), then its follow-ups. Two `run`s side by
-    side (one per core) share the queue: a folder another `run` holds (its flock, taken before
-    anything is decided, released when that process ends however it ends) is skipped.
-    ``threads``: the trainer's threads instead of the config's; ``procs``: processes under
-    torchrun (a resume may change both)."""
-    out = RUNS / cfg.stem
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / ".runner.lock", "a") as lock:
+def runner_lock(name: str) -> Path:
+    """The experiment's runner lock: a file of the run root beside its run folder (taken before
+    the folder is restored, made or read; a folder restored is renamed into place whole)."""
+    return RUNS / f".{name}.runner.lock"
+
+
+def run_one(
+    cfg: Path, data: Path, threads: int | None = None, procs: int = 1, rerun: bool = False
+) -> None:
+    """Restore one experiment from the archive if the run root lacks it, train it to its end
+    (resuming it), then its follow-ups. Two `run`s side by side (one per core) share the queue:
+    an experiment another `run` holds (its flock, taken before anything is restored or
+    decided, released when that process ends however it ends) is skipped. ``threads``: the
+    trainer's threads instead of the config's; ``procs``: processes under torchrun (a resume
+    may change both); ``rerun``: train it again from step 0 even if it finished (the old run
+    folder removed first; `run` then writes no archive)."""
+    RUNS.mkdir(parents=True, exist_ok=True)
+    with open(runner_lock(cfg.stem), "a") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise SystemExit("skipped: another run is training it") from None
-        _run_one(cfg, out, data, threads, procs)
+        if not rerun:
+            for name in archive.restore(RUNS, [cfg.stem]):
+                print(f"{name}: restored from {_shown(archive.ARCHIVE)}", flush=True)
+        out = RUNS / cfg.stem
+        out.mkdir(parents=True, exist_ok=True)
+        _run_one(cfg, out, data, threads, procs, rerun)
 
 
-def _run_one(cfg: Path, out: Path, data: Path, threads: int | None, procs: int) -> None:
+def _shown(path: Path) -> Path:
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
+def _write_json(path: Path, value: dict) -> None:
+    """``path`` replaced whole (temp file + rename): never read back half-written."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(value))
+    os.replace(tmp, path)
+
+
+def _seconds_before(partial: Path) -> float:
+    try:
+        return float(json.loads(partial.read_text())["train_seconds"])
+    except (OSError, ValueError, KeyError, TypeError):  # none yet, or cut by a kill
+        return 0.0
+
+
+def _start_again(out: Path) -> None:
+    """--rerun: every file of the old run taken away (the trainer's own removal, under its
+    lock), so that a rerun killed half-way is never taken for the finished run."""
+    from attnconv.train.runfolder import RunFolderBusy, RunLock, remove_old_run
+
+    try:
+        lock = RunLock(out)
+    except RunFolderBusy:
+        raise SystemExit("skipped: another run is training it") from None
+    try:
+        remove_old_run(out)
+    finally:
+        lock.release()
+
+
+def _run_one(
+    cfg: Path, out: Path, data: Path, threads: int | None, procs: int, rerun: bool = False
+) -> None:
     log = out / "experiment.log"
-    done = out / "wall.json"
-    if not done.exists() and busy(out):
+    if rerun:
+        _start_again(out)
+    done = finished(out)
+    if not done and ((out / "wall.json").exists() or (out / archive.FINAL).is_dir()):
+        what = "its wall.json is damaged" if (out / "wall.json").exists() else "no wall.json"
+        raise SystemExit(
+            f"{out} holds a finished run's final weights or record but {what}: not trained "
+            f"again (`run --rerun {cfg.stem}` trains it from step 0)"
+        )
+    if not done and busy(out):
         raise SystemExit("skipped: another run is training it")
-    if not done.exists() and cfg.stem.endswith("_bf16"):  # a bf16 run trained in float32
+    if not done and cfg.stem.endswith("_bf16"):  # a bf16 run trained in float32
         import torch  # would be mislabelled: not on this CPU
 
         from attnconv.train.device import bf16_passed_over
@@ -163,28 +222,32 @@ def _run_one(cfg: Path, out: Path, data: Path, threads: int | None, procs: int) 
         passed_over = bf16_passed_over(torch.device("cpu"))
         if passed_over:
             raise SystemExit(f"skipped: bf16 autocast is passed over on this CPU ({passed_over})")
-    if not done.exists():
+    if not done:
         cmd = [*train_cli(procs), "train", cfg, "--out", out, "--set", f"data.dataset={data}"]
         if threads is not None:
             cmd += ["--set", f"train.threads={threads}"]
-        resumable = (out / "checkpoints" / "latest").exists()
-        cmd.append("--resume" if resumable else "--overwrite")  # no checkpoint: start over
+        # a run begun here (its config.yaml or a checkpoint) resumes: from its checkpoint, or
+        # from step 0 when killed before its first (the trainer says so); never --overwrite
+        begun = (out / "config.yaml").is_file() or (out / "checkpoints").is_dir()
+        if begun:
+            cmd.append("--resume")
         print(f"[{time.strftime('%H:%M:%S')}] train {cfg.stem}: {progress(cfg, out)}", flush=True)
         partial = out / "wall_partial.json"  # seconds of earlier sittings (their sh calls)
-        before = json.loads(partial.read_text())["train_seconds"] if partial.exists() else 0.0
+        before = _seconds_before(partial)
         t0 = time.time()
         try:
             keep = lambda: archive.save(RUNS, names=[cfg.stem])  # noqa: E731
-            sh(cmd, log, every=keep if ARCHIVE_WHILE_TRAINING else None)
+            sh(cmd, log, every=keep if ARCHIVE_WHILE_TRAINING and not rerun else None)
         finally:  # a sitting's time counts even when it is interrupted
-            partial.write_text(json.dumps({"train_seconds": before + time.time() - t0}))
-        done.write_text(partial.read_text())
+            total = before + time.time() - t0
+            _write_json(partial, {"train_seconds": total})
+        _write_json(out / "wall.json", {"train_seconds": total})  # the finish: written last
     analyzed = cfg.stem.startswith("table1_sa") and not cfg.stem.endswith("_bf16")
     if analyzed and not (out / "analysis" / "report.json").exists():
         if not (out / "checkpoints" / "latest").exists():  # finished before seeds were analyzed
             print(
                 f"[{time.strftime('%H:%M:%S')}] analyze {cfg.stem}: skipped, no checkpoint "
-                f"(delete {out} and its archived copy to train it again)",
+                f"(`run --rerun {cfg.stem}` trains it again)",
                 flush=True,
             )
             return
@@ -258,6 +321,14 @@ def main() -> None:
         default=1,
         help="processes per training, under torchrun (2 x 1 thread: both cores on "
         "one run; the same global batch)",
+    )
+    r.add_argument(
+        "--rerun",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="train NAME again from step 0 even if it finished, its old run folder removed "
+        "first (repeatable; only these run when no NAME is given; nothing is archived)",
     )
     r.set_defaults(fn=run)
     st = sub.add_parser("status", help="what is done and what is left, per experiment")

@@ -13,11 +13,11 @@ Of the checkpoints it keeps one:
   archive has none yet or when the run is a quarter of its steps (REPLACE_EVERY) past the
   archived one; in between the logs are updated and the archived checkpoint stays as it is (a
   resume from it drops the metrics rows past it);
-- a finished run (its folder has wall.json) keeps its final weights in ``final/``: the weight
-  file of the checkpoint ``checkpoints/latest`` names (else the last step folder) byte for byte,
-  with weights-only metadata (no optimizer nor training state, no machine's paths), a folder
-  ``attnconv.loading.load_model`` loads. A run root with no checkpoint left keeps the archived
-  ``final/``.
+- a finished run (a complete wall.json, ``experiments_runs.finished``) keeps its final weights in
+  ``final/``: the weight file of the checkpoint ``checkpoints/latest`` names (else the last step
+  folder) byte for byte, with weights-only metadata (no optimizer nor training state, no machine's
+  paths), a folder ``attnconv.loading.load_model`` loads. A run root with no checkpoint left keeps
+  the archived ``final/``.
 
 A finished run keeps too what the report reads (metrics, logged centres, analyses, wall time,
 config). ``restore`` copies an archived run back into a run root that lacks it (never over one
@@ -28,11 +28,13 @@ and `report` regenerates from the archive alone.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from attnconv.catalog import CIFAR_ZIP, WEIGHT_FILE, sha256_of
-from experiments_runs import ROOT
+from experiments_runs import ROOT, finished
 
 ARCHIVE = ROOT / "benchmarks" / "results" / "experiment_runs"
 SKIP = {"tb", ".lock", "init", "experiment.log", "checkpoints", "final"}  # rebuilt, large or ours
@@ -152,36 +154,55 @@ def _final(src: Path, dest: Path, tmp: Path, prefix: str) -> None:
             shutil.copytree(dest / FINAL, tmp / FINAL)
 
 
+def _swap(tmp: Path, dest: Path) -> None:
+    """``tmp`` in the place of ``dest``: the old copy renamed aside first (each rename atomic),
+    so that ``dest`` is never a half-written folder."""
+    old = tmp.with_name(tmp.name + ".old")
+    if dest.exists():
+        os.rename(dest, old)
+    os.rename(tmp, dest)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def save(
-    runs: Path, archive: Path = ARCHIVE, names: list[str] | None = None, base: Path = BASE
+    runs: Path, archive: Path | None = None, names: list[str] | None = None, base: Path = BASE
 ) -> list[str]:
     """Archive every run folder of ``runs`` (one with a config.yaml; all, or ``names``) into
-    ``archive``, replacing its earlier copy; returns the names saved. `run` calls it for the
-    run it trains every few minutes, so the working tree holds it even if nobody saves."""
+    ``archive`` (default ARCHIVE), replacing its earlier copy; returns the names saved. `run`
+    calls it for the run it trains every few minutes, so the working tree holds it even if
+    nobody saves. Each copy is made in a private temp folder and renamed into place."""
+    archive = ARCHIVE if archive is None else archive
     saved, prefix = [], str(base.resolve()).rstrip("/") + "/"
     for src in sorted(p for p in runs.iterdir() if (p / "config.yaml").is_file()):
         if names and src.name not in names:
             continue
-        dest, tmp = archive / src.name, archive / f".{src.name}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        finished = (src / "wall.json").exists()
+        archive.mkdir(parents=True, exist_ok=True)
+        dest = archive / src.name
+        private = Path(tempfile.mkdtemp(dir=archive, prefix=f".{src.name}.save."))
+        tmp = private / "run"
         try:
             for f in _files(src, src):
                 if f.parts[0] not in SKIP:
                     _copy(src / f, tmp / f, prefix)
-            (_final if finished else _resume)(src, dest, tmp, prefix)
+            (_final if finished(src) else _resume)(src, dest, tmp, prefix)
+            tmp.mkdir(exist_ok=True)
+            _swap(tmp, dest)
+            saved.append(src.name)
         except FileNotFoundError:  # a training pruned that checkpoint meanwhile: keep the last
-            shutil.rmtree(tmp, ignore_errors=True)
             continue
-        shutil.rmtree(dest, ignore_errors=True)
-        tmp.rename(dest)
-        saved.append(src.name)
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
     return saved
 
 
-def restore(runs: Path, names: list[str] | None = None, archive: Path = ARCHIVE) -> list[str]:
+def restore(runs: Path, names: list[str] | None = None, archive: Path | None = None) -> list[str]:
     """Copy each archived run (all, or ``names``) that ``runs`` lacks into it (its ``final/``
-    too); returns the names restored. A run folder already in ``runs`` is never touched."""
+    too); returns the names restored. A run folder already in ``runs`` is never touched: each
+    copy is made in a private temp folder of ``runs`` (tempfile.mkdtemp) and renamed into place
+    in one step, so a run folder is either absent or whole, whoever restores beside it; one
+    that appeared meanwhile (a second restore got there first) is left as it is and the copy
+    dropped."""
+    archive = ARCHIVE if archive is None else archive
     if not archive.is_dir():
         return []
     restored = []
@@ -189,9 +210,21 @@ def restore(runs: Path, names: list[str] | None = None, archive: Path = ARCHIVE)
         if (names and src.name not in names) or (runs / src.name).exists():
             continue
         runs.mkdir(parents=True, exist_ok=True)
-        tmp = runs / f".{src.name}.restore.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(src, tmp)
-        tmp.rename(runs / src.name)
-        restored.append(src.name)
+        private = Path(tempfile.mkdtemp(dir=runs, prefix=f".{src.name}.restore."))
+        try:
+            shutil.copytree(src, private / src.name)
+            try:
+                os.rename(private / src.name, runs / src.name)  # fails on a non-empty folder
+            except OSError:
+                if not (runs / src.name).exists():
+                    raise
+                continue  # restored meanwhile: that copy stays
+            restored.append(src.name)
+        except (OSError, shutil.Error) as e:
+            raise SystemExit(
+                f"{src.name}: restoring it from {src} failed ({type(e).__name__}: "
+                f"{str(e).splitlines()[0][:200] if str(e) else ''}); nothing was changed"
+            ) from None
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
     return restored

@@ -40,11 +40,24 @@ def total_steps(cfg: Path, t=None, n_train: int = 50_000) -> int:
     return t.epochs * (min(per_pass, t.steps_per_epoch) if t.steps_per_epoch else per_pass)
 
 
+def finished(run: Path) -> bool:
+    """Whether ``run`` is a finished run: its wall.json (written last, atomically, by the runner)
+    reads back as complete JSON with its training seconds. An empty or cut file (a copy or a
+    write killed half-way) is not a finish."""
+    try:
+        wall = json.loads((run / "wall.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(wall, dict) and isinstance(wall.get("train_seconds"), (int, float))
+
+
 def progress(cfg: Path, out: Path) -> str:
     """'done', 'not started', or 'step S of N (P%), ~H h left at R img/s' from the run folder's
     metrics.csv (the steps a resume restarts from are those of its last checkpoint)."""
-    if (out / "wall.json").exists():
+    if finished(out):
         return "done"
+    if (out / "wall.json").exists():  # never taken for a finish, nor trained again by `run`
+        return "wall.json damaged (not a finished run; `run --rerun NAME` trains it again)"
     rows = list(csv.DictReader(open(out / "metrics.csv"))) if (out / "metrics.csv").exists() else []
     train = [r for r in rows if r["kind"] == "train"]
     if not train:
@@ -83,7 +96,7 @@ def n_params(run: Path) -> int:
 def run_cells(run: Path) -> tuple[str, float | None]:
     """The table cells 'test acc. | params | train images/s | train wall' of a run folder, and
     its test accuracy (None, with empty cells, for a run not finished)."""
-    if not (run / "wall.json").exists():
+    if not finished(run):
         return "not run | | |", None
     m, wall = read_metrics(run), json.loads((run / "wall.json").read_text())
     cells = (

@@ -52,12 +52,10 @@ def ship_one(name: str, texts: dict, runs: Path, data: Path) -> dict:
     from attnconv.loading.checkpoint import META, find_checkpoint, load_model, read_meta
 
     run = runs / texts["run"]
-    if not (run / "wall.json").is_file():
-        raise SystemExit(f"{name}: run {run} is not finished (no wall.json)")
     final = run / "final"  # a run restored from the archive keeps only its final weights
     has_steps = (run / "checkpoints").is_dir()
     src, meta = read_meta(final if not has_steps and final.is_dir() else find_checkpoint(run))
-    total = meta["state"].get("total_steps")
+    total = meta["state"].get("total_steps")  # None: a finished run's final/ (its last step)
     if total is not None and meta["state"]["step"] != total:
         raise SystemExit(f"{name}: {src} is step {meta['state']['step']}, not the last ({total})")
     dest = WEIGHTS / name

@@ -12,3 +12,25 @@ def memory_bytes() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return 1 << 40
+
+
+def check_attention_maps(
+    shapes: list[tuple[int, ...]], element_size: int, what: str, limit: int | None = None
+) -> int:
+    """The bytes ``return_attention`` would hold: every layer's map (``shapes``, one per
+    layer, e.g. (B, heads, T, T)) kept, plus one more layer's being computed; a one-line
+    ValueError (as the training size check), before any of it is computed, past ``limit`` (half
+    the machine's memory)."""
+    import math
+
+    per_layer = [math.prod(s) * element_size for s in shapes]
+    need = sum(per_layer) + max(per_layer, default=0)
+    bound = memory_bytes() // 2 if limit is None else limit
+    if need > bound:
+        first = "x".join(map(str, shapes[0]))
+        raise ValueError(
+            f"{what}: return_attention needs at least {need / 2**30:.1f} GiB for its attention "
+            f"maps ({len(shapes)} layers of {first}), more than half this machine's memory "
+            f"({bound / 2**30:.1f} GiB); use smaller images or fewer at a time"
+        )
+    return need

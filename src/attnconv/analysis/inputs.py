@@ -23,8 +23,12 @@ ATTENTION = (MultiHeadSelfAttention2d, LocalSelfAttention2d, AttentionStem2d, Mu
 def load_checkpoint_model(path: str | Path) -> tuple[nn.Module, dict]:
     """(model in eval mode, checkpoint metadata) via the safetensors checkpoint loader."""
     from attnconv.loading import load_model
+    from attnconv.loading.weights_check import as_float32
 
-    model, info = load_model(path)
+    model, info = load_model(path)  # non-finite weights refused there
+    model, note = as_float32(model, info.get("path", str(path)))  # float32 images are fed
+    if note:
+        logging.getLogger(__name__).warning(note)
     return model.eval(), info
 
 
@@ -161,9 +165,13 @@ def load_pretrained_for_analysis(
     Hugging Face or attnconv): test images (default: the embedded sample) resized to the
     model's input size, the weights' normalization."""
     from attnconv.loading import create_model
+    from attnconv.loading.weights_check import as_float32
     from attnconv.train.device import resolve_device
 
-    model = create_model(model_name, checkpoint=checkpoint).eval().to(resolve_device(device))
+    model, note = as_float32(create_model(model_name, checkpoint=checkpoint), str(checkpoint))
+    if note:
+        logging.getLogger(__name__).warning(note)
+    model = model.eval().to(resolve_device(device))
     info = {"model": model_name, "path": str(checkpoint)}
     images, labels = test_images(data or "sample", n, split=split)
     size = getattr(getattr(model, "cfg", None), "img_size", None)

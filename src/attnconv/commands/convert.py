@@ -78,6 +78,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _load(source: str, checkpoint: str | None = None):
+    """(model in float32, info, its name for the report); a float64 / float16 checkpoint is
+    cast, said in one line; non-finite weights are refused by the loaders."""
+    from attnconv.loading.weights_check import as_float32
+
+    model, info, name = _load_as_stored(source, checkpoint)
+    model, note = as_float32(model, name)
+    if note:
+        print(f"convert: {note}")
+    return model, info, name
+
+
+def _load_as_stored(source: str, checkpoint: str | None = None):
     import torch
 
     from attnconv.loading import create_model, load_model, model_kwargs

@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.data import CIFAR10_MEAN, CIFAR10_STD, Loader, load_dataset
     from attnconv.data.datasets import stored_or_sample
     from attnconv.loading import load_model
+    from attnconv.loading.weights_check import as_float32
     from attnconv.train.device import flush_as_trained, resolve_device
     from attnconv.train.distributed import DistInfo
     from attnconv.train.evaluation import evaluate
@@ -53,18 +54,10 @@ def run(args: argparse.Namespace) -> int:
     check_output_file("--json", args.json)  # before any work
     device = resolve_device(args.device)
     log.info(f"eval: loading {args.checkpoint}")
-    model, info = load_model(args.checkpoint)
-    bad = [
-        n
-        for n, t in model.state_dict().items()
-        if t.is_floating_point() and not bool(torch.isfinite(t).all())
-    ]
-    if bad:  # its "accuracy" would be a constant prediction's
-        raise ValueError(
-            f"{info['path']}: the checkpoint holds non-finite weights "
-            f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): nothing to "
-            "evaluate; use an earlier checkpoint"
-        )
+    model, info = load_model(args.checkpoint)  # non-finite weights refused there
+    model, note = as_float32(model, info["path"])  # a float64 / float16 checkpoint runs
+    if note:
+        print(f"eval: {note}")
     cfg_data = (info.get("config") or {}).get("data", {})
     # a converted model stores the data `attnconv convert` checked it on in info["data"]
     spec = args.data or cfg_data.get("dataset") or (info.get("data") or {}).get("dataset")

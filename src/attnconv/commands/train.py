@@ -5,6 +5,7 @@ RECIPE is a shipped recipe's name (``attnconv train --list``) or a YAML file."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -44,6 +45,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="continue exactly from the run folder's latest checkpoint",
     )
     p.add_argument(
+        "--resume-from-intact",
+        action="store_true",
+        help="--resume from the newest intact checkpoint when the latest is damaged (the "
+        "damaged ones are kept aside as checkpoints/damaged-step-N)",
+    )
+    p.add_argument(
         "--overwrite",
         action="store_true",
         help="replace a run already in the run folder (refused otherwise)",
@@ -61,6 +68,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _holds_run(out: Path) -> bool:
     """A run was saved in ``out`` (a checkpoint or logged metrics), not only a config file."""
     return any((out / "checkpoints").glob("step-*")) or (out / "metrics.csv").is_file()
+
+
+def _to_intact(out: Path) -> None:
+    """--resume-from-intact: ``latest`` pointed at the newest intact checkpoint (under the run
+    folder's lock; said in one line), before the trainer reads it."""
+    from attnconv.train.intact import resume_from_intact
+    from attnconv.train.runfolder import RunLock
+
+    if int(os.environ.get("RANK", "0")) != 0 or not (out / "checkpoints").is_dir():
+        return  # rank 0 repairs; no checkpoints: --resume says so
+    lock = RunLock(out)
+    try:
+        line = resume_from_intact(out / "checkpoints")
+    finally:
+        lock.release()
+    if line:
+        print(f"attnconv train: {line}", flush=True)
 
 
 def print_recipes() -> None:
@@ -86,7 +110,9 @@ def run(args: argparse.Namespace) -> int:
     if args.data and "/" in args.data and not Path(args.data).expanduser().exists():
         raise FileNotFoundError(f"--data {args.data}: no such file or folder")
 
+    from attnconv.loading.checkpoint import CheckpointError
     from attnconv.train.config import load_config
+    from attnconv.train.intact import hint
     from attnconv.train.run import train
     from attnconv.train.stopping import Interrupted, NonFiniteLoss
 
@@ -113,22 +139,32 @@ def run(args: argparse.Namespace) -> int:
             "config): training would replace your file; keep it outside the run folder or "
             "train into another folder (--out)"
         )
+    if args.resume_from_intact:
+        _to_intact(out)
     try:
         last = train(
             cfg,
-            resume=args.resume,
+            resume=args.resume or args.resume_from_intact,
             stop_at_step=args.stop_at_step,
             overwrite=args.overwrite,
             device=args.device,
         )
     except Interrupted as e:
         return 128 + e.signum if e.signum else 0
+    except CheckpointError as e:
+        more = hint(out / "checkpoints") if args.resume and not args.resume_from_intact else ""
+        if more:
+            raise CheckpointError(f"{e}{more}") from None
+        raise
     except NonFiniteLoss as e:
         print(f"attnconv train: error: {e}", file=sys.stderr)
         return 3
-    import os
-
     if int(os.environ.get("RANK", "0")) == 0:
-        acc = f"; eval accuracy {100 * last['eval_acc']:.2f}%" if last else ""
+        acc = (
+            f"; eval accuracy {100 * last['eval_acc']:.2f}% on {last['eval_images']:,} "
+            f"{cfg.data.eval_split} images"
+            if last
+            else ""
+        )
         print(f"run folder: {cfg.out_dir}{acc}")
     return 0

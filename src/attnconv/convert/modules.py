@@ -105,7 +105,7 @@ class ConvAttention(NotScriptable, ConvAttributes, nn.Module):
             self.hard and shift,
             self.attention.backend,
             return_attention,
-            torch.compiler.is_exporting(),
+            plan.tracing(),  # an export or torch.compile: the attention path traces
         )
         if plan.choose(case, plan.CONVERTED_TABLE) != "attention":  # the hard heads' shift
             return self._forward_shift(x, h, w)

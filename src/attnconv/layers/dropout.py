@@ -19,13 +19,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .functional import drop_threshold, dropout_seed, dropped_elements
+from .first_order import compiling
+from .functional import drop_threshold, dropout_seed, dropped_elements, seed_tensor
 from .kernels import fused, plan
 
 __all__ = ["HashDropout", "hash_dropout", "hash_dropout_reference"]
 
 
-def hash_dropout_reference(x: torch.Tensor, p: float, seed: int, offset: int = 0) -> torch.Tensor:
+def hash_dropout_reference(x: torch.Tensor, p: float, seed, offset: int = 0) -> torch.Tensor:
     """The plain equations: x o keep / (1 - p), keep = not ``dropped_elements`` (counters from
     ``offset``), computed in the opmath type (float32 for bfloat16 / float16 inputs) and rounded
     once, as the kernel does."""
@@ -69,6 +70,11 @@ def _dropout(x: torch.Tensor, p: float, training: bool, seed: int | None, offset
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
     if not training or p == 0.0:
         return x
+    if compiling():  # a seed tensor of the graph; the kernel as one custom op (kernels/ops.py)
+        seed = seed_tensor(seed)
+        if kernel == "fused":
+            return torch.ops.attnconv.hash_dropout(x, p, seed, offset)
+        return hash_dropout_reference(x, p, seed, offset)
     seed = dropout_seed() if seed is None else seed
     if kernel == "fused":
         return _HashDropout.apply(x, p, seed, offset)

@@ -54,6 +54,13 @@ def transforms_active() -> bool:
     return bool(active and active()) or dual_level >= 0
 
 
+def compiling() -> bool:
+    """``torch.compile`` traces this call (not ``torch.export``): the kernels then run as the
+    custom ops of kernels/ops.py, which Dynamo and AOTAutograd trace through (an export keeps
+    the plain torch paths it always took)."""
+    return torch.compiler.is_compiling() and not torch.compiler.is_exporting()
+
+
 def first_order_only(what: str, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """``xs`` unchanged (views); a double backward through them raises HigherOrderGradError.
     A no-op when no gradient is recorded (inference, export, compile)."""

@@ -18,7 +18,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .first_order import first_order_only, transforms_active
+from .first_order import compiling, first_order_only, transforms_active
 from .precision import softmax_f32
 
 IMPLS = ("auto", "reference")
@@ -127,6 +127,15 @@ def dropout_seed() -> int:
     )
 
 
+def seed_tensor(seed: int | torch.Tensor | None = None) -> torch.Tensor:
+    """The seed as a 0-dim int64 tensor (None: ``dropout_seed``'s draw, the same call on the
+    default generator): what a compiled graph hands the custom ops of kernels/ops.py, where
+    ``int()`` of a draw would break the graph (Tensor.item)."""
+    if seed is None:
+        return torch.randint(0, 1 << 32, (), dtype=torch.int64)
+    return seed if isinstance(seed, torch.Tensor) else torch.tensor(seed, dtype=torch.int64)
+
+
 def drop_threshold(p: float) -> int:
     """A link is dropped when its 32-bit hash is below this: probability p (to 2^-32)."""
     return min(int(p * 4294967296.0), _M32)
@@ -140,11 +149,15 @@ def _row_key(n: torch.Tensor, seed: int) -> torch.Tensor:
     return _h32(_h32(n).bitwise_xor_(hi))
 
 
-def dropped_elements(n: int, p: float, device, seed: int, offset: int = 0) -> torch.Tensor:
+def dropped_elements(n: int, p: float, device, seed, offset: int = 0) -> torch.Tensor:
     """The elements hidden dropout (dropout.py) removes from a tensor of n elements, each with
     probability p independently: bool (n,), element i (row-major) dropped when key(offset + i)
     < p 2^32, the counter hash of ``dropped_links``' rows; the fused kernel (kernels/dropout.cpp)
-    redraws it in forward and backward without storing it."""
+    redraws it in forward and backward without storing it. Compiled: one custom op (the hash's
+    int64 passes stay out of Inductor's code)."""
+    if compiling():
+        return torch.ops.attnconv.dropped_elements(seed_tensor(seed), n, p, offset, device)
+    seed = int(seed)
     out = torch.empty(n, dtype=torch.bool, device=device)
     step, threshold = 1 << 16, drop_threshold(p)  # a chunk's hashes stay in cache
     for i in range(0, n, step):
@@ -154,7 +167,7 @@ def dropped_elements(n: int, p: float, device, seed: int, offset: int = 0) -> to
 
 
 def dropped_links(
-    nh: int, t: int, batch: int | None, p: float, device, seed: int | None = None
+    nh: int, t: int, batch: int | None, p: float, device, seed: int | torch.Tensor | None = None
 ) -> torch.Tensor:
     """The links attention dropout removes, each with probability p independently (as
     ``nn.Dropout`` draws them): bool (Nh, T, T) shared by the batch (``batch=None``, the
@@ -162,8 +175,13 @@ def dropped_links(
     share its mask with another draws it here, so that they agree under one seed. Link (row,
     key j) of row = (b Nh + h) T + i is dropped when h32(key(row) ^ j) < p 2^32 with
     key(row) = h32(h32(row mod 2^32 ^ seed) ^ row >> 32), a counter hash of one ``seed`` drawn
-    from the default generator: the fused kernel (kernels/fused.py) redraws it without storing."""
-    seed = dropout_seed() if seed is None else seed
+    from the default generator: the fused kernel (kernels/fused.py) redraws it without storing.
+    Compiled: one custom op of kernels/ops.py (seed: a 0-dim tensor there)."""
+    if compiling():
+        b, per_image = (0, False) if batch is None else (batch, True)
+        ops = torch.ops.attnconv
+        return ops.dropped_links(seed_tensor(seed), nh, t, b, per_image, p, device)
+    seed = dropout_seed() if seed is None else int(seed)
     n = (batch or 1) * nh * t
     key = _row_key(torch.arange(n, device=device, dtype=torch.int64)[:, None], seed)  # (rows, 1)
     cols = torch.arange(t, device=device, dtype=torch.int64)

@@ -198,6 +198,7 @@ class LocalSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
             dtype,
             t,
             plan.transforms_active(),
+            plan.compiling(),
         )
         return (plan.explain if why else plan.choose)(case, plan.LOCAL_TABLE)
 

@@ -145,6 +145,7 @@ class AttentionStem2d(NotScriptable, BackendKnob, nn.Module):
             return_attention,
             plan.tracing(),
             transformed=plan.transforms_active(),
+            compiled=plan.compiling(),
         )
         kernel = plan.choose(case, plan.LOCAL_TABLE)
         return "window" if kernel == "flex" else kernel

@@ -34,6 +34,7 @@ from attnconv.models.budget import construction_budget
 from attnconv.models.vit import VisionTransformer
 
 from .checkpoint_meta import META_HASH, MetaError, check_meta, meta_digest, parse_meta, tensor_index
+from .weights_check import check_finite
 
 FORMAT = "attnconv-checkpoint"
 VERSION = 1
@@ -392,6 +393,7 @@ def load_model(
         weights = upgrade_state_dict(weights)  # quadratic alpha -> spread (older checkpoints)
     except ValueError as e:
         raise CheckpointError(f"{where}: {e}") from None
+    check_finite(weights, where, CheckpointError)  # what every command loads is finite
     dtype = stored_dtype(weights)
     _check_size(meta, overrides, weights, dtype)  # on the meta device, before allocating
     model = _build(meta, overrides, False, dtype=dtype)

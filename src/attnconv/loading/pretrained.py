@@ -30,6 +30,7 @@ from attnconv.warn import warn
 from . import hf_format, timm_format
 from .checkpoint import load_model
 from .source import Source, WeightsError, read_tensors
+from .weights_check import check_finite
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # in a Hugging Face / timm hub folder
 
@@ -169,6 +170,7 @@ def load_pretrained(name: str, checkpoint: str | Path, **overrides) -> nn.Module
     fresh = {k: own[k] for k in own if k.startswith(heads) and k not in src.state}
     src.state = {**src.state, **fresh}
     _check_fit(model, src, name)
+    check_finite(src.state, str(src.path))  # as every loader: no NaN weights run
     model.load_state_dict(src.state, strict=True)
     if notes:
         warn(f"{src.path}: {'; '.join(notes)}")

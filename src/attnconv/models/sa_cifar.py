@@ -35,6 +35,7 @@ from ..layers.attention_map import AttentionMap
 from ..layers.dropout import HashDropout
 from ..layers.functional import check_impl
 from ..layers.mhsa2d import MultiHeadSelfAttention2d
+from ..memory import check_attention_maps
 from ._common import build_config, check_images
 from .registry import register_model
 
@@ -193,6 +194,13 @@ class SelfAttentionCifar(nn.Module):
 
     def forward_features(self, x: torch.Tensor, return_attention: bool = False):
         self._check(x)
+        if return_attention:  # the maps' size refused before any of them is computed
+            t = (x.shape[2] // self.cfg.downsample) * (x.shape[3] // self.cfg.downsample)
+            b = x.shape[0] if self.cfg.content else 1  # position only: one map for every image
+            shape = (b, self.cfg.num_heads, t, t)
+            size = x.element_size() if x.is_floating_point() else 4
+            where = f"sa_cifar on {x.shape[0]} image(s) of {x.shape[2]}x{x.shape[3]}"
+            check_attention_maps([shape] * len(self.layers), size, where)
         x = F.pixel_unshuffle(x, self.cfg.downsample)  # (B, 3*ds*ds, H/ds, W/ds)
         x = self.embed(x.permute(2, 3, 0, 1))  # (h, w, B, D)
         attns = []

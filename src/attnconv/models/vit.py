@@ -34,6 +34,7 @@ from ..layers.encodings.sinusoidal import sinusoid_2d
 from ..layers.feedforward import FeedForward
 from ..layers.functional import check_impl
 from ..layers.mha import MultiHeadAttention
+from ..memory import check_attention_maps
 from ._common import check_images
 
 __all__ = [
@@ -284,6 +285,12 @@ class VisionTransformer(nn.Module):
     def forward_features(self, x: torch.Tensor, return_attention: bool = False):
         check_images(x, self.cfg.in_chans, "vit", self)
         grid = self._grid_of(x.shape[2], x.shape[3])
+        if return_attention:  # the maps' size refused before any of them is computed
+            t = self.num_prefix_tokens + grid[0] * grid[1]
+            shape = (x.shape[0], self.cfg.num_heads, t, t)
+            size = x.element_size() if x.is_floating_point() else 4
+            where = f"vit on {x.shape[0]} image(s) of {x.shape[2]}x{x.shape[3]}"
+            check_attention_maps([shape] * len(self.blocks), size, where)
         x = self.patch_embed(x).flatten(2).transpose(1, 2)  # (B, N, D), row-major patches
         tokens = [t for t in (self.cls_token, self.dist_token) if t is not None]
         prefix = [t.expand(x.shape[0], -1, -1) for t in tokens]  # (B, 1, D) each

@@ -123,9 +123,14 @@ def clean_temps(out: Path) -> None:
 
 
 OVERWRITE = ".overwrite.tmp"  # the old run's files on their way out (see remove_old_run)
-# what a run, its demo figures and its analysis write into the folder; weights first
+# what a run, its demo figures, its analyses, an `attnconv eval --json` / `convert --json` record
+# and the experiments runner (benchmarks/experiments.py: its log, its clock, the step-0 control
+# and its analysis, an archived run's final weights) write into the folder; weights first. A
+# file no command writes there (the user's) is left alone: a run folder may be any folder.
 OLD_RUN_FILES = (
     "checkpoints",
+    "final",
+    "init",
     "config.yaml",
     "metrics.csv",
     "centers.jsonl",
@@ -133,6 +138,12 @@ OLD_RUN_FILES = (
     "tb",
     "figures",
     "analysis",
+    "analysis_init",
+    "eval.json",
+    "convert.json",
+    "wall.json",
+    "wall_partial.json",
+    "experiment.log",
 )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from . import content, position
+from . import content, ops, position
 from .plan import Case, choose
 
 
@@ -37,4 +37,4 @@ KERNELS = {
     "fold": Kernel(content.fold, content.content_probs),
 }
 
-__all__ = ["Case", "KERNELS", "Kernel", "choose"]
+__all__ = ["Case", "KERNELS", "Kernel", "choose", "ops"]  # ops: the custom ops (torch.compile)

@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 from torch.autograd.function import once_differentiable
 
-from ..first_order import first_order_only
-from ..functional import drop_threshold, dropout_seed, dropped_links
+from ..first_order import compiling, first_order_only
+from ..functional import drop_threshold, dropout_seed, dropped_links, seed_tensor
 from ..precision import (
     backward_without_autocast,
     kernel_dtype,
@@ -74,6 +74,9 @@ def extension():
     return build.load(EXTENSION)
 
 
+# a compiler calls it once while tracing and keeps the answer: Dynamo never reads the build
+# cache, the CPU's flags or the environment inside a forward
+@torch.compiler.assume_constant_result
 def available() -> bool:
     return extension() is not None
 
@@ -127,7 +130,10 @@ def axis_attention_fused(
         raise ValueError(f"q_axis {tuple(q_axis.shape)} must be (B, Nh, T={h * w}, H+W={h + w})")
     if not available():
         raise RuntimeError(f"attnconv: the fused kernel is not built ({DISABLE}=1 or no compiler)")
-    seed = (dropout_seed() if p > 0 else 0) if seed is None else seed
+    if compiling():  # the seed a tensor of the graph (no .item())
+        seed = seed_tensor(seed if p > 0 or seed is not None else 0)
+    else:
+        seed = (dropout_seed() if p > 0 else 0) if seed is None else seed
     dt = kernel_dtype(q.dtype)
     ops = operand_dtype(q.dtype)  # the products' operands
     q, k = q.to(ops), k.to(ops)
@@ -135,7 +141,10 @@ def axis_attention_fused(
     q_axis = q_axis.to(dt).expand(b, nh, t, h + w).contiguous()
     q, k, v, q_axis = first_order_only("the fused axis attention (impl='auto')", q, k, v, q_axis)
     with no_autocast(q.device.type):
-        return _FusedAxis.apply(q, k, v, q_axis, h, w, scale, p, seed, per_image)
+        args = (q, k, v, q_axis, h, w, scale, p, seed, per_image)
+        if compiling():  # the same kernel as one custom op (kernels/ops.py)
+            return torch.ops.attnconv.fused_axis(*args)[0]
+        return _FusedAxis.apply(*args)
 
 
 def axis_attention_reference(

@@ -47,6 +47,7 @@ from typing import NamedTuple
 import torch
 
 from ...warn import warn
+from .. import first_order
 from ..encodings.terms import AxisTerm, GaussianTerm, ShiftTerm, Term
 from ..first_order import transforms_active
 from ..precision import autocast_dtype
@@ -78,8 +79,8 @@ FOLD_CUDA_FP32_MAX_T = 32 * 32
 class Case(NamedTuple):
     """What the choice reads: the term, the layer's backend override, the device, whether
     gradients reach the layer (``grad``) or the encoding's parameters (``pos_grad``), attention
-    dropout, the number of pixels, and whether a compiler is tracing (no blocked Gaussian loop,
-    no C++ extension then)."""
+    dropout, the number of pixels, and whether a compiler is tracing (no blocked Gaussian loop;
+    the C++ extension only for torch.compile, ``compiled``, as the custom ops of ops.py)."""
 
     term: Term
     content: bool = True
@@ -92,6 +93,7 @@ class Case(NamedTuple):
     tracing: bool = False
     dtype: torch.dtype | None = None  # what q, k, v compute in (autocast's)
     transformed: bool = False  # inside a torch.func transform
+    compiled: bool = False  # torch.compile traces (not an export): the custom ops run
 
     @property
     def position_only(self) -> bool:
@@ -141,7 +143,7 @@ def _fused_wins(c: Case) -> bool:
     bias applies (layers_ab.py --inference, benchmarks/results/fused_inference.md: faster than
     the blocked kernel on sa_learned_content's forward; the shared bias measured faster with
     quadratic logits)."""
-    if c.tracing:  # a compiler cannot trace into the extension (an opaque C++ call)
+    if c.tracing and not c.compiled:  # an export cannot trace into the extension (C++)
         return False
     if c.backend == "fused" or c.p_drop > 0:
         return True
@@ -305,6 +307,9 @@ def tracing() -> bool:
     return torch.compiler.is_compiling() or torch.compiler.is_exporting()
 
 
+compiling = first_order.compiling  # torch.compile, not an export: the custom ops of ops.py
+
+
 def for_layer(
     layer, x: torch.Tensor, term: Term, p_drop: float, device: str | None = None, why: bool = False
 ) -> str:
@@ -331,6 +336,7 @@ def for_layer(
         traced,
         autocast_dtype(device, x.dtype),
         transforms_active(),
+        compiling(),
     )
     table = TRANSFORM_TABLE if case.transformed else TABLE
     return explain(case, table) if why else choose(case, table)

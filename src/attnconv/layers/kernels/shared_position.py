@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..first_order import MESSAGE, HigherOrderGradError
+from ..first_order import MESSAGE, HigherOrderGradError, compiling
 from ..functional import dropped_links
 from ..precision import autocast_dtype, no_autocast
 
@@ -106,6 +106,11 @@ def position_attention(
     if drop is None:
         y = separable_tokens(r, c, x.reshape(g, h, w, b * ch))  # (Nh, H, W, B*C)
         return y.view(nh, h, w, b, ch)
+    if compiling():  # the sparse term's links are data-dependent: each image's P o keep, dense
+        p = (r[:, :, None, :, None] * c[:, None, :, None, :]).reshape(nh, t, t)
+        p = p.masked_fill(drop, 0.0)  # (B, Nh, T, T)
+        xs = x.reshape(g, t, b, ch).permute(2, 0, 1, 3)  # (B, Nh|1, T, C)
+        return torch.matmul(p, xs).permute(1, 2, 0, 3).reshape(nh, h, w, b, ch)
     return separable_minus_dropped(r, c, x, drop)
 
 
@@ -191,6 +196,69 @@ def image_blocks(x: torch.Tensor) -> list[tuple[int, int]]:
     return [(i, min(b, i + n)) for i in range(0, b, n)]
 
 
+def head_sum_forward(r, c, x, weight, bias):
+    """``_SeparableHeadSum``'s forward (no autograd): shapes as ``separable_head_sum``."""
+    nh, h, w = r.shape[0], r.shape[1], c.shape[1]
+    g, b, d = x.shape[0], x.shape[3], x.shape[4]
+    ws = weight.view(weight.shape[0], nh, d)
+    blocks = image_blocks(x)
+    y = x.new_empty(h, w, b, weight.shape[0]) if len(blocks) > 1 else None
+    for i0, i1 in blocks:
+        xb = x[:, :, :, i0:i1].contiguous()  # (Nh|1, H, W, Bb, D), x itself if one block
+        n = (i1 - i0) * d
+        yb = None
+        for k in range(nh):
+            xk = xb[k if g > 1 else 0].view(h, w * n)
+            x2 = torch.bmm(c[k].expand(h, w, w), (r[k] @ xk).view(h, w, n))  # C_h R_h x_h
+            x2 = x2.view(-1, d)
+            if yb is None:
+                yb = x2 @ ws[:, k].t() if bias is None else torch.addmm(bias, x2, ws[:, k].t())
+            else:
+                yb.addmm_(x2, ws[:, k].t())  # accumulates in the GEMM (beta = 1)
+        if y is None:
+            y = yb
+        else:
+            y[:, :, i0:i1] = yb.view(h, w, i1 - i0, -1)
+    return y.view(h * w * b, -1)
+
+
+def head_sum_backward(gy, r, c, x, weight):
+    """``_SeparableHeadSum``'s gradients of r, c, x and weight (first order; the bias's is
+    gy.sum(0)), each head's row and column products recomputed."""
+    nh, h, w = r.shape[0], r.shape[1], c.shape[1]
+    g, b, d = x.shape[0], x.shape[3], x.shape[4]
+    dout = weight.shape[0]
+    ws = weight.view(dout, nh, d)
+    acc = torch.promote_types(x.dtype, torch.float32)  # dR_h, dC_h: sums over the images
+    gr = torch.zeros(r.shape, dtype=acc, device=r.device)
+    gc = torch.zeros(c.shape, dtype=acc, device=c.device)
+    gw = torch.empty(nh, dout, d, dtype=weight.dtype, device=weight.device)
+    gx = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # (shared values: summed)
+    gy4, blocks = gy.view(h, w, b, dout), image_blocks(x)
+    for i0, i1 in blocks:
+        xb = x[:, :, :, i0:i1].contiguous()
+        gyb = gy4[:, :, i0:i1].reshape(-1, dout)  # (H*W*Bb, Dout)
+        gxb = gx if len(blocks) == 1 else torch.empty_like(xb)
+        n, beta = (i1 - i0) * d, 1.0 if i0 > 0 else 0.0  # the first block overwrites dW
+        for k in range(nh):
+            xk = xb[k if g > 1 else 0].view(h, w * n)
+            x1 = (r[k] @ xk).view(h, w, n)  # recomputed: R_h x_h
+            x2 = torch.bmm(c[k].expand(h, w, w), x1)  # C_h R_h x_h (H, W, N)
+            gw[k].addmm_(gyb.t(), x2.view(-1, d), beta=beta)  # dW_h = dy^T y_h
+            g2 = (gyb @ ws[:, k]).view(h, w, n)  # d(C_h R_h x_h)
+            gc[k] += torch.bmm(g2, x1.transpose(1, 2)).sum(0, dtype=acc)
+            g1 = torch.bmm(c[k].t().expand(h, w, w), g2).view(h, w * n)  # d(R_h x_h)
+            gr[k] += g1 @ xk.t()
+            if g > 1 or k == 0:
+                torch.mm(r[k].t(), g1, out=gxb[k].view(h, w * n))
+            else:  # the heads' sum accumulates in the GEMM (beta = 1), as the forward's
+                gxb[0].view(h, w * n).addmm_(r[k].t(), g1)
+        if gxb is not gx:
+            gx[:, :, :, i0:i1] = gxb
+    gw = gw.permute(1, 0, 2).reshape(weight.shape)
+    return gr.to(r.dtype), gc.to(c.dtype), gx, gw
+
+
 class _SeparableHeadSum(torch.autograd.Function):
     """y = sum_h (R_h (x) C_h) x_h W_h^T + b one image block and one head at a time (eq. 9
     factorized, eq. 1's concat_h and Wout never built): a head's row and column products
@@ -204,30 +272,9 @@ class _SeparableHeadSum(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, r, c, x, weight, bias):
-        nh, h, w = r.shape[0], r.shape[1], c.shape[1]
-        g, b, d = x.shape[0], x.shape[3], x.shape[4]
-        ws = weight.view(weight.shape[0], nh, d)
-        blocks = image_blocks(x)
-        y = x.new_empty(h, w, b, weight.shape[0]) if len(blocks) > 1 else None
-        for i0, i1 in blocks:
-            xb = x[:, :, :, i0:i1].contiguous()  # (Nh|1, H, W, Bb, D), x itself if one block
-            n = (i1 - i0) * d
-            yb = None
-            for k in range(nh):
-                xk = xb[k if g > 1 else 0].view(h, w * n)
-                x2 = torch.bmm(c[k].expand(h, w, w), (r[k] @ xk).view(h, w, n))  # C_h R_h x_h
-                x2 = x2.view(-1, d)
-                if yb is None:
-                    yb = x2 @ ws[:, k].t() if bias is None else torch.addmm(bias, x2, ws[:, k].t())
-                else:
-                    yb.addmm_(x2, ws[:, k].t())  # accumulates in the GEMM (beta = 1)
-            if y is None:
-                y = yb
-            else:
-                y[:, :, i0:i1] = yb.view(h, w, i1 - i0, -1)
         ctx.save_for_backward(r, c, x, weight)
         ctx.has_bias = bias is not None
-        return y.view(h * w * b, -1)
+        return head_sum_forward(r, c, x, weight, bias)
 
     @staticmethod
     def backward(ctx, gy):
@@ -235,40 +282,8 @@ class _SeparableHeadSum(torch.autograd.Function):
             raise HigherOrderGradError(
                 MESSAGE.format(what="the one-head-at-a-time position attention (impl='auto')")
             )
-        r, c, x, weight = ctx.saved_tensors
-        nh, h, w = r.shape[0], r.shape[1], c.shape[1]
-        g, b, d = x.shape[0], x.shape[3], x.shape[4]
-        dout = weight.shape[0]
-        ws = weight.view(dout, nh, d)
-        acc = torch.promote_types(x.dtype, torch.float32)  # dR_h, dC_h: sums over the images
-        gr = torch.zeros(r.shape, dtype=acc, device=r.device)
-        gc = torch.zeros(c.shape, dtype=acc, device=c.device)
-        gw = torch.empty(nh, dout, d, dtype=weight.dtype, device=weight.device)
-        gx = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # (shared values: summed)
-        gy4, blocks = gy.view(h, w, b, dout), image_blocks(x)
-        for i0, i1 in blocks:
-            xb = x[:, :, :, i0:i1].contiguous()
-            gyb = gy4[:, :, i0:i1].reshape(-1, dout)  # (H*W*Bb, Dout)
-            gxb = gx if len(blocks) == 1 else torch.empty_like(xb)
-            n, beta = (i1 - i0) * d, 1.0 if i0 > 0 else 0.0  # the first block overwrites dW
-            for k in range(nh):
-                xk = xb[k if g > 1 else 0].view(h, w * n)
-                x1 = (r[k] @ xk).view(h, w, n)  # recomputed: R_h x_h
-                x2 = torch.bmm(c[k].expand(h, w, w), x1)  # C_h R_h x_h (H, W, N)
-                gw[k].addmm_(gyb.t(), x2.view(-1, d), beta=beta)  # dW_h = dy^T y_h
-                g2 = (gyb @ ws[:, k]).view(h, w, n)  # d(C_h R_h x_h)
-                gc[k] += torch.bmm(g2, x1.transpose(1, 2)).sum(0, dtype=acc)
-                g1 = torch.bmm(c[k].t().expand(h, w, w), g2).view(h, w * n)  # d(R_h x_h)
-                gr[k] += g1 @ xk.t()
-                if g > 1 or k == 0:
-                    torch.mm(r[k].t(), g1, out=gxb[k].view(h, w * n))
-                else:  # the heads' sum accumulates in the GEMM (beta = 1), as the forward's
-                    gxb[0].view(h, w * n).addmm_(r[k].t(), g1)
-            if gxb is not gx:
-                gx[:, :, :, i0:i1] = gxb
-        gb = gy.sum(0) if ctx.has_bias else None
-        gw = gw.permute(1, 0, 2).reshape(weight.shape)
-        return gr.to(r.dtype), gc.to(c.dtype), gx, gw, gb
+        gr, gc, gx, gw = head_sum_backward(gy, *ctx.saved_tensors)
+        return gr, gc, gx, gw, gy.sum(0) if ctx.has_bias else None
 
 
 def separable_head_sum(
@@ -287,6 +302,8 @@ def separable_head_sum(
     r, c, x, weight = (t.to(dt) for t in (r, c, x, weight))
     bias = None if bias is None else bias.to(dt)
     with no_autocast(dev):
+        if compiling():  # the same kernel as one custom op (kernels/ops.py)
+            return torch.ops.attnconv.separable_head_sum(r, c, x, weight, bias)
         return _SeparableHeadSum.apply(r, c, x, weight, bias)
 
 

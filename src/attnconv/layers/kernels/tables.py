@@ -14,8 +14,9 @@ from .rows import Row
 
 class LocalCase(NamedTuple):
     """What LOCAL_TABLE reads: the backend override, the device, the border, whether the maps
-    are returned, whether a compiler traces the forward (no C++ extension call then), the dtype
-    q, k, v compute in (autocast's) and the number of pixels."""
+    are returned, whether a compiler traces the forward (no C++ extension call then, but for
+    torch.compile, ``compiled``: the custom op of ops.py), the dtype q, k, v compute in
+    (autocast's) and the number of pixels."""
 
     backend: str | None = None
     device: str = "cpu"
@@ -25,6 +26,7 @@ class LocalCase(NamedTuple):
     dtype: torch.dtype | None = None
     t: int = 0
     transformed: bool = False  # inside a torch.func transform
+    compiled: bool = False  # torch.compile traces (not an export)
 
 
 # On CUDA the window function from this many pixels in float32, where one H100 run measured it
@@ -70,11 +72,11 @@ LOCAL_TABLE = (
         lambda c: (
             c.device == "cpu"
             and c.backend in (None, "fused")
-            and not c.tracing
+            and (c.compiled or not c.tracing)
             and fused.available()
         ),
         "any",
-        "CPU, extension built, not traced",
+        "CPU, extension built, not exported",
     ),
     Row("window", lambda c: True, "any", "otherwise: the Python window kernel"),
 )
@@ -108,13 +110,14 @@ DROPOUT_TABLE = (
 
 class ConvertedCase(NamedTuple):
     """What CONVERTED_TABLE reads: hard heads (one-hot attention), the attention's backend, the
-    maps returned, an export tracing the forward (the shift reads indices as Python ints), and
-    whether a head's shift clamps at the border (only known for hard heads)."""
+    maps returned, an export or torch.compile tracing the forward (the shift reads indices as
+    Python ints), and whether a head's shift clamps at the border (only known for hard
+    heads)."""
 
     hard: bool = False
     backend: str | None = None
     maps: bool = False
-    exporting: bool = False
+    exporting: bool = False  # or compiled: the shift reads the centres as Python ints
     clamped: bool = False
 
 
@@ -123,7 +126,7 @@ CONVERTED_TABLE = (
         "attention",
         lambda c: not c.hard or c.backend == "reference" or c.maps or c.exporting,
         "any",
-        'soft heads, backend="reference", returned maps, or an export',
+        'soft heads, backend="reference", returned maps, or an export or torch.compile',
     ),
     Row(
         "one_conv",

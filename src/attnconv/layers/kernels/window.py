@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..checks import check_window
+from ..first_order import compiling
 from ..functional import check_impl, scaled_dot_product_attention
 from ..precision import LOW, backward_without_autocast
 from .fused import available, extension
@@ -124,6 +125,43 @@ def _window_aggregate_grad(g, probs, v, mix, ks, need_v, need_m):
     return gp, gv, gm
 
 
+def window_forward(q, k, v, mix, qr_row, qr_col, valid, ks: int):
+    """The Python window kernel's forward (no autograd): logits, mask, softmax in place, the
+    weighted sum -> y (B, nh, dv, H, W), probs (B, nh, k^2, H, W)."""
+    bsz, nh, _, h, w = q.shape
+    logits = q.new_zeros(bsz, nh, ks * ks, h, w)  # (B, nh, k^2, H, W)
+    if k is not None:
+        _window_logits(q, k, ks, logits)  # q_ij . k_ab (0 for keys outside the image)
+    if qr_row is not None:  # + q_ij . r_{a-i,b-j} = q . rel_row[di] + q . rel_col[dj]
+        lg = logits.view(bsz, nh, ks, ks, h, w)
+        lg.add_(qr_row.unsqueeze(3)).add_(qr_col.unsqueeze(2))
+    if valid is not None:  # keys outside the image leave the softmax
+        logits.masked_fill_(~valid, float("-inf"))
+    # softmax over the window, in place; the centre key is always valid
+    probs = logits.sub_(logits.amax(dim=2, keepdim=True)).exp_()
+    probs.div_(probs.sum(dim=2, keepdim=True))
+    return _window_aggregate(probs, v, mix, ks), probs  # (B, nh, dv, H, W)
+
+
+def window_backward(gy, q, k, v, mix, probs, ks: int, has_qr: bool, need):
+    """The Python window kernel's gradients (first order) for gy (B, nh, dv, H, W): gq, gk, gv,
+    gm, g_row, g_col (None where not asked: ``need``, the inputs' needs_input_grad)."""
+    gl, gv, gm = _window_aggregate_grad(gy, probs, v, mix, ks, need[2], need[3])
+    # softmax backward in place: gl = p * (gp - sum_o p_o gp_o)
+    dot = torch.zeros_like(probs[:, :, 0])  # (B, nh, H, W)
+    for o in range(ks * ks):
+        dot.addcmul_(probs[:, :, o], gl[:, :, o])
+    gl.sub_(dot.unsqueeze(2)).mul_(probs)
+    g_row = g_col = None
+    if has_qr:
+        gl6 = gl.view(*gl.shape[:2], ks, ks, *gl.shape[-2:])  # (B, nh, k, k, H, W)
+        g_row, g_col = gl6.sum(3), gl6.sum(2)
+    gq = gk = None
+    if k is not None:
+        gq, gk = _window_logits_grad(gl, q, k, ks, need[0], need[1])
+    return gq, gk, gv, gm, g_row, g_col
+
+
 class _LocalAttention(torch.autograd.Function):
     """Fused window attention: logits, mask, softmax and weighted sum over the k^2 offsets.
 
@@ -136,23 +174,7 @@ class _LocalAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, mix, qr_row, qr_col, valid, ks: int):
         with torch.no_grad():  # also when traced (torch.export): in-place, out= kernels
-            return _LocalAttention._forward(ctx, q, k, v, mix, qr_row, qr_col, valid, ks)
-
-    @staticmethod
-    def _forward(ctx, q, k, v, mix, qr_row, qr_col, valid, ks: int):
-        bsz, nh, _, h, w = q.shape
-        logits = q.new_zeros(bsz, nh, ks * ks, h, w)  # (B, nh, k^2, H, W)
-        if k is not None:
-            _window_logits(q, k, ks, logits)  # q_ij . k_ab (0 for keys outside the image)
-        if qr_row is not None:  # + q_ij . r_{a-i,b-j} = q . rel_row[di] + q . rel_col[dj]
-            lg = logits.view(bsz, nh, ks, ks, h, w)
-            lg.add_(qr_row.unsqueeze(3)).add_(qr_col.unsqueeze(2))
-        if valid is not None:  # keys outside the image leave the softmax
-            logits.masked_fill_(~valid, float("-inf"))
-        # softmax over the window, in place; the centre key is always valid
-        probs = logits.sub_(logits.amax(dim=2, keepdim=True)).exp_()
-        probs.div_(probs.sum(dim=2, keepdim=True))
-        y = _window_aggregate(probs, v, mix, ks)  # (B, nh, dv, H, W)
+            y, probs = window_forward(q, k, v, mix, qr_row, qr_col, valid, ks)
         _LocalAttention._save(
             ctx, _LocalAttention._window_backward, q, k, v, mix, probs, qr_row, qr_col, valid, ks
         )
@@ -178,22 +200,8 @@ class _LocalAttention(torch.autograd.Function):
     def _window_backward(ctx, gy):
         """The Python window kernel's gradients (first order)."""
         q, k, v, mix, probs, _, _, _ = ctx.saved_tensors
-        ks = ctx.ks
-        need = ctx.needs_input_grad
-        gl, gv, gm = _window_aggregate_grad(gy, probs, v, mix, ks, need[2], need[3])
-        # softmax backward in place: gl = p * (gp - sum_o p_o gp_o)
-        dot = torch.zeros_like(probs[:, :, 0])  # (B, nh, H, W)
-        for o in range(ks * ks):
-            dot.addcmul_(probs[:, :, o], gl[:, :, o])
-        gl.sub_(dot.unsqueeze(2)).mul_(probs)
-        g_row = g_col = None
-        if ctx.has_qr:
-            gl6 = gl.view(*gl.shape[:2], ks, ks, *gl.shape[-2:])  # (B, nh, k, k, H, W)
-            g_row, g_col = gl6.sum(3), gl6.sum(2)
-        gq = gk = None
-        if k is not None:
-            gq, gk = _window_logits_grad(gl, q, k, ks, need[0], need[1])
-        return gq, gk, gv, gm, g_row, g_col, None, None
+        grads = window_backward(gy, q, k, v, mix, probs, ctx.ks, ctx.has_qr, ctx.needs_input_grad)
+        return (*grads, None, None)
 
     @staticmethod
     def _plain_backward(ctx, gy):
@@ -314,14 +322,17 @@ def local_attention(
 
     valid = window_valid(ks, h, w, q.device) if padding == "mask" else None
     qr_row, qr_col = qr if qr is not None else (None, None)
-    if fused and q.device.type == "cpu" and available():
+    fused = fused and q.device.type == "cpu" and available()
+    if fused:
         q, k, v, mix, qr_row, qr_col = (
             None if t is None else t.to(q.dtype).contiguous()
             for t in (q, k, v, mix, qr_row, qr_col)
         )  # autocast: bf16
-        y, probs = _FusedLocal.apply(q, k, v, mix, qr_row, qr_col, valid, ks)
+    args = (q, k, v, mix, qr_row, qr_col, valid, ks)
+    if compiling():  # the same kernel as one custom op (kernels/ops.py)
+        y, probs = torch.ops.attnconv.local_window(*args, fused)
     else:
-        y, probs = _LocalAttention.apply(q, k, v, mix, qr_row, qr_col, valid, ks)
+        y, probs = (_FusedLocal if fused else _LocalAttention).apply(*args)
     if return_attention:  # (B, nh, H*W, k^2)
         return y, probs.detach().flatten(3).transpose(2, 3)
     return y
