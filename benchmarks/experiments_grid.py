@@ -24,6 +24,7 @@ from experiments_sensitivity import SENSITIVITY_TITLE, grid_sensitivity
 
 GRID_TITLE = "### Do the quadratic heads form a grid? (Cordonnier et al. 2020, fig. 3-4)"
 LONG_TITLE = "#### grid_long: the reference recipe's summed learning rate"
+SEED1_TITLE = "#### grid_long_seed1: the same budget, seed 1"
 
 
 def grid_formation(lines: list[str], runs: Path) -> None:
@@ -58,7 +59,9 @@ def grid_formation(lines: list[str], runs: Path) -> None:
     if long is not None:
         evos["grid_long"] = long
     else:
-        lines += kept(LONG_TITLE, SENSITIVITY_TITLE)
+        lines += kept(LONG_TITLE, SEED1_TITLE)
+    if grid_run(lines, runs, "grid_long_seed1", "grid_long_seed1") is None:  # both seeds' heads
+        lines += kept(SEED1_TITLE, SENSITIVITY_TITLE)
     grid_sensitivity(lines, runs, evos, ref_lr)
 
 
@@ -74,7 +77,7 @@ def grid_run(lines: list[str], runs: Path, name: str, stem: str) -> list | None:
     evo = head_evolution(log)
     cfg = CONFIGS / f"{name}.yaml"
     steps = total_steps(cfg)
-    head = GRID_TITLE if name == "grid_sa_quadratic" else LONG_TITLE
+    head = {"grid_sa_quadratic": GRID_TITLE, "grid_long_seed1": SEED1_TITLE}.get(name, LONG_TITLE)
     lines += [
         head,
         "",

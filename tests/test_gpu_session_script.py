@@ -92,12 +92,16 @@ def test_each_k_selection_names_tests_that_exist():
 
 
 def test_its_timeouts_fit_one_lent_call():
-    """The steps' timeouts add up to less than the 540 s a run call is given (9 minutes,
-    leaving the machine's start inside a 15-minute device budget)."""
+    """The steps' timeouts add up to at most 390 s before the goals' 30: the script ends within
+    420 s, so a 15-minute device budget holds a machine's start, one run and a rerun; the paper
+    models' step runs first."""
     steps = [int(t) for t in re.findall(r"^timeout (?:\$\{\w+:-)?(\d+)\}? ", SCRIPT, flags=re.M)]
-    assert len(steps) >= 4 and sum(steps) <= 540, steps
-    # the tests' own time: what the steps above left of 510 s (30 s for the goals), at least 60
-    assert "TESTS_S=$((510 - ($(date +%s) - START)))" in SCRIPT
+    fixed = [int(x) for x in re.findall(r"^timeout (\d+) ", SCRIPT, flags=re.M)]
+    local = int(re.search(r"^LOCAL_S=(\d+)", SCRIPT, flags=re.M).group(1))
+    assert len(steps) >= 4 and sum(fixed) + local + 40 <= 390, (fixed, local)
+    # the tests' own time: what the steps above left of 390 s (30 s for the goals), at least 40
+    assert "TESTS_S=$((390 - ($(date +%s) - START)))" in SCRIPT
+    assert SCRIPT.index("--only models") < SCRIPT.index("tests/test_triton_axis.py -k")
 
 
 @pytest.mark.slow
