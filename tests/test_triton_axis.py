@@ -519,3 +519,17 @@ def test_the_delta_pass_runs_again_where_the_dq_pass_steps_down(monkeypatch, win
     assert [b for _, b in seen[1:5]] == [64, 16, 16, 16], seen
     for a, b in zip(g, torch.autograd.grad(call(16).square().sum(), xs)):
         torch.testing.assert_close(a, b, rtol=1e-15, atol=1e-15)
+
+
+@pytest.mark.parametrize("h, w", [(32, 2), pytest.param(24, 5, marks=SLOW)])
+def test_a_first_key_block_all_at_minus_inf_stays_finite(h, w):
+    """Every query's row logits at -inf for the first three quarters of the key rows: the first
+    key blocks hold no finite logit (the running max is -inf), later ones do. The values and
+    every gradient equal the plain equations' (finite), not NaN."""
+    gen = torch.Generator().manual_seed(5)
+    q, k, v, qa = (x.detach() for x in _inputs(1, 2, h, w, 4, 3, torch.float64, gen=gen))
+    qa[..., : 3 * h // 4] = float("-inf")  # (B, Nh, T, H + W): the row offsets come first
+    xs = [x.requires_grad_() for x in (q, k, v, qa)]
+    y = _run(axis_attention_triton, *xs, h, w, 0.0, True, 0)
+    assert bool(torch.isfinite(y).all())
+    _equal_in_float64(xs, h, w, 0.0, True, 0, gen)

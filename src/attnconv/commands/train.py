@@ -92,8 +92,9 @@ def print_recipes() -> None:
 
     recipes = list_recipes()
     width = max(map(len, recipes))
-    print(f"{len(recipes)} recipes (attnconv train NAME); experiments/* need the full CIFAR-10:")
-    print(f"  --data PATH or ATTNCONV_CIFAR_ZIP=PATH ({CIFAR_ZIP}); the others run on the sample")
+    print(f"{len(recipes)} recipes (attnconv train NAME): cpu/* train on the embedded sample, the")
+    print(f"others on the full CIFAR-10: --data PATH (e.g. {CIFAR_ZIP}; experiments/* also")
+    print("take ATTNCONV_CIFAR_ZIP=PATH)")
     for name, line in recipes.items():
         print(f"  {name:<{width}}  {line}")
 

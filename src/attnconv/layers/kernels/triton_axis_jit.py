@@ -113,8 +113,9 @@ def _fwd(
         kb = _tokens(K + b * sk_b + hd * sk_h, key * sk_t, k_ok, dk, DK)
         s = _logits(q, tl.trans(kb), r_blk, c_blk, scale, k_ok, PREC, BLOCK_M, N, ACC)
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        if WINDOW:  # a block with no key of a query's window yet: its max is -inf
-            m_new = tl.where(m_new == float("-inf"), -3.0e38, m_new)
+        # a row with no finite logit yet (no key of its window, or axis logits at -inf in the
+        # first blocks): its max is -inf, and exp(-inf - -inf) would be NaN
+        m_new = tl.where(m_new == float("-inf"), -3.0e38, m_new)
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
