@@ -183,13 +183,14 @@ def test_every_shipped_model_matches_its_card(name):
     assert not model.training
 
 
-def test_each_model_with_shipped_weights_has_one_default():
-    models = {n.split(".")[0] for n in SHIPPED}
-    for m in models:
-        defaults = [
-            n for n in SHIPPED if n.startswith(m + ".") and catalog.pretrained_info(n)["default"]
-        ]
-        assert len(defaults) == 1, (m, defaults)
+def test_a_bare_model_name_takes_its_default_tag():
+    for m in {n.split(".")[0] for n in SHIPPED}:
+        tags = catalog.list_pretrained(f"{m}.*")
+        defaults = [n for n in tags if catalog.pretrained_info(n)["default"]]
+        assert len(defaults) <= 1, (m, defaults)
+        bare = attnconv.create_model(m, pretrained=True)  # the marked one, else the first tag
+        tagged = attnconv.create_model((defaults or tags)[0], pretrained=True)
+        assert all(torch.equal(a, b) for a, b in zip(bare.parameters(), tagged.parameters()))
 
 
 def test_the_wheel_budget_holds():

@@ -103,11 +103,13 @@ def list_pretrained(pattern: str | None = None) -> list[str]:
 
 
 def _default_for(model: str) -> str | None:
-    """The pretrained name a bare model name stands for (the card marked ``default``)."""
-    for n in list_pretrained(f"{model}.*"):
+    """The pretrained name a bare model name stands for: the card marked ``default``, else the
+    first of its tags (None: no weights of ``model`` ship)."""
+    names = list_pretrained(f"{model}.*")
+    for n in names:
         if json.loads((WEIGHTS / n / CARD).read_text()).get("default"):
             return n
-    return None
+    return names[0] if names else None
 
 
 def pretrained_name(name: str) -> str:
