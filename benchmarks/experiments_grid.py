@@ -59,7 +59,7 @@ def grid_formation(lines: list[str], runs: Path) -> None:
     if long is not None:
         evos["grid_long"] = long
     else:
-        lines += kept(LONG_TITLE, SEED1_TITLE)
+        lines += kept(LONG_TITLE, (SEED1_TITLE, SENSITIVITY_TITLE))
     if grid_run(lines, runs, "grid_long_seed1", "grid_long_seed1") is None:  # both seeds' heads
         lines += kept(SEED1_TITLE, SENSITIVITY_TITLE)
     grid_sensitivity(lines, runs, evos, ref_lr)

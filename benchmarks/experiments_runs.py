@@ -148,14 +148,17 @@ def planned_lr_sum(cfg: Path, n_train: int = 50_000) -> tuple[int, float]:
 KEPT = "(Kept from its last regeneration: its run folders are not under this run root.)"
 
 
-def kept(start: str, stop: str | None) -> list[str]:
-    """The last regenerated report's lines from heading ``start`` up to heading ``stop``, with
-    one KEPT note: a section whose runs are not here is kept, not replaced by empty cells."""
+def kept(start: str, stop: str | tuple[str, ...] | None) -> list[str]:
+    """The last regenerated report's lines from heading ``start`` up to heading ``stop`` (the
+    first of several that the report holds), with one KEPT note: a section whose runs are not
+    here is kept, not replaced by empty cells."""
     old = RESULTS.read_text() if RESULTS.exists() else ""
     if start not in old:
         return []
     block = old[old.index(start) :]
-    end = block.find(stop, len(start)) if stop else -1
+    stops = (stop,) if isinstance(stop, str) else stop or ()
+    ends = [e for e in (block.find(s, len(start)) for s in stops) if e >= 0]
+    end = min(ends) if ends else -1
     if end >= 0:
         block = block[:end]
     block = block.replace(KEPT, "").rstrip("\n")

@@ -163,7 +163,7 @@ def test_long_budget_puts_the_two_runs_side_by_side(tmp_path, monkeypatch):
     assert "| 500 | 0.03M | 50 | 60.0% | 70.0% |" in text
     assert "| 1,000 | 0.06M | 100 | 80.0% | 75.0% |" in text
     # the last 750 steps' train windows (500, 750, 1000 -> 0.625, 0.6875, 0.75, weighted)
-    assert "| 80.0% | 68.8% | 500 |" in text and "| 75.0% | 68.8% | 500 |" in text
+    assert "| 80.00% | 68.8% | 500 | none |" in text and "| 75.00% | 68.8% | 500 | none |" in text
     assert "seed 1" not in text  # not run yet: not shown
     _run(tmp_path, "resnet18_long_seed1", {500: 0.65, 1000: 0.77})
     lines = []
@@ -173,6 +173,7 @@ def test_long_budget_puts_the_two_runs_side_by_side(tmp_path, monkeypatch):
     assert "| ResNet18 seed 1 | " in text and "|---|---|---|---|---|---|" in text
     assert "ResNet18's two seeds end 2.00 points apart (75.00% and 77.00%)" in text
     assert "over the 2 pairs of seeds: -5.00 to -3.00 points." in text
+    assert "single run on a side (n = 2 and 1), no test" in text
     assert "Seed 0 each, and seed 1 of ResNet18," in text
     _run(tmp_path, "grid_long_seed1", {500: 0.62, 1000: 0.78})  # sa_quadratic's second seed
     lines = []
@@ -182,3 +183,4 @@ def test_long_budget_puts_the_two_runs_side_by_side(tmp_path, monkeypatch):
     assert "Seed 0 each, and seed 1 of ResNet18 and sa_quadratic," in text
     assert "sa_quadratic's two seeds end 2.00 points apart (80.00% and 78.00%)" in text
     assert "over the 4 pairs of seeds: -5.00 to -1.00 points." in text
+    assert "Welch t = " in text and "(n = 2 and 2)" in text
