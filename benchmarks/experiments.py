@@ -31,6 +31,7 @@ differently).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import json
 import os
@@ -111,13 +112,15 @@ def run(args: argparse.Namespace) -> None:
         raise SystemExit(f"--procs {args.procs}: must be at least 1")
     rerun = list(getattr(args, "rerun", None) or [])
     cfgs = experiments(args.names) if args.names or not rerun else []
-    cfgs += [c for c in experiments(rerun) if c not in cfgs]  # checked before any work
+    cfgs += [c for c in (experiments(rerun) if rerun else []) if c not in cfgs]
     failed = []
     for cfg in cfgs:
         try:
             run_one(cfg, data, args.threads, args.procs, rerun=cfg.stem in rerun)
             if ARCHIVE_WHILE_TRAINING and not rerun:  # the finished run as it ends, and its
-                archive.save(RUNS, names=[cfg.stem])  # follow-ups (a rerun: never archived)
+                with held(cfg.stem) as mine:  # follow-ups (a rerun: never archived); under
+                    if mine:  # its lock (a runner that took it meanwhile saves it as it ends)
+                        archive.save(RUNS, names=[cfg.stem])
         except SystemExit as e:  # one experiment's failure does not stop the queue
             print(f"[{time.strftime('%H:%M:%S')}] {cfg.stem}: {e}", flush=True)
             failed.append(cfg.stem)
@@ -142,6 +145,20 @@ def runner_lock(name: str) -> Path:
     return RUNS / f".{name}.runner.lock"
 
 
+@contextlib.contextmanager
+def held(name: str):
+    """The experiment's runner lock, held for the block: yields True, or False (not held) when
+    another runner holds it."""
+    RUNS.mkdir(parents=True, exist_ok=True)
+    with open(runner_lock(name), "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+
+
 def run_one(
     cfg: Path, data: Path, threads: int | None = None, procs: int = 1, rerun: bool = False
 ) -> None:
@@ -152,12 +169,9 @@ def run_one(
     trainer's threads instead of the config's; ``procs``: processes under torchrun (a resume
     may change both); ``rerun``: train it again from step 0 even if it finished (the old run
     folder removed first; `run` then writes no archive)."""
-    RUNS.mkdir(parents=True, exist_ok=True)
-    with open(runner_lock(cfg.stem), "a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise SystemExit("skipped: another run is training it") from None
+    with held(cfg.stem) as mine:
+        if not mine:
+            raise SystemExit("skipped: another run is training it")
         if not rerun:
             for name in archive.restore(RUNS, [cfg.stem]):
                 print(f"{name}: restored from {_shown(archive.ARCHIVE)}", flush=True)

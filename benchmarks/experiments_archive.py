@@ -22,15 +22,21 @@ Of the checkpoints it keeps one:
 A finished run keeps too what the report reads (metrics, logged centres, analyses, wall time,
 config). ``restore`` copies an archived run back into a run root that lacks it (never over one
 it has: the run root is newer or equal), so `run` resumes the archived run from its saved step
-and `report` regenerates from the archive alone.
+and `report` regenerates from the archive alone. Both copy into a private temp folder and rename
+it into place, so that many runners, `save` and `report` side by side never see a half-copied
+run (tests/test_runner_concurrency.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from attnconv.catalog import CIFAR_ZIP, WEIGHT_FILE, sha256_of
@@ -154,14 +160,41 @@ def _final(src: Path, dest: Path, tmp: Path, prefix: str) -> None:
             shutil.copytree(dest / FINAL, tmp / FINAL)
 
 
+STALE = 3600.0  # seconds: a private temp folder this old was left by a killed restore or save
+
+
+def clean_stale(folder: Path, name: str) -> None:
+    """Remove what a restore or save of ``name`` killed half-way left in ``folder`` (its private
+    temp folders ``.NAME.restore.*``, ``.NAME.save.*``, ``.NAME.old.*``) over STALE seconds ago;
+    a younger one may be another process's at work."""
+    pattern = re.compile(rf"\.{re.escape(name)}\.(restore|save|old)\.[A-Za-z0-9_]+")
+    now = time.time()
+    for p in folder.glob(f".{name}.*"):
+        if not pattern.fullmatch(p.name) or p.is_symlink() or not p.is_dir():
+            continue
+        with contextlib.suppress(OSError):
+            if now - p.stat().st_mtime > STALE:
+                shutil.rmtree(p, ignore_errors=True)
+
+
 def _swap(tmp: Path, dest: Path) -> None:
     """``tmp`` in the place of ``dest``: the old copy renamed aside first (each rename atomic),
-    so that ``dest`` is never a half-written folder."""
-    old = tmp.with_name(tmp.name + ".old")
-    if dest.exists():
-        os.rename(dest, old)
-    os.rename(tmp, dest)
-    shutil.rmtree(old, ignore_errors=True)
+    so that ``dest`` is never a half-written folder; a copy another save put there meanwhile is
+    replaced in turn (the last save wins)."""
+    for _ in range(20):
+        aside = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.old."))
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(dest, aside / "run")
+            try:
+                os.rename(tmp, dest)  # fails on a folder another save renamed in meanwhile
+                return
+            except OSError as e:
+                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+        finally:
+            shutil.rmtree(aside, ignore_errors=True)
+    raise OSError(errno.EBUSY, f"{dest}: replaced by other saves 20 times in a row")
 
 
 def save(
@@ -177,6 +210,7 @@ def save(
         if names and src.name not in names:
             continue
         archive.mkdir(parents=True, exist_ok=True)
+        clean_stale(archive, src.name)
         dest = archive / src.name
         private = Path(tempfile.mkdtemp(dir=archive, prefix=f".{src.name}.save."))
         tmp = private / "run"
@@ -201,13 +235,17 @@ def restore(runs: Path, names: list[str] | None = None, archive: Path | None = N
     copy is made in a private temp folder of ``runs`` (tempfile.mkdtemp) and renamed into place
     in one step, so a run folder is either absent or whole, whoever restores beside it; one
     that appeared meanwhile (a second restore got there first) is left as it is and the copy
-    dropped."""
+    dropped. What a killed restore left is removed once stale (``clean_stale``)."""
     archive = ARCHIVE if archive is None else archive
     if not archive.is_dir():
         return []
     restored = []
     for src in sorted(p for p in archive.iterdir() if (p / "config.yaml").is_file()):
-        if (names and src.name not in names) or (runs / src.name).exists():
+        if names and src.name not in names:
+            continue
+        if runs.is_dir():
+            clean_stale(runs, src.name)
+        if (runs / src.name).exists():
             continue
         runs.mkdir(parents=True, exist_ok=True)
         private = Path(tempfile.mkdtemp(dir=runs, prefix=f".{src.name}.restore."))

@@ -174,6 +174,7 @@ def test_threads_reach_the_trainer_and_zero_is_refused(tmp_path, monkeypatch):
 
     mod = _module()
     monkeypatch.setattr(mod, "RUNS", tmp_path)
+    monkeypatch.setattr(mod.archive, "ARCHIVE", tmp_path / "no-archive")  # nothing restored
     seen = []
 
     def sh(cmd, log, every=None):
@@ -183,7 +184,7 @@ def test_threads_reach_the_trainer_and_zero_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(mod, "sh", sh)
     with pytest.raises(SystemExit, match="stop"):
         mod.run_one(mod.CONFIGS / "sasa_k3.yaml", tmp_path / "data.zip", threads=2)
-    assert seen[0][-3:] == ["--set", "train.threads=2", "--overwrite"]
+    assert seen[0][-2:] == ["--set", "train.threads=2"]  # a fresh folder: never --overwrite
     _assert_refused(tmp_path, "--threads")
 
 
@@ -258,18 +259,19 @@ def test_a_stopped_training_is_reported_as_stopped_a_failed_one_as_failed(tmp_pa
 
 def test_a_second_runner_is_kept_out_before_it_decides_anything(tmp_path, monkeypatch):
     """Two `run`s started together: the second finds the first's flock (taken before either
-    looks at the folder, so no stale --overwrite), and skips; a killed runner's flock dies with
-    it and the experiment is free again."""
+    restores or looks at the folder, so no stale --overwrite), and skips; a killed runner's
+    flock dies with it and the experiment is free again (tests/test_runner_concurrency.py
+    starts many at once)."""
     mod = _module()
     monkeypatch.setattr(mod, "RUNS", tmp_path)
+    monkeypatch.setattr(mod.archive, "ARCHIVE", tmp_path / "no-archive")
     folder = tmp_path / "sasa_k3"
-    folder.mkdir()
     hold = (
         "import fcntl, sys, time\nf = open(sys.argv[1], 'a')\n"
         "fcntl.flock(f, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(60)"
     )
     p = subprocess.Popen(
-        [sys.executable, "-c", hold, str(folder / ".runner.lock")],
+        [sys.executable, "-c", hold, str(mod.runner_lock("sasa_k3"))],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -277,7 +279,7 @@ def test_a_second_runner_is_kept_out_before_it_decides_anything(tmp_path, monkey
         assert p.stdout.readline().strip() == "held"
         with pytest.raises(SystemExit, match="another run is training it"):
             mod.run_one(mod.CONFIGS / "sasa_k3.yaml", tmp_path / "data.zip")
-        assert not (folder / "experiment.log").exists()
+        assert not folder.exists()  # nothing restored, made nor decided
     finally:
         p.kill()
         p.wait()
@@ -355,7 +357,7 @@ def test_a_run_is_archived_once_more_as_it_ends(tmp_path, monkeypatch):
     saved = []
     monkeypatch.setattr(mod.archive, "save", lambda runs, names: saved.append(names))
 
-    def run_one(cfg, data, threads, procs):
+    def run_one(cfg, data, threads, procs, rerun=False):
         if cfg.stem == "sasa_k3":
             raise SystemExit("skipped: another run is training it")
 

@@ -84,3 +84,38 @@ def test_a_full_disk_names_the_file_it_failed_to_write(tmp_path, monkeypatch):
         ck.atomic_write(tmp_path / "metrics.json", b"{}")
     assert e.value.errno == errno.ENOSPC
     assert not list(tmp_path.iterdir())
+
+
+def test_a_damaged_latest_checkpoint_names_the_last_intact_one_and_resumes_from_it(
+    tmp_path, cifar_zip, capsys
+):
+    """--resume on a damaged latest checkpoint says which one is intact and the flag that
+    resumes from it; --resume-from-intact does (the damaged one kept aside), to the weights
+    of an uninterrupted run; the closing line says how many images the accuracy is of."""
+    from safetensors.torch import load_file
+
+    from attnconv.cli import main
+    from tiny_runs import tiny_config
+
+    run = tmp_path / "run"
+    cfg = tiny_config(tmp_path, cifar_zip, epochs=2, out_dir=str(run))
+    assert main(["train", cfg, "--stop-at-step", "3"]) == 0
+    weights = run / "checkpoints" / "step-00000003" / ck.WEIGHTS
+    weights.write_bytes(weights.read_bytes()[:100])  # truncated (a disk that filled up)
+    capsys.readouterr()
+    assert main(["train", cfg, "--resume"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    intact = run / "checkpoints" / "step-00000002"
+    assert "truncated checkpoint" in err and f"the last intact checkpoint is {intact}" in err
+    assert "--resume-from-intact" in err
+    assert main(["train", cfg, "--resume-from-intact"]) == 0
+    out = capsys.readouterr().out
+    assert f"resuming from the last intact checkpoint {intact}" in out
+    assert "kept aside: damaged-step-00000003" in out
+    assert "eval accuracy" in out and "on 10 test images" in out.strip().splitlines()[-1]
+    assert (run / "checkpoints" / "damaged-step-00000003" / ck.WEIGHTS).stat().st_size == 100
+    whole = tmp_path / "whole"
+    assert main(["train", tiny_config(tmp_path, cifar_zip, epochs=2, out_dir=str(whole))]) == 0
+    a = load_file(ck.follow_latest(run / "checkpoints") / ck.WEIGHTS)
+    b = load_file(ck.follow_latest(whole / "checkpoints") / ck.WEIGHTS)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -140,3 +140,31 @@ def test_oversized_cifar_batch_member_refused_before_reading(tmp_path, monkeypat
             tf.addfile(info, io.BytesIO(data))
     with pytest.raises(ValueError, match=rf"member '{arch.test[0]}' is 5000 bytes"):
         cifar.read_cifar(tgz, "cifar10", "test")
+
+
+def test_attention_maps_too_large_are_refused_before_any_compute(monkeypatch):
+    """return_attention on a 256x256 image ran 30 s, then failed on a raw 68.7 GB allocation:
+    the maps' size is checked first, in one line with the size and the bound (issue 79)."""
+    import torch
+
+    from attnconv.memory import check_attention_maps, memory_bytes
+
+    model = create_model("sa_quadratic").eval()  # position only: one (1, 9, T, T) map a layer
+
+    def computed(*a, **kw):
+        raise AssertionError("a layer ran before the maps' size was checked")
+
+    monkeypatch.setattr(type(model.layers[0]), "forward", computed)
+    with pytest.raises(ValueError) as e, torch.no_grad():
+        model(torch.zeros(1, 3, 256, 256), return_attention=True)
+    assert "\n" not in str(e.value)
+    half = memory_bytes() // 2
+    need = 7 * 9 * 16384**2 * 4  # 6 layers kept + 1 computing, T = 128 * 128 tokens
+    assert f"needs at least {need / 2**30:.1f} GiB" in str(e.value)
+    assert f"({half / 2**30:.1f} GiB)" in str(e.value) and "1x9x16384x16384" in str(e.value)
+    vit = create_model("vit_tiny_cifar", depth=1, embed_dim=16, num_heads=2).eval()
+    small = r"vit on 2 image\(s\) of 32x32: .* 0.1 MiB .*\(1 layers of 2x2x65x65\)"
+    with pytest.raises(ValueError, match=small):
+        check_attention_maps([(2, 2, 65, 65)], 4, "vit on 2 image(s) of 32x32", limit=1000)
+    logits, maps = vit(torch.zeros(2, 3, 32, 32), return_attention=True)  # small: as ever
+    assert logits.shape == (2, 10) and maps[0].probs.shape == (2, 2, 65, 65)

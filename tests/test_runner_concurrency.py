@@ -131,7 +131,9 @@ def _start_together(mod, root: Path, n: int, out: Path, rerun: list[str] = ()) -
     for i in range(n):
         said = (out / f"{i}.log").read_text()
         outcome = (out / f"{i}.txt").read_text()
-        assert outcome == "ok" or (outcome == f"exit: failed or skipped: {NAME}" and SKIPPED in said)
+        assert outcome == "ok" or (
+            outcome == f"exit: failed or skipped: {NAME}" and SKIPPED in said
+        )
         outcomes.append(outcome)
     return outcomes
 
@@ -234,3 +236,17 @@ def test_a_restore_that_fails_leaves_no_temp_folder(runner, tmp_path, monkeypatc
     with pytest.raises(SystemExit, match=f"{NAME}: restoring it from .* failed .*No space"):
         runner.archive.restore(root, [NAME])
     assert list(root.iterdir()) == []
+
+
+def test_what_a_killed_restore_left_is_removed_once_stale(runner, tmp_path):
+    """A runner killed mid-copy leaves its private temp folder: the next restore of that run
+    removes it once it is an hour old (a younger one may be another process's, at work)."""
+    _archived_run(tmp_path / "archive", finished=True)
+    root = tmp_path / "runs"
+    old, young = root / f".{NAME}.restore.k1ll3d", root / f".{NAME}.restore.w0rk1n"
+    for p in (old, young):
+        (p / NAME).mkdir(parents=True)
+    os.utime(old, (0, 0))
+    assert runner.archive.restore(root, [NAME]) == [NAME]
+    assert not old.exists() and young.exists()
+    assert runner.archive.restore(root, [NAME]) == []  # there: left as it is

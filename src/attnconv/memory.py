@@ -29,8 +29,12 @@ def check_attention_maps(
     if need > bound:
         first = "x".join(map(str, shapes[0]))
         raise ValueError(
-            f"{what}: return_attention needs at least {need / 2**30:.1f} GiB for its attention "
-            f"maps ({len(shapes)} layers of {first}), more than half this machine's memory "
-            f"({bound / 2**30:.1f} GiB); use smaller images or fewer at a time"
+            f"{what}: return_attention needs at least {_size(need)} for its attention maps "
+            f"({len(shapes)} layers of {first}), more than half this machine's memory "
+            f"({_size(bound)}); use smaller images or fewer at a time"
         )
     return need
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"

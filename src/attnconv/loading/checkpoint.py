@@ -376,8 +376,8 @@ def load_model(
         checkpoint's metadata.
 
     Raises:
-        CheckpointError: the checkpoint cannot be read, holds another or an unknown model, or
-            its weights do not fit the model built.
+        CheckpointError: the checkpoint cannot be read, holds another or an unknown model,
+            non-finite weights, or weights that do not fit the model built.
     """
     overrides = {k: v for k, v in overrides.items() if v is not None}  # None: the checkpoint's
     meta, weights, _ = read_checkpoint(path)
