@@ -103,6 +103,16 @@ def test_the_cache_key_names_the_cpu_not_the_checkout(tmp_path):
     assert build.cpu_key() in open("/proc/cpuinfo").read() or len(build.cpu_key()) == 8
 
 
+def test_the_cache_key_has_the_python_abi(tmp_path, monkeypatch):
+    """Two Pythons sharing a cache folder build one library each: a module built for one does
+    not load into the other."""
+    src = tmp_path / "k.cpp"
+    src.write_text("int f() { return 1; }\n")
+    here = build.module_name("x", [src])
+    monkeypatch.setattr(build, "python_abi", lambda: "cpython-312-x86_64-linux-gnu")
+    assert build.module_name("x", [src]) != here
+
+
 def _tiny_extension(build_dir: Path, name: str) -> Path:
     """A real CPython extension library named ``name`` (compiled in well under a second)."""
     src = build_dir / "tiny.c"

@@ -1,8 +1,9 @@
 """The C++ kernels' build cache, which never waits without bound and never loads a damaged build.
 
-- Key: the sources' digest, torch's version and the CPU's instruction set (the build targets
-  ``-march=native``: a home folder shared by an AVX2 and an AVX-512 machine keeps one build
-  each), not the checkout's path (every clone of the same sources shares one build).
+- Key: the sources' digest, torch's version, the Python ABI and the CPU's instruction set (the
+  build targets ``-march=native``: a home folder shared by an AVX2 and an AVX-512 machine, or by
+  two Pythons, keeps one build each), not the checkout's path (every clone of the same sources
+  shares one build).
 - Lock: ``fcntl.flock`` on the build folder's ``attnconv.lock``. The kernel releases it when its
   holder dies (a kill -9, an out-of-memory kill, a job timeout), so a killed build leaves nothing
   to wait on. A live build elsewhere is waited for ``LOCK_WAIT_S``, then this process runs the
@@ -24,6 +25,7 @@ import platform
 import re
 import shutil
 import sys
+import sysconfig
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,10 +50,16 @@ def cpu_key() -> str:
     return hashlib.sha1(" ".join(sorted(flags)).encode()).hexdigest()[:8]
 
 
+def python_abi() -> str:
+    """The extension ABI of this Python (``cpython-311-x86_64-linux-gnu``): a library built for
+    one Python does not load into another, and a cache folder may be shared by two."""
+    return sysconfig.get_config_var("SOABI") or sys.implementation.cache_tag or "python"
+
+
 def module_name(prefix: str, files: list[Path], flags: list[str] = ()) -> str:
-    """``prefix``_<torch version>_<digest of the sources, the compiler flags and the CPU's
-    instruction set>."""
-    key = " ".join(flags) + cpu_key()
+    """``prefix``_<torch version>_<digest of the sources, the compiler flags, the CPU's
+    instruction set and the Python ABI>."""
+    key = " ".join(flags) + cpu_key() + python_abi()
     digest = hashlib.sha1(b"".join(f.read_bytes() for f in files) + key.encode())
     version = re.sub(r"\W", "_", torch.__version__)
     return f"{prefix}_{version}_{digest.hexdigest()[:10]}"
