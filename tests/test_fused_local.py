@@ -158,8 +158,9 @@ def test_layer_falls_back_to_the_window_kernel_without_the_extension():
 
 
 def test_no_extension_call_while_a_compiler_traces():
-    """torch.compile / torch.export cannot trace into the extension: both kernel tables leave
-    the fused kernels while a compiler traces (content: the blocked kernel; local: the window)."""
+    """torch.export cannot trace into the extension: both kernel tables leave the fused kernels
+    while it traces (content: the blocked kernel; local: the window); torch.compile calls them
+    as custom ops (kernels/ops.py): the eager choice."""
     from attnconv.layers.kernels import plan
     from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
 
@@ -170,6 +171,11 @@ def test_no_extension_call_while_a_compiler_traces():
     assert plan.choose(case._replace(tracing=True, p_drop=0.1)) == "dense_dropout"
     assert plan.choose(plan.LocalCase(), plan.LOCAL_TABLE) == "fused"
     assert plan.choose(plan.LocalCase(tracing=True), plan.LOCAL_TABLE) == "window"
+    compiled = case._replace(tracing=True, compiled=True)
+    assert (
+        plan.choose(compiled) == "fused" and plan.choose(compiled._replace(p_drop=0.1)) == "fused"
+    )
+    assert plan.choose(plan.LocalCase(tracing=True, compiled=True), plan.LOCAL_TABLE) == "fused"
 
 
 def test_stem_runs_the_fused_kernel_and_equals_the_window():

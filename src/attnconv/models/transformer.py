@@ -137,7 +137,10 @@ class Transformer(nn.Module):
             raise ValueError(f"{name} must be a (B, T) int64 tensor of token ids, got {got}")
         if ids.shape[1] > self.cfg.max_len:
             raise ValueError(f"{name} length {ids.shape[1]} exceeds max_len {self.cfg.max_len}")
-        if ids.numel() and (ids.min() < 0 or ids.max() >= vocab):
+        if torch.compiler.is_compiling():  # a branch on the ids' values would break the graph
+            ok = ((ids >= 0) & (ids < vocab)).all()  # the same check, in it (a RuntimeError)
+            torch._assert_async(ok, f"{name} has ids outside [0, {vocab})")
+        elif ids.numel() and (ids.min() < 0 or ids.max() >= vocab):
             raise ValueError(f"{name} has ids outside [0, {vocab})")
 
     def _embed(self, ids: torch.Tensor, table: nn.Embedding) -> torch.Tensor:

@@ -26,6 +26,7 @@ from attnconv.models import create_model
 from . import distributed as D
 from .checkpoint import atomic_write, prune_checkpoints
 from .checkpoint import save_checkpoint as _save
+from .compiled import compile_failed, compile_net, say_failed
 from .config import Config, check_training_size
 from .device import set_up_compute
 from .evaluation import evaluate
@@ -94,9 +95,9 @@ class Trainer:
         if resume:
             self._resume()
         self._start_logs(resume)
-        self.net = D.wrap(self.model, self.info)
-        if t.compile:
-            self.net = torch.compile(self.net)
+        self.net = self.eager_net = D.wrap(self.model, self.info)
+        if t.compile:  # or eager, with one line naming the option that cannot compile
+            self.net = compile_net(self.net, self.model, self.info.device)
         self.stop_signal: int | None = None
 
     # ---- building ------------------------------------------------------------------------------
@@ -348,12 +349,14 @@ class Trainer:
         self._check_finite(torch.tensor(self.lr).float(), epoch, batch, "learning rate")
         set_lr(self.opt, self.lr)
         x, y = x.to(self.info.device), y.to(self.info.device)
-        with torch.autocast(self.info.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            logits = self.net(x)
-        loss = F.cross_entropy(logits.float(), y, label_smoothing=t.label_smoothing)
-        self._check_finite(loss, epoch, batch, "loss")
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
+        try:
+            logits, loss = self._forward_backward(x, y, epoch, batch)
+        except Exception as e:  # the compiler's own failure: one line, then eager
+            if self.net is self.eager_net or not compile_failed(e):
+                raise
+            say_failed(e)
+            self.net = self.eager_net
+            logits, loss = self._forward_backward(x, y, epoch, batch)
         if t.grad_clip:
             norm = nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip)
             self._check_finite(norm, epoch, batch, "gradient norm")
@@ -365,6 +368,16 @@ class Trainer:
         for k, v in (("loss", li), ("correct", ci), ("n", n)):
             self.sums["ep_" + k] += v
             self.sums["win_" + k] += v
+
+    def _forward_backward(self, x: torch.Tensor, y: torch.Tensor, epoch: int, batch: int):
+        """The step's forward (bf16 autocast where chosen), finite loss check and backward."""
+        with torch.autocast(self.info.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            logits = self.net(x)
+        loss = F.cross_entropy(logits.float(), y, label_smoothing=self.cfg.train.label_smoothing)
+        self._check_finite(loss, epoch, batch, "loss")
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        return logits, loss
 
     def _evaluate(self, epoch: int) -> None:
         """Evaluate, log the row, keep the metrics ``fit`` returns; a signal during evaluation

@@ -29,7 +29,7 @@ from torch.autograd.function import once_differentiable
 
 from ..encodings.base import pixel_coords
 from ..encodings.gaussian import gaussian_offset_logits
-from ..first_order import first_order_only
+from ..first_order import compiling, first_order_only
 from ..precision import backward_without_autocast, kernel_dtype, no_autocast
 
 _FLOOR = -60.0  # exp(-60) = 8.8e-27: products with gradients stay normal float32
@@ -132,6 +132,8 @@ def axis_attention(
     q, k, v, q_axis = first_order_only("the blocked axis attention (impl='auto')", q, k, v, q_axis)
     with no_autocast(q.device.type):
         bq = block or query_block(q.shape[1], q.shape[2])
+        if compiling():  # the same kernel as one custom op (kernels/ops.py)
+            return torch.ops.attnconv.blocked_axis(q, k, v, q_axis, h, w, scale, bq)[0]
         return _AxisAttention.apply(q, k, v, q_axis, h, w, scale, bq)
 
 
@@ -235,9 +237,10 @@ def gaussian_attention(
     coords = pixel_coords(h, w, q.device, dt)  # (T, 2)
     with no_autocast(q.device.type):
         bq = block or query_block(2 * q.shape[1], q.shape[2])  # e = d - Delta: 2 values a link
-        return _GaussianAttention.apply(
-            q, k, v, centers, precision, coords, scale, bq, drop, p_drop
-        )
+        args = (q, k, v, centers, precision, coords, scale, bq, drop, p_drop)
+        if compiling():  # the same kernel as one custom op (kernels/ops.py)
+            return torch.ops.attnconv.blocked_gaussian(*args)[0]
+        return _GaussianAttention.apply(*args)
 
 
 def gaussian_attention_reference(

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..encodings.terms import isotropic_energy
+from ..first_order import compiling
 
 MIN_HEAD_DIM = 16  # compiled FlexAttention: "embedding dimension ... must be at least 16"
 
@@ -34,7 +35,8 @@ def _flex(q, k, v, *, compiled: bool, **kwargs) -> torch.Tensor:
         q, k = F.pad(q, (0, MIN_HEAD_DIM - dk)), F.pad(k, (0, MIN_HEAD_DIM - dk))
     if dv < MIN_HEAD_DIM:  # zero value columns, dropped below
         v = F.pad(v, (0, MIN_HEAD_DIM - dv))
-    fn = _compiled_flex() if compiled else flex_attention
+    # inside a torch.compile'd model the outer compile compiles Flex itself
+    fn = _compiled_flex() if compiled and not compiling() else flex_attention
     return fn(q, k, v, **kwargs)[..., :dv]
 
 
@@ -164,6 +166,8 @@ def flex_local_attention(
 
     qs, vs = seq(q), seq(v)
     ks = seq(k) if k is not None else torch.zeros_like(qs)
-    mask = window_block_mask(kernel_size, h, w, str(q.device))
+    # traced: built in the graph (Dynamo would warn of the cache it skips)
+    block_mask = window_block_mask.__wrapped__ if compiling() else window_block_mask
+    mask = block_mask(kernel_size, h, w, str(q.device))
     y = _flex(qs, ks, vs, compiled=compiled, score_mod=score_mod, block_mask=mask, scale=1.0)
     return y.transpose(-1, -2).reshape(b, nh, -1, h, w)

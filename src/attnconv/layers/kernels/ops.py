@@ -17,6 +17,8 @@ ones under one seed.
 | fused_axis         | fused_axis.cpp (fused.py)                  | fused_axis_backward         |
 | local_window       | fused_local.cpp, or window.window_forward  | local_window_backward       |
 | separable_head_sum | shared_position.head_sum_forward           | separable_head_sum_backward |
+| blocked_axis       | blocked._AxisAttention (Python, by blocks) | blocked_axis_backward       |
+| blocked_gaussian   | blocked._GaussianAttention                 | blocked_gaussian_backward   |
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from torch.library import custom_op
 from ..functional import drop_threshold, dropped_elements, dropped_links
 from ..precision import no_autocast, shared_sum
 from . import shared_position, window
+from .blocked import _AxisAttention, _column_major_zeros, _GaussianAttention
 from .fused import extension
 
 
@@ -255,3 +258,105 @@ def _head_sum_bw(ctx, gy):
 
 
 separable_head_sum.register_autograd(_head_sum_bw, setup_context=_head_sum_setup)
+
+
+# ---- the query-blocked kernels (blocked.py), their Functions' bodies run as they are ----------
+class _Ctx:
+    """A stand-in for an autograd Function's ctx: what its forward saves, its backward reads."""
+
+    def __init__(self, **attrs):
+        self.__dict__.update(attrs)
+
+    def save_for_backward(self, *tensors):
+        self.saved_tensors = tensors
+
+
+@_op("blocked_axis", "(Tensor q, Tensor k, Tensor v, Tensor q_axis, SymInt h, SymInt w, "
+     "float scale, int bq) -> (Tensor, Tensor, Tensor)")  # fmt: skip
+def blocked_axis(q, k, v, q_axis, h, w, scale, bq):
+    """y (B, Nh, T, dv) and the rows' max and 1 / sum (B, Nh, T, 1)."""
+    ctx = _Ctx()
+    with no_autocast(q.device.type), torch.no_grad():
+        y = _AxisAttention.forward(ctx, q, k, v, q_axis, h, w, scale, bq)
+    return y, *ctx.saved_tensors[4:]
+
+
+@blocked_axis.register_fake
+def _(q, k, v, q_axis, h, w, scale, bq):
+    stats = q.new_empty(*q.shape[:3], 1)
+    return q.new_empty(*q.shape[:3], v.shape[-1]), stats, torch.empty_like(stats)
+
+
+@_op("blocked_axis_backward", "(Tensor dy, Tensor q, Tensor k, Tensor v, Tensor q_axis, "
+     "Tensor rmax, Tensor rden, SymInt h, SymInt w, float scale, int bq) "
+     "-> (Tensor, Tensor, Tensor, Tensor)")  # fmt: skip
+def blocked_axis_backward(dy, q, k, v, q_axis, rmax, rden, h, w, scale, bq):
+    ctx = _Ctx(saved_tensors=(q, k, v, q_axis, rmax, rden), hw=(h, w), scale=scale, bq=bq)
+    return _AxisAttention.backward(ctx, dy)[:4]
+
+
+@blocked_axis_backward.register_fake
+def _(dy, q, k, v, q_axis, rmax, rden, h, w, scale, bq):
+    zeros = torch.zeros_like
+    return zeros(q), _column_major_zeros(k), _column_major_zeros(v), zeros(q_axis)
+
+
+def _blocked_axis_setup(ctx, inputs, output):
+    q, k, v, q_axis, *ctx.args = inputs
+    ctx.save_for_backward(q, k, v, q_axis, *output[1:])
+
+
+def _blocked_axis_bw(ctx, dy, _dmax, _dden):
+    grads = blocked_axis_backward(dy, *ctx.saved_tensors, *ctx.args)
+    return *grads, None, None, None, None
+
+
+blocked_axis.register_autograd(_blocked_axis_bw, setup_context=_blocked_axis_setup)
+
+GAUSS_IN = "Tensor q, Tensor k, Tensor v, Tensor ctr, Tensor prec, Tensor coords"
+GAUSS_ARGS = "float scale, int bq, Tensor? drop, float p_drop"
+
+
+@_op("blocked_gaussian", f"({GAUSS_IN}, {GAUSS_ARGS}) -> (Tensor, Tensor, Tensor)")
+def blocked_gaussian(q, k, v, ctr, prec, coords, scale, bq, drop, p_drop):
+    """y (B, Nh, T, dv) and the rows' max and 1 / sum (B, Nh, T, 1)."""
+    ctx = _Ctx()
+    with no_autocast(q.device.type), torch.no_grad():
+        y = _GaussianAttention.forward(ctx, q, k, v, ctr, prec, coords, scale, bq, drop, p_drop)
+    return y, *ctx.saved_tensors[6:8]
+
+
+@blocked_gaussian.register_fake
+def _(q, k, v, ctr, prec, coords, scale, bq, drop, p_drop):
+    stats = q.new_empty(*q.shape[:3], 1)
+    return q.new_empty(*q.shape[:3], v.shape[-1]), stats, torch.empty_like(stats)
+
+
+@_op("blocked_gaussian_backward", f"(Tensor dy, {GAUSS_IN}, Tensor rmax, Tensor rden, "
+     f"{GAUSS_ARGS}) -> (Tensor, Tensor, Tensor, Tensor, Tensor)")  # fmt: skip
+def blocked_gaussian_backward(dy, q, k, v, ctr, prec, coords, rmax, rden, scale, bq, drop, p_drop):
+    saved = (q, k, v, ctr, prec, coords, rmax, rden, *(() if drop is None else (drop,)))
+    ctx = _Ctx(saved_tensors=saved, scale=scale, bq=bq, p_drop=p_drop)
+    return _GaussianAttention.backward(ctx, dy)[:5]
+
+
+@blocked_gaussian_backward.register_fake
+def _(dy, q, k, v, ctr, prec, coords, rmax, rden, scale, bq, drop, p_drop):
+    cols = _column_major_zeros
+    return torch.zeros_like(q), cols(k), cols(v), torch.empty_like(ctr), torch.zeros_like(prec)
+
+
+def _blocked_gaussian_setup(ctx, inputs, output):
+    *tensors, ctx.scale, ctx.bq, drop, ctx.p_drop = inputs
+    ctx.has_drop = drop is not None
+    ctx.save_for_backward(*tensors, *output[1:], *(() if drop is None else (drop,)))
+
+
+def _blocked_gaussian_bw(ctx, dy, _dmax, _dden):
+    *saved, drop = ctx.saved_tensors if ctx.has_drop else (*ctx.saved_tensors, None)
+    args = (ctx.scale, ctx.bq, drop, ctx.p_drop)
+    grads = blocked_gaussian_backward(dy, *saved, *args)
+    return *grads, *(None,) * 5  # coords, scale, bq, drop, p_drop
+
+
+blocked_gaussian.register_autograd(_blocked_gaussian_bw, setup_context=_blocked_gaussian_setup)

@@ -35,7 +35,7 @@ TABLE:
 | shared_bias      | Axis, fixed logits     | no grad, no dropout, T <= SHARED_BIAS_MAX_T      |
 | blocked          | Axis                   | CPU, T >= BLOCKED_MIN_T (or "blocked"), no drop. |
 |                  |                        | (inference past FUSED_INFERENCE_MAX_T; no C++)   |
-| blocked_gaussian | Gaussian               | CPU, not traced (or "blocked")                   |
+| blocked_gaussian | Gaussian               | CPU, not exported (or "blocked")                 |
 | fold             | any                    | otherwise: folded into q/k, the fused SDPA       |
 """
 
@@ -232,10 +232,10 @@ TABLE = (
         lambda c: (
             isinstance(c.term, GaussianTerm)
             and c.cpu_blocked
-            and (c.backend is not None or not c.tracing)
+            and (c.backend is not None or c.compiled or not c.tracing)
         ),
         "Gaussian",
-        'CPU, not traced (or "blocked")',
+        'CPU, not exported (or "blocked")',
     ),
     Row("fold", lambda c: True, "any", "otherwise: folded into q/k, the fused SDPA"),
 )
