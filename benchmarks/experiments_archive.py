@@ -39,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from attnconv.catalog import CIFAR_ZIP, WEIGHT_FILE, sha256_of
+from attnconv.catalog import CIFAR_ZIP, WEIGHT_FILE, file_digest
 from experiments_runs import ROOT, finished
 
 ARCHIVE = ROOT / "benchmarks" / "results" / "experiment_runs"
@@ -150,7 +150,7 @@ def _final(src: Path, dest: Path, tmp: Path, prefix: str) -> None:
         checkpoint, meta = read_meta(src / CHECKPOINTS)
         (tmp / FINAL).mkdir(parents=True)
         shutil.copyfile(checkpoint / WEIGHT_FILE, tmp / FINAL / WEIGHT_FILE)
-        if sha256_of(tmp / FINAL / WEIGHT_FILE) != meta["files"][WEIGHT_FILE]["sha256"]:
+        if file_digest(tmp / FINAL / WEIGHT_FILE) != meta["files"][WEIGHT_FILE]["sha256"]:
             raise CheckpointError(f"{checkpoint / WEIGHT_FILE}: sha256 differs")
         meta = weights_only(_relative(meta, prefix))
         (tmp / FINAL / META).write_text(json.dumps(meta, indent=1))

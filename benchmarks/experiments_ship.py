@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from attnconv.catalog import CARD, CIFAR_ZIP, WEIGHT_FILE, WEIGHTS, sha256_of
+from attnconv.catalog import CARD, CIFAR_ZIP, WEIGHT_FILE, WEIGHTS, file_digest
 from experiments_archive import weights_only
 from experiments_runs import ROOT
 
@@ -84,7 +84,7 @@ def ship_one(name: str, texts: dict, runs: Path, data: Path) -> dict:
         "hardware": texts["hardware"],
         "source": texts["source"],
         "claims": texts.get("claims", []),
-        "sha256": sha256_of(tmp / WEIGHT_FILE),
+        "sha256": file_digest(tmp / WEIGHT_FILE),
         "bytes": (tmp / WEIGHT_FILE).stat().st_size,
         "evaluated": {
             "date": time.strftime("%Y-%m-%d"),

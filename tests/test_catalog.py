@@ -132,7 +132,7 @@ def own_catalog(tmp_path, monkeypatch) -> Path:
         "name": "tiny_cnn.test",
         "model": "tiny_cnn",
         "default": True,
-        "sha256": catalog.sha256_of(folder / catalog.WEIGHT_FILE),
+        "sha256": catalog.file_digest(folder / catalog.WEIGHT_FILE),
     }
     (folder / catalog.CARD).write_text(json.dumps(card))
     monkeypatch.setattr(catalog, "WEIGHTS", weights)

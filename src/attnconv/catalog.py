@@ -139,8 +139,9 @@ def pretrained_info(name: str) -> dict:
     return json.loads((WEIGHTS / name / CARD).read_text())
 
 
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
+def file_digest(path: Path, algorithm: str = "sha256") -> str:
+    """The hex digest of a file, read in 1 MiB blocks (a weight file, a downloaded archive)."""
+    h = hashlib.new(algorithm)
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
@@ -159,7 +160,7 @@ def pretrained_folder(name: str) -> Path:
     weights = folder / WEIGHT_FILE
     if not weights.is_file():
         raise PretrainedError(f"{weights}: the weight file of {card['name']} is missing")
-    if sha256_of(weights) != card["sha256"]:
+    if file_digest(weights) != card["sha256"]:
         raise PretrainedError(
             f"{weights}: sha256 differs from the card of {card['name']} (the file was modified "
             "or damaged; reinstall attnconv)"

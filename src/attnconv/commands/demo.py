@@ -295,11 +295,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _offer_pretrained() -> None:
     """The demo's closing offer: the shipped model trained to the grid (one command)."""
-    from attnconv.catalog import list_pretrained, pretrained_info
+    from attnconv.catalog import PretrainedError, pretrained_info
 
-    if not (names := list_pretrained("sa_quadratic.*")):
+    try:
+        card = pretrained_info("sa_quadratic")  # its default tag
+    except PretrainedError:  # no sa_quadratic ships
         return
-    card = pretrained_info(names[0])
     print(
         f"That run ships trained: {card['name']} ({card['steps']:,} steps, "
         f"{100 * card['test_accuracy']:.1f}% on the test set). Open its heads with:\n"

@@ -8,7 +8,6 @@ rebuild numpy arrays, never run arbitrary code.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import pickle
@@ -19,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from attnconv.catalog import file_digest
 
 CIFAR10_CLASSES = (
     "airplane",
@@ -195,14 +196,6 @@ def find_cifar(which: str, root: str | Path) -> Path | None:
     return None
 
 
-def md5sum(path: Path) -> str:
-    h = hashlib.md5()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def download(
     which: str, root: str | Path, *, url: str | None = None, md5: str | None = None
 ) -> Path:
@@ -212,7 +205,7 @@ def download(
     root.mkdir(parents=True, exist_ok=True)
     dest = root / arch.filename
     want = md5 or arch.md5
-    if dest.is_file() and md5sum(dest) == want:
+    if dest.is_file() and file_digest(dest, "md5") == want:
         return dest
     url = url or arch.url
     fd, tmp = tempfile.mkstemp(dir=root, prefix=arch.filename + ".", suffix=".part")
@@ -222,7 +215,7 @@ def download(
                 out.write(chunk)
             out.flush()
             os.fsync(out.fileno())
-        got = md5sum(Path(tmp))
+        got = file_digest(Path(tmp), "md5")
         if got != want:
             raise ValueError(f"download of {url} has md5 {got}, expected {want} (file discarded)")
         os.replace(tmp, dest)

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from attnconv.catalog import file_digest
 from attnconv.cpuinfo import cpu_flags
 from attnconv.warn import warn
 
@@ -70,15 +71,11 @@ def compiler() -> str | None:
     return shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
 
 
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def valid(library: Path) -> bool:
     """The library exists and its stamp matches its bytes."""
     stamp = library.with_suffix(".sha256")
     try:
-        return stamp.read_text().strip() == _digest(library)
+        return stamp.read_text().strip() == file_digest(library)
     except OSError:
         return False
 
@@ -86,7 +83,7 @@ def valid(library: Path) -> bool:
 def stamp(library: Path) -> None:
     """Mark a library whose module imported as valid (an atomic rename of the stamp)."""
     tmp = library.with_suffix(f".sha256.{os.getpid()}")
-    tmp.write_text(_digest(library))
+    tmp.write_text(file_digest(library))
     os.replace(tmp, library.with_suffix(".sha256"))
 
 
