@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # (id, argv with {tmp} placeholders, regex the last stderr line must match, usage error?)
 USAGE = [
     ("unknown-command", ["frobnicate"], r"invalid choice: 'frobnicate'"),
-    ("train-no-config", ["train"], r"required: config"),
+    ("train-no-config", ["train"], r"name a recipe or a YAML config"),
     ("train-unknown-option", ["train", "{ok}", "--bogus"], r"unrecognized arguments: --bogus"),
     ("train-int-type", ["train", "{ok}", "--stop-at-step", "abc"], r"invalid int value: 'abc'"),
     ("eval-int-type", ["eval", "{ckpt}", "--batch-size", "x"], r"invalid int value: 'x'"),
