@@ -1,8 +1,8 @@
-"""Issue 17 anchors: attnconv's content attention against what a user would write instead.
+"""The anchors: attnconv's content attention against what a user would write instead.
 
 `attnconv bench --suite layers -- --only anchors [--quick] [--repeats N] [--threads N]`
 
-For each case of the issue's table (quadratic / learned-relative + content, train = fwd+bwd or
+For each case of the anchors' table (quadratic / learned-relative + content, train = fwd+bwd or
 inference, fp32 or bf16 autocast, B x C x H x W, 9 heads):
 - time: attnconv (impl="auto"), attnconv without its query-blocked kernel ("fold": the exact
   fold into fused SDPA, or in inference the shared-bias kernel; blocked.py, mhsa2d.py), the

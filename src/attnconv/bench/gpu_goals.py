@@ -1,4 +1,4 @@
-"""Issue 45's GPU goals read from a GPU run's results: each goal, the case, the measured ratio, the
+"""The GPU goals read from a GPU run's results: each goal, the case, the measured ratio, the
 target and whether it is met, and for each group the path that was fastest (what the plan's CUDA
 rows should pick). Reads only what the cuda suite wrote (``cuda_layers_content.json``,
 ``cuda_layers_local.json``, ``cuda_models.json`` in one folder, or a group's ``.partial.json``
@@ -163,7 +163,7 @@ def report(folder: Path) -> str:
     goals = _content_goals(rows) + _model_goals(models.get("rows", []))
     device = next((d["device"] for d in (content, local, models) if d.get("device")), "unknown")
     lines = [
-        "# Issue 45's GPU goals, read from one run",
+        "# The GPU goals, read from one run",
         "",
         f"Device: {device}. Read by `python benchmarks/gpu_goals.py {folder}` from the cuda "
         f"suite's files there ({CONTENT}, {LOCAL}, {MODELS} .json; a missing one: its goals not "

@@ -1,4 +1,4 @@
-"""A converted convolution keeps answering as the convolution it replaced (issue 27): model code
+"""A converted convolution keeps answering as the convolution it replaced: model code
 reads its convolutions' attributes (``weight`` for weight standardization or a re-parametrized
 branch, ``in_channels`` / ``kernel_size`` / ``stride`` / ``padding`` / ``groups`` to size other
 layers), so ``ConvAttention2d`` answers them all from its geometry and its heads.
