@@ -96,8 +96,8 @@ class Natten(torch.nn.Module):
 
 def content_cases(quick: bool) -> list[dict]:
     """In the order a lent GPU's minutes should go (a run cut short keeps the first): bf16
-    training, fp32 training, bf16 then fp32 inference; 32x32 and 64x64 (the 1.5x goals of gpu_goals.py)
-    before 16x16; both encodings at each."""
+    training, fp32 training, bf16 then fp32 inference; 32x32 and 64x64 (the 1.5x goals of
+    gpu_goals.py) before 16x16; both encodings at each."""
     shapes = [(2, 18, 8)] if quick else [(32, 144, 32), (8, 144, 64), (32, 432, 32), (64, 144, 16)]
     return [
         dict(group="content", positional=p, train=t, dtype=d, b=b, c=c, hw=hw)

@@ -29,8 +29,9 @@ HELP = "train a small quadratic-attention model for ~2 minutes and draw what its
 log = logging.getLogger(__name__)
 MARGIN = 0.8  # plan the steps for this share of the time left (the machine may be shared)
 # the time limit stops training only at this multiple of its allotment: a planned schedule
-# finishes on a machine up to 2.5x slower than its probe measured (a shared machine slows
-# down unannounced); only a far slower one is cut short (and the summary says so)
+# finishes on a machine up to LIMIT_SLACK / MARGIN times slower than its probe measured (a
+# shared machine slows down unannounced); only a far slower one is cut short (and the summary
+# says so)
 LIMIT_SLACK = 2.0
 PROBE_S = 3.0  # a speed probe stops after this many seconds (a slow thread count is seen soon)
 PROBE_SHARE = 0.04  # ... or after this share of the budget if less (then 1 thread only)
@@ -38,9 +39,10 @@ PROBE_PER_CLASS = 50  # test images per class the speed probe trains on (its bat
 CLASS_STEP = 500  # training images decoded per class: a multiple of this (the decoded cache's key)
 MIN_TRAIN_S = 10.0  # training time a demo always gets, however short its budget
 # Planning estimate: drawing the figures (matplotlib) costs about as much CPU time as training on
-# this many images, so FIGURES_IMAGES / (measured images/s) seconds are kept for them (0.5 min
-# demos on a shared 2-core machine: figures 7-11 s at 314-565 images/s, 3500-4000 images' worth).
-# Every demo run prints the figures' actual time beside this plan, so it is checked each time.
+# this many images, so FIGURES_IMAGES / (measured images/s) seconds are kept for them (set from
+# short demos on a shared 2-core machine: docs/benchmarks.md, "Figures behind the code's
+# comments"). Every demo run prints the figures' actual time beside this plan, so it is
+# checked each time.
 FIGURES_IMAGES = 4500
 
 # 3 layers x 9 quadratic heads, hidden 64, 4x4 space-to-depth (8x8 tokens); no dropout (short run)

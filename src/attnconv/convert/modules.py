@@ -37,7 +37,8 @@ from .grouped import GroupedHeadProjection, grouped_head_mix
 from .rules import SpecConv, UnsupportedConv, check_conversion, conv_spec
 
 # the fast hard path concatenates the heads' inputs when Nh * Cin is at most this (measured on
-# ResNet18: the 3-channel stem gains ~10x, 64-channel layers lose with a 576-channel copy)
+# ResNet18: the 3-channel stem gains, 64-channel layers lose with a 576-channel copy;
+# docs/benchmarks.md, "Figures behind the code's comments")
 CONCAT_MAX_CHANNELS = 128
 
 

@@ -5,8 +5,8 @@ dropped_elements``, the hash of the attention dropout's links).
 
 On CPU the fused kernel (kernels/dropout.cpp) draws the mask and scales in one vectorized pass,
 and backward redraws it from the seed: no mask is stored, and no ``bernoulli_``, which draws its
-numbers one at a time on CPU (15x slower on a bfloat16 activation; the paper model's 12 hidden
-dropouts per step took about 15% of its CPU training step, docs/benchmarks.md). Without a
+numbers one at a time on CPU (far slower, and a large share of the paper model's CPU training
+step: docs/benchmarks.md, "Figures behind the code's comments"). Without a
 compiler the plain equations, ``hash_dropout_reference``, draw the same mask. ``hash_dropout``
 hashes on every device; the module ``HashDropout`` runs torch's own fused dropout off the CPU
 (on CUDA the hash's dozen integer passes would cost more than the whole dropout), so its masks

@@ -68,12 +68,11 @@ class GaussianEncoding(PositionalEncoding):
 
     def position_logits(self, h: int, w: int) -> torch.Tensor:
         """(Nh, T, T) position-only logits from the low-rank fold, each query's maximum shifted
-        to 0 (softmax is invariant to it). The folded terms grow as alpha
-        H^2 and cancel (float32 lost 1e-2 of the output at 1 x 1000 pixels, 5-13x the dense
-        path's error at 32 x 32): the fold's product and the shift run in float64, so only
-        the final probabilities are rounded. Returned in float64: the softmax runs there too,
-        so that its backward's dlogits meet the fold's large key terms without float32
-        rounding (callers cast the probabilities)."""
+        to 0 (softmax is invariant to it). The folded terms grow as alpha H^2 and cancel in
+        float32 (docs/benchmarks.md, "Figures behind the code's comments"): the fold's product
+        and the shift run in float64, so only the final probabilities are rounded. Returned in
+        float64: the softmax runs there too, so that its backward's dlogits meet the fold's
+        large key terms without float32 rounding (callers cast the probabilities)."""
         with no_autocast(self.centers.device.type):
             q_pos, k_pos = self.position_fold(h, w, torch.float64)  # (Nh, T, r), (T, r)
             lg = q_pos @ k_pos.t()

@@ -283,8 +283,9 @@ class LearnedRelativeEncoding(PositionalEncoding):
         keys' fixed ones. An AxisTerm's attention runs in float32 under autocast (precision.py):
         the fused bfloat16 backward forms dS = P (dP - D) with D = rowsum(dO * O) from the
         bfloat16-rounded output O, an error shared by every key of a query that adds up
-        coherently in dq, dk (dense: softmax's backward in float32); at 224^2 it measured 2-3x
-        the dense path's gradient error (tests/test_precision.py)."""
+        coherently in dq, dk (dense: softmax's backward in float32), past the dense path's
+        gradient error (tests/test_precision.py; docs/benchmarks.md, "Figures behind the code's
+        comments")."""
         if self.query_reads:
             return AxisTerm(owner=self, h=h, w=w, query_reads=True, reads_q=True)
         return AxisTerm(owner=self, h=h, w=w)

@@ -52,8 +52,9 @@ def _block_logits(q, kt, qa, h: int, w: int, scale: float) -> torch.Tensor:
 
 def _exp_(s: torch.Tensor) -> torch.Tensor:
     """exp in place of logits minus their max (<= 0). float32: clamped at _FLOOR first, so that no
-    probability is subnormal (subnormal exp results and products run ~10x slower on x86; the
-    quadratic logits -alpha d^2 reach -1e5). Each clamped term is < 1e-26 of the softmax sum, far
+    probability is subnormal (subnormal exp results and products run far slower on x86,
+    docs/benchmarks.md, "Figures behind the code's comments"; the quadratic logits -alpha d^2
+    reach -1e5). Each clamped term is < 1e-26 of the softmax sum, far
     below float32 rounding; float64 is left exact."""
     if s.dtype == torch.float32:
         s.clamp_(min=_FLOOR)

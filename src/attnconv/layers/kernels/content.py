@@ -69,7 +69,7 @@ def flex(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True, in_kernel=Fa
 def flex_gaussian(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True):
     """``flex`` with eq. 9 computed in the kernel (inference). Training gathers: compiled Flex
     reduces a captured per-head scalar's gradient over every (query, key) pair with atomics on
-    Nh addresses, many times slower on an H100 (docs/benchmarks.md, bench --suite cuda)."""
+    Nh addresses, far slower (docs/benchmarks.md, "On a GPU"; `attnconv bench --suite cuda`)."""
     return flex(q, k, v, term, grid, scale, in_kernel=True)
 
 
@@ -169,7 +169,7 @@ def blocked_gaussian(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True):
     """softmax(scale q k^T - 1/2 (d - Delta)^T S (d - Delta)) v by query blocks, in float32, the
     position logits built from the offsets (blocked.gaussian_attention); attention dropout by
     the plain path's own dropped links. Folded into q/k, the bilinear form's alpha H^2 terms
-    cancel in float32 (2e-2 of the output at 1 x 1000 pixels, 5-17x the dense path's at 32^2)."""
+    cancel in float32 (docs/benchmarks.md, "Figures behind the code's comments")."""
     b, nh, t = q.shape[:3]
     drop = dropped_links(nh, t, b, p_drop, q.device) if p_drop > 0 else None
     y = gaussian_attention(

@@ -19,7 +19,8 @@ namespace {
 constexpr int64_t kGrain = 1 << 15;  // elements per task
 
 // bfloat16 <-> float by bits (c10's round to nearest even, NaN to 0x7fc0), so that the loop
-// vectorizes; c10::BFloat16's own conversions keep it scalar (14x slower, measured).
+// vectorizes; c10::BFloat16's own conversions keep it scalar (far slower: docs/benchmarks.md,
+// "Figures behind the code's comments").
 inline float bf16_to_float(uint16_t b) {
   const uint32_t u = static_cast<uint32_t>(b) << 16;
   float f;

@@ -67,11 +67,12 @@ STEM_BACKENDS = ("reference", "fused", "window")  # the attention stem's (no Fle
 FLEX = importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
 SHARED_BIAS_MAX_T = 64 * 64  # (Nh, T, T) float32 bias in inference: 64 MiB per head at 64^2
 BLOCKED_MIN_T = 16 * 16  # smaller images: the blocked kernel's Python loop costs its gain
-FUSED_INFERENCE_MAX_T = 16 * 16  # inference: fused beats blocked at 16^2, not from 32^2
-# (docs/benchmarks.md, benchmarks/results/fused_inference.md)
+FUSED_INFERENCE_MAX_T = 16 * 16  # inference: fused up to here, blocked above
+# (set by benchmarks/results/fused_inference.md, with the commands that measured it)
 # On CUDA the content rows fall to flex (fold with dropout), but to the fold for learned-relative
-# logits in bf16, and in fp32 up to FOLD_CUDA_FP32_MAX_T: where one H100 run measured it faster
-# than Flex (docs/benchmarks.md, benchmarks/results/cuda_layers_content.md and gpu_goals.md).
+# logits in bf16, and in fp32 up to FOLD_CUDA_FP32_MAX_T: set by
+# benchmarks/results/cuda_layers_content.md, measured by `attnconv bench --suite cuda -- --only
+# content`, and its gpu_goals.md (docs/benchmarks.md, "The goals, read from a run").
 # The Triton kernel's row stays opt-in until a GPU times it beside them (gpu_session.sh).
 FOLD_CUDA_FP32_MAX_T = 32 * 32
 
@@ -242,8 +243,8 @@ TABLE = (
 
 
 # Inside a transform: no autograd Function (plain torch ops only); the fold and the shared
-# kernel measured faster there than the reference path (benchmarks/per_sample_grads.py,
-# docs/benchmarks.md).
+# kernel measured faster there than the reference path (`python benchmarks/per_sample_grads.py`;
+# docs/benchmarks.md, "Per-sample gradients through `torch.func`").
 TRANSFORM_TABLE = (
     Row(
         "reference",

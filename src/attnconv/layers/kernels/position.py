@@ -56,8 +56,9 @@ def reference_probs(q, k, v, term, grid, scale):
 def shared_probs(q, k, v, term, grid, scale, dtype=None) -> torch.Tensor:
     """(1, Nh, T, T) position-only probabilities: a Gaussian term's from its low-rank fold in
     float64 (position_logits); learned relative tables (sec. 4.3) as the outer product of their
-    row and column softmaxes, softmax(R[q, k1] + C[q, k2]) = softmax(R) (x) softmax(C), 10% fewer
-    ops in sa_learned's training step than the dense equations (the quadratic axis term builds
+    row and column softmaxes, softmax(R[q, k1] + C[q, k2]) = softmax(R) (x) softmax(C), fewer
+    ops in sa_learned's training step than the dense equations (counted by `python
+    benchmarks/step_ops.py`: docs/benchmarks.md, "On a GPU"; the quadratic axis term builds
     its per-axis logits in more ops than its dense ones: it stays dense); any other from the
     dense equations. In ``dtype`` (default: the layer's for a Gaussian or axis term, q's
     otherwise)."""
@@ -72,7 +73,8 @@ def shared_probs(q, k, v, term, grid, scale, dtype=None) -> torch.Tensor:
 def _batch_summed_outer(dy: torch.Tensor, vs: torch.Tensor) -> torch.Tensor:
     """sum_b dy_b v_b^T per head: dy (B, Tq, Nh, D), vs (B, Tk, Nh, D) -> (Nh, Tq, Tk), one GEMM per
     head over the (b, d) pairs in that order, as autograd reduces the plain einsum's dP (a
-    one-call einsum summed them in another order and came out up to 2.3x its float32 error)."""
+    one-call einsum summed them in another order and came out past its float32 error bound:
+    docs/benchmarks.md, "Figures behind the code's comments")."""
     b, tq, nh, d = dy.shape
     dyh = dy.permute(2, 1, 0, 3).reshape(nh, tq, b * d)
     vh = vs.permute(2, 1, 0, 3).reshape(nh, vs.shape[1], b * d)
@@ -83,7 +85,8 @@ class _SharedMix(torch.autograd.Function):
     """y = P v for probabilities P (Nh, T, T) shared by the batch and values in a lower
     precision (bf16 autocast): the product in v's dtype, the batch-summed dP in P's (float32).
     Rounding that sum to bf16 once loses more than the plain path, which rounds each image's dP
-    and sums in float32; with sharp heads the centres' gradient error was 2.5x the plain path's."""
+    and sums in float32; with sharp heads the centres' gradient error grew past the plain path's
+    (docs/benchmarks.md, "On a GPU")."""
 
     @staticmethod
     def forward(ctx, probs, vs):  # probs (Nh, T, T) float32, vs (B, T, Nh, Dv) -> (B, T, Nh, Dv)

@@ -90,7 +90,8 @@ def position_attention(
     No dropout: the separable row then column operators. A mask shared by the batch: P o keep
     is one dense (Nh*T, T) matrix for the whole batch and one GEMM against x (T, B*C), measured
     faster on CPU than the separable product plus its sparse correction, whose Nh*T*B*C-sized
-    passes are memory-bound (benchmarks/batch_mask_ab.py; figures in docs/benchmarks.md).
+    passes are memory-bound (benchmarks/results/batch_mask_ab.md, measured by `python
+    benchmarks/batch_mask_ab.py`).
     A mask per image: separable product minus the sparse term."""
     g, h, w, b, ch = x.shape
     nh, t = r.shape[0], h * w
@@ -121,8 +122,9 @@ def separable_minus_dropped(
     the dropped links; shapes as ``position_attention``, drop (Nh, T, T) or (B, Nh, T, T)."""
     g, h, w, b, ch = x.shape
     # In x's dtype, autocast off: in bfloat16 the difference of the two rounded products
-    # measured twice the plain path's error. The sparse term has negated weights and is added in
-    # place to y itself (not a view): the backward neither copies nor negates.
+    # erred past the plain path (docs/benchmarks.md, "Figures behind the code's comments"). The
+    # sparse term has negated weights and is added in place to y itself (not a view): the
+    # backward neither copies nor negates.
     with no_autocast(x.device.type):
         y = separable_tokens(r, c, x.reshape(g, h, w, b * ch))
         y = y.add_(dropped_product(r, c, x, drop, sign=-1.0).view(y.shape))
@@ -179,16 +181,17 @@ def head_sum_linear(
         return _HeadSumLinear.apply(heads.contiguous(), weight, bias)
 
 
-BLOCK_BYTES = 1 << 19  # one image block of x: 512 KiB, a core's L2 (measured best at B=64)
+BLOCK_BYTES = 1 << 19  # one image block of x: 512 KiB, a core's L2
 BLOCK_MAX_THREADS = 1  # more threads: the whole batch (its GEMMs split better over the cores)
+# Both set by benchmarks/results/head_sum_blocks.md, with the commands that measured them
+# (docs/benchmarks.md, "Training throughput of the paper models").
 
 
 def image_blocks(x: torch.Tensor) -> list[tuple[int, int]]:
     """[i0, i1) ranges over the images of x (Nh|1, H, W, B, D) such that one head's block,
     H*W*(i1 - i0)*D values, fits BLOCK_BYTES (at least one image), on a CPU running at most
-    BLOCK_MAX_THREADS threads; else one range, the batch. A training step of grid_long's model
-    (B=64, hidden 64, 9 heads, fp32, idle machine): 1.08-1.13x faster at 1 thread; at 2 threads
-    the blocks measured 0.96x, so the batch runs whole (benchmarks/results/head_sum_blocks.md)."""
+    BLOCK_MAX_THREADS threads; else one range, the batch (the blocks measured faster a training
+    step of grid_long's model at one thread, not at two: benchmarks/results/head_sum_blocks.md)."""
     h, w, b, d = x.shape[1:]
     if x.device.type != "cpu" or torch.get_num_threads() > BLOCK_MAX_THREADS:
         return [(0, b)]
@@ -263,9 +266,9 @@ class _SeparableHeadSum(torch.autograd.Function):
     """y = sum_h (R_h (x) C_h) x_h W_h^T + b one image block and one head at a time (eq. 9
     factorized, eq. 1's concat_h and Wout never built): a head's row and column products
     (H*W*Bblock*D each) stay in L2 instead of Nh of them streaming through memory, and backward
-    recomputes them instead of keeping them (``image_blocks``; per head over the whole batch
-    measured 1.7x faster a forward than the composition at the Table 1 CPU scale, B=64, D=64, 9
-    heads, bf16; the image blocks a further 1.08-1.13x a float32 training step). The plain
+    recomputes them instead of keeping them (``image_blocks``; per head, and per image block,
+    measured faster than the composition: docs/benchmarks.md, "Figures behind the code's
+    comments" and "Training throughput of the paper models"). The plain
     composition: ``separable_tokens`` then ``head_sum_linear``. r (Nh, H, H), c (Nh, W, W),
     x (Nh|1, H, W, B, D), weight (Dout, Nh*D), bias (Dout,) or None, all one dtype ->
     (H*W*B, Dout)."""

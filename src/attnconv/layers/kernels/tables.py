@@ -29,9 +29,9 @@ class LocalCase(NamedTuple):
     compiled: bool = False  # torch.compile traces (not an export)
 
 
-# On CUDA the window function from this many pixels in float32, where one H100 run measured it
-# faster than Flex (docs/benchmarks.md; benchmarks/results/cuda_layers_local.md); sizes between
-# 28x28 and 56x56 were not measured.
+# On CUDA the window function from this many pixels in float32, Flex below: set by
+# benchmarks/results/cuda_layers_local.md, measured by `attnconv bench --suite cuda -- --only
+# local` (docs/benchmarks.md, "On a GPU"); sizes between 28x28 and 56x56 were not measured.
 WINDOW_CUDA_MIN_T = 56 * 56
 
 

@@ -194,7 +194,8 @@ def _bwd_dq(
     from the probabilities this backward recomputes (into DELTA), not flash attention's
     rowsum(dY o Y): Y's rounding does not cancel against them, and dividing by rowsum(P) makes
     each row of dS sum to 0 as it does exactly (a 1 x N image's row-logit gradient, 0, came
-    out at up to 6x the plain path's error in fp32; docs/benchmarks.md)."""
+    out past the plain path's error in fp32: docs/benchmarks.md, "Figures behind the code's
+    comments")."""
     N: tl.constexpr = ROWS * WP
     if ACC == tl.float64:  # a float argument is fp32 on a GPU: float64's exact values from SC
         scale, inv_keep = tl.load(SC), tl.load(SC + 1)

@@ -48,8 +48,8 @@ def _dot(a, b, PREC: tl.constexpr, ACC: tl.constexpr):
 @triton.jit
 def _low(x, dtype: tl.constexpr):
     """float32 x in ``dtype``, rounded to nearest even as a GPU rounds it. Triton's interpreter
-    truncates a float32 cast to bfloat16 (its error twice a rounding's: the CPU tests' bf16 dV
-    at 2.3x the plain path's), so there the bits are rounded and taken as bfloat16's (NaN kept
+    truncates a float32 cast to bfloat16 (its error twice a rounding's: docs/benchmarks.md,
+    "What the interpreter hides"), so there the bits are rounded and taken as bfloat16's (NaN kept
     a NaN; the interpreter's own conversion also loses subnormals)."""
     if INTERPRET and dtype == tl.bfloat16:
         bits = x.to(tl.uint32, bitcast=True)

@@ -4,8 +4,8 @@ operand kind and padded head width.
 
 One block shape: the backward recomputes every logit S with the forward's product shape, so
 with the same rounding, and P = exp(S - m) / l stays normalized by the forward's own l (a block
-per kernel, tried first, made the gradients of 400-wide float32 heads err over 2x the plain
-path's under the interpreter: docs/benchmarks.md).
+per kernel, tried first, made the gradients of 400-wide float32 heads err past the plain
+path's bound under the interpreter: docs/benchmarks.md, "Figures behind the code's comments").
 
 Chosen without a GPU: each candidate compiled for sm_90 under the GPU machines' triton (3.6) and
 PyPI's (3.9), keeping the largest block that every kernel compiles without spilling registers to
