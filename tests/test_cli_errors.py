@@ -30,7 +30,6 @@ ROOT = Path(__file__).resolve().parents[1]
 # (id, argv with {tmp} placeholders, regex the last stderr line must match, usage error?)
 USAGE = [
     ("unknown-command", ["frobnicate"], r"invalid choice: 'frobnicate'"),
-    ("train-no-config", ["train"], r"name a recipe or a YAML config"),
     ("train-unknown-option", ["train", "{ok}", "--bogus"], r"unrecognized arguments: --bogus"),
     ("train-int-type", ["train", "{ok}", "--stop-at-step", "abc"], r"invalid int value: 'abc'"),
     ("eval-int-type", ["eval", "{ckpt}", "--batch-size", "x"], r"invalid int value: 'x'"),
@@ -42,6 +41,7 @@ USAGE = [
 ]
 RUN = [
     # train: config files, keys, values, model names, data, resume
+    ("train-no-config", ["train"], r"name a recipe or a YAML config"),
     ("train-missing-config", ["train", "{tmp}/nope.yaml"], r"nope.yaml: no such config file"),
     ("train-unknown-key", ["train", "{tmp}/typo.yaml"], r"unknown config key 'modle'.*model"),
     ("train-bad-yaml", ["train", "{tmp}/broken.yaml"], r"broken.yaml: invalid YAML"),
