@@ -31,7 +31,7 @@ import torch
 
 from attnconv.bench.models_report import replace_block
 from attnconv.catalog import RECIPES
-from attnconv.train.device import bf16_passed_over
+from attnconv.device import bf16_passed_over
 from experiments_runs import default_data  # beside this file
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -30,7 +30,7 @@ import torch
 from attnconv.bench.anchors import interleaved_medians
 from attnconv.bench.models import SA_MODELS, make_step, training_step
 from attnconv.cpuinfo import cpu_name
-from attnconv.train.device import flush_subnormals
+from attnconv.device import flush_subnormals
 
 SETTINGS = (("kept", False), ("flushed", True))
 

@@ -231,7 +231,7 @@ def _run_one(
     if not done and cfg.stem.endswith("_bf16"):  # a bf16 run trained in float32
         import torch  # would be mislabelled: not on this CPU
 
-        from attnconv.train.device import bf16_passed_over
+        from attnconv.device import bf16_passed_over
 
         passed_over = bf16_passed_over(torch.device("cpu"))
         if passed_over:

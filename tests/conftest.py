@@ -89,7 +89,7 @@ def _one_thread():
     torch.use_deterministic_algorithms(det, warn_only=warn_only)
     tiny = torch.ones(1, dtype=torch.int32).view(torch.float32)  # 1.4e-45, made from its bits
     if (tiny * 1.0).item() == 0:  # this thread flushes subnormals: torch's default back
-        from attnconv.train.device import flush_subnormals
+        from attnconv.device import flush_subnormals
 
         flush_subnormals(False)
 

@@ -1,5 +1,5 @@
 """Whether `attnconv train` runs bf16 autocast where a config asks for it
-(train/device.py's bf16_passed_over): its predicates in order, each with its reason, and the
+(attnconv/device.py's bf16_passed_over): its predicates in order, each with its reason, and the
 measured bf16 / float32 product speed they read."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnconv.train import device as dev
+from attnconv import device as dev
 
 
 @pytest.fixture

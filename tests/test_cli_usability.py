@@ -17,10 +17,10 @@ import yaml
 
 import attnconv.bench
 from attnconv.cli import build_parser, main
+from attnconv.device import resolve_device
 from attnconv.models import create_model
 from attnconv.progress import Progress, configure_logging
 from attnconv.train.checkpoint import save_checkpoint
-from attnconv.train.device import resolve_device
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -250,7 +250,7 @@ def test_bf16_passed_over_says_why(passed_over, files, capsys, monkeypatch):
     """Where bf16 autocast would slow the step (device.bf16_passed_over gives the reason), the
     training runs in float32 and the start-up block's dtype line says why; elsewhere bf16
     autocast as asked."""
-    import attnconv.train.device as device
+    import attnconv.device as device
 
     monkeypatch.setattr(device, "bf16_passed_over", lambda device: passed_over)
     capsys.readouterr()

@@ -144,7 +144,7 @@ def test_torchrun_takes_one_bf16_choice(setup):
     shared machine, so it is not measured again here: ranks may differ near the threshold (CI
     once had rank 1 pass over what rank 0 and this process kept), and the all-reduce then says
     "another rank's CPU"."""
-    from attnconv.train.device import _cpu_bf16_flags
+    from attnconv.device import _cpu_bf16_flags
 
     cfg, tmp, _ = setup
     r = _torchrun(cfg, tmp / "ddp_bf16", "--set", "train.bf16=true", cache=tmp / "cache")

@@ -1,4 +1,4 @@
-"""Subnormal floats flushed to zero on every CPU thread (train.device.flush_subnormals): the
+"""Subnormal floats flushed to zero on every CPU thread (attnconv.device.flush_subnormals): the
 main thread and the intra-op workers already started, what `attnconv train` sets from its
 config, a resume free to change it, and eval / analyze / explore setting it as the run trained."""
 
@@ -9,8 +9,8 @@ import logging
 import pytest
 import torch
 
+from attnconv import device
 from attnconv.layers.kernels import fused
-from attnconv.train import device
 from attnconv.train.config import config_from_dict
 from attnconv.train.loop import Trainer
 from attnconv.train.resume import check_same_config
@@ -51,7 +51,7 @@ def test_without_the_extension_the_main_thread_flushes_and_a_line_says_so(
     two_threads, monkeypatch, caplog
 ):
     monkeypatch.setattr(fused, "extension", lambda: None)
-    with caplog.at_level(logging.WARNING, logger="attnconv.train.device"):
+    with caplog.at_level(logging.WARNING, logger="attnconv.device"):
         assert not device.flush_subnormals(True)
     assert "main thread only" in caplog.text and len(caplog.records) == 1
     torch.set_num_threads(1)  # the main thread's own work

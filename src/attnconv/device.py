@@ -1,7 +1,8 @@
 """Which torch device a command runs on: ``--device`` of train / eval / analyze / explore /
 convert (``cpu``, ``cuda``, ``cuda:N``, ``mps``), checked before any work starts; whether
 bf16 autocast would speed training there (``bf16_passed_over``); and how its CPU threads treat
-subnormal floats (``flush_subnormals``)."""
+subnormal floats (``flush_subnormals``). Below training: evaluation, analysis, conversion and
+the benchmarks read it too; ``attnconv.train.distributed.set_up_compute`` applies it to a run."""
 
 from __future__ import annotations
 
@@ -15,31 +16,14 @@ import torch
 from attnconv.cpuinfo import cpu_flags
 from attnconv.layers.kernels import fused
 
-from . import distributed as D
-
 log = logging.getLogger(__name__)
 
 CHOICES = "cpu, cuda, cuda:N or mps"
 
-
-BF16_MIN_GAIN = 1.25  # bf16 autocast on a CPU only where its products run this much faster
-
-
-def set_up_compute(t, info) -> tuple[bool, str | None]:
-    """This process's compute settings from the config's ``train`` section ``t``: its thread
-    count, bf16 autocast where it speeds a step (every rank takes the same choice; on CPUs where
-    bf16 measured slower a step: float32, docs/benchmarks.md), subnormals flushed on every
-    thread, deterministic algorithms. Returns (bf16 on, why it was passed over or None)."""
-    if t.threads:
-        torch.set_num_threads(t.threads)
-    off = bf16_passed_over(info.device) if t.bf16 else None
-    if t.bf16 and D.any_rank(off is not None, info):  # the ranks agree
-        off = off or "passed over on another rank's CPU"
-    if info.device.type == "cpu":  # after the thread count: every thread of it
-        flush_subnormals(t.flush_subnormals)
-    if t.deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-    return t.bf16 and off is None, off
+# bf16 autocast on a CPU only where its products run this much faster (the choice, and the
+# CPUs it was measured on: docs/benchmarks.md, "On an Intel Xeon")
+BF16_MIN_GAIN = 1.25
+FLUSH_SUBNORMALS = True  # a config's train.flush_subnormals where it says nothing
 
 
 def bf16_passed_over(device: torch.device) -> str | None:
@@ -76,7 +60,7 @@ def _cpu_bf16_flags() -> bool:
 @cache
 def bf16_gemm_gain(threads: int, n: int = 512, rounds: int = 7) -> float:
     """bf16 over float32 throughput of an n x n x n matrix product on ``threads`` CPU threads
-    (the two alternated, medians of ``rounds``; about 50 ms), once per process."""
+    (the two alternated, medians of ``rounds``; its cost: docs/training.md), once per process."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     gen = torch.Generator().manual_seed(0)
@@ -121,14 +105,13 @@ def flush_subnormals(on: bool = True) -> bool:
 
 def flush_as_trained(info: dict, device: torch.device) -> None:
     """On a CPU, subnormals flushed or kept as the checkpoint's run trained (its config's
-    ``train.flush_subnormals``; TrainConfig's default where it says nothing, as for pretrained
-    weights): what evaluation and analysis of a checkpoint set before their forward passes."""
-    from .config import TrainConfig  # config -> layers -> ...: not at import time
-
+    ``train.flush_subnormals``; FLUSH_SUBNORMALS, the config's default, where it says nothing,
+    as for pretrained weights): what evaluation and analysis of a checkpoint set before their
+    forward passes."""
     if device.type != "cpu":
         return
     train_cfg = (info.get("config") or {}).get("train") or {}
-    flush_subnormals(bool(train_cfg.get("flush_subnormals", TrainConfig.flush_subnormals)))
+    flush_subnormals(bool(train_cfg.get("flush_subnormals", FLUSH_SUBNORMALS)))
 
 
 def default_device() -> torch.device:

@@ -164,9 +164,9 @@ def load_pretrained_for_analysis(
     """``load_for_analysis`` for ``create_model(model_name, checkpoint=...)`` weights (timm,
     Hugging Face or attnconv): test images (default: the embedded sample) resized to the
     model's input size, the weights' normalization."""
+    from attnconv.device import resolve_device
     from attnconv.loading import create_model
     from attnconv.loading.weights_check import as_float32
-    from attnconv.train.device import resolve_device
 
     model, note = as_float32(create_model(model_name, checkpoint=checkpoint), str(checkpoint))
     if note:
@@ -195,7 +195,7 @@ def load_for_analysis(
     (n, 3, H, W) on the CPU, their class names, mean, std). With ``model_name``: pretrained
     weights (``load_pretrained_for_analysis``). On a CPU it sets subnormal flushing as the
     run trained (``flush_as_trained``)."""
-    from attnconv.train.device import flush_as_trained, resolve_device
+    from attnconv.device import flush_as_trained, resolve_device
 
     dev = resolve_device(device)
     if model_name:

@@ -56,7 +56,7 @@ from attnconv.bench.common import (
 )
 from attnconv.bench.models_report import NAME, PEAK_N, TARGET_COLUMNS, save
 from attnconv.cpuinfo import cpu_name
-from attnconv.train.device import flush_subnormals
+from attnconv.device import flush_subnormals
 
 SA_MODELS = ("sa_quadratic", "sa_learned", "sa_learned_content")
 MODELS = (*SA_MODELS, "resnet18_cifar")  # ResNet18: attnconv rows only (no reference)

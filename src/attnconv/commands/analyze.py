@@ -111,7 +111,7 @@ def analyze_checkpoint(
     from attnconv.analysis.centers import find_center_log, read_center_log
     from attnconv.analysis.inputs import load_for_analysis
     from attnconv.analysis.report import analyze_model
-    from attnconv.train.device import resolve_device
+    from attnconv.device import resolve_device
 
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")

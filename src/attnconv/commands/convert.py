@@ -166,8 +166,8 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.convert import convert_model, unconverted_layers
     from attnconv.convert.report import compare_predictions, layer_report
     from attnconv.data import CIFAR10_MEAN, CIFAR10_STD, Loader, load_dataset
+    from attnconv.device import resolve_device
     from attnconv.progress import track
-    from attnconv.train.device import resolve_device
 
     for name in ("num_images", "batch_size", "threads"):
         if getattr(args, name) is not None and getattr(args, name) < 1:

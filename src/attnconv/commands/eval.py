@@ -45,9 +45,9 @@ def run(args: argparse.Namespace) -> int:
 
     from attnconv.data import CIFAR10_MEAN, CIFAR10_STD, Loader, load_dataset
     from attnconv.data.datasets import stored_or_sample
+    from attnconv.device import flush_as_trained, resolve_device
     from attnconv.loading import load_model
     from attnconv.loading.weights_check import as_float32
-    from attnconv.train.device import flush_as_trained, resolve_device
     from attnconv.train.distributed import DistInfo
     from attnconv.train.evaluation import evaluate
 

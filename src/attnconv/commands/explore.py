@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
 
     from attnconv.analysis.explorer import explore_model
     from attnconv.analysis.inputs import load_for_analysis
-    from attnconv.train.device import resolve_device
+    from attnconv.device import resolve_device
 
     for opt in ("images", "max_queries", "batch_size"):
         if getattr(args, opt) < 1:

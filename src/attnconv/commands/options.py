@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def add_device(p: argparse.ArgumentParser) -> None:
-    """``--device``, resolved by ``attnconv.train.device.resolve_device``."""
+    """``--device``, resolved by ``attnconv.device.resolve_device``."""
     p.add_argument(
         "--device",
         default=None,

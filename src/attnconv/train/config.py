@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from attnconv.device import FLUSH_SUBNORMALS
 from attnconv.layers.kernels.plan import BACKENDS as MHSA_BACKENDS
 from attnconv.layers.kernels.plan import LOCAL_BACKENDS, STEM_BACKENDS
 
@@ -127,7 +128,7 @@ class TrainConfig:
     deterministic: bool = True
     # CPU: subnormal floats read and written as zero on every thread (device.flush_subnormals):
     # the quadratic encoding's far-off probabilities are subnormal, slow on some CPUs
-    flush_subnormals: bool = True
+    flush_subnormals: bool = FLUSH_SUBNORMALS
     # torch.set_num_threads (torch aborts far above the core count)
     threads: int | None = checked(None, Range(1, 1024))
     # seconds of training; then eval + checkpoint and finish

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from attnconv import device as compute
 from attnconv.data.loader import generator
 
 
@@ -39,11 +40,9 @@ class DistInfo:
 
 def init_distributed(device: str | torch.device | None = None) -> DistInfo:
     """Join the process group torchrun describes (or stay single-process). ``device``: see
-    ``resolve_device`` (default: CUDA if available); under torchrun a CUDA device means each
-    rank's own GPU (LOCAL_RANK)."""
-    from .device import resolve_device
-
-    dev = resolve_device(device)
+    ``attnconv.device.resolve_device`` (default: CUDA if available); under torchrun a CUDA
+    device means each rank's own GPU (LOCAL_RANK)."""
+    dev = compute.resolve_device(device)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return DistInfo(device=dev)
@@ -61,6 +60,23 @@ def init_distributed(device: str | torch.device | None = None) -> DistInfo:
 
 
 _joined = False  # this process joined a process group (init_distributed)
+
+
+def set_up_compute(t, info: DistInfo) -> tuple[bool, str | None]:
+    """This process's compute settings from the config's ``train`` section ``t``: its thread
+    count, bf16 autocast where it speeds a step (``attnconv.device.bf16_passed_over``; every
+    rank takes the same choice), subnormals flushed on every thread, deterministic algorithms.
+    Returns (bf16 on, why it was passed over or None)."""
+    if t.threads:
+        torch.set_num_threads(t.threads)
+    off = compute.bf16_passed_over(info.device) if t.bf16 else None
+    if t.bf16 and any_rank(off is not None, info):  # the ranks agree
+        off = off or "passed over on another rank's CPU"
+    if info.device.type == "cpu":  # after the thread count: every thread of it
+        compute.flush_subnormals(t.flush_subnormals)
+    if t.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    return t.bf16 and off is None, off
 
 
 def exit_worker(code: int) -> None:

@@ -28,7 +28,6 @@ from .checkpoint import atomic_write, prune_checkpoints
 from .checkpoint import save_checkpoint as _save
 from .compiled import compile_failed, compile_net, say_failed
 from .config import Config, check_training_size
-from .device import set_up_compute
 from .evaluation import evaluate
 from .loaders import build_loaders, model_kwargs_for
 from .monitor import Monitor
@@ -71,7 +70,7 @@ class Trainer:
         self.info = D.init_distributed(device)
         # threads, bf16 autocast where it speeds a step (else float32, and the summary says
         # why), subnormals, determinism
-        self.bf16, self.bf16_off = set_up_compute(t, self.info)
+        self.bf16, self.bf16_off = D.set_up_compute(t, self.info)
         self.out = Path(cfg.out_dir or "runs/default")
         self.ckdir = self.out / "checkpoints"
         # a training began here before (its logs are there; it may have been killed before its
