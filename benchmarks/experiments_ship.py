@@ -15,6 +15,7 @@ card is typed by hand but those texts. The docs' model cards page is generated f
 
 from __future__ import annotations
 
+import csv
 import json
 import platform
 import shutil
@@ -31,6 +32,7 @@ from experiments_runs import ROOT
 
 CARDS = ROOT / "benchmarks" / "pretrained_cards.yaml"
 PAGE = ROOT / "docs" / "pretrained.md"
+ARCHIVE = ROOT / "benchmarks" / "results" / "experiment_runs"
 BEGIN, END = "<!-- cards:begin -->", "<!-- cards:end -->"
 
 
@@ -43,6 +45,36 @@ def evaluate(folder: Path, data: Path) -> dict:
     cmd = [sys.executable, "-m", "attnconv.cli", "eval", str(folder), "--data", str(data)]
     out = subprocess.run([*cmd, "--json", "-"], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _rows(log: Path) -> list[dict]:
+    if not log.is_file():
+        return []
+    with log.open() as f:
+        return list(csv.DictReader(f))
+
+
+def logged_accuracy(run: str) -> float | None:
+    """The last test accuracy of ``run``'s committed log (the run the experiments page reports;
+    None: no evaluation logged)."""
+    evals = [r for r in _rows(ARCHIVE / run / "metrics.csv") if r["kind"] == "eval"]
+    return float(evals[-1]["acc"]) if evals else None
+
+
+def log_agreement(run: str, folder: Path) -> dict | None:
+    """How far the shipped run's log equals the committed one: of the rows both logged (same
+    kind and step), how many, and how many from the first on carry the same loss and accuracy
+    to every printed digit (None: no committed log to compare)."""
+    ours = {(r["kind"], r["step"]): (r["loss"], r["acc"]) for r in _rows(folder / "metrics.csv")}
+    theirs = [r for r in _rows(ARCHIVE / run / "metrics.csv") if (r["kind"], r["step"]) in ours]
+    if not theirs:
+        return None
+    same = 0
+    for r in theirs:
+        if ours[(r["kind"], r["step"])] != (r["loss"], r["acc"]):
+            break
+        same += 1
+    return {"rows": len(theirs), "equal_from_start": same}
 
 
 def ship_one(name: str, texts: dict, runs: Path, data: Path) -> dict:
@@ -58,6 +90,8 @@ def ship_one(name: str, texts: dict, runs: Path, data: Path) -> dict:
     total = meta["state"].get("total_steps")  # None: a finished run's final/ (its last step)
     if total is not None and meta["state"]["step"] != total:
         raise SystemExit(f"{name}: {src} is step {meta['state']['step']}, not the last ({total})")
+    if name.split(".")[0] != meta["model"]:
+        raise SystemExit(f"{name}: the run trained {meta['model']!r}; name it {meta['model']}.TAG")
     dest = WEIGHTS / name
     tmp = WEIGHTS / f".{name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -84,6 +118,8 @@ def ship_one(name: str, texts: dict, runs: Path, data: Path) -> dict:
         "hardware": texts["hardware"],
         "source": texts["source"],
         "claims": texts.get("claims", []),
+        "logged_accuracy": logged_accuracy(texts["run"]),
+        "log_agreement": log_agreement(texts["run"], run),
         "sha256": file_digest(tmp / WEIGHT_FILE),
         "bytes": (tmp / WEIGHT_FILE).stat().st_size,
         "evaluated": {
@@ -136,9 +172,28 @@ def card_section(c: dict) -> str:
         f"What it supports:\n\n{claims}\n\n"
         f"- Hardware: {c['hardware']}.\n"
         f"- Where the weights come from: {c['source']}\n"
+        f"{logged_line(c)}"
         f"- Reproduce: `{c['reproduce']}`\n"
         f"- Evaluated on {ev['date']}, {ev['cpu']}, torch {ev['torch']}; weights "
         f"sha256 `{c['sha256'][:16]}...` ({c['bytes'] / 1e6:.1f} MB).\n"
+    )
+
+
+def logged_line(c: dict) -> str:
+    """The experiments page's figure for the same run (its committed log), when it differs."""
+    logged, agree = c.get("logged_accuracy"), c.get("log_agreement")
+    if logged is None or round(logged, 4) == round(c["test_accuracy"], 4):
+        return ""
+    same = ""
+    if agree:
+        same = (
+            f" Of the {agree['rows']:,} rows both logs have, the first "
+            f"{agree['equal_from_start']:,} carry the same loss and accuracy to every digit."
+        )
+    return (
+        f"- The run the experiments page reports (its committed log) ended at "
+        f"{100 * logged:.2f}%; these weights are the same recipe and seed trained or resumed "
+        f"again (above), so their accuracy is this card's.{same}\n"
     )
 
 
