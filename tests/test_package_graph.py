@@ -1,8 +1,9 @@
 """attnconv's packages import each other without a cycle, and the arrows run one way:
 layers <- models <- loading <- train / commands. Read from the source with ``ast`` (every import,
 also those inside functions), at package granularity (``attnconv.models``, ``attnconv.train``,
-a top-level module such as ``attnconv.memory``). The root package's lazy exports
-(``attnconv.create_model``, looked up by name on first use) are not imports."""
+a top-level module such as ``attnconv.memory``), and file by file: no module imports one that
+imports it back, however far round. The root package's lazy exports (``attnconv.create_model``,
+looked up by name on first use) are not imports."""
 
 from __future__ import annotations
 
@@ -73,6 +74,66 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle a -> ... -> a per group of nodes that reach each other (every cycle of the
+    graph runs inside one such group), so that a report names each tangle once."""
+    reach = {node: _reach(graph, node) for node in graph}
+    out, done = [], set()
+    for node in sorted(graph):
+        if node in done or node not in reach[node]:
+            continue
+        group = {m for m in reach[node] if node in reach.get(m, ())}
+        done |= group
+        out.append(_cycle({m: graph.get(m, set()) & group for m in group}))
+    return out
+
+
+def _modules() -> set[str]:
+    return {_module(p) for p in (SRC / "attnconv").rglob("*.py")}
+
+
+def _module_imports(path: Path, modules: set[str]) -> set[str]:
+    """The attnconv modules (files) ``path`` imports, at its top and inside its functions:
+    ``from P import x`` imports P.x where that is a module, else P; importing P.x also runs
+    each package above it, except those above ``path`` itself (already imported before it)."""
+    me = _module(path)
+    package = me.split(".") if path.name == "__init__.py" else me.split(".")[:-1]
+    named = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            named += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            name = ".".join(base + ([node.module] if node.module else []))
+            subs = [f"{name}.{a.name}" for a in node.names]
+            named += [sub if sub in modules else name for sub in subs]
+    out = set()
+    for m in named:
+        while m not in modules and "." in m:  # `import pkg.mod.name`: the module
+            m = m.rsplit(".", 1)[0]
+        if m not in modules:  # torch, yaml, ...
+            continue
+        parts = m.split(".")
+        out |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+    return {m for m in out if m in modules and m != me and not me.startswith(m + ".")}
+
+
+def module_graph() -> dict[str, set[str]]:
+    """module -> the attnconv modules it imports (``_module_imports``), one node per file."""
+    modules = _modules()
+    return {_module(p): _module_imports(p, modules) for p in (SRC / "attnconv").rglob("*.py")}
+
+
 def test_the_graph_is_read_from_the_source():
     graph = package_graph()
     assert "attnconv.layers" in graph["attnconv.models"]
@@ -85,6 +146,35 @@ def test_the_graph_is_read_from_the_source():
 def test_no_import_cycle_between_packages():
     cycle = _cycle(package_graph())
     assert cycle is None, f"import cycle: {' -> '.join(cycle)}"
+
+
+def test_the_module_graph_is_read_from_the_source():
+    graph = module_graph()
+    assert len(graph) == len(_modules()) > 100
+    # a relative import, and the package it runs first
+    assert "attnconv.train.checkpoint" in graph["attnconv.train.loop"]
+    assert "attnconv.device" in graph["attnconv.train.distributed"]
+    # an import inside a function; `from P import module`; P's __init__ counted, not the root's
+    assert "attnconv.device" in graph["attnconv.analysis.inputs"]
+    fused, kernels = "attnconv.layers.kernels.fused", "attnconv.layers.kernels"
+    assert {fused, kernels, "attnconv.layers"} <= graph["attnconv.device"]
+    assert "attnconv" not in graph["attnconv.device"]
+    # `from P import name` where name is not a module: P's __init__
+    assert "attnconv.layers.kernels" in graph["attnconv.layers.mhsa2d"]
+    assert fused not in graph[fused] and kernels not in graph[fused]  # itself, its package
+    assert _cycles({"a": {"b"}, "b": {"a", "c"}, "c": {"d"}, "d": {"c"}, "e": {"a"}}) == [
+        ["a", "b", "a"],
+        ["c", "d", "c"],
+    ]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_between_modules():
+    """No file imports one that imports it back, directly or round several, counting the
+    imports inside functions (a cycle a deferred import hides still ties the two files)."""
+    cycles = _cycles(module_graph())
+    found = "\n".join(" -> ".join(c) for c in cycles)
+    assert not cycles, f"import cycles between modules:\n{found}"
 
 
 def test_models_and_layers_never_import_training_or_loading():

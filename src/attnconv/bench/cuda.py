@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import copy
 import platform
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +45,7 @@ from attnconv.bench.common import (
     suite_parser,
     write_results,
 )
+from attnconv.bench.cuda_timing import device_name, time_and_memory
 from attnconv.layers.kernels import triton_axis
 from attnconv.layers.local import LocalSelfAttention2d
 from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
@@ -155,54 +154,6 @@ def make_step(model: torch.nn.Module, case: dict, device: str = "cuda"):
     b, c, hw = case["b"], case["c"], case["hw"]
     x = torch.randn(b, c, hw, hw, device=device, requires_grad=case["train"])
     return model_step(model, x, case["train"], case["dtype"] == "bf16")
-
-
-def ms_per_call(step, inner: int, device: str) -> float:
-    """Milliseconds per call of ``inner`` calls: CUDA events on a GPU, the wall clock on the
-    CPU (a dry run)."""
-    if device != "cuda":
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            step()
-        return (time.perf_counter() - t0) * 1e3 / inner
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(inner):
-        step()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / inner
-
-
-def time_and_memory(steps: dict, repeats: int, inner: int, device: str = "cuda") -> dict:
-    """Per step: median ms per call (``inner`` calls, interleaved round-robin) and, on a GPU,
-    peak MB allocated during one call. A step that fails is reported with its error."""
-    out: dict[str, dict] = {}
-    cuda = device == "cuda"
-    for name, step in list(steps.items()):
-        try:
-            # warm-up: compilation, autotuning, allocator; on a CPU (the dry run, whose figures
-            # mean nothing) the one call that compiles
-            for _ in range(3 if cuda else 1):
-                step()
-            out[name] = {"ms": []}
-            if cuda:
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-                base = torch.cuda.memory_allocated()
-                step()
-                torch.cuda.synchronize()
-                out[name]["mb"] = (torch.cuda.max_memory_allocated() - base) / 2**20
-        except Exception as exc:  # noqa: BLE001 - a missing kernel is a result, not a crash
-            out[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"}
-            steps.pop(name)
-    for _ in range(repeats):
-        for name, step in steps.items():
-            out[name]["ms"].append(ms_per_call(step, inner, device))
-    for v in out.values():
-        if "ms" in v:
-            v["ms"] = statistics.median(v["ms"])
-    return out
 
 
 def precision(case: dict, models: dict, device: str = "cuda") -> dict[str, float]:
@@ -326,13 +277,6 @@ def render(rows: list[dict], header: str) -> str:
         if part:
             md += [f"## {title}\n", markdown_table(part, cols), ""]
     return "\n".join(md)
-
-
-def device_name(device: str) -> str:
-    """The GPU's name, or what a CPU dry run says in its place."""
-    if device == "cuda":
-        return torch.cuda.get_device_name()
-    return "CPU dry run (the suite's code only: these figures mean nothing)"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,7 +35,7 @@ import types
 
 import torch
 
-from attnconv.bench import cuda
+from attnconv.bench import cuda_timing
 from attnconv.bench.anchors import dense_sdpa
 from attnconv.bench.common import count_flops, markdown_table, suite_command, write_results
 from attnconv.bench.models import P_DROP, SA_MODELS, build, gemm, model_kwargs, training_step
@@ -101,15 +101,15 @@ def gemm_peaks(device: str = "cuda", repeats: int = 5) -> dict[str, float]:
     out = {}
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         step = gemm(dtype, n, device)
-        ms = [cuda.ms_per_call(step, 3, device) for _ in range(repeats + 1)]
+        ms = [cuda_timing.ms_per_call(step, 3, device) for _ in range(repeats + 1)]
         out[name] = 2 * n**3 / (statistics.median(ms[1:]) / 1e3) / 1e9  # the first: a warm-up
     return out
 
 
 def measure(steps: dict, repeats: int, device: str = "cuda") -> dict[str, dict]:
-    """Median seconds per step (cuda.time_and_memory: CUDA events, interleaved, one step per
-    repeat) and the peak MB one step allocates."""
-    res = cuda.time_and_memory(steps, repeats, inner=1, device=device)
+    """Median seconds per step (cuda_timing.time_and_memory: CUDA events, interleaved, one step
+    per repeat) and the peak MB one step allocates."""
+    res = cuda_timing.time_and_memory(steps, repeats, inner=1, device=device)
     return {k: dict(v, s=v.pop("ms") / 1e3) if "ms" in v else v for k, v in res.items()}
 
 
@@ -183,7 +183,7 @@ COLUMNS = [
 def report(args, repeats: int, out_dir) -> int:
     scale, batch = ("quick", 8) if args.quick else ("paper", 100)
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 as the reference trained
-    peaks, dev = gemm_peaks(args.device), cuda.device_name(args.device)
+    peaks, dev = gemm_peaks(args.device), cuda_timing.device_name(args.device)
 
     def save(rows):  # the rows so far, read by gpu_goals where the time ran out; removed below
         write_results("cuda_models.partial", dict(rows=rows, device=dev), "", out_dir)
