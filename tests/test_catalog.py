@@ -96,6 +96,18 @@ def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
         (["eval", "sa_quadratic.cifar10_grid_lng"], "missing checkpoint"),
         (["explore", "runs/nothing_here", "--out", "x.html"], "missing checkpoint"),
         (["convert", "resnet18_cifar.nosuch"], "missing checkpoint"),
+        (["convert", "resnet18_cifr"], "did you mean resnet18_cifar"),
+        (["convert", "resnet18_cifar", "--alpha", "-1"], "--alpha must be > 0"),
+        (["convert", "resnet18_cifar", "--num-images", "0"], "--num-images must be >= 1"),
+        (["eval", "sa_quadratic.cifar10_grid_long", "--batch-size", "0"], "--batch-size must"),
+        (["eval", "sa_quadratic.cifar10_grid_long", "--data", "nope.zip"], "no such dataset"),
+        (["analyze", "sa_quadratic.cifar10_grid_long", "--out", "a", "--zoom", "-1"], "--zoom"),
+        (["analyze", "--model", "vit_bse", "--checkpoint", "x", "--out", "a"], "did you mean"),
+        (["explore", "sa_quadratic.cifar10_grid_long", "--out", "x"], "an .html file"),
+        (
+            ["explore", "sa_quadratic.cifar10_grid_long", "--out", "x.html", "--data", "no"],
+            "no such",
+        ),
     ],
 )
 def test_a_wrong_name_is_one_line_before_torch_is_imported(args, said, tmp_path):
@@ -245,3 +257,20 @@ def test_copying_a_shipped_folder_keeps_it_loadable(tmp_path):
         shutil.copytree(catalog.WEIGHTS / name, tmp_path / name)
         model, info = attnconv.load_model(tmp_path / name)
         assert info["model"] == name.split(".")[0]
+
+
+def test_the_model_names_file_is_the_registry():
+    """models/names.txt (the names the command line checks before torch is imported) equals
+    the registry; after adding a model, write it with the registry's names."""
+    from attnconv.models import list_models
+
+    assert catalog.model_names() == list_models(), (
+        f"{catalog.MODEL_NAMES} differs from attnconv.list_models(): write the registry's names "
+        "into it, one per line, after its comment lines"
+    )
+
+
+def test_named_datasets_are_the_ones_resolve_knows_by_name():
+    from attnconv.data.cifar import ARCHIVES
+
+    assert set(catalog.NAMED_DATASETS) == {"sample", *ARCHIVES}

@@ -94,7 +94,7 @@ RUN = [
     (
         "eval-batch-size",
         ["eval", "{ckpt}", "--data", "sample", "--batch-size", "0"],
-        r"batch_size must be >= 1",
+        r"--batch-size must be >= 1",
     ),
     (
         "eval-json-under-a-file",
@@ -104,7 +104,7 @@ RUN = [
     # convert: unknown model, bad options, pickle
     ("convert-unknown-model", ["convert", "resnet99"], r"unknown model 'resnet99'"),
     ("convert-pickle", ["convert", "{tmp}/weights.pt"], r"pickle checkpoint"),
-    ("convert-head-dim", ["convert", "tiny_cnn", "--head-dim", "0"], r"head_dim must be"),
+    ("convert-head-dim", ["convert", "tiny_cnn", "--head-dim", "0"], r"--head-dim must be >= 1"),
     ("convert-alpha", ["convert", "tiny_cnn", "--alpha", "-1"], r"alpha must be > 0"),
     ("convert-threads", ["convert", "tiny_cnn", "--threads", "-1"], r"--threads must be >= 1"),
     ("convert-missing-path", ["convert", "{tmp}/no/run"], r"run: no such checkpoint"),

@@ -24,6 +24,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RECIPES = HERE / "configs"
 WEIGHTS = HERE / "weights"
+MODEL_NAMES = HERE / "models" / "names.txt"  # the registry's names, for the checks before torch
+# the datasets data.resolve knows by name; any other --data / data.dataset is a path
+NAMED_DATASETS = ("sample", "cifar10", "cifar100")
 CARD, WEIGHT_FILE = "card.json", "model.safetensors"
 # the full CIFAR-10 as JPEGs (split/class/img.jpg in one zip): the name the recipes give it,
 # and the environment variable that says where it is when no --data is given
@@ -193,3 +196,46 @@ def resolve_checkpoint(arg: str) -> str:
 def cifar_zip() -> str | None:
     """``$ATTNCONV_CIFAR_ZIP`` when it is set (the full CIFAR-10 JPEG zip), else None."""
     return os.environ.get(CIFAR_ZIP_ENV) or None
+
+
+def dataset_path(spec: str) -> Path | None:
+    """The file or folder a ``--data`` / ``data.dataset`` path names (None for a named dataset,
+    NAMED_DATASETS): ``cifar10-jpeg.zip`` where no such file is here is the one
+    ``$ATTNCONV_CIFAR_ZIP`` names.
+
+    Raises:
+        FileNotFoundError: no such path, said in one line (before torch is imported).
+    """
+    if spec in NAMED_DATASETS:
+        return None
+    path = Path(spec).expanduser()
+    if not path.exists() and path.name == CIFAR_ZIP:  # the recipes' name for the full set
+        env = cifar_zip()
+        if env is None:
+            raise FileNotFoundError(f"{spec}: the full CIFAR-10 is not here; {CIFAR_ZIP_HINT}")
+        path = Path(env).expanduser()
+        if not path.exists():
+            raise FileNotFoundError(f"{CIFAR_ZIP_ENV}={env}: no such file")
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such dataset file or folder")
+    return path
+
+
+# ---------------------------------------------------------------- model names
+
+
+def model_names() -> list[str]:
+    """The registry's model names (``attnconv.list_models()``), read from models/names.txt
+    without importing torch (tests/test_catalog.py checks the file against the registry)."""
+    lines = MODEL_NAMES.read_text().splitlines()
+    return [ln for ln in lines if ln and not ln.startswith("#")]
+
+
+def check_model_name(name: str) -> None:
+    """ValueError for a name that is no registry model, with the closest names (torch-free)."""
+    names = model_names()
+    if name not in names:
+        hint = closest(name, names) or f" (e.g. {', '.join(names[:3])})"
+        raise ValueError(
+            f"unknown model {name!r}{hint}; {len(names)} models in all: attnconv.list_models()"
+        )

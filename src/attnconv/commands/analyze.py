@@ -10,7 +10,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from .options import add_device, check_output_folder
+from .options import add_device, check_early, check_output_folder
 
 log = logging.getLogger(__name__)
 HELP = "figures of what the attention heads learned (PNGs + index.md/index.html)"
@@ -52,6 +52,10 @@ def model_source(args: argparse.Namespace) -> tuple[str, str | None]:
         raise ValueError("no checkpoint: give CHECKPOINT, or --model NAME --checkpoint PATH")
     if args.weights and not args.model:
         raise ValueError("--checkpoint needs --model NAME (e.g. vit_base_patch16_224)")
+    if args.model:
+        from attnconv.catalog import check_model_name
+
+        check_model_name(args.model)  # before torch is imported
     if not args.model:  # a pretrained name: its checked folder (before torch is imported)
         from attnconv.catalog import resolve_checkpoint
 
@@ -146,6 +150,9 @@ def analyze_checkpoint(
 
 def run(args: argparse.Namespace) -> int:
     path, name = model_source(args)
+    check_early(args, ("num_images", "batch_size"), ("zoom", "image"))
+    if args.centers_log and not Path(args.centers_log).is_file():
+        raise FileNotFoundError(f"--centers-log {args.centers_log}: no such file")
     check_output_folder("--out", args.out)  # a file (or a folder under one): before any work
     report = analyze_checkpoint(
         path,

@@ -8,7 +8,9 @@ import json
 import os
 from pathlib import Path
 
-from .options import add_device, check_output_file, check_parent_folders
+from attnconv.catalog import check_model_name
+
+from .options import add_device, check_early, check_output_file, check_parent_folders
 
 HELP = "convert every convolution of a model (checkpoint or model name) into self-attention"
 
@@ -159,6 +161,14 @@ def run(args: argparse.Namespace) -> int:
         from attnconv.catalog import resolve_checkpoint
 
         args.source = resolve_checkpoint(args.source)  # before torch is imported
+    elif not Path(args.source).exists() and os.sep not in args.source:  # a registry name
+        check_model_name(args.source)
+    check_early(args, ("num_images", "batch_size", "threads", "head_dim", "max_per_class"))
+    if args.alpha is not None and not args.alpha > 0:  # Lemma 2's soft layer: alpha > 0
+        raise ValueError(f"--alpha must be > 0 (or left out: exact hard heads), got {args.alpha}")
+    check_output_file("--json", args.json)  # before any work
+    if args.out:
+        _check_out(args.out, args.json)  # before any work, never refused at the end
     import warnings
 
     import torch
@@ -169,12 +179,6 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.device import resolve_device
     from attnconv.progress import track
 
-    for name in ("num_images", "batch_size", "threads"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
-    check_output_file("--json", args.json)  # before any work
-    if args.out:
-        _check_out(args.out, args.json)  # before any work, never refused at the end
     device = resolve_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)

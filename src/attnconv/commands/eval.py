@@ -7,7 +7,7 @@ import json
 import logging
 from pathlib import Path
 
-from .options import add_device, check_output_file
+from .options import add_device, check_early, check_output_file
 
 log = logging.getLogger(__name__)
 HELP = "evaluate a checkpoint (accuracy, loss) on a dataset split"
@@ -41,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.catalog import resolve_checkpoint
 
     args.checkpoint = resolve_checkpoint(args.checkpoint)  # a pretrained name: its folder
+    check_early(args, ("batch_size", "max_per_class"))
+    check_output_file("--json", args.json)  # before any work
     import torch
 
     from attnconv.data import CIFAR10_MEAN, CIFAR10_STD, Loader, load_dataset
@@ -51,7 +53,6 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.train.distributed import DistInfo
     from attnconv.train.evaluation import evaluate
 
-    check_output_file("--json", args.json)  # before any work
     device = resolve_device(args.device)
     log.info(f"eval: loading {args.checkpoint}")
     model, info = load_model(args.checkpoint)  # non-finite weights refused there

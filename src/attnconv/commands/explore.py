@@ -6,7 +6,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from .options import add_device, check_output_file
+from .options import add_device, check_early, check_output_file
 
 log = logging.getLogger(__name__)
 HELP = "write a self-contained HTML page to explore every head's attention by clicking pixels"
@@ -42,20 +42,16 @@ def run(args: argparse.Namespace) -> int:
     from .analyze import model_source
 
     path, name = model_source(args)  # a wrong path or name: said before torch is imported
+    check_early(args, ("images", "max_queries", "batch_size"), ("average",))
+    if Path(args.out).suffix.lower() not in (".html", ".htm"):
+        raise ValueError(f"--out must name an .html file, got {args.out}")
+    check_output_file("--out", args.out)  # a folder (or one under a file): before any work
     import torch
 
     from attnconv.analysis.explorer import explore_model
     from attnconv.analysis.inputs import load_for_analysis
     from attnconv.device import resolve_device
 
-    for opt in ("images", "max_queries", "batch_size"):
-        if getattr(args, opt) < 1:
-            raise ValueError(f"--{opt.replace('_', '-')} must be >= 1, got {getattr(args, opt)}")
-    if args.average < 0:
-        raise ValueError(f"--average must be >= 0, got {args.average}")
-    if Path(args.out).suffix.lower() not in (".html", ".htm"):
-        raise ValueError(f"--out must name an .html file, got {args.out}")
-    check_output_file("--out", args.out)  # a folder (or one under a file): before any work
     resolve_device(args.device)  # an unusable --device before any work
     log.info(f"explore: loading {path} and {max(args.images, args.average)} test images")
     model, info, images, labels, mean, std = load_for_analysis(

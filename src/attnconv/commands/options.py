@@ -44,3 +44,22 @@ def check_output_folder(flag: str, path: str | Path | None) -> None:
     if p.exists() and not p.is_dir():
         raise NotADirectoryError(f"{flag} {path}: {p} is a file, not a folder")
     check_parent_folders(flag, path)
+
+
+def check_early(
+    args: argparse.Namespace,
+    at_least_one: tuple[str, ...] = (),
+    at_least_zero: tuple[str, ...] = (),
+) -> None:
+    """The options a command can check before torch is imported, said in one line at once:
+    counts in range (``--batch-size`` >= 1, ...; None: the default) and ``--data`` a dataset
+    that exists (a name, or a path)."""
+    for names, low in ((at_least_one, 1), (at_least_zero, 0)):
+        for name in names:
+            value = getattr(args, name, None)
+            if value is not None and value < low:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
+    if getattr(args, "data", None):
+        from attnconv.catalog import dataset_path
+
+        dataset_path(args.data)

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnconv.catalog import CIFAR_ZIP, CIFAR_ZIP_ENV, CIFAR_ZIP_HINT, cifar_zip
+from attnconv.catalog import CIFAR_ZIP, CIFAR_ZIP_HINT, cifar_zip, dataset_path
 
 from .cifar import ARCHIVES, download, find_cifar, read_cifar
 from .folder import folder_files, read_image_folder
@@ -145,17 +145,7 @@ def resolve(spec: str, *, root: str | Path | None = None, download_ok: bool = Fa
             f"give its folder or archive as the path (--data PATH for eval / analyze / explore, "
             f"data.dataset=PATH in a training config), or set data.download=true (needs internet)"
         )
-    path = Path(spec).expanduser()
-    if not path.exists() and path.name == CIFAR_ZIP:  # the recipes' name for the full set
-        env = cifar_zip()
-        if env is None:
-            raise FileNotFoundError(f"{spec}: the full CIFAR-10 is not here; {CIFAR_ZIP_HINT}")
-        path = Path(env).expanduser()
-        if not path.exists():
-            raise FileNotFoundError(f"{CIFAR_ZIP_ENV}={env}: no such file")
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no such dataset file or folder")
-    return path
+    return dataset_path(spec)  # a path (named datasets returned above)
 
 
 def _content_key(path: Path, split: str) -> str:
