@@ -43,7 +43,8 @@ def _holder(build_dir: Path) -> subprocess.Popen:
 def _writer(library: Path, payload: bytes = b"built library"):
     calls = []
 
-    def run():
+    def run(lock_fd: int):
+        assert lock_fd >= 0  # the lock's descriptor, for a child to keep the lock by
         calls.append(1)
         library.write_bytes(payload)
         return "module"

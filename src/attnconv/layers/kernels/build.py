@@ -13,6 +13,9 @@
   atomic rename) matches the library's bytes. A half-written or damaged library is rebuilt, not
   loaded (loading one dies by SIGBUS or SIGILL). A valid build loads directly, without torch's
   loader or a lock: a read-only cache works.
+- No orphans: the compiler runs in a child that ends with its whole tree (build_tree.py), holding
+  the flock until its last compiler is gone; a compiler left by a build killed outright is killed
+  by the next build before it cleans the folder.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ import torch
 from attnconv.catalog import file_digest
 from attnconv.cpuinfo import cpu_flags
 from attnconv.warn import warn
+
+from . import build_tree
 
 LOCK_WAIT_S = 20.0  # a live build elsewhere takes minutes: dense kernels this time instead
 LOCK = "attnconv.lock"
@@ -96,12 +101,12 @@ def import_library(name: str, library: Path):
 
 
 def locked_build(
-    build_dir: Path, library: Path, build: Callable[[], object], wait_s: float = LOCK_WAIT_S
+    build_dir: Path, library: Path, build: Callable[[int], object], wait_s: float = LOCK_WAIT_S
 ) -> object | None:
-    """Run ``build()`` (which writes ``library``) under the build folder's flock and stamp what it
-    made; returns its result, or None when another live process held the lock for ``wait_s``
-    (``library`` is then not touched). A valid library found once the lock is held is not rebuilt
-    (returns True)."""
+    """Run ``build(lock_fd)`` (which writes ``library``; a child it starts keeps the lock by
+    inheriting ``lock_fd``) under the build folder's flock and stamp what it made; returns its
+    result, or None when another live process held the lock for ``wait_s`` (``library`` is then
+    not touched). A valid library found once the lock is held is not rebuilt (returns True)."""
     with open(build_dir / LOCK, "a") as f:
         deadline = time.monotonic() + wait_s
         while True:
@@ -115,10 +120,11 @@ def locked_build(
         try:
             if valid(library):  # another process built it while we waited
                 return True
+            build_tree.kill_strays(build_dir)  # compilers of a build killed outright
             for p in build_dir.iterdir():  # a killed or damaged build: start clean
                 if p.name != LOCK:
                     shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
-            out = build()
+            out = build(f.fileno())
             stamp(library)
             return out
         finally:
@@ -176,7 +182,7 @@ def load(ext: Extension):
         )
         return None
 
-    def build():
+    def build(lock_fd: int):
         print(
             f"attnconv: building the fused CPU kernels into {build_dir} (once per machine and "
             "version; under a minute on 2 cores; other processes run the dense kernels "
@@ -185,15 +191,16 @@ def load(ext: Extension):
             flush=True,
         )
         t0 = time.monotonic()
-        module = cpp_extension.load(
-            name=name,
-            sources=[str(f) for f in ext.sources],
-            extra_cflags=list(ext.flags),
-            extra_ldflags=list(ext.ldflags),
-            build_directory=str(build_dir),
-        )
+        spec = {
+            "name": name,
+            "sources": [str(f) for f in ext.sources],
+            "cflags": list(ext.flags),
+            "ldflags": list(ext.ldflags),
+            "build_dir": str(build_dir),
+        }
+        build_tree.build(spec, lock_fd)  # in a child that ends with its compilers
         print(f"attnconv: built in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
-        return module
+        return True
 
     try:
         out = locked_build(build_dir, library, build)
@@ -210,4 +217,4 @@ def load(ext: Extension):
             "using the dense kernels this time"
         )
         return None
-    return import_library(name, library) if out is True else out
+    return import_library(name, library)
