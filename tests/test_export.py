@@ -10,9 +10,13 @@ import warnings
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.export import Dim, export
 
+import attnconv
 from attnconv.convert import convert_model
+from attnconv.exporting import ExportUnsupported, export_model
 from attnconv.layers.encodings import POSITIONALS
 from attnconv.layers.feedforward import FeedForward
 from attnconv.layers.local import LocalSelfAttention2d
@@ -74,3 +78,117 @@ def test_torchscript_of_a_model_holding_a_layer_is_our_message():
     model = create_model("sa_quadratic", num_classes=10, num_layers=1, hidden_size=16, num_heads=2)
     with pytest.raises(ScriptingUnsupported, match="MultiHeadSelfAttention2d does not support"):
         torch.jit.script(model)
+
+
+# ---- export_model: the paper models and converted CNNs for inference (issue 77, item 5) ----
+SMALL_SA = dict(hidden_size=16, num_layers=2, num_heads=2, ff_size=16, downsample=4)
+
+
+def _sa(name: str):
+    torch.manual_seed(0)
+    return create_model(name, num_classes=10, **SMALL_SA)
+
+
+def _converted_resnet18():
+    torch.manual_seed(0)
+    cnn = create_model("resnet18_cifar", num_classes=10, widths=[4, 8, 16, 32]).eval()
+    return convert_model(cnn, inplace=False)
+
+
+MODELS = {
+    "sa_quadratic": lambda: _sa("sa_quadratic"),
+    "sa_learned": lambda: _sa("sa_learned"),
+    "sa_learned_content": lambda: _sa("sa_learned_content"),
+    "converted-resnet18": _converted_resnet18,
+}
+_PROGRAMS: dict = {}
+
+
+def _program(name: str):
+    """(eager model in eval mode, its exported program), exported once per test session."""
+    if name not in _PROGRAMS:
+        model = MODELS[name]().train()
+        ep = export_model(model, torch.randn(4, 3, 32, 32))
+        assert model.training  # its mode is restored
+        _PROGRAMS[name] = (model.eval(), ep)
+    return _PROGRAMS[name]
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+@given(batch=st.integers(1, 9), seed=st.integers(0, 2**31 - 1))
+@settings(max_examples=8)
+def test_exported_model_equals_eager_at_any_batch(name, batch, seed):
+    """One program, exported at batch 4 on one thread (the separable kernel's image blocks
+    once fixed the batch there): at every batch its outputs equal eager's to float32's default
+    tolerances."""
+    model, ep = _program(name)
+    x = torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        torch.testing.assert_close(ep.module()(x), model(x))
+
+
+def test_exported_program_saves_and_loads(tmp_path):
+    """The program holds plain torch ops only: torch.export.save / load, the same outputs."""
+    model, ep = _program("sa_quadratic")
+    torch.export.save(ep, tmp_path / "sa.pt2")
+    loaded = torch.export.load(tmp_path / "sa.pt2")
+    targets = {str(n.target) for n in loaded.graph.nodes if n.op == "call_function"}
+    assert not [t for t in targets if "attnconv" in t], targets
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.module()(x), model(x))
+
+
+def test_export_of_a_converted_checkpoint(tmp_path):
+    """`attnconv convert NAME --out DIR`, then load_model(DIR): the converted network exports
+    and equals eager at another batch."""
+    from attnconv.cli import main
+    from attnconv.loading import load_model
+
+    assert main(["convert", "tiny_cnn", "--num-images", "4", "--out", str(tmp_path / "c")]) == 0
+    model, _ = load_model(tmp_path / "c")
+    ep = export_model(model, torch.randn(2, 3, 32, 32))
+    x = torch.randn(5, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ep.module()(x), model(x))
+
+
+def test_fixed_batch_export():
+    """dynamic_batch=False: the example's batch only."""
+    ep = export_model(_sa("sa_learned"), torch.randn(2, 3, 32, 32), dynamic_batch=False)
+    with pytest.raises(Exception, match="2"):
+        ep.module()(torch.randn(3, 3, 32, 32))
+
+
+def test_an_option_that_cannot_export_is_one_line():
+    """backend='triton' is refused before tracing, in one line naming the option and layer."""
+    model = _sa("sa_quadratic")
+    attnconv.set_backend(model, "triton")
+    with pytest.raises(ExportUnsupported) as e:
+        export_model(model, torch.randn(2, 3, 32, 32))
+    msg = str(e.value)
+    assert "\n" not in msg and "backend='triton' (layer " in msg and "does not export" in msg
+
+
+class _DataDependent(torch.nn.Module):
+    def forward(self, x):
+        return x if x.sum() > 0 else -x  # a branch on a value: the tracer refuses it
+
+
+def test_a_tracer_failure_is_one_line_with_the_cause_kept():
+    with pytest.raises(ExportUnsupported) as e:
+        export_model(_DataDependent(), torch.randn(2, 3))
+    msg = str(e.value)
+    assert msg.startswith("attnconv: _DataDependent cannot export (") and "\n" not in msg
+    assert e.value.__cause__ is not None and len(msg) < 300
+
+
+def test_a_layers_own_error_is_not_rewritten():
+    """A model's ValueError about its input stays the model's error."""
+    with pytest.raises(ValueError, match="expected an NCHW image batch"):
+        export_model(_sa("sa_quadratic"), torch.randn(2, 4, 32, 32))
+
+
+def test_export_model_needs_example_tensors():
+    with pytest.raises(ExportUnsupported, match="needs example tensors"):
+        export_model(_sa("sa_quadratic"))

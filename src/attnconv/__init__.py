@@ -32,6 +32,9 @@ _EXPORTS = {
     "LearnedRelativeEncoding": "attnconv.layers.encodings",
     # checkpoint loading: its home is this one line
     "load_model": "attnconv.loading",
+    # torch.export for inference, one line for what cannot export
+    "export_model": "attnconv.exporting",
+    "ExportUnsupported": "attnconv.exporting",
     # what ships beside the code: recipes and pretrained weights with cards (torch-free)
     "list_pretrained": "attnconv.catalog",
     "pretrained_info": "attnconv.catalog",

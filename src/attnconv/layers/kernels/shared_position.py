@@ -193,7 +193,9 @@ def image_blocks(x: torch.Tensor) -> list[tuple[int, int]]:
     BLOCK_MAX_THREADS threads; else one range, the batch (the blocks measured faster a training
     step of grid_long's model at one thread, not at two: benchmarks/results/head_sum_blocks.md)."""
     h, w, b, d = x.shape[1:]
-    if x.device.type != "cpu" or torch.get_num_threads() > BLOCK_MAX_THREADS:
+    # an export traces this loop with a symbolic batch: one block, else it fixes the batch
+    one = x.device.type != "cpu" or torch.get_num_threads() > BLOCK_MAX_THREADS
+    if one or torch.compiler.is_exporting():
         return [(0, b)]
     n = max(1, BLOCK_BYTES // max(1, h * w * d * x.element_size()))
     return [(i, min(b, i + n)) for i in range(0, b, n)]
