@@ -42,7 +42,10 @@ def test_malloc_policy_reaches_the_case_process(monkeypatch):
 def test_unknown_suite_is_a_clear_error(capsys):
     assert main(["bench", "--suite", "nope"]) == 2
     err = capsys.readouterr().err
-    assert "unknown benchmark suite 'nope' (suites: layers, local, convert, models, cuda)" in err
+    assert (
+        "unknown benchmark suite 'nope' (suites: layers, local, convert, models, compile, cuda)"
+        in err
+    )
 
 
 def test_one_list_of_suites():

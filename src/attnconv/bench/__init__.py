@@ -8,5 +8,6 @@ SUITES = {
     "local": "SASA local attention",
     "convert": "converted CNNs against the originals, Lemma 2's error",
     "models": "training throughput of the paper models",
+    "compile": "the paper models eager and under torch.compile, against the plain model compiled",
     "cuda": "the layers on a CUDA GPU against what runs there instead",
 }
