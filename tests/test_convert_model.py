@@ -121,5 +121,5 @@ def test_cli_convert_bad_inputs(tmp_path, capsys):
     assert main(["convert", "resnet18_cifa"]) == 2
     assert "did you mean resnet18_cifar" in capsys.readouterr().err
     assert main(["convert", "tiny_cnn", "--head-dim", "0"]) == 2
-    assert "head_dim" in capsys.readouterr().err
+    assert "--head-dim must be >= 1" in capsys.readouterr().err
     assert main(["convert", str(tmp_path / "missing")]) == 2

@@ -19,6 +19,7 @@ import fnmatch
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -232,8 +233,11 @@ def model_names() -> list[str]:
 
 
 def check_model_name(name: str) -> None:
-    """ValueError for a name that is no registry model, with the closest names (torch-free)."""
-    names = model_names()
+    """ValueError for a name that is no registry model, with the closest names (torch-free:
+    models/names.txt; the live registry where it is already imported, which also holds the
+    models a program registered itself)."""
+    registry = sys.modules.get("attnconv.models.registry")
+    names = registry.list_models() if registry is not None else model_names()
     if name not in names:
         hint = closest(name, names) or f" (e.g. {', '.join(names[:3])})"
         raise ValueError(
