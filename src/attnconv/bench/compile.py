@@ -1,5 +1,5 @@
 """torch.compile on the paper models: attnconv eager, attnconv compiled and the plain model
-compiled, training step and inference, interleaved in one process (issue 77).
+compiled, training step and inference, interleaved in one process.
 
 `attnconv bench --suite compile [--quick] [--threads N] [--repeats N] [--out DIR]
 [--update-results] [-- --scale cpu|paper|both --models M [M ...] --backend B]`
@@ -209,7 +209,12 @@ def render(payload: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = suite_parser("compile", __doc__.splitlines()[0], list(SA_MODELS))
-    p.add_argument("--scale", choices=("cpu", "paper", "both"), default="both")
+    p.add_argument(
+        "--scale",
+        choices=("cpu", "paper", "both"),
+        default="both",
+        help="the CPU recipes' sizes, the paper's (hidden 400, batch 8), or both (default)",
+    )
     p.add_argument("--models", nargs="+", choices=SA_MODELS, help="default: all three")
     p.add_argument("--backend", default="inductor", help="torch.compile's backend (inductor)")
     args = p.parse_args(argv)
