@@ -8,7 +8,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from experiments_runs import kept, n_params, read_metrics, summed_lr
+from experiments_runs import finished, kept, n_params, read_metrics, summed_lr
 from experiments_stats import verdict
 
 TITLE = "### Table 1 at grid_long's budget: sa_quadratic against ResNet18 trained as long"
@@ -52,10 +52,10 @@ def hardware(run: Path) -> tuple[float, str]:
 
 def long_budget(lines: list[str], runs: Path) -> None:
     folders = [runs / run for _, run in RUNS_COMPARED]
-    if not all((f / "wall.json").exists() for f in folders):
+    if not all(finished(f) for f in folders):  # a complete wall.json, as the runner reads it
         lines += kept(TITLE, "\n### ")
         return
-    shown = [*RUNS_COMPARED, *((m, r) for m, r in SEED_RUNS if (runs / r / "wall.json").exists())]
+    shown = [*RUNS_COMPARED, *((m, r) for m, r in SEED_RUNS if finished(runs / r))]
     folders = [runs / run for _, run in shown]
     curves = [evals(f) for f in folders]
     lr = summed_lr(folders[0])
