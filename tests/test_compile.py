@@ -68,6 +68,19 @@ def family(name: str, dropout: bool = True):
     return m, x
 
 
+# torch 2.8's Dynamo reads no property of a NamedTuple (plan.Case.position_only, the kernel
+# choice every MultiHeadSelfAttention2d makes): two graph breaks a layer there, so those
+# families cannot compile whole on the floor; SASA, ViT and the Transformer do
+FLOOR = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) < (2, 9)
+FLOOR_WHY = "torch 2.8's Dynamo breaks the graph at plan.Case's properties (whole on 2.13)"
+
+
+def _whole(name: str) -> None:
+    """Skip, with the reason, a fullgraph case the floor torch cannot compile whole."""
+    if FLOOR and name.split("_")[0] in ("sa", "converted"):
+        pytest.skip(FLOOR_WHY)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     """Each test compiles afresh (many share the layers' code objects: no recompile limit)."""
@@ -88,6 +101,7 @@ def _step(model, x, train: bool):
 
 def _same(name: str, train: bool, dropout: bool, backend: str = "aot_eager", tol=None):
     """The compiled model's output and gradients against eager's, under one seed."""
+    _whole(name)
     eager, x = family(name, dropout)
     model = copy.deepcopy(eager)
     compiled_model = torch.compile(model, backend=backend, fullgraph=True)
@@ -109,6 +123,7 @@ def _same(name: str, train: bool, dropout: bool, backend: str = "aot_eager", tol
 @pytest.mark.parametrize("name", FAMILIES)
 def test_no_graph_break(name, train):
     """One graph, no break, in training (the family's default dropout) and in eval mode."""
+    _whole(name)
     model, x = family(name)
     model.train(train)
     e = torch._dynamo.explain(model)(*x)
@@ -144,6 +159,7 @@ def test_compiled_dropout_draws_the_eager_masks(name):
 
 def test_a_second_batch_size_recompiles_with_the_custom_ops():
     """The last, smaller batch of an epoch: a second graph (dynamic batch), the same values."""
+    _whole("sa_learned_content")
     eager, (x,) = family("sa_learned_content")
     model = torch.compile(copy.deepcopy(eager), backend="aot_eager", fullgraph=True)
     for b in (2, 3, 1):

@@ -58,7 +58,15 @@ def compiling() -> bool:
     """``torch.compile`` traces this call (not ``torch.export``): the kernels then run as the
     custom ops of kernels/ops.py, which Dynamo and AOTAutograd trace through (an export keeps
     the plain torch paths it always took)."""
-    return torch.compiler.is_compiling() and not torch.compiler.is_exporting()
+    return torch.compiler.is_compiling() and not exporting()
+
+
+def exporting() -> bool:
+    """``torch.export`` traces this call: ``torch.compiler.is_exporting()`` read from its flag,
+    since torch 2.8's Dynamo answers that call with True under ``torch.compile`` too (every
+    kernel would then take its export path there: graph breaks)."""
+    flag = getattr(torch.compiler, "_is_exporting_flag", None)
+    return torch.compiler.is_exporting() if flag is None else bool(flag)
 
 
 def first_order_only(what: str, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:

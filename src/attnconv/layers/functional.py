@@ -73,7 +73,8 @@ def _check_args(q, k, v, bias, mask, dropout_p: float = 0.0, scale=None) -> None
             )
     if not (isinstance(dropout_p, (int, float)) and 0.0 <= dropout_p < 1.0):
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p!r}")
-    real = isinstance(scale, int | float) and not isinstance(scale, bool)
+    # a tuple, not int | float: torch 2.8's Dynamo cannot build the union type
+    real = isinstance(scale, (int, float)) and not isinstance(scale, bool)
     if scale is not None and not (real and math.isfinite(scale)):
         raise ValueError(f"scale must be a finite number or None, got {scale!r}")
 

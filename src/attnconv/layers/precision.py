@@ -102,6 +102,8 @@ def upcast(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 def autocast_known(device_type: str) -> bool:
     """Whether autocast knows ``device_type`` (not ``meta``: shape inference, FLOP counting)."""
+    if device_type in ("cpu", "cuda"):  # always (torch 2.8's Dynamo cannot trace the ask)
+        return True
     known = getattr(torch.amp, "is_autocast_available", None)  # torch >= 2.4 (older: a list)
     return known(device_type) if known else device_type in ("cpu", "cuda", "xpu", "mps", "hpu")
 

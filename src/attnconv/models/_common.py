@@ -73,7 +73,11 @@ def check_images(
         raise TypeError(f"{model}: expected a floating-point image tensor, got {x.dtype}")
     if x.numel() == 0:
         raise ValueError(f"{model}: empty image batch, shape {tuple(x.shape)}")
-    p = next(like.parameters(), None) if like is not None else None
+    # the first parameter (a loop: torch 2.8's Dynamo cannot trace next(generator, None))
+    p = None
+    for q in like.parameters() if like is not None else ():
+        p = q
+        break
     if p is not None and x.dtype != p.dtype and not torch.is_autocast_enabled(x.device.type):
         raise TypeError(
             f"{model}: images are {x.dtype} but the model's parameters {p.dtype}; cast one "

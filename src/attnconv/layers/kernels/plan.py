@@ -271,7 +271,10 @@ TRANSFORM_TABLE = (
 def choose(case: NamedTuple, table: tuple[Row, ...] = TABLE) -> str:
     """The kernel's name for ``case``: the first row of ``table`` that matches (TABLE: a name of
     kernels.KERNELS)."""
-    return next(row.name for row in table if row.when(case))
+    for row in table:  # (a loop, not next() of a generator: torch 2.8's Dynamo breaks there)
+        if row.when(case):
+            return row.name
+    raise AssertionError("the last row of a table matches every case")
 
 
 def explain(case: NamedTuple, table: tuple[Row, ...] = TABLE) -> str:
@@ -323,7 +326,8 @@ def for_layer(
         on = torch.is_grad_enabled()
         pos_grad = on and any(p.requires_grad for p in layer.positional_encoding.parameters())
         grad = on and (x.requires_grad or any(p.requires_grad for p in layer.parameters()))
-    traced = isinstance(term, GaussianTerm | AxisTerm) and auto and tracing()
+    # a tuple, not GaussianTerm | AxisTerm: torch 2.8's Dynamo cannot build the union type
+    traced = isinstance(term, (GaussianTerm, AxisTerm)) and auto and tracing()
     device = device or x.device.type
     case = Case(
         term,
