@@ -233,7 +233,8 @@ def test_transposed_and_3d_convs_are_refused_or_kept(first, conv, x_shape):
 
 @pytest.mark.parametrize("conv", _convs(), ids=["dense", "grouped", "conv1d"])
 def test_unbatched_input_as_the_conv_accepts_it(conv):
-    """(C, H, W) / (C, L) input, as nn.Conv2d / nn.Conv1d take it; an empty batch is refused."""
+    """(C, H, W) / (C, L) input, as nn.Conv2d / nn.Conv1d take it; a batch of 0 gives an empty
+    output, as theirs does."""
     torch.manual_seed(0)
     conv = conv.double()
     attn = conv_to_attention(conv)
@@ -245,8 +246,9 @@ def test_unbatched_input_as_the_conv_accepts_it(conv):
     torch.testing.assert_close(y, ref, **EXACT)
     _, batched = attn(x[None], return_attention=True)
     torch.testing.assert_close(probs, batched[0], **EXACT)
-    with pytest.raises(ValueError, match="empty"):
-        attn(_input(conv, batch=0))
+    empty = _input(conv, batch=0)
+    torch.testing.assert_close(attn(empty), conv(empty), **EXACT)
+    assert attn(empty).shape == (0, *ref.shape)
     with pytest.raises(ValueError, match="unbatched"):
         attn(x[0])
 

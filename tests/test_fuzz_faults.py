@@ -53,8 +53,8 @@ FIXED_BAD_INPUTS = {
     "3-D": lambda c: torch.randn(c, 3, 3, dtype=F64),
     "5-D": lambda c: torch.randn(1, c, 3, 3, 1, dtype=F64),
     "channels": lambda c: torch.randn(1, c + 1, 3, 3, dtype=F64),
-    "empty batch": lambda c: torch.randn(0, c, 3, 3, dtype=F64),
-    "empty H": lambda c: torch.randn(1, c, 0, 3, dtype=F64),
+    "empty H": lambda c: torch.randn(1, c, 0, 3, dtype=F64),  # (a batch of 0 runs: empty out)
+    "empty W, no batch": lambda c: torch.randn(0, c, 3, 0, dtype=F64),
     "list": lambda c: [[0.0] * c],
     "numpy": lambda c: torch.randn(1, c, 3, 3, dtype=F64).numpy(),
 }
@@ -81,6 +81,8 @@ def test_bad_inputs_raise_clearly(layer, inp):
             torch.testing.assert_close(m(x), m(x[None])[0], rtol=0, atol=0)
             continue
         expect_error(lambda x=x: m(x))
+    empty = m(torch.randn(0, 2, 3, 3, dtype=F64))  # a batch of 0: an empty output, as nn.Conv2d
+    assert empty.shape == (0, *m(torch.randn(1, 2, 3, 3, dtype=F64)).shape[1:])
 
 
 def test_learned_tables_refuse_larger_images():
@@ -103,7 +105,7 @@ MODEL_INPUTS = {
     "int": lambda: torch.ones(1, 3, 32, 32, dtype=torch.long),
     "3-D": lambda: torch.randn(3, 32, 32),
     "channels": lambda: torch.randn(1, 4, 32, 32),
-    "empty": lambda: torch.randn(0, 3, 32, 32),
+    "empty H": lambda: torch.randn(1, 3, 0, 32),
     "list": lambda: [[1.0]],
 }
 
@@ -123,6 +125,7 @@ def test_models_refuse_bad_images_clearly(models, name):
         expect_error(lambda x=x: m(x))
     with torch.no_grad():
         assert m(torch.randn(1, 3, 32, 32)).shape == (1, 10)
+        assert m(torch.randn(0, 3, 32, 32)).shape == (0, 10)  # a batch of 0: empty logits
 
 
 @pytest.mark.parametrize(

@@ -111,16 +111,28 @@ def test_cuda_learned_relative_content_takes_the_fold_where_an_h100_measured_it_
     "make, why",
     [
         (lambda: MultiHeadSelfAttention2d(8, 8, 2, positional="relative", backend="triton"),
-         "backend='triton' passed over (needs Axis"),
+         "backend='triton' does not run here: the Triton GPU kernel needs positional logits that "
+         "split into a row and a column part (an axis term), and it has logits folded into q and "
+         "k (relative encoding with content) on cpu; the fold (the positional logits folded into "
+         "q and k, then PyTorch's fused attention) runs instead, with the same results"),
         (lambda: LocalSelfAttention2d(8, 8, 2, 3, padding="zeros", backend="triton"),
-         "backend='triton' passed over (needs padding=\"mask\""),
+         "backend='triton' does not run here: the Triton GPU kernel needs padding=\"mask\" and no "
+         "returned attention maps, and it has padding=\"zeros\" on cpu; the window function runs "
+         "instead"),
         (lambda: MultiHeadSelfAttention2d(8, 8, 2, positional="relative", backend="blocked"),
-         "backend='blocked' passed over"),
+         "backend='blocked' does not run here: the blocked CPU kernel needs"),
+        (lambda: MultiHeadSelfAttention2d(
+            8, 8, 2, positional="quadratic", content=False, backend="triton"),
+         "backend='triton' does not run here: the separable kernel (a row then a column "
+         "operator, position only) serves this layer before the Triton GPU kernel would, with the "
+         "same results"),
     ],
 )  # fmt: skip
 def test_a_forced_backend_passed_over_says_so_in_one_line(make, why):
     """backend="triton" on an encoding or a border the kernel does not take ran another kernel
-    silently (a correct result, not the one asked for); now one warning says which and why."""
+    silently (a correct result, not the one asked for); now one warning says, in words, which
+    kernel runs and why (what the asked one needs and what the layer has, or that the plan puts
+    another kernel first for it)."""
     layer = make()
     with pytest.warns(UserWarning, match=re.escape(why)) as caught:
         layer(torch.randn(1, 8, 5, 5))
@@ -135,4 +147,4 @@ def test_a_forced_backend_that_runs_warns_nothing(recwarn):
     with torch.no_grad():  # fixed logits in inference: the shared bias, fold's "no blocked kernel"
         assert fold.eval().kernel(x) == "shared_bias"
         fold(x)
-    assert not [w for w in recwarn if "passed over" in str(w.message)]
+    assert not [w for w in recwarn if "does not run here" in str(w.message)]

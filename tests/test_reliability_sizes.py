@@ -163,7 +163,7 @@ def test_attention_maps_too_large_are_refused_before_any_compute(monkeypatch):
     assert f"needs at least {need / 2**30:.1f} GiB" in str(e.value)
     assert f"({half / 2**30:.1f} GiB)" in str(e.value) and "1x9x16384x16384" in str(e.value)
     vit = create_model("vit_tiny_cifar", depth=1, embed_dim=16, num_heads=2).eval()
-    small = r"vit on 2 image\(s\) of 32x32: .* 0.1 MiB .*\(1 layers of 2x2x65x65\)"
+    small = r"vit on 2 image\(s\) of 32x32: .* 0.1 MiB .*\(1 layer of 2x2x65x65\)"
     with pytest.raises(ValueError, match=small):
         check_attention_maps([(2, 2, 65, 65)], 4, "vit on 2 image(s) of 32x32", limit=1000)
     logits, maps = vit(torch.zeros(2, 3, 32, 32), return_attention=True)  # small: as ever

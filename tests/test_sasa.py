@@ -87,9 +87,10 @@ def test_return_attention_dense_maps():
     assert attns[0].shape == (1, 2, 143, 143) and attns[2].shape == (1, 2, 143, 143)
     assert attns[0].grid == (13, 11)
     assert attns[3].grid == (7, 6)  # 13x11 pooled to 7x6 by the first strided block
-    with pytest.raises(ValueError, match="local_attention_maps"):
-        with torch.no_grad():
-            m(torch.randn(1, 3, 96, 96), return_attention=True)
+    assert m._grids(13, 11) == [a.grid for a in attns]  # what the memory check counts
+    with pytest.raises(ValueError, match="local_attention_maps") as e, torch.no_grad():
+        m(torch.zeros(1, 3, 1024, 1024), return_attention=True)  # 2x2**40 floats, first map
+    assert "\n" not in str(e.value) and "needs at least" in str(e.value)
 
 
 def test_baseline_has_no_attention():

@@ -64,3 +64,24 @@ def test_the_config_key_is_checked_and_applied(tmp_path, cifar_zip):
     cfg = load_config(path, [*over, "model.backend=reference"])
     layers = _layers(Trainer(cfg).model, MultiHeadSelfAttention2d)
     assert layers and all(m.backend == "reference" for m in layers)
+
+
+@pytest.mark.skipif(not triton_axis.INSTALLED, reason="triton is not installed")
+def test_triton_on_a_cpu_says_in_one_line_what_runs(tmp_path, cifar_zip, monkeypatch, caplog):
+    """`attnconv train ... --set model.backend=triton` on a CPU said nothing and ran the dense
+    fallback in every content layer (slower than the plan's kernels): now one line says that the
+    plan's kernels run instead, and the layers keep them."""
+    from attnconv.train.config import load_config
+    from attnconv.train.loop import Trainer
+    from tiny_runs import tiny_config
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    path = tiny_config(tmp_path, cifar_zip, epochs=1, out_dir=str(tmp_path / "run"))
+    over = ["model.name=sa_learned_content", "model.kwargs={hidden_size: 8, num_layers: 1}"]
+    with caplog.at_level("WARNING", logger="attnconv"):
+        trainer = Trainer(load_config(path, [*over, "model.backend=triton"]), device="cpu")
+    lines = [r.getMessage() for r in caplog.records if "backend='triton'" in r.getMessage()]
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    assert "run on CUDA, not cpu" in lines[0] and "the plan picks on cpu instead" in lines[0]
+    layers = _layers(trainer.model, MultiHeadSelfAttention2d)
+    assert layers and all(m.backend is None for m in layers)

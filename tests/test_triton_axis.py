@@ -339,7 +339,7 @@ def test_unsupported_inputs_fall_back_with_one_line(monkeypatch):
         .to(DEVICE)
     )
     x = torch.randn(1, 8, 1, triton_axis.MAX_WIDTH + 3, dtype=torch.float64, device=DEVICE)
-    with pytest.warns(UserWarning, match="falls back to the dense kernel: .*rows up to"):
+    with pytest.warns(UserWarning, match=r"falls back to the fold \(the positional .*rows up to"):
         y = lay(x)
     lay.backend, lay.impl = None, "reference"
     torch.testing.assert_close(y, lay(x), rtol=1e-12, atol=1e-12)

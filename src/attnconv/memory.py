@@ -15,23 +15,32 @@ def memory_bytes() -> int:
 
 
 def check_attention_maps(
-    shapes: list[tuple[int, ...]], element_size: int, what: str, limit: int | None = None
+    shapes: list[tuple[int, ...]],
+    element_size: int,
+    what: str,
+    limit: int | None = None,
+    computing: list[tuple[int, ...]] | None = None,
+    hint: str = "use smaller images or fewer at a time",
 ) -> int:
     """The bytes ``return_attention`` would hold: every layer's map (``shapes``, one per
-    layer, e.g. (B, heads, T, T)) kept, plus one more layer's being computed; a one-line
-    ValueError (as the training size check), before any of it is computed, past ``limit`` (half
-    the machine's memory)."""
+    layer, e.g. (B, heads, T, T)) kept, plus one more layer's being computed (the largest of
+    ``computing``, default ``shapes``: a converted layer computes its map over the padded
+    input, then keeps it cropped); a one-line ValueError (as the training size check), before
+    any of it is computed, past ``limit`` (half the machine's memory)."""
     import math
 
     per_layer = [math.prod(s) * element_size for s in shapes]
-    need = sum(per_layer) + max(per_layer, default=0)
+    working = [math.prod(s) * element_size for s in (computing or shapes)]
+    need = sum(per_layer) + max(working, default=0)
     bound = memory_bytes() // 2 if limit is None else limit
     if need > bound:
-        first = "x".join(map(str, shapes[0]))
+        largest = "x".join(map(str, max(shapes, key=math.prod)))
+        layers = f"{len(shapes)} layer{'s' if len(shapes) != 1 else ''}"
+        layers += " of " if len(set(shapes)) == 1 else ", the largest "
         raise ValueError(
             f"{what}: return_attention needs at least {_size(need)} for its attention maps "
-            f"({len(shapes)} layers of {first}), more than half this machine's memory "
-            f"({_size(bound)}); use smaller images or fewer at a time"
+            f"({layers}{largest}), more than half this machine's memory "
+            f"({_size(bound)}); {hint}"
         )
     return need
 

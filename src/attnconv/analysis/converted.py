@@ -7,7 +7,8 @@ of every query pixel of that layer's input over the input's pixels: the (1, Nh, 
 probabilities of the layer cropped to the unpadded image, queries and keys alike
 ((1, Nh, h*w, h*w) on the layer's h x w grid; a head whose key falls in the padding has an empty
 row there). Hard heads give one-hot maps on the kernel's grid. ``attention_grid`` is the input
-image's size; ``layer_names`` are the converted modules' names.
+image's size; ``layer_names`` are the converted modules' names. Maps that cannot fit in memory
+are refused in one line (the size needed and the bound) before the first of them is computed.
 
 A model with attention maps of its own (a ViT whose patch embedding was converted) keeps them:
 the converted patch embedding's map comes first (it makes the tokens), then the model's own
@@ -25,6 +26,7 @@ import torch.nn as nn
 
 from attnconv.convert import ConvAttention2d, converted_layers
 from attnconv.layers.attention_map import AttentionMap
+from attnconv.memory import check_attention_maps
 
 
 class ConvertedAttentionView(nn.Module):
@@ -69,6 +71,7 @@ class ConvertedAttentionView(nn.Module):
         if not return_attention:
             return out
         ran = [(n, m) for n, m in self.named if id(m) in sizes]
+        check_maps(x, [(m, *sizes[id(m)]) for _, m in ran])
         conv = [
             AttentionMap(
                 layer_maps(m, *sizes[id(m)]), sizes[id(m)], 0, output_queries(m, *sizes[id(m)])
@@ -78,6 +81,20 @@ class ConvertedAttentionView(nn.Module):
         if own:  # converted layers' names, then the model's own ("layer 1", ...)
             self.layer_names = [n for n, _ in ran] + [f"layer {i + 1}" for i in range(len(own))]
         return out, conv + list(own)
+
+
+def check_maps(x: torch.Tensor, layers: list[tuple[ConvAttention2d, int, int]]) -> None:
+    """The converted layers' maps (1, Nh, h*w, h*w) on their h x w inputs, each computed over
+    the padded input first: one line before any is computed when they cannot fit in memory."""
+    kept, padded = [], []
+    for m, h, w in layers:
+        nh, (hp, wp) = m.attention.num_heads, m.geometry.padded_size(h, w)
+        kept.append((1, nh, h * w, h * w))
+        padded.append((1, nh, hp * wp, hp * wp))
+    if kept:
+        size = max(4, next(layers[0][0].attention.out_proj.parameters()).element_size())
+        where = f"the converted layers on {x.shape[0]} image(s) of {x.shape[-2]}x{x.shape[-1]}"
+        check_attention_maps(kept, size, where, computing=padded)
 
 
 @torch.no_grad()

@@ -72,7 +72,9 @@ def _holds_run(out: Path) -> bool:
 
 def _to_intact(out: Path) -> None:
     """--resume-from-intact: ``latest`` pointed at the newest intact checkpoint (under the run
-    folder's lock; said in one line), before the trainer reads it."""
+    folder's lock; said in one line), before the trainer reads it. Under torchrun rank 0 alone
+    repairs, before it joins the process group; the other ranks wait for it there (the trainer's
+    first barrier on --resume)."""
     from attnconv.train.intact import resume_from_intact
     from attnconv.train.runfolder import RunLock
 

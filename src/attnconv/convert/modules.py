@@ -83,11 +83,12 @@ class ConvAttention(NotScriptable, ConvAttributes, nn.Module):
 
     def _check(self, x: torch.Tensor, dims: int) -> tuple[torch.Tensor, bool]:
         """x with its batch dim, and whether it was unbatched: (C, H, W) / (C, L) input gets a
-        batch of one, as nn.Conv2d / nn.Conv1d take it. An empty tensor (a batch of 0
-        included) is refused."""
+        batch of one, as nn.Conv2d / nn.Conv1d take it. A batch of 0 runs (an empty output, as
+        theirs); any other size 0 is refused."""
         g = self.geometry
-        dtype = next(self.attention.out_proj.parameters()).dtype  # (a grouped Wout's .weight
-        check_tensor(x, dtype)  # would build the dense matrix) a non-empty float of our dtype
+        # (next(parameters()): a grouped Wout's .weight would build the dense matrix)
+        dtype = next(self.attention.out_proj.parameters()).dtype
+        check_tensor(x, dtype)  # a float of our dtype, no size 0 but the batch's
         unbatched = x.dim() == dims + 1
         if unbatched:
             x = x.unsqueeze(0)

@@ -1,7 +1,8 @@
 """Argument and input checks shared by the public layers: one clear ValueError/TypeError line.
 
 ``positive_int`` for sizes (channels, heads, kernel sizes), ``check_tensor`` for the tensor a
-layer's forward receives (a floating tensor, non-empty, of the layer's parameter dtype). Found
+layer's forward receives (a floating tensor of the layer's parameter dtype, no size 0 but the
+batch's: a batch of 0 gives an empty output, as PyTorch's layers do). Found
 by tests/test_fuzz.py: without them wrong dtypes, empty tensors and zero/float sizes surfaced as
 RuntimeError/ZeroDivisionError/AttributeError from deep inside PyTorch.
 """
@@ -39,19 +40,34 @@ def positive_int(name: str, val) -> int:
 def check_tensor(
     x, dtype: torch.dtype | None, *, name: str = "input", allow_empty: bool = False
 ) -> None:
-    """x must be a floating-point tensor (non-empty unless ``allow_empty``) of dtype ``dtype``
-    (the layer's parameters; None or an active autocast: any floating dtype)."""
+    """x must be a floating-point tensor of dtype ``dtype`` (the layer's parameters; None or an
+    active autocast: any floating dtype) with no size 0 but its first (the batch: a batch of 0
+    runs; ``allow_empty``: any size 0)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
         raise TypeError(f"{name} must be floating-point, got dtype {x.dtype}")
-    if x.numel() == 0 and not allow_empty:
-        raise ValueError(f"{name} is empty: shape {tuple(x.shape)}")
+    if x.numel() == 0 and not allow_empty and (x.dim() < 2 or 0 in x.shape[1:]):
+        raise ValueError(
+            f"{name} is empty: shape {tuple(x.shape)} (only the batch may be 0: it gives an "
+            "empty output)"
+        )
     if dtype is not None and x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
         raise TypeError(
             f"{name} dtype {x.dtype} differs from the layer's parameters ({dtype}); cast the "
             f"input (x.to({dtype})) or the layer (layer.to({x.dtype}))"
         )
+
+
+def check_maps(layer, shape: tuple[int, ...], x: torch.Tensor) -> None:
+    """A layer's ``return_attention`` probabilities of ``shape``, for x (B, C, H, W), refused in
+    one line (the size needed and the bound) before any of them is computed when they cannot fit
+    in memory (``attnconv.memory.check_attention_maps``; at least float32 probabilities)."""
+    from attnconv.memory import check_attention_maps
+
+    b, _, h, w = x.shape
+    where = f"{type(layer).__name__} on {b} image(s) of {h}x{w}"
+    check_attention_maps([shape], max(x.element_size(), 4), where)
 
 
 def check_window(q, k, v, rel_row, rel_col, kernel_size) -> None:
@@ -129,3 +145,18 @@ def set_backend(model, backend: str | None) -> int:
     for m in takes:
         m.backend = backend
     return len(takes)
+
+
+def backend_off_device(backend: str | None, device) -> str | None:
+    """One line when ``backend`` runs on no layer on ``device`` (the Triton kernels need CUDA, or
+    ``TRITON_INTERPRET=1``), saying what runs instead; None when it can run there."""
+    from .kernels import triton_axis
+
+    dev = torch.device(device).type
+    if backend != "triton" or dev == "cuda" or triton_axis.interpreted():
+        return None
+    return (
+        f"model.backend='triton': the Triton kernels run on CUDA, not {dev}; every attention "
+        f"layer runs the kernel the plan picks on {dev} instead, as with model.backend unset "
+        "(the same results)"
+    )

@@ -183,7 +183,7 @@ def dropped_links(
         ops = torch.ops.attnconv
         return ops.dropped_links(seed_tensor(seed), nh, t, b, per_image, p, device)
     seed = dropout_seed() if seed is None else int(seed)
-    n = (batch or 1) * nh * t
+    n = (1 if batch is None else batch) * nh * t  # (a batch of 0: no links)
     key = _row_key(torch.arange(n, device=device, dtype=torch.int64)[:, None], seed)  # (rows, 1)
     cols = torch.arange(t, device=device, dtype=torch.int64)
     out = torch.empty(n, t, dtype=torch.bool, device=device)

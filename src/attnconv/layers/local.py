@@ -20,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..warn import warn
-from .checks import BackendKnob, backend_of, check_tensor, positive_int
+from .checks import BackendKnob, backend_of, check_maps, check_tensor, positive_int
 from .encodings.sinusoidal import sinusoid_2d
 from .kernels import plan, triton_axis, triton_compile, triton_local
 from .kernels.flex import flex_local_attention
@@ -219,6 +219,8 @@ class LocalSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
         bsz, _, h, w = x.shape
         if h < self.stride or w < self.stride:
             raise ValueError(f"input {h}x{w} is smaller than the stride {self.stride}")
+        if return_attention:  # the windows' probabilities, refused first when they cannot fit
+            check_maps(self, (bsz, self.num_heads, h * w, self.kernel_size**2), x)
         q = self._heads(self.query(x)) * self.scale  # (B, nh, dh, H, W)
         v = self._heads(self.value(x))
         k = self._heads(self.key(x)) if self.key is not None else None
@@ -228,7 +230,10 @@ class LocalSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
             pe = pe.view(self.head_dim, h, w)
             k = pe.expand(bsz, self.num_heads, -1, h, w) if k is None else k + pe
         kernel = self.kernel(x.device, return_attention, x=x)
-        plan.warn_if_passed_over(self.backend, kernel, plan.LOCAL_TABLE)
+        if self.backend is not None:
+            maps = " and returns its maps" if return_attention else ""
+            have = f'it has padding="{self.padding}"{maps} on {x.device.type}'
+            plan.warn_if_passed_over(self.backend, kernel, plan.LOCAL_TABLE, have)
         out = self._triton(q, k, v) if kernel == "triton" else None
         if kernel == "flex":
             out = self._flex(q, k, v)

@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .checks import BackendKnob, backend_of, check_tensor, positive_int
+from .checks import BackendKnob, backend_of, check_maps, check_tensor, positive_int
 from .encodings.base import PositionalEncoding, check_size
 from .encodings.registry import POSITIONALS, build_encoding
 from .encodings.terms import Grid
@@ -205,7 +205,7 @@ class MultiHeadSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
         else:  # (values first: the order autograd sums dX in)
             v5 = self.value_proj(xt).view(b, h, w, self.num_heads, self.head_dim)
         d = v5.shape[-1]
-        v = v5.reshape(b, h * w, -1, d).transpose(1, 2).expand(b, self.num_heads, h * w, d)
+        v = v5.reshape(b, h * w, v5.shape[3], d).transpose(1, 2).expand(b, self.num_heads, h * w, d)
         q = k = None
         if self.has_qk:
             src = xt
@@ -224,7 +224,8 @@ class MultiHeadSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
 
     def attention_probs(self, x: torch.Tensor) -> torch.Tensor:
         """Softmax probabilities ``(B or 1, Nh, H * W, H * W)``, rows: queries, row-major."""
-        _, h, w = self._check_input(x)
+        b, h, w = self._check_input(x)
+        check_maps(self, self._maps_shape(b, h, w), x)
         term = self.positional_encoding.term(h, w, content=self.content)
         return reference_probs(*self.project(x), term, Grid(h, w, x.dtype), self.scale)
 
@@ -245,12 +246,24 @@ class MultiHeadSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
         return plan.for_layer(self, x, term, p, device, why=why)
 
     # ------------------------------------------------------------------ forward
+    def _maps_shape(self, b: int, h: int, w: int) -> tuple[int, int, int, int]:
+        """The shape of ``return_attention``'s probabilities (position only: one map)."""
+        return (b if self.input_dependent else 1, self.num_heads, h * w, h * w)
+
     def forward(self, x: torch.Tensor, return_attention: bool = False):
         b, h, w = self._check_input(x)
+        if return_attention:  # refused before any of it is computed when it cannot fit
+            check_maps(self, self._maps_shape(b, h, w), x)
         grid, p_drop = Grid(h, w, x.dtype), self.dropout if self.training else 0.0
         term = self.positional_encoding.term(h, w, content=self.content)
+        if not b:  # a batch of 0: an empty output (no kernel, no positional logits computed)
+            return self._empty(x, h, w, return_attention)
         name = plan.for_layer(self, x, term, p_drop)
-        plan.warn_if_passed_over(self.backend, name, plan.TABLE)
+        if self.backend is not None:
+            enc = f"{self.positional} encoding" + (" with content" if self.content else "")
+            drop = ", attention dropout" if p_drop else ""
+            have = f"it has {plan.term_words(term)} ({enc}) on {x.device.type}{drop}"
+            plan.warn_if_passed_over(self.backend, name, plan.TABLE, have)
         kernel = KERNELS[name]
         if kernel.layout == "head_major":  # (Nh|1, D, H, B, W) values, a 1x1 conv each way
             linear = self.value == "linear"
@@ -281,6 +294,16 @@ class MultiHeadSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
             return y, probs(*self.project(x), term, grid, self.scale)
         return y
 
+    def _empty(self, x: torch.Tensor, h: int, w: int, return_attention: bool):
+        """A batch of 0: (0, Cout, H, W), on the graph of x and the value and output projections
+        (their gradients zero), as an nn.Conv2d gives; with ``return_attention`` (0, Nh, T, T)."""
+        xt = x.flatten(2).transpose(1, 2)  # (0, T, Cin)
+        v = xt.repeat(1, 1, self.num_heads) if self.value == "identity" else self.value_proj(xt)
+        y = self.out_proj(v).transpose(1, 2).reshape(0, self.out_channels, h, w)
+        if not return_attention:
+            return y
+        return y, x.new_zeros(0, self.num_heads, h * w, h * w)
+
     def forward_tokens(self, x: torch.Tensor) -> torch.Tensor:
         """The layer on sequence-first channels-last tokens: (H, W, B, Cin) -> (H, W, B, Cout),
         the paper models' layout. Separable position-only attention runs there with no layout
@@ -289,7 +312,7 @@ class MultiHeadSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
         xn = x.permute(2, 3, 0, 1)  # (B, Cin, H, W) view
         b, h, w = self._check_input(xn)
         term = self.positional_encoding.term(h, w, content=self.content)
-        if plan.for_layer(self, xn, term, 0.0) != "separable" or transforms_active():
+        if not b or plan.for_layer(self, xn, term, 0.0) != "separable" or transforms_active():
             return self.forward(xn).permute(2, 3, 0, 1)  # (a transform: no fused head sum)
         nh, dv, p = self.num_heads, self.head_dim, self.dropout if self.training else 0.0
         if self.value == "identity":

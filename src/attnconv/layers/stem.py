@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .checks import BackendKnob, backend_of, check_tensor, positive_int
+from .checks import BackendKnob, backend_of, check_maps, check_tensor, positive_int
 from .kernels import plan
 from .kernels.window import PADDINGS, local_attention
 from .scripting import NotScriptable
@@ -113,6 +113,8 @@ class AttentionStem2d(NotScriptable, BackendKnob, nn.Module):
         bsz, _, h, w = x.shape
         if h < self.pool or w < self.pool:
             raise ValueError(f"input {h}x{w} is smaller than the stem pooling {self.pool}")
+        if return_attention:  # the windows' probabilities, refused first when they cannot fit
+            check_maps(self, (bsz, self.num_heads, h * w, self.kernel_size**2), x)
         nh, dh, nm = self.num_heads, self.head_dim, self.mixtures
         q = self.query(x).view(bsz, nh, dh, h, w) * self.scale  # (B, nh, dh, H, W)
         k = self.key(x).view(bsz, nh, dh, h, w)

@@ -60,8 +60,9 @@ def check_stages(model: str, widths, depths) -> None:
 def check_images(
     x: torch.Tensor, in_chans: int, model: str, like: torch.nn.Module | None = None
 ) -> None:
-    """x must be a non-empty float NCHW batch with ``in_chans`` channels, of the dtype of the
-    parameters of ``like`` (if given; any floating dtype under autocast)."""
+    """x must be a float NCHW batch with ``in_chans`` channels and images of at least 1x1 (a
+    batch of 0 runs: an empty output), of the dtype of the parameters of ``like`` (if given; any
+    floating dtype under autocast)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{model}: expected a torch.Tensor, got {type(x).__name__}")
     if x.dim() != 4 or x.shape[1] != in_chans:
@@ -71,8 +72,8 @@ def check_images(
         )
     if not x.is_floating_point():
         raise TypeError(f"{model}: expected a floating-point image tensor, got {x.dtype}")
-    if x.numel() == 0:
-        raise ValueError(f"{model}: empty image batch, shape {tuple(x.shape)}")
+    if 0 in x.shape[2:]:
+        raise ValueError(f"{model}: empty images, shape {tuple(x.shape)}")
     # the first parameter (a loop: torch 2.8's Dynamo cannot trace next(generator, None))
     p = None
     for q in like.parameters() if like is not None else ():

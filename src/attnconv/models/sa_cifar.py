@@ -201,7 +201,9 @@ class SelfAttentionCifar(nn.Module):
             size = x.element_size() if x.is_floating_point() else 4
             where = f"sa_cifar on {x.shape[0]} image(s) of {x.shape[2]}x{x.shape[3]}"
             check_attention_maps([shape] * len(self.layers), size, where)
-        x = F.pixel_unshuffle(x, self.cfg.downsample)  # (B, 3*ds*ds, H/ds, W/ds)
+        b, c, h, w = x.shape
+        ds = self.cfg.downsample  # (torch returns an empty batch unshuffled, of the input's shape)
+        x = F.pixel_unshuffle(x, ds) if b else x.reshape(0, c * ds * ds, h // ds, w // ds)
         x = self.embed(x.permute(2, 3, 0, 1))  # (h, w, B, D)
         attns = []
         for layer in self.layers:

@@ -12,7 +12,7 @@ without pooling) for 32x32 inputs. Paper parameter counts (1000 classes): baseli
 Attention maps: ``local_attention_maps(x)`` returns, per attention layer (input -> output
 order), the window probabilities (B, nh, H*W, k*k); ``forward(x, return_attention=True)`` turns
 them into ``AttentionMap``s of dense (B, nh, T, T) probabilities on each layer's grid (rows =
-queries, row-major), refused when too large.
+queries, row-major), refused before any layer runs when they cannot fit in memory.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ import torch.nn.functional as F
 from ..layers.attention_map import AttentionMap
 from ..layers.local import LocalSelfAttention2d, local_to_dense
 from ..layers.stem import AttentionStem2d
+from ..memory import check_attention_maps
 from ._common import build_config, check_images, check_stages
 from .registry import register_model
 
 DEPTHS = {26: (1, 2, 4, 1), 38: (2, 3, 5, 2), 50: (3, 4, 6, 3)}
-MAX_DENSE = 2**26  # elements of one dense (B, nh, T, T) map that return_attention may build
 
 
 @dataclass
@@ -152,22 +152,38 @@ class SASAResNet(nn.Module):
         self.layers = nn.Sequential(*stages)
         self.num_features = c
         self.fc = nn.Linear(c, cfg.num_classes)
-        self.attention_grids = self._grids(cfg.img_size)
+        self.attention_grids = self._grids(cfg.img_size, cfg.img_size)
         s = cfg.img_size // (1 if cfg.small_stem else 4) // 2 ** (len(cfg.widths) - 1)
         self.attention_grid = self.attention_grids[0] if self.attention_grids else (s, s)
 
-    def _grids(self, size: int) -> list[tuple[int, int]]:
-        """(h, w) of each attention layer's maps for a size x size input."""
+    def _grids(self, h: int, w: int) -> list[tuple[int, int]]:
+        """(h, w) of each attention layer's maps for an h x w input."""
         grids = []
         if self.cfg.stem == "attention":
-            grids.append((size, size))
-        s = size // (1 if self.cfg.small_stem else 4)
+            grids.append((h, w))
+            pool = 1 if self.cfg.small_stem else 4
+            h, w = h // pool, w // pool  # its max pool
+        elif not self.cfg.small_stem:  # a 7x7/2 conv, then a 3x3/2 max pool: ceil(H/4)
+            h, w = (h + 3) // 4, (w + 3) // 4
         if self.cfg.spatial == "attention":
             for i, d in enumerate(self.cfg.depths):
                 for j in range(d):
-                    grids.append((s, s))  # a strided block attends before its 2x2 pooling
-                    s = s // 2 if (i > 0 and j == 0) else s
+                    grids.append((h, w))  # a strided block attends before its 2x2 pooling
+                    if i > 0 and j == 0:
+                        h, w = (h + 1) // 2, (w + 1) // 2  # (ceil_mode)
         return grids
+
+    def check_maps(self, x: torch.Tensor) -> None:
+        """The dense maps of ``forward(x, return_attention=True)`` refused in one line, before
+        any layer runs, when they cannot fit in memory (size needed and the bound)."""
+        check_images(x, self.cfg.in_chans, "sasa_resnet", self)
+        grids = self._grids(*x.shape[-2:])
+        stem = self.cfg.stem == "attention"
+        heads = [self.cfg.stem_heads] * stem + [self.cfg.num_heads] * (len(grids) - stem)
+        shapes = [(x.shape[0], nh, h * w, h * w) for nh, (h, w) in zip(heads, grids)]
+        where = f"sasa_resnet on {x.shape[0]} image(s) of {x.shape[2]}x{x.shape[3]}"
+        hint = "use smaller images, fewer at a time, or model.local_attention_maps(x) (windows)"
+        check_attention_maps(shapes, x.element_size(), where, hint=hint)
 
     def _features(self, x: torch.Tensor, maps: list | None) -> torch.Tensor:
         check_images(x, self.cfg.in_chans, "sasa_resnet", self)
@@ -197,16 +213,12 @@ class SASAResNet(nn.Module):
     def forward(self, x: torch.Tensor, return_attention: bool = False):
         if not return_attention:
             return self.forward_head(self._features(x, None))
+        self.check_maps(x)
         maps: list = []
         logits = self.forward_head(self._features(x, maps))
         dense = []
         for attn, h, w in maps:
-            b, nh, t, kk = attn.shape
-            if b * nh * t * t > MAX_DENSE:
-                raise ValueError(
-                    f"dense attention maps of {b}x{nh}x{t}x{t} are too large for "
-                    "return_attention; use model.local_attention_maps(x) (B, nh, H*W, k*k)"
-                )
+            kk = attn.shape[-1]
             dense.append(AttentionMap(local_to_dense(attn, h, w, int(round(kk**0.5))), (h, w)))
         return logits, dense
 

@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import yaml
 
-from attnconv.layers.checks import set_backend
+from attnconv.layers.checks import backend_off_device, set_backend
 from attnconv.loading.checkpoint import LATEST, read_meta
 from attnconv.models import create_model
 
@@ -68,6 +68,8 @@ class Trainer:
         # before the data or the model is allocated (refused in seconds; models/budget.py)
         check_training_size(cfg)
         self.info = D.init_distributed(device)
+        if resume:  # rank 0 alone repairs `latest` (--resume-from-intact): every rank reads after
+            D.barrier(self.info)
         # threads, bf16 autocast where it speeds a step (else float32, and the summary says
         # why), subnormals, determinism
         self.bf16, self.bf16_off = D.set_up_compute(t, self.info)
@@ -117,7 +119,12 @@ class Trainer:
         torch.manual_seed(self.cfg.train.seed)
         self.model = create_model(self.cfg.model.name, **self.model_kwargs).to(self.info.device)
         if self.cfg.model.backend is not None:
-            set_backend(self.model, self.cfg.model.backend)
+            set_backend(self.model, self.cfg.model.backend)  # (checked on every device)
+            off = backend_off_device(self.cfg.model.backend, self.info.device)
+            if off is not None:  # triton on a CPU: the plan's kernels, said in one line
+                set_backend(self.model, None)
+                if self.info.is_main:
+                    log.warning(off)
 
     def _build_optimizer(self) -> None:
         """The optimizer and the training state each checkpoint saves with it."""

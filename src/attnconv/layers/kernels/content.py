@@ -28,6 +28,7 @@ from . import triton_axis, triton_compile
 from .blocked import axis_attention, gaussian_attention
 from .flex import axis_score_mod, flex_mod_attention, gaussian_score_mod
 from .fused import axis_attention_fused
+from .rows import KERNEL_WORDS
 
 
 def score_mod(term: AxisTerm, q: torch.Tensor, *, in_kernel: bool = False):
@@ -155,8 +156,8 @@ def triton(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True):
         train = triton_axis.trains(q, k, v, q_axis)
         why, block_m = triton_compile.fit(q, v, grid.h, grid.w, p_drop, per_image, train)
     if why:
-        warn(f"attnconv: backend='triton' falls back to the dense kernel: {why}")
         dense = dense_dropout if p_drop > 0 else fold
+        warn(f"attnconv: backend='triton' falls back to {KERNEL_WORDS[dense.__name__]}: {why}")
         return dense(q, k, v, term, grid, scale, p_drop=p_drop, per_image=per_image)
     with no_autocast(q.device.type):  # q, k, q_axis of one image (B|1) read for every image
         y = triton_axis.axis_attention_triton(

@@ -48,11 +48,11 @@ import torch
 
 from ...warn import warn
 from .. import first_order
-from ..encodings.terms import AxisTerm, GaussianTerm, ShiftTerm, Term
+from ..encodings.terms import AxisTerm, FoldTerm, GaussianTerm, NoTerm, ShiftTerm, Term
 from ..first_order import transforms_active
 from ..precision import autocast_dtype
 from . import fused
-from .rows import Row
+from .rows import KERNEL_WORDS, Row
 from .tables import CONVERTED_TABLE as CONVERTED_TABLE
 from .tables import DROPOUT_TABLE as DROPOUT_TABLE
 from .tables import LOCAL_TABLE as LOCAL_TABLE
@@ -75,6 +75,7 @@ FUSED_INFERENCE_MAX_T = 16 * 16  # inference: fused up to here, blocked above
 # content`, and its gpu_goals.md (docs/benchmarks.md, "The goals, read from a run").
 # The Triton kernel's row stays opt-in until a GPU times it beside them (gpu_session.sh).
 FOLD_CUDA_FP32_MAX_T = 32 * 32
+AXIS = "positional logits that split into a row and a column part (an axis term)"
 
 
 class Case(NamedTuple):
@@ -174,6 +175,7 @@ TABLE = (
         lambda c: _axis(c) and c.backend == "triton",
         "Axis",
         'backend="triton" (triton_axis.py; any dropout)',
+        AXIS,
     ),
     Row(
         "fused",
@@ -188,6 +190,7 @@ TABLE = (
         "CPU, extension built (fused.py); "
         "dropout, or training from BLOCKED_MIN_T, inference at 16^2 (to FUSED_INFERENCE_MAX_T) "
         "but not shared_bias's",
+        f"{AXIS}, on a CPU, with the C++ kernels built (attnconv build-kernels), not exported",
     ),
     Row(
         "dense_dropout",
@@ -209,6 +212,7 @@ TABLE = (
         "Axis",
         'Flex (CUDA, or backend="flex"), no dropout, but on CUDA not learned-relative logits '
         "in bf16, or in fp32 up to FOLD_CUDA_FP32_MAX_T (the fold)",
+        f"{AXIS}, no attention dropout, and FlexAttention (torch 2.5 or later)",
     ),
     Row(
         "shared_bias",
@@ -227,6 +231,7 @@ TABLE = (
         "Axis",
         'CPU, T >= BLOCKED_MIN_T (or "blocked"), no drop. (inference past '
         "FUSED_INFERENCE_MAX_T; no C++)",
+        f"{AXIS} without attention dropout, or Gaussian logits (a quadratic encoding)",
     ),
     Row(
         "blocked_gaussian",
@@ -292,18 +297,41 @@ def explain(case: NamedTuple, table: tuple[Row, ...] = TABLE) -> str:
 _ALSO_FORCED = {("fold", "shared_bias")}
 
 
-def warn_if_passed_over(backend: str | None, chosen: str, table: tuple[Row, ...]) -> None:
-    """One warning line when a layer's ``backend`` names a kernel of ``table`` whose row did not
-    match (``chosen`` runs: a correct result, not the kernel asked for; "flex_gaussian" is
-    "flex"'s, "blocked_gaussian" "blocked"'s). Inside a torch.func transform every layer runs
-    plain torch ops whatever its backend: nothing to say."""
+TERM_WORDS = {
+    AxisTerm: "row and column logits",
+    GaussianTerm: "Gaussian logits (a quadratic encoding)",
+    ShiftTerm: "one-pixel hard heads",
+    FoldTerm: "logits folded into q and k",
+    NoTerm: "no positional logits",
+}
+
+
+def term_words(term: Term) -> str:
+    """What a layer's positional term is, in words (for the warnings)."""
+    return next((w for t, w in TERM_WORDS.items() if isinstance(term, t)), type(term).__name__)
+
+
+def warn_if_passed_over(
+    backend: str | None, chosen: str, table: tuple[Row, ...], have: str = ""
+) -> None:
+    """One warning line, in plain words, when a layer's ``backend`` names a kernel of ``table``
+    that does not run (``chosen`` does: a correct result, not the kernel asked for;
+    "flex_gaussian" is "flex"'s, "blocked_gaussian" "blocked"'s): what it needs that the layer
+    lacks (``have``: what the layer has), or the kernel the table puts first for it. Inside a
+    torch.func transform every layer runs plain torch ops whatever its backend: nothing to say."""
     row = next((r for r in table if r.name == backend), None)
     if row is None or chosen.startswith(backend) or (backend, chosen) in _ALSO_FORCED:
         return
     if transforms_active():
         return
-    why = f"attnconv: backend={backend!r} passed over (needs {row.term}: {row.rule}); {chosen} runs"
-    warn(why)  # at the line that called the layer
+    asked, runs = KERNEL_WORDS.get(backend, backend), KERNEL_WORDS.get(chosen, chosen)
+    names = [r.name for r in table]
+    if names.index(chosen) < names.index(backend):  # an earlier row serves the layer first
+        why = f"{runs} serves this layer before {asked} would"
+    else:
+        why = f"{asked} needs {row.needs or row.term}" + (f", and {have}" if have else "")
+        why += f"; {runs} runs instead"
+    warn(f"attnconv: backend={backend!r} does not run here: {why}, with the same results")
 
 
 def tracing() -> bool:

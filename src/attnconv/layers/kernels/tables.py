@@ -54,6 +54,7 @@ LOCAL_TABLE = (
         lambda c: c.backend == "triton" and c.padding == "mask" and not c.maps,
         'padding="mask"',
         'backend="triton" (triton_local.py), no returned maps',
+        'padding="mask" and no returned attention maps',
     ),
     Row(
         "flex",
@@ -66,6 +67,7 @@ LOCAL_TABLE = (
         'padding="mask"',
         'CUDA (or backend="flex"), no returned maps; not float32 from WINDOW_CUDA_MIN_T '
         "pixels (the window function measured faster there)",
+        'padding="mask" and no returned attention maps',
     ),
     Row(
         "fused",
@@ -77,6 +79,7 @@ LOCAL_TABLE = (
         ),
         "any",
         "CPU, extension built, not exported",
+        "a CPU, with the C++ kernels built (attnconv build-kernels), not exported",
     ),
     Row("window", lambda c: True, "any", "otherwise: the Python window kernel"),
 )
