@@ -60,9 +60,64 @@ def grid_formation(lines: list[str], runs: Path) -> None:
         evos["grid_long"] = long
     else:
         lines += kept(LONG_TITLE, (SEED1_TITLE, SENSITIVITY_TITLE))
-    if grid_run(lines, runs, "grid_long_seed1", "grid_long_seed1") is None:  # both seeds' heads
+    seed1 = grid_run(lines, runs, "grid_long_seed1", "grid_long_seed1")
+    if seed1 is None:  # both seeds' heads
         lines += kept(SEED1_TITLE, SENSITIVITY_TITLE)
+    elif long is not None:
+        both_seeds(lines, long, seed1)
     grid_sensitivity(lines, runs, evos, ref_lr)
+
+
+def held_since(evo: list[dict], key: str = "grid3") -> list[int]:
+    """Per layer: the first logged step from which its ``key`` stayed at its final value."""
+    out = []
+    for li in range(len(evo[-1]["layers"])):
+        end, since = evo[-1]["layers"][li][key], evo[-1]["step"]
+        for e in reversed(evo):
+            if e["layers"][li][key] != end:
+                break
+            since = e["step"]
+        out.append(since)
+    return out
+
+
+def both_seeds(lines: list[str], seed0: list[dict], seed1: list[dict], rows: int = 11) -> None:
+    """grid_long's two seeds side by side at the steps both logged: the 3x3 grid score, the
+    sharp heads and the mean attention distance (tokens) per layer, then when each layer's grid
+    score and sharp heads settled on their final values."""
+    by1 = {e["step"]: e for e in seed1}
+    common = [e for e in seed0 if e["step"] in by1]
+    picks = sorted({round(i * (len(common) - 1) / (rows - 1)) for i in range(rows)})
+
+    def cells(e: dict) -> list[str]:
+        lay = e["layers"]
+        return [
+            per_layer((x["grid3"] for x in lay), "{}"),
+            per_layer((x["sharp_heads"] for x in lay), "{}"),
+            per_layer(x["mean_distance"] for x in lay),
+        ]
+
+    lines += [
+        "Both seeds side by side (`grid_long` is seed 0), per layer (1 -> 6) at the steps both "
+        "logged: the 3x3 grid score, the sharp heads and the mean attention distance in "
+        "tokens.",
+        "",
+        "| step | 3x3 grid, seed 0 | seed 1 | sharp heads, seed 0 | seed 1 | mean distance, "
+        "seed 0 | seed 1 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for e in (common[i] for i in picks):
+        (g0, h0, d0), (g1, h1, d1) = cells(e), cells(by1[e["step"]])
+        lines.append(f"| {e['step']} | {g0} | {g1} | {h0} | {h1} | {d0} | {d1} |")
+    since = [(held_since(ev), held_since(ev, "sharp_heads")) for ev in (seed0, seed1)]
+    lines += [
+        "",
+        "Since when each layer's value held to the end (step per layer, 1 -> 6): the 3x3 grid "
+        f"score since {per_layer(since[0][0], '{}')} (seed 0) and "
+        f"{per_layer(since[1][0], '{}')} (seed 1); the number of sharp heads since "
+        f"{per_layer(since[0][1], '{}')} (seed 0) and {per_layer(since[1][1], '{}')} (seed 1).",
+        "",
+    ]
 
 
 def grid_run(lines: list[str], runs: Path, name: str, stem: str) -> list | None:

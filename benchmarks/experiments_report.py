@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import experiments_captions as captions
+from experiments_cost import cost_section
 from experiments_grid import grid_formation
 from experiments_long import long_budget
 from experiments_runs import (
@@ -25,6 +26,8 @@ from experiments_runs import (
     per_layer,
     run_cells,
 )
+from experiments_stats import welch
+from experiments_tests import tests_section
 
 RUNS = Path(os.environ.get("ATTNCONV_RUNS") or ROOT.parent / "attnconv-runs")  # see --runs
 DOCS = ROOT / "docs" / "experiments.md"  # the page that shows the report
@@ -86,20 +89,22 @@ def table1(lines: list[str]) -> None:
             lines.append(f"| {label} | {run_cells(RUNS / run)[0]} | |")
     if len(accs) >= 2:
         ranked = sorted(accs, key=lambda n: -accs[n])
+        seeds = {n: [100 * a for a in seed_cells(n)[1].values()] for n in ranked}
+        tested = [welch(seeds[a], seeds[b]) for a, b in zip(ranked, ranked[1:])]
         order = (
             ranked[0]
-            + "".join(  # '~' where two means lie within one std of each other
-                f" {'~' if accs[a] - accs[b] <= max(spread[a], spread[b]) else '>'} {b}"
-                for a, b in zip(ranked, ranked[1:])
+            + "".join(  # '>' where the page's test orders the two neighbours
+                f" {'>' if w is not None and w.ordered else '~'} {b}"
+                for w, b in zip(tested, ranked[1:])
             )
         )
         missing = [n for n in paper if n not in accs]
         lines += [
             "",
             "Paper's order: sa_quadratic ~ resnet18 > sa_learned > sa_learned_content. "
-            f"Order here, by mean over seeds ('~': within one std): {order}"
-            + (f" ({', '.join(missing)}: not run yet)" if missing else "")
-            + ".",
+            "Order here, by mean over seeds ('>': Welch's test orders the two neighbours at "
+            f"p < 0.05, '~': it does not tell them apart; each test in the table of tests "
+            f"below): {order}" + (f" ({', '.join(missing)}: not run yet)" if missing else "") + ".",
         ]
         if collapsed:
             lines += [
@@ -222,8 +227,8 @@ SASA_SINGLE = [
 
 
 def sasa(lines: list[str]) -> None:
-    """The SASA ablations: the claimed variants with their seeds (mean +- std), the measured
-    seed noise, then the single-seed variants (read against that noise)."""
+    """The SASA ablations: the claimed variants with their seeds (mean +- std), then the
+    single-seed variants; their tests are the tests section's (experiments_tests.py)."""
     title = "### SASA ablations at CPU scale (Ramachandran et al. 2019)"
     names = [f"sasa_{v}" for _, v in SASA_CLAIMS + SASA_SINGLE]
     if not any((RUNS / n).exists() for n in names):
@@ -241,26 +246,19 @@ def sasa(lines: list[str]) -> None:
         "train images/s | train wall | seeds: mean +- std (n: each) |",
         "|---|---|---|---|---|---|",
     ]
-    sds = []
     for label, v in SASA_CLAIMS:
         cells, by_run = seed_cells(v, prefix="sasa_")
-        accs = list(by_run.values())
-        m, sd = mean_std(accs)
-        over = seeds_cell(accs)
-        sds += [sd] if len(accs) > 1 else []
+        over = seeds_cell(list(by_run.values()))
         lines.append(f"| {label} | {cells} | {over} |")
     for label, v in SASA_SINGLE:
         if (RUNS / f"sasa_{v}").exists():
             lines.append(f"| {label} | {run_cells(RUNS / f'sasa_{v}')[0]} | 1 seed |")
-    if sds:
-        noise = 100 * (sum(x * x for x in sds) / len(sds)) ** 0.5
-        lines += [
-            "",
-            f"Seed noise at this budget (pooled std of the variants with 2+ seeds): "
-            f"{noise:.1f} points; a difference between two means counts only above about "
-            f"twice that ({2 * noise:.1f} points).",
-        ]
-    lines.append("")
+    lines += [
+        "",
+        "Each variant against another: the table of tests below (Welch's test over the seeds; "
+        "k=5 and k=9 are single runs, not tested).",
+        "",
+    ]
 
 
 def train_seconds(run: Path) -> float:
@@ -358,10 +356,12 @@ def report(runs: Path) -> None:
             "all, every sitting counted (several ran side by side on the 2 cores).",
             "",
         ]
+    cost_section(lines, RUNS)
     table1(lines)
     long_budget(lines, RUNS)
     grid_formation(lines, RUNS)
     sasa(lines)
+    tests_section(lines, RUNS)
     analysis(lines)
     conversion(lines)
     text = "\n".join(lines) + "\n"

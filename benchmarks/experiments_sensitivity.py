@@ -4,9 +4,11 @@ summed learning rate S, and the power law fitted to it."""
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import experiments_captions as captions
+from experiments_long import MODEL_GPU_RATE, hardware
 from experiments_runs import (
     CONFIGS,
     FIGS,
@@ -62,10 +64,19 @@ def grid_sensitivity(lines: list[str], runs: Path, known: dict[str, list], ref_l
             f"{per_layer(x['mean_distance'] for x in lay)} | "
             f"{per_layer((x['travel3'] for x in lay), '{:.2f}')} | "
             f"{sum(x['sharp_heads'] for x in lay)} | {sum(x['grid3'] for x in lay)} | "
-            f"{'' if acc is None else f'{100 * acc:.1f}%'} |"
+            f"{'' if acc is None else f'{100 * acc:.1f}%'} | {hardware(out)[1]} |"
         )
     if not rows:
         return
+    rates = [  # every training row of the runs shown, either side of the GPU threshold
+        float(r["images_per_s"])
+        for name in curves
+        for r in csv.DictReader(open(runs / name / "metrics.csv"))
+        if r["kind"] == "train"
+    ]
+    gpu = MODEL_GPU_RATE["sa_quadratic"]  # every grid run is sa_quadratic
+    below = max((x for x in rates if x <= gpu), default=0.0)
+    above = min((x for x in rates if x > gpu), default=float("nan"))
     base = next((n for n in ("grid_long", "grid_sa_quadratic") if n in curves), None)
     pts = curves.get(base)  # the longest run under this root: the projection's data
     fit = power_fit(pts, lo=pts[-1][0] / 4) if pts else None  # the last 4x of S: the local law
@@ -78,12 +89,16 @@ def grid_sensitivity(lines: list[str], runs: Path, known: dict[str, list], ref_l
         "Per layer (1 -> 6) at the run's last logged step: centre displacement from step 0 "
         "and its mean over the 54 heads (in brackets: grid_long's at the same summed "
         "learning rate), mean attention distance, and the travel left to a 3x3 grid, in "
-        "tokens; sharp heads and 3x3 grid score summed over the layers.",
+        "tokens; sharp heads and 3x3 grid score summed over the layers; the training rows "
+        f"logged above {gpu:.0f} img/s, a GPU's (these runs' rows are at most {below:.0f} "
+        f"img/s below it, at least {above:.0f} above). Each row is "
+        "a single run (seed 0): the differences between rows are single-run results, not "
+        "tested.",
         "",
         "| run | change from grid5k_base | progress | step | sum of lr | displacement | "
         "mean (grid_long) | mean distance | travel left to a 3x3 grid | sharp heads | "
-        "3x3 grid | test acc. |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "3x3 grid | test acc. | GPU rows |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",
         f"![grid sensitivity](figures/{fig.name})",

@@ -88,9 +88,14 @@ class Welch:
     def text(self, unit: str = " points") -> str:
         return (
             f"{self.diff:+.2f}{unit}, 95% interval [{self.low:+.2f}, {self.high:+.2f}], "
-            f"Welch t = {self.t:.2f}, df = {self.df:.1f}, p = {self.p:.3f} "
+            f"Welch t = {self.t:.2f}, df = {self.df:.1f}, p = {p_text(self.p)} "
             f"(n = {self.n_a} and {self.n_b})"
         )
+
+
+def p_text(p: float) -> str:
+    """p to three decimals, or to two significant figures under 0.001 (never '0.000')."""
+    return f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
 
 
 def _mean_var(xs: list[float]) -> tuple[float, float]:
