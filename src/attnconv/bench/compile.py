@@ -198,9 +198,10 @@ def render(payload: dict) -> str:
         [
             f"Written by `{payload['command']}` ({payload['threads']} thread(s), "
             f"{payload['repeats']} interleaved rounds, medians; {payload['machine']}, torch "
-            f"{payload['torch']}, torch.compile backend {payload['backend']}, fullgraph). "
-            "Ratios above 1: the first code named is faster. `compile s`: a compiled case's "
-            "first call less its median, with an empty Inductor cache.",
+            f"{payload['torch']}, torch.compile backend {payload['backend']}, fullgraph; "
+            f"{payload['date']}). Ratios above 1: the first code named is faster. `compile s`: a "
+            "compiled case's first call less its median, with an empty Inductor cache."
+            + (f" Load: {payload['note']}" if payload.get("note") else ""),
             "",
             markdown_table(payload["summary"], COLUMNS),
         ]
@@ -217,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--models", nargs="+", choices=SA_MODELS, help="default: all three")
     p.add_argument("--backend", default="inductor", help="torch.compile's backend (inductor)")
+    p.add_argument("--note", help="what else ran on the machine, for the report")
     args = p.parse_args(argv)
     repeats = args.repeats or (1 if args.quick else 7)
     models = [args.only] if args.only else args.models or list(SA_MODELS)
@@ -231,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = [f"--scale {args.scale}"] if args.scale != "both" else []
     extra += ["--models " + " ".join(args.models)] if args.models and not args.only else []
     extra += [f"--backend {args.backend}"] if args.backend != "inductor" else []
+    extra += [f"--note {json.dumps(args.note)}"] if args.note else []
     cmd = "attnconv bench --suite compile" + (" --quick" if args.quick else "")
     cmd += f" --repeats {args.repeats}" if args.repeats else ""
     cmd += f" --threads {args.threads}" if args.threads != 1 else ""
@@ -244,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         torch=torch.__version__,
         machine=cpu_name(),
         backend=args.backend,
+        date=time.strftime("%Y-%m-%d", time.gmtime()),
+        note=args.note,
         summary=ratios(rows),
         rows=rows,
     )
