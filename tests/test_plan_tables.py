@@ -113,8 +113,9 @@ def test_cuda_learned_relative_content_takes_the_fold_where_an_h100_measured_it_
         (lambda: MultiHeadSelfAttention2d(8, 8, 2, positional="relative", backend="triton"),
          "backend='triton' does not run here: the Triton GPU kernel needs positional logits that "
          "split into a row and a column part (an axis term), and it has logits folded into q and "
-         "k (relative encoding with content) on cpu; the fold (the positional logits folded into "
-         "q and k, then PyTorch's fused attention) runs instead, with the same results"),
+         "k from its relative encoding with content on cpu; the fold (the positional logits "
+         "folded into q and k, then PyTorch's fused attention) runs instead, with the same "
+         "results"),
         (lambda: LocalSelfAttention2d(8, 8, 2, 3, padding="zeros", backend="triton"),
          "backend='triton' does not run here: the Triton GPU kernel needs padding=\"mask\" and no "
          "returned attention maps, and it has padding=\"zeros\" on cpu; the window function runs "
@@ -124,8 +125,8 @@ def test_cuda_learned_relative_content_takes_the_fold_where_an_h100_measured_it_
         (lambda: MultiHeadSelfAttention2d(
             8, 8, 2, positional="quadratic", content=False, backend="triton"),
          "backend='triton' does not run here: the separable kernel (a row then a column "
-         "operator, position only) serves this layer before the Triton GPU kernel would, with the "
-         "same results"),
+         "operator, position only) serves this layer before the Triton GPU kernel would (it has "
+         "row and column logits from its quadratic encoding on cpu), with the same results"),
     ],
 )  # fmt: skip
 def test_a_forced_backend_passed_over_says_so_in_one_line(make, why):

@@ -261,8 +261,8 @@ class MultiHeadSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
         name = plan.for_layer(self, x, term, p_drop)
         if self.backend is not None:
             enc = f"{self.positional} encoding" + (" with content" if self.content else "")
-            drop = ", attention dropout" if p_drop else ""
-            have = f"it has {plan.term_words(term)} ({enc}) on {x.device.type}{drop}"
+            drop = " with attention dropout" if p_drop else ""
+            have = f"it has {plan.term_words(term)} from its {enc} on {x.device.type}{drop}"
             plan.warn_if_passed_over(self.backend, name, plan.TABLE, have)
         kernel = KERNELS[name]
         if kernel.layout == "head_major":  # (Nh|1, D, H, B, W) values, a 1x1 conv each way

@@ -327,7 +327,7 @@ def warn_if_passed_over(
     asked, runs = KERNEL_WORDS.get(backend, backend), KERNEL_WORDS.get(chosen, chosen)
     names = [r.name for r in table]
     if names.index(chosen) < names.index(backend):  # an earlier row serves the layer first
-        why = f"{runs} serves this layer before {asked} would"
+        why = f"{runs} serves this layer before {asked} would" + (f" ({have})" if have else "")
     else:
         why = f"{asked} needs {row.needs or row.term}" + (f", and {have}" if have else "")
         why += f"; {runs} runs instead"
