@@ -69,7 +69,7 @@ def family(name: str, dropout: bool = True):
 
 
 # torch 2.8's Dynamo reads no property of a NamedTuple (plan.Case.position_only, the kernel
-# choice every MultiHeadSelfAttention2d makes): two graph breaks a layer there, so those
+# choice every MultiHeadSelfAttention2d makes): graph breaks at every such layer, so those
 # families cannot compile whole on the floor; SASA, ViT and the Transformer do
 FLOOR = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) < (2, 9)
 FLOOR_WHY = "torch 2.8's Dynamo breaks the graph at plan.Case's properties (whole on 2.13)"
