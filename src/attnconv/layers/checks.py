@@ -145,18 +145,3 @@ def set_backend(model, backend: str | None) -> int:
     for m in takes:
         m.backend = backend
     return len(takes)
-
-
-def backend_off_device(backend: str | None, device) -> str | None:
-    """One line when ``backend`` runs on no layer on ``device`` (the Triton kernels need CUDA, or
-    ``TRITON_INTERPRET=1``), saying what runs instead; None when it can run there."""
-    from .kernels import triton_axis
-
-    dev = torch.device(device).type
-    if backend != "triton" or dev == "cuda" or triton_axis.interpreted():
-        return None
-    return (
-        f"model.backend='triton': the Triton kernels run on CUDA, not {dev}; every attention "
-        f"layer runs the kernel the plan picks on {dev} instead, as with model.backend unset "
-        "(the same results)"
-    )

@@ -19,7 +19,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 import yaml
 
-from attnconv.layers.checks import backend_off_device, set_backend
+from attnconv.layers.checks import set_backend
+from attnconv.layers.kernels import backend_off_device
 from attnconv.loading.checkpoint import LATEST, read_meta
 from attnconv.models import create_model
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from . import content, ops, position
+import torch
+
+from . import content, ops, position, triton_axis
 from .plan import Case, choose
 
 
@@ -38,3 +40,16 @@ KERNELS = {
 }
 
 __all__ = ["Case", "KERNELS", "Kernel", "choose", "ops"]  # ops: the custom ops (torch.compile)
+
+
+def backend_off_device(backend: str | None, device) -> str | None:
+    """One line when ``backend`` runs on no layer on ``device`` (the Triton kernels need CUDA, or
+    ``TRITON_INTERPRET=1``), saying what runs instead; None when it can run there."""
+    dev = torch.device(device).type
+    if backend != "triton" or dev == "cuda" or triton_axis.interpreted():
+        return None
+    return (
+        f"model.backend='triton': the Triton kernels run on CUDA, not {dev}; every attention "
+        f"layer runs the kernel the plan picks on {dev} instead, as with model.backend unset "
+        "(the same results)"
+    )
