@@ -180,6 +180,20 @@ def test_an_unknown_pretrained_name_names_the_closest(own_catalog):
         attnconv.create_model("tiny_cnn.test", pretrained=True, checkpoint="x")
 
 
+def test_a_bare_model_name_is_its_default_checkpoint_for_eval_but_not_for_convert(
+    own_catalog, capsys
+):
+    path = catalog.resolve_checkpoint("tiny_cnn", bare=True)  # eval, analyze, explore
+    assert Path(path) == own_catalog
+    assert capsys.readouterr().err.strip() == (
+        "attnconv: tiny_cnn: the pretrained tiny_cnn.test (its default tag)"
+    )
+    with pytest.raises(FileNotFoundError, match="tiny_cnn: missing checkpoint"):
+        catalog.resolve_checkpoint("tiny_cnn")  # convert: a bare name is fresh weights
+    with pytest.raises(FileNotFoundError, match="did you mean tiny_cnn.test"):
+        catalog.resolve_checkpoint("tiny_cnn.tset", bare=True)
+
+
 CARD_KEYS = {"name", "model", "model_kwargs", "params", "test_accuracy", "test_images", "steps"}
 CARD_KEYS |= {"seed", "recipe", "reproduce", "hardware", "source", "claims", "sha256"}
 

@@ -172,10 +172,11 @@ def pretrained_folder(name: str) -> Path:
     return folder
 
 
-def resolve_checkpoint(arg: str) -> str:
+def resolve_checkpoint(arg: str, bare: bool = False) -> str:
     """A command's CHECKPOINT argument as a path: an existing file or folder as given, a
-    pretrained ``MODEL.TAG`` as its checked folder (a bare registry name is not one here:
-    `convert` builds that model with fresh weights).
+    pretrained ``MODEL.TAG`` as its checked folder. ``bare``: a registry name MODEL stands for
+    its default pretrained tag, said in one line on stderr (eval, analyze, explore; not
+    `convert`, which builds a bare MODEL with fresh weights).
 
     Raises:
         FileNotFoundError: neither a path nor a shipped name (with the closest names).
@@ -186,6 +187,9 @@ def resolve_checkpoint(arg: str) -> str:
     names = list_pretrained()
     if arg in names:
         return str(pretrained_folder(arg))
+    if bare and "." not in arg and (default := _default_for(arg)):
+        print(f"attnconv: {arg}: the pretrained {default} (its default tag)", file=sys.stderr)
+        return str(pretrained_folder(default))
     hint = closest(arg, names).replace(" (", "; ").rstrip(")") or (
         f"; pretrained: attnconv.list_pretrained(), e.g. {names[0]}" if names else ""
     )

@@ -23,7 +23,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         nargs="?",
         metavar="CHECKPOINT",
         help="checkpoint folder, run folder (its checkpoints/latest) or a pretrained name "
-        "(attnconv.list_pretrained())",
+        "(attnconv.list_pretrained(); a bare MODEL: its default tag)",
     )
     p.add_argument(
         "--model", help="registry name for --checkpoint weights, e.g. vit_base_patch16_224"
@@ -59,7 +59,7 @@ def model_source(args: argparse.Namespace) -> tuple[str, str | None]:
     if not args.model:  # a pretrained name: its checked folder (before torch is imported)
         from attnconv.catalog import resolve_checkpoint
 
-        path = resolve_checkpoint(path)
+        path = resolve_checkpoint(path, bare=True)
     p = Path(path)
     if not args.model and p.is_dir() and (p / "config.json").is_file():
         raise ValueError(

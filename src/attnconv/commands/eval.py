@@ -17,7 +17,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "checkpoint",
         help="run folder, checkpoint folder, its model.safetensors, or a pretrained name "
-        "(attnconv.list_pretrained())",
+        "(attnconv.list_pretrained(); a bare MODEL: its default tag)",
     )
     p.add_argument("--data", help="cifar10 | cifar100 | sample | PATH (default: the training data)")
     p.add_argument("--root", help="folder holding the official CIFAR files (for --data cifar10)")
@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from attnconv.catalog import resolve_checkpoint
 
-    args.checkpoint = resolve_checkpoint(args.checkpoint)  # a pretrained name: its folder
+    args.checkpoint = resolve_checkpoint(args.checkpoint, bare=True)  # a pretrained name: folder
     check_early(args, ("batch_size", "max_per_class"))
     check_output_file("--json", args.json)  # before any work
     import torch
