@@ -8,7 +8,8 @@ geometry, optimizer and schedule) on real CIFAR-10 for the same small budget (``
 steps of ``--batch`` images, the same seeds, the same data order) in float32 and under bf16
 autocast, into runs/bf16_training/<model>_<fp32|bf16>_s<seed>/ (a finished run is skipped);
 each is evaluated on the first ``--eval-per-class`` test images of every class. `report`
-writes benchmarks/results/bf16_training.md and the bf16-training block of docs/benchmarks.md:
+writes benchmarks/results/bf16_training.md and the bf16-training block of
+docs/benchmarks/precision.md:
 per model, the test accuracy of every seed in both precisions, the seed-to-seed spreads (the
 noise), the bf16 - fp32 difference of the means, and the training throughput of each run (its
 metrics.csv; runs side by side on a shared machine, so the interleaved ``attnconv bench --suite
@@ -38,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = RECIPES / "experiments"
 RUNS = ROOT / "runs" / "bf16_training"
 RESULTS = ROOT / "benchmarks" / "results" / "bf16_training.md"
-DOCS = ROOT / "docs" / "benchmarks.md"  # the page that shows the block
+DOCS = ROOT / "docs" / "benchmarks" / "precision.md"  # the page that shows the block
 BEGIN, END = "<!-- bf16-training:begin -->", "<!-- bf16-training:end -->"
 CLI = [sys.executable, "-m", "attnconv.cli"]
 # (row name, experiment config, extra overrides)

@@ -317,7 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-cpu", type=count, nargs="+", help="CPU-scale batches (64; quick 2)")
     p.add_argument("--models", nargs="+", choices=MODELS, help="several models (default: all)")
     p.add_argument(
-        "--docs", action="store_true", help="replace the results block of docs/benchmarks.md"
+        "--docs",
+        action="store_true",
+        help="replace the results block of the models benchmarks page",
     )
     p.add_argument(
         "--report",
@@ -327,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.docs and not args.update_results:
         raise ValueError(
-            "--docs rewrites the source checkout's docs/benchmarks.md: add --update-results"
+            "--docs rewrites the source checkout's docs/benchmarks/models.md: add --update-results"
         )
     if args.report:
         src = results_dir(args) / f"{NAME}.json"

@@ -1,5 +1,5 @@
 """The models suite's report: the Markdown tables of ``attnconv bench --suite models`` and the
-block of docs/benchmarks.md they regenerate (``--docs``)."""
+block of docs/benchmarks/models.md they regenerate (``--docs``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from attnconv.bench.common import RESULTS_DIR, markdown_table, write_results
 
 NAME = "models_throughput"
-DOCS = RESULTS_DIR.parents[1] / "docs" / "benchmarks.md"  # the page that shows the block
+DOCS = RESULTS_DIR.parents[1] / "docs" / "benchmarks" / "models.md"  # the page of the block
 BEGIN, END = "<!-- models-throughput:begin -->", "<!-- models-throughput:end -->"
 PEAK_N = 1024  # the side of the matmul that measures the GEMM peak
 
@@ -39,7 +39,7 @@ COLUMNS = [
 
 
 def render(payload: dict) -> str:
-    """The Markdown report (also the block of docs/benchmarks.md)."""
+    """The Markdown report (also the block of docs/benchmarks/models.md)."""
     peak = "; ".join(
         f"{s}: fp32 {p['fp32']:.0f}, bf16 {p['bf16']:.0f} GFLOP/s"
         for s, p in payload["peak_gflops"].items()
