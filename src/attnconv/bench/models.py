@@ -151,8 +151,8 @@ def cases(scale: str, models: list[str], batch: int, compile: bool = False) -> l
 
 def run_scale(specs: list[dict], repeats: int, threads: int) -> dict:
     """In this process: build every case, warm up, count FLOPs, time ``repeats`` rounds; with
-    subnormals flushed, as a training runs (both codes: benchmarks/denormal_ab.py times them
-    kept)."""
+    subnormals flushed, as a training runs (both codes: benchmarks/results/denormal_ab.md has
+    them kept too)."""
     torch.set_num_threads(threads)
     flush_subnormals(True)
     steps = [make_step(**s) for s in specs]

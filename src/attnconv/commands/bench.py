@@ -1,4 +1,6 @@
-"""`attnconv bench --suite NAME [options] [-- suite options]`: run a benchmark suite.
+"""`attnconv bench --suite NAME [options] [-- suite options]`: run a benchmark suite;
+`attnconv bench --list`: what it can run (the suites, and in a source checkout the scripts of
+benchmarks/, read from its README's index).
 
 The suite is the module ``attnconv.bench.NAME``; its ``main(argv)`` receives the common options
 below (re-encoded as ``--quick``, ``--threads N``, ...) followed by anything after ``--``.
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 
 from attnconv.bench import SUITES
 
@@ -22,6 +25,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="layers",
         metavar="SUITE",
         help="; ".join(f"{k}: {v}" for k, v in SUITES.items()) + " (default: layers)",
+    )
+    p.add_argument(
+        "--list",
+        action="store_true",
+        help="list the suites and, in a source checkout, the scripts of benchmarks/; run nothing",
     )
     p.add_argument("--quick", action="store_true", help="tiny sizes, one repeat (CI smoke test)")
     p.add_argument("--threads", type=int, help="torch threads per case")
@@ -44,7 +52,37 @@ def suite_argv(args: argparse.Namespace) -> list[str]:
     return argv + (rest[1:] if rest[:1] == ["--"] else rest)
 
 
+def scripts() -> list[tuple[str, str, str]] | None:
+    """(script, what it answers, how to run it) for each row of benchmarks/README.md's tables
+    before its Retired section; None where no source checkout is beside the package."""
+    from attnconv.bench.common import RESULTS_DIR
+
+    readme = RESULTS_DIR.parent / "README.md"
+    if not readme.is_file():
+        return None
+    text = readme.read_text().split("\n## Retired", 1)[0]
+    rows = re.findall(r"^\| `([^`]+)` \| (.+?) \| (.+?) \|$", text, re.M)
+    return [(name, what.replace("`", ""), how.replace("`", "")) for name, what, how in rows]
+
+
+def listing() -> str:
+    """What `attnconv bench` can run: the suites, then benchmarks/'s scripts where present."""
+    out = ["suites (attnconv bench --suite NAME [-- suite options]):"]
+    out += [f"  {name:<9} {what}" for name, what in SUITES.items()]
+    found = scripts()
+    if found is None:
+        out.append("scripts of benchmarks/: only in a source checkout (none beside this package)")
+        return "\n".join(out)
+    out.append("scripts of benchmarks/ (from a source checkout; benchmarks/README.md):")
+    for name, what, how in found:
+        out += [f"  {name:<26} {what}", f"  {'':<26} run: {how}"]
+    return "\n".join(out)
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.list:
+        print(listing())
+        return 0
     name = args.suite
     if name not in SUITES:
         raise ValueError(f"unknown benchmark suite {name!r} (suites: {', '.join(SUITES)})")
