@@ -52,9 +52,13 @@ def _json(name: str) -> dict:
     return json.loads((RESULTS / f"{name}.json").read_text())
 
 
+def _fmt(v: float) -> str:
+    return f"{v:.3g}" if v >= 10 else f"{v:.2f}"
+
+
 def _span(values: list[float]) -> str:
-    lo, hi = min(values), max(values)
-    return f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}"
+    lo, hi = _fmt(min(values)), _fmt(max(values))
+    return lo if lo == hi else f"{lo}-{hi}"
 
 
 def _md_ratios(name: str, threads: int) -> list[float]:
@@ -185,19 +189,19 @@ def summary() -> str:
     """The summary block's Markdown."""
     prov = provenance()
     lines = [
-        "| area | measured | against | ratio | range | machine | torch | date | file |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| area | measured, against | ratio | range | machine | torch | date | file |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for page, what, anchor, ratio, sources in HEADLINES:
-        for name, read in sources:
+        for i, (name, read) in enumerate(sources):
             entry = prov[name]
             values = read()
             mark = "" if logged(entry) else " (unlogged)"
             date = entry["date"] + (" (committed)" if entry["date_of"] == "commit" else "")
+            head = f"[{page}](benchmarks/{page}.md) | {what}, against {anchor} | {ratio}"
             lines.append(
-                f"| [{page}](benchmarks/{page}.md) | {what} | {anchor} | {ratio} | "
-                f"{_span(values)}{mark} | {_machine(entry)} | {entry['torch'] or 'not recorded'} "
-                f"| {date} | `{name}` |"
+                f"| {head if i == 0 else ' | (same) | '} | {_span(values)}{mark} | "
+                f"{_machine(entry)} | {entry['torch'] or 'not recorded'} | {date} | `{name}` |"
             )
     return "\n".join(lines)
 
