@@ -72,3 +72,22 @@ def test_the_cited_files_are_read_from_code_spans_only():
     text = "see [Models](models.md) and `benchmarks/results/local.md`, `triton_sweep_3.9.0.jsonl`"
     assert bs.cited(text) == ["local", "triton_sweep"]
     assert json.loads((bs.RESULTS / "provenance.json").read_text())["about"]
+
+
+def test_every_suite_file_names_its_machine_torch_date_and_command(tmp_path):
+    """What a suite writes from now on (attnconv.bench.common.write_results): the JSON and the
+    Markdown name the CPU with its family and model numbers and flags, torch, the day and the
+    command; a key the suite set itself (the compile suite's date) is kept."""
+    from attnconv.bench.common import write_results
+
+    payload = {"command": "attnconv bench --suite x", "rows": []}
+    path = write_results("x", payload, "| a |\n|---|", tmp_path)
+    saved = json.loads(path.read_text())
+    assert {"machine", "cpu_flags", "torch", "date", "command"} <= set(saved)
+    assert re.fullmatch(r"20\d\d-\d\d-\d\d", saved["date"])
+    line = (tmp_path / "x.md").read_text().strip().splitlines()[-1]
+    assert line.startswith(f"Measured on {saved['machine']}") and saved["torch"] in line
+    assert saved["date"] in line and "`attnconv bench --suite x`" in line
+    kept = write_results("y", {**payload, "date": "2000-01-01", "device": "GPU 1"}, "t", tmp_path)
+    assert json.loads(kept.read_text())["date"] == "2000-01-01"
+    assert "Measured on GPU 1 (host: " in (tmp_path / "y.md").read_text()

@@ -313,11 +313,48 @@ def markdown_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str
     return "\n".join(out)
 
 
+# the instruction-set flags that change what the CPU kernels and bf16 can do
+FLAGS_THAT_MATTER = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
+
+
+def provenance() -> dict:
+    """Where and when a run measured: the CPU (model name with x86's family and model numbers)
+    and its flags that matter, the torch version and the day (UTC)."""
+    import datetime
+
+    import torch
+
+    from attnconv.cpuinfo import cpu_flags, cpu_name
+
+    flags = cpu_flags()
+    return {
+        "machine": cpu_name(),
+        "cpu_flags": None if flags is None else [f for f in FLAGS_THAT_MATTER if f in flags],
+        "torch": torch.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+    }
+
+
+def provenance_line(payload: dict) -> str:
+    """The Markdown line that names a results file's machine (the GPU first where the suite
+    ran on one), flags, torch version, date and command."""
+    flags = payload.get("cpu_flags")
+    cpu = payload["machine"] + ("" if flags is None else f" ({', '.join(flags) or 'no AVX2'})")
+    device = payload.get("device")
+    where = f"{device} (host: {cpu})" if device and device != "cpu" else cpu
+    by = f", by `{payload['command']}`." if payload.get("command") else "."
+    return f"Measured on {where}, torch {payload['torch']}, {payload['date']}{by}"
+
+
 def write_results(name: str, payload: dict, markdown: str, out_dir: Path) -> Path:
     """Write <out_dir>/<name>.json and <name>.md (out_dir from output_dir); returns the JSON
-    path."""
+    path. Both name the machine, its flags, the torch version and the date (``provenance``;
+    a key the suite set itself is kept), and the command where the suite gave one."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    payload = {**provenance(), **payload}
+    if markdown:
+        markdown = markdown.rstrip("\n") + "\n\n" + provenance_line(payload)
     (out_dir / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
     (out_dir / f"{name}.md").write_text(markdown + "\n")
     return out_dir / f"{name}.json"
