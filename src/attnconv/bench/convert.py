@@ -22,7 +22,6 @@ import argparse
 import copy
 import json
 import math
-import platform
 import statistics
 import sys
 import time
@@ -31,6 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from attnconv.bench import common
 from attnconv.bench.common import add_output_options, count, output_dir, positive
 
 COMMAND = "attnconv bench --suite convert"
@@ -234,8 +234,7 @@ def _markdown(res: dict, argv: list[str]) -> str:
     lines = [
         f"# Conversion benchmark (`{cmd}`)",
         "",
-        f"Machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
-        "shared CPU: timings are noisy, ratios from one interleaved run.",
+        common.provenance_line(res) + " Shared CPU: noisy timings, ratios from one interleaved run",
         "",
     ]
     s = res["speed"]
@@ -352,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         networks = bench_networks(args.net_batch, args.repeats, args.net_size)
         alphas = [float(f"{a:.3g}") for a in torch.logspace(math.log10(0.5), 4, 22).tolist()]
         lemma2 = bench_lemma2(alphas, 8)
-    res = {"command": _command(argv), "speed": speed, "networks": networks, "lemma2": lemma2}
+    res = {**common.provenance(), "command": _command(argv), "speed": speed, "networks": networks}
+    res["lemma2"] = lemma2
     if args.checkpoint:
         res["predictions"] = bench_predictions(args.checkpoint, args.data, 500)
     plot_lemma2(lemma2, out / "convert_lemma2.png")
