@@ -16,7 +16,7 @@ from attnconv.bench import SUITES
 
 from .options import check_output_folder
 
-HELP = f"run a benchmark suite ({', '.join(SUITES)}): time, peak memory, GFLOP/s"
+HELP = f"run a benchmark suite ({', '.join(SUITES)}): time, memory, GFLOP/s; --list: all it can run"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
