@@ -258,10 +258,13 @@ def test_a_failed_compile_says_one_line_and_trains_eager(cifar_zip, tmp_path, ca
 
 
 def test_blocker_names_the_option():
-    """The options refused: flex training on a CPU (not on CUDA), triton anywhere."""
+    """The option refused: flex training on a CPU (not on CUDA); triton compiles (its custom
+    ops, tests/test_triton_ops.py)."""
     model, _ = family("sa_learned_content")
     assert compiled.blocker(model, torch.device("cpu")) is None
     attnconv.set_backend(model, "flex")
     why = compiled.blocker(model, torch.device("cpu"))
     assert why.startswith("backend='flex' (layer layers.0.attn) does not compile")
     assert compiled.blocker(model, torch.device("cuda")) is None
+    attnconv.set_backend(model, "triton")
+    assert compiled.blocker(model, torch.device("cpu")) is None

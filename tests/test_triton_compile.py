@@ -127,8 +127,8 @@ print(refusal(Case(torch.bfloat16, 5, 7, 8, 8, p=0.1), 86, SHARED_LIMIT[86]))
 
 @pytest.mark.slow
 def test_a_call_whose_blocks_exceed_the_gpus_shared_memory_is_refused_in_one_line():
-    """content.triton falls back to the dense kernel with this line (triton_compile.fit
-    asks it for the GPU at hand): bf16 at head width 256 and rows of 128 needs more than
+    """The plan passes the Triton kernel over with this line (capability.triton_axis_fits asks
+    triton_compile.fit for the GPU at hand): bf16 at head width 256 and rows of 128 needs more than
     sm_86's 99 KiB at every rung of triton_axis.launch."""
     big, small = compiled_python("-c", _REFUSAL).splitlines()
     assert (
@@ -272,3 +272,26 @@ def test_float64_launches_carry_their_scale_in_float64(window):
             assert sc.dtype == acc and torch.equal(sc.double(), want.to(acc).double())
     src = inspect.getsource(triton_axis._fwd.fn)
     assert "if ACC == tl.float64:" in src and "tl.load(SC)" in src
+
+
+def test_a_compiled_forward_decides_the_fit_at_trace_time(monkeypatch):
+    """Under torch.compile the GPU check (device properties, a compile outside the envelope) runs
+    once while Dynamo traces, its answer a constant of the graph: no graph break (here a stand-in
+    GPU: the properties and the check replaced)."""
+    props = type("Props", (), dict(major=9, minor=0, shared_memory_per_block_optin=1))
+    asked = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    monkeypatch.setattr(triton_compile, "check", lambda *a: asked.append(a) or (None, 32))
+
+    def f(x):
+        why, block = triton_compile.fit_on(0, x.dtype, 4, 5, x.shape[-1], 8, 0.1, True, True, 0)
+        return x * block if why is None else x
+
+    x = torch.ones(2, 16)
+    torch._dynamo.reset()
+    assert torch._dynamo.explain(f)(x).graph_break_count == 0
+    compiled = torch.compile(f, backend="eager", fullgraph=True)
+    assert torch.equal(compiled(x), x * 32) and torch.equal(compiled(x), x * 32)
+    assert len(asked) == 2  # once by explain's trace, once by the compile's; no call at a run
+    assert asked[0][0].dtype == torch.float32 and asked[0][1:] == (90, 1)
+    torch._dynamo.reset()

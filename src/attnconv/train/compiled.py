@@ -1,12 +1,12 @@
 """``train.compile``: the model under ``torch.compile``, or eager with one line saying why.
 
-Every layer's kernels trace (layers/kernels/ops.py: the C++ and Python kernels as custom ops),
-so every recipe compiles, but for two layer options, refused before the first step with one
-line naming the option (``blocker``): ``backend="flex"`` training on a CPU (Inductor has no CPU
-backward for FlexAttention) and ``backend="triton"`` (its kernels run outside the graphs,
-``torch.compiler.disable``). A compile that fails all the same (no C++ compiler for Inductor, a
-bug of the compiler) is caught at the step it fails (``compile_failed``): one line, the run goes
-on eager, and the compiler's output never reaches the screen.
+Every layer's kernels trace (layers/kernels/ops.py: the C++ and Python kernels as custom ops;
+triton_ops.py: the Triton kernels), so every recipe compiles, but for one layer option, refused
+before the first step with one line naming it (``blocker``): ``backend="flex"`` training on a
+CPU (Inductor has no CPU backward for FlexAttention). A compile that fails all the same (no C++
+compiler for Inductor, a bug of the compiler) is caught at the step it fails
+(``compile_failed``): one line, the run goes on eager, and the compiler's output never reaches
+the screen.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ log = logging.getLogger(__name__)
 # backend -> why a model with a layer on it does not compile (None: only on some devices)
 BLOCKERS = {
     "flex": "Inductor has no CPU backward for FlexAttention",
-    "triton": "its Triton kernels run outside torch.compile's graphs",
 }
 
 

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import content, ops, position, triton_axis
+from . import content, ops, position, triton_axis, triton_ops
 from .plan import Case, choose
 
 
@@ -39,7 +39,7 @@ KERNELS = {
     "fold": Kernel(content.fold, content.content_probs),
 }
 
-__all__ = ["Case", "KERNELS", "Kernel", "choose", "ops"]  # ops: the custom ops (torch.compile)
+__all__ = ["Case", "KERNELS", "Kernel", "choose", "ops", "triton_ops"]  # the custom ops (compile)
 
 
 def backend_off_device(backend: str | None, device) -> str | None:

@@ -32,8 +32,8 @@ import re
 import torch
 from torch.autograd.function import once_differentiable
 
-from ..first_order import first_order_only
-from ..functional import drop_threshold, dropout_seed
+from ..first_order import compiling, first_order_only
+from ..functional import drop_threshold, dropout_seed, seed_tensor
 from ..precision import backward_without_autocast, no_autocast, shared, shared_sum
 from . import triton_tiles
 from .triton_tiles import pow2, window_dqa, window_logits, window_wp
@@ -250,6 +250,23 @@ def device_values(values: list, dtype: torch.dtype, device: torch.device) -> tor
     return out
 
 
+def forward_values(q, v, h, w, scale, p, seed, per_image, block_m, window=0):
+    """What the forward's and the backward's launches share: the forward's compile-time values
+    (its tile), the shared ones (``_meta``), the scalars and the sizes; ``forward_launch``'s."""
+    nh, t, dk = q.shape[1:]
+    dv = v.shape[-1]
+    meta = _meta(q, h, w, window)
+    meta.update(DKP=pow2(dk, 16), DVP=pow2(dv, 16), DROP=p > 0, PER_IMAGE=per_image)
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    rng = device_values([seed, drop_threshold(p)], torch.int64, q.device)
+    scalars = (rng, device_values([scale, 1.0 / (1.0 - p)], acc, q.device))
+    fmeta = _tiled(_fwd, meta, q.dtype, block_m)
+    tile = (fmeta["BLOCK_M"], fmeta["ROWS"] * fmeta["WP"], fmeta["WP"])
+    shift = triton_tiles.window_shift(h, w, window, *tile) if window else 0  # its key grid
+    sizes = (nh, t, h, w, dk, dv, scale, 1.0 / (1.0 - p), window, (window - 1) // 2, shift)
+    return fmeta, meta, scalars, sizes
+
+
 def forward_launch(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, window=0):
     """The forward kernel's (grid, arguments, compile-time values) and its outputs (y, stats,
     scalars): what ``_TritonAxis`` launches and ``triton_compile`` compiles for a GPU.
@@ -258,20 +275,12 @@ def forward_launch(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, wi
     the accumulation dtype, which the float64 kernels read: a Python float reaches a compiled
     kernel as fp32 (the interpreter keeps it float64, so only a GPU would show it); the others
     take the floats, kernel parameters that cost no registers."""
-    b, nh, t, dk = q.shape
-    dv = v.shape[-1]
-    meta = _meta(q, h, w, window)
-    meta.update(DKP=pow2(dk, 16), DVP=pow2(dv, 16), DROP=p > 0, PER_IMAGE=per_image)
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    rng = device_values([seed, drop_threshold(p)], torch.int64, q.device)
-    scalars = (rng, device_values([scale, 1.0 / (1.0 - p)], acc, q.device))
+    b, nh, t, _ = q.shape
+    values = forward_values(q, v, h, w, scale, p, seed, per_image, block_m, window)
+    fmeta, meta, scalars, sizes = values
     # (B, T, Nh, Dv) in q's dtype; the backward reads the saved m and 1 / l, never Y
-    y = torch.empty(b, t, nh, dv, dtype=q.dtype, device=q.device)
-    stats = torch.empty(2, b, nh, t, dtype=acc, device=q.device)  # each query's m, 1 / l
-    fmeta = _tiled(_fwd, meta, q.dtype, block_m)
-    tile = (fmeta["BLOCK_M"], fmeta["ROWS"] * fmeta["WP"], fmeta["WP"])
-    shift = triton_tiles.window_shift(h, w, window, *tile) if window else 0  # its key grid
-    sizes = (nh, t, h, w, dk, dv, scale, 1.0 / (1.0 - p), window, (window - 1) // 2, shift)
+    y = torch.empty(b, t, nh, v.shape[-1], dtype=q.dtype, device=q.device)
+    stats = torch.empty(2, b, nh, t, dtype=scalars[1].dtype, device=q.device)  # m, 1 / l
     strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(q_axis), *_strides(y))
     args = (q, k, v, q_axis, y, stats, *scalars, *strides, *sizes)
     return (_query_blocks(h, w, b * nh), args, fmeta), (y, stats, scalars, sizes, meta)
@@ -306,62 +315,72 @@ def backward_launches(q, k, v, q_axis, stats, scalars, dy, sizes, meta, block_m=
     return launches, (dq, dk_, dv_, dqa)
 
 
+def run_forward(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, window, bh):
+    """The forward kernel on q, k, v, q_axis (B|1, Nh|1, T, d) each, read at stride 0 over what
+    the batch or the heads share (bh = (B, Nh)): y (B, T, Nh, dv), the rows' stats and the
+    query block it ran with (``launch``), which the backward takes."""
+    full = (x.expand(*bh, *x.shape[2:]) for x in (q, k, v, q_axis))
+    launched = forward_launch(*full, h, w, scale, p, seed, per_image, block_m, window)
+    (grid, args, meta), (y, stats, *_) = launched
+    return y, stats, launch(_fwd, grid, args, meta)
+
+
+def run_backward(dy, q, k, v, q_axis, stats, block, h, w, scale, p, seed, per_image, block_m,
+                 window, bh):  # fmt: skip
+    """The backward kernels at the forward's query ``block`` (a smaller one only where their
+    own shared memory forces it: other product shapes would round the logits otherwise): dq,
+    dk, dv and d q_axis (B, Nh, T, .) in the accumulation dtype, a window's as [dRq | dCq]."""
+    full = [x.expand(*bh, *x.shape[2:]) for x in (q, k, v, q_axis)]
+    values = forward_values(full[0], full[2], h, w, scale, p, seed, per_image, block_m, window)
+    _, meta, scalars, sizes = values
+    launches, (dq, dk, dv, dqa) = backward_launches(*full, stats, scalars, dy, sizes, meta, block)
+    (fd, gd, ad, md), (fq, gq, aq, mq), kv = launches
+    block = launch(fd, gd, ad, md)  # delta, then dQ at its block: P rounded alike in both
+    got = launch(fq, gq, aq, dict(mq, BLOCK_M=block))
+    if got < block:  # the dQ pass's shared memory forced a smaller block: both again at it
+        dqa.zero_()  # (a window's partial row-logit slots are per tile)
+        launch(fd, gd, ad, dict(md, BLOCK_M=got))
+        launch(fq, gq, aq, dict(mq, BLOCK_M=got))
+    launch(*kv)
+    return dq, dk, dv, window_dqa(dqa, window) if window else dqa  # a window's partials added
+
+
 class _TritonAxis(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, window=0, bh=None):
-        # (B|1, Nh|1, T, d) each, bh = (B, Nh): what the batch or the heads share, read at stride 0
-        ctx.bh = bh or [max(x.shape[d] for x in (q, k, v, q_axis)) for d in (0, 1)]
-        (grid, args, meta), (y, stats, scalars, sizes, ctx.meta) = forward_launch(
-            *(x.expand(*ctx.bh, *x.shape[2:]) for x in (q, k, v, q_axis)),
-            *(h, w, scale, p, seed, per_image, block_m, window),
-        )
-        # the backward kernels take the forward's query block (a smaller one only where their
-        # own shared memory forces it): other product shapes would round the logits otherwise
-        ctx.block_m = launch(_fwd, grid, args, meta)
-        ctx.save_for_backward(q, k, v, q_axis, stats, *scalars)
-        ctx.sizes = sizes
+    def forward(ctx, q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, window, bh):
+        ctx.args = (h, w, scale, p, seed, per_image, block_m, window, bh)
+        y, stats, ctx.block = run_forward(q, k, v, q_axis, *ctx.args)
+        ctx.save_for_backward(q, k, v, q_axis, stats)
         return y
 
     @staticmethod
     @once_differentiable
     @backward_without_autocast
     def backward(ctx, dy):
-        xs, (stats, *scalars) = ctx.saved_tensors[:4], ctx.saved_tensors[4:]
+        *xs, stats = ctx.saved_tensors
         dy = dy.to(xs[0].dtype).contiguous()
-        full = [x.expand(*ctx.bh, *x.shape[2:]) for x in xs]
-        launches, (dq, dk, dv, dqa) = backward_launches(
-            *full, stats, scalars, dy, ctx.sizes, ctx.meta, ctx.block_m
-        )
-        (fd, gd, ad, md), (fq, gq, aq, mq), kv = launches
-        block = launch(fd, gd, ad, md)  # delta, then dQ at its block: P rounded alike in both
-        got = launch(fq, gq, aq, dict(mq, BLOCK_M=block))
-        if got < block:  # the dQ pass's shared memory forced a smaller block: both again at it
-            dqa.zero_()  # (a window's partial row-logit slots are per tile)
-            launch(fd, gd, ad, dict(md, BLOCK_M=got))
-            launch(fq, gq, aq, dict(mq, BLOCK_M=got))
-        launch(*kv)
-        if ctx.sizes[8]:  # a window's partial row-logit gradients added
-            dqa = window_dqa(dqa, ctx.sizes[8])
+        grads = run_backward(dy, *xs, stats, ctx.block, *ctx.args)
         needs = ctx.needs_input_grad[:4]
-        grads = (shared_sum(g, x) if n else None for g, x, n in zip((dq, dk, dv, dqa), xs, needs))
+        grads = (shared_sum(g, x) if n else None for g, x, n in zip(grads, xs, needs))
         return (*grads, None, None, None, None, None, None, None, None, None)
 
 
-# torch.compile runs the kernels as they are (a graph break): dynamo tracing a Triton launch
-# with its shared-memory rungs, or the interpreter's Python on a CPU, is not what it can compile
-@torch.compiler.disable
+def attention(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, window=0, bh=None):
+    """The kernels on (B|1, Nh|1, T, d) inputs, ready (shared, cast, autocast off), bh = (B, Nh)
+    (default: the inputs' largest): the autograd Function eagerly; while torch.compile traces,
+    the custom op ``attnconv::triton_axis`` (triton_ops.py; a seed drawn in the graph)."""
+    bh = list(bh or (max(x.shape[d] for x in (q, k, v, q_axis)) for d in (0, 1)))
+    if compiling():
+        seed = seed_tensor(0 if seed is None and p == 0 else seed)
+        args = (h, w, scale, p, seed, per_image, block_m, window, bh)
+        return torch.ops.attnconv.triton_axis(q, k, v, q_axis, *args)[0]
+    seed = (dropout_seed() if p > 0 else 0) if seed is None else int(seed)
+    args = (h, w, scale, p, seed, per_image, block_m, window, bh)
+    return _TritonAxis.apply(q, k, v, q_axis, *args)
+
+
 def axis_attention_triton(
-    q,
-    k,
-    v,
-    q_axis,
-    h: int,
-    w: int,
-    scale: float,
-    p: float = 0.0,
-    per_image: bool = True,
-    seed: int | None = None,
-    block_m: int | None = None,
+    q, k, v, q_axis, h, w, scale, p=0.0, per_image=True, seed=None, block_m=None
 ):
     """q, k (B, Nh, T, dk), v (B, Nh, T, dv) (the batch or the heads may share one: stride 0),
     q_axis (B|1, Nh, T, H + W) -> (B, T, Nh, dv) in q's dtype (bfloat16/float16/float32/
@@ -381,12 +400,10 @@ def axis_attention_triton(
     why = unsupported(q, v, h, w)
     if why:
         raise RuntimeError(f"attnconv: {why}")
-    seed = (dropout_seed() if p > 0 else 0) if seed is None else seed
     dts = (q.dtype,) * 3 + (torch.promote_types(q.dtype, torch.float32),)
     # what the heads or the batch share (value="identity", one query set for the batch) is
     # cast once, not per head, and its gradient summed in the accumulation dtype
     q, k, v, q_axis = (shared(x, dt) for x, dt in zip((q, k, v, q_axis), dts))
     q, k, v, q_axis = first_order_only("the Triton axis attention", q, k, v, q_axis)
     with no_autocast(q.device.type):
-        args = (h, w, scale, p, seed, per_image, block_m, 0, (b, nh))
-        return _TritonAxis.apply(q, k, v, q_axis, *args)
+        return attention(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, 0, (b, nh))

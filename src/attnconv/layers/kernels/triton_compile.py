@@ -279,9 +279,17 @@ def fit(q, v, h: int, w: int, p: float, per_image: bool, train, window: int = 0)
     kernels, ``window`` = k); Fit() off CUDA."""
     if q.device.type != "cuda" or triton_axis.interpreted():
         return Fit()
-    tf32 = q.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
-    case = Case(q.dtype, h, w, q.shape[-1], v.shape[-1], p, per_image, train, tf32, window)
-    props = torch.cuda.get_device_properties(q.device)
+    sizes = (h, w, q.shape[-1], v.shape[-1], p, per_image, bool(train), window)
+    return fit_on(q.device.index, q.dtype, *sizes)
+
+
+# torch.compile calls it while it traces and keeps the answer (the compile check is no graph's)
+@torch.compiler.assume_constant_result
+def fit_on(index, dtype, h, w, dk, dv, p, per_image, train, window) -> Fit:
+    """``fit`` on CUDA device ``index`` for q of ``dtype`` and head widths dk, dv."""
+    tf32 = dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    case = Case(dtype, h, w, dk, dv, p, per_image, train, tf32, window)
+    props = torch.cuda.get_device_properties(index)
     if inside(case, props.shared_memory_per_block_optin):  # no compile: the tests did it
         return Fit()
     return check(case, props.major * 10 + props.minor, props.shared_memory_per_block_optin)

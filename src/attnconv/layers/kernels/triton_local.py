@@ -81,7 +81,6 @@ def window_attention_reference(q, k, v, kernel_size: int, rel_row=None, rel_col=
     return y.permute(0, 2, 3, 1).reshape(b, nh, -1, h, w)
 
 
-@torch.compiler.disable  # as triton_axis.axis_attention_triton: a graph break under compile
 def local_attention_triton(
     q: torch.Tensor,
     k: torch.Tensor | None,
@@ -107,7 +106,6 @@ def local_attention_triton(
         qa = relative_logits(qs, rel_row, rel_col, ks)  # (B, Nh, T, 2k)
         kseq = _seq(k.to(q.dtype)) if k is not None else torch.zeros_like(qs)
         qs, kseq, vs, qa = first_order_only("the Triton window attention", qs, kseq, vs, qa)
-        y = triton_axis._TritonAxis.apply(  # (B, T, Nh, dv); q is scaled, no dropout
-            qs, kseq, vs, qa, h, w, 1.0, 0.0, 0, True, block_m, ks
-        )
+        # (B, T, Nh, dv); q is scaled, no dropout; compiled: the custom op (triton_ops.py)
+        y = triton_axis.attention(qs, kseq, vs, qa, h, w, 1.0, 0.0, 0, True, block_m, ks)
     return y.permute(0, 2, 3, 1).reshape(b, nh, -1, h, w)
