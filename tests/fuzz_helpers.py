@@ -68,7 +68,7 @@ def assert_fast_equals_reference(fast: nn.Module, ref: nn.Module, x: torch.Tenso
 
 def reference_copy(layer: nn.Module) -> nn.Module:
     ref = copy.deepcopy(layer)
-    ref.impl = "reference"
+    ref.backend = "reference"
     return ref
 
 

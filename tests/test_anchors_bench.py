@@ -22,7 +22,7 @@ def test_dense_anchor_is_the_layers_attention(positional):
     x = torch.randn(2, 18, 6, 6)
     with torch.no_grad():
         fast, dense = layer(x), DenseSDPA(layer)(x)
-        layer.impl = "reference"
+        layer.backend = "reference"
         torch.testing.assert_close(dense, layer(x), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(fast, dense, rtol=1e-5, atol=1e-6)
 

@@ -28,7 +28,7 @@ def _pair(
     """The layer's default path and its plain reference, float64, training, the same weights."""
     kw = dict(positional=positional, content=content, dropout=p, dropout_mask=mask, value=value)
     fast = MultiHeadSelfAttention2d(c, c, nh, **kw).double().train()
-    ref = MultiHeadSelfAttention2d(c, c, nh, impl="reference", **kw).double().train()
+    ref = MultiHeadSelfAttention2d(c, c, nh, backend="reference", **kw).double().train()
     ref.load_state_dict(fast.state_dict())
     return fast, ref
 

@@ -112,7 +112,7 @@ def _pair(positional: str, c: int, heads: int, seed: int, alpha: float | None = 
             fast.positional_encoding.set_alpha(alpha)
             fast.positional_encoding.centers.uniform_(-4.0, 4.0)
     plain = copy.deepcopy(fast)
-    plain.impl = "reference"
+    plain.backend = "reference"
     return fast, plain
 
 
@@ -127,7 +127,7 @@ def _pair(positional: str, c: int, heads: int, seed: int, alpha: float | None = 
 )
 def test_layer_blocked_path_equals_reference(positional, b, heads, h, w, seed):
     """The layer's blocked kernel (forced on: by default it starts at 16^2) equals
-    impl="reference" in float64, output and every gradient."""
+    backend="reference" in float64, output and every gradient."""
     fast, plain = (m.double() for m in _pair(positional, 6, heads, seed))
     fast.backend = "blocked"
     x = torch.randn(b, 6, h, w, dtype=F64, requires_grad=True)

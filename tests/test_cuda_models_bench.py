@@ -21,7 +21,7 @@ def test_dense_sdpa_layer_equals_the_layer(positional, content):
     torch.manual_seed(0)
     lay = (
         MultiHeadSelfAttention2d(
-            12, 12, num_heads=3, positional=positional, content=content, impl="reference"
+            12, 12, num_heads=3, positional=positional, content=content, backend="reference"
         )
         .double()
         .eval()

@@ -26,7 +26,7 @@ def _pair(positional: str, heads: int, dtype, device, seed: int):
         if positional == "quadratic":
             fast.positional_encoding.centers.uniform_(-3, 3)
     ref = MultiHeadSelfAttention2d(
-        6, 6, heads, positional=positional, content=True, max_size=8, impl="reference"
+        6, 6, heads, positional=positional, content=True, max_size=8, backend="reference"
     ).to(device, dtype)
     ref.load_state_dict(fast.state_dict())
     fast.backend = "flex"
@@ -169,7 +169,7 @@ def test_flex_local_equals_reference_cpu(variant, ks, b, h, w, seed):
     lay = lay.double()
     x = torch.randn(b, 3, h, w, dtype=torch.float64)
     with torch.no_grad():
-        lay.impl = "reference"
+        lay.backend = "reference"
         ref = lay(x)
         lay.backend = "flex"
         torch.testing.assert_close(lay(x), ref, rtol=1e-9, atol=1e-11)
@@ -188,7 +188,7 @@ def test_flex_local_on_device(device):
     x = torch.randn(2, 4, 6, 5, device=device, requires_grad=True)
     with torch.set_grad_enabled(device.type == "cuda"):
         y = lay(x)
-        lay.impl = "reference"
+        lay.backend = "reference"
         yr = lay(x)
     torch.testing.assert_close(y, yr, rtol=1e-4, atol=1e-5)
     if device.type == "cuda":

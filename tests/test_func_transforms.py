@@ -24,7 +24,7 @@ from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
 from attnconv.models import create_model
 from public_layers import public_layers
 
-LAYERS = public_layers("auto")
+LAYERS = public_layers(None)
 IDS = [r[0] for r in LAYERS]
 
 
@@ -229,7 +229,7 @@ def test_per_sample_gradients_under_bf16_autocast(name):
     layer's reference path trained the ordinary way (a loop of backward passes) under autocast
     (at most 1.74x over 12 weight draws here; the draw is fixed)."""
     torch.manual_seed(0)
-    layer, x = next((m, x) for n, m, x in public_layers("auto") if n == name)
+    layer, x = next((m, x) for n, m, x in public_layers(None) if n == name)
     plain = next(m for n, m, _ in public_layers("reference") if n == name)
     plain.load_state_dict(layer.state_dict())
     xs = torch.randn(4, *x.shape[1:], dtype=torch.float64)

@@ -33,8 +33,8 @@ def test_fast_equals_reference(b, nh, tq, tk, dk, dv, causal, use_mask, seed):
     if causal and tk < tq:
         causal = False  # a causal row with no key is undefined; covered by reference tests
     outs = []
-    for impl in ("auto", "reference"):
-        y = scaled_dot_product_attention(q, k, v, mask=mask, causal=causal, impl=impl)
+    for backend in ("sdpa", "reference"):
+        y = scaled_dot_product_attention(q, k, v, mask=mask, causal=causal, backend=backend)
         gq, gk, gv = torch.autograd.grad((y * y.detach().cos()).sum(), (q, k, v))
         outs.append((y, gq, gk, gv))
     for a, r in zip(*outs):
@@ -54,7 +54,7 @@ def test_gradcheck_reference():
     v = torch.randn(1, 2, 4, 3, dtype=torch.float64, requires_grad=True)
     bias = torch.randn(1, 2, 3, 4, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(
-        lambda q, k, v, bias: scaled_dot_product_attention(q, k, v, bias=bias, impl="reference"),
+        lambda q, k, v, bias: scaled_dot_product_attention(q, k, v, bias=bias, backend="reference"),
         (q, k, v, bias),
     )
 
@@ -62,9 +62,13 @@ def test_gradcheck_reference():
 def test_bad_shapes_raise():
     with pytest.raises(ValueError, match="4-D"):
         scaled_dot_product_attention(torch.randn(2, 3), torch.randn(2, 3), torch.randn(2, 3))
-    with pytest.raises(ValueError, match="impl"):
+    with pytest.raises(ValueError, match="backend"):
         scaled_dot_product_attention(
-            torch.randn(1, 1, 2, 2), torch.randn(1, 1, 2, 2), torch.randn(1, 1, 2, 2), impl="x"
+            torch.randn(1, 1, 2, 2), torch.randn(1, 1, 2, 2), torch.randn(1, 1, 2, 2), backend="x"
+        )
+    with pytest.raises(TypeError, match="impl= is gone, .* backend='reference'"):
+        scaled_dot_product_attention(
+            torch.randn(1, 1, 2, 2), torch.randn(1, 1, 2, 2), torch.randn(1, 1, 2, 2), impl="auto"
         )
 
 
@@ -87,5 +91,5 @@ def test_on_a_gpu_odd_head_widths_still_take_a_fused_kernel(backend, dk, dv):
     which = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION}
     with sdpa_kernel(which[backend]):
         y = scaled_dot_product_attention(q, k, v)
-    ref = scaled_dot_product_attention(q.float(), k.float(), v.float(), impl="reference")
+    ref = scaled_dot_product_attention(q.float(), k.float(), v.float(), backend="reference")
     torch.testing.assert_close(y.float(), ref, rtol=2e-2, atol=2e-2)

@@ -169,21 +169,21 @@ def test_model_layer_runs_fused_and_matches_dense():
 def test_inference_forward_fused_equals_reference(positional, b, heads, h, w, seed):
     """In inference (eval, inference_mode) the plan runs the fused kernel at 16x16 on the
     learned relative content layer (plan._fused_wins); forced at any shape it equals
-    impl="reference" in float64."""
+    backend="reference" in float64."""
     from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
 
     torch.manual_seed(seed)
     lay = MultiHeadSelfAttention2d(6, 6, heads, positional=positional, max_size=16).double().eval()
     x = torch.randn(b, 6, h, w, dtype=torch.float64)
     outs = []
-    for backend, impl in (("fused", "auto"), (None, "reference")):
-        lay.backend, lay.impl = backend, impl
+    for backend in ("fused", "reference"):
+        lay.backend = backend
         with torch.inference_mode():
-            if impl == "auto":
+            if backend == "fused":
                 assert lay.kernel(x) == "fused"
             outs.append(lay(x))
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-12, atol=1e-12)
-    lay.backend, lay.impl = None, "auto"
+    lay.backend = None
     with torch.inference_mode():
         assert lay.kernel(torch.randn(1, 6, 16, 16, dtype=torch.float64)) == (
             "fused" if positional == "relative_learned" else "shared_bias"

@@ -49,7 +49,7 @@ def _run(inputs, ks, padding, use_fused):
         mix=mix,
         padding=padding,
         return_attention=True,
-        fused=use_fused,
+        backend="fused" if use_fused else "window",
     )
     wrt = [t for t in inputs if t is not None]
     g = torch.cos(torch.arange(y.numel(), dtype=y.dtype)).view_as(y)
@@ -91,7 +91,7 @@ def test_fused_gradcheck_float64(padding, nm):
     def f(q, k, v, rr, rc, *mix):
         m = mix[0] if mix else None
         return local_attention(
-            q, k, v, kernel_size=3, rel_row=rr, rel_col=rc, mix=m, padding=padding, fused=True
+            q, k, v, kernel_size=3, rel_row=rr, rel_col=rc, mix=m, padding=padding, backend="fused"
         )
 
     assert gradcheck(f, ins)
@@ -136,7 +136,11 @@ def test_double_backward_through_fused_is_the_plain_gradient():
     out = []
     for use in (False, True):
         y = local_attention(
-            *inputs[:3], kernel_size=3, rel_row=inputs[3], rel_col=inputs[4], fused=use
+            *inputs[:3],
+            kernel_size=3,
+            rel_row=inputs[3],
+            rel_col=inputs[4],
+            backend="fused" if use else "window",
         )
         (gq,) = torch.autograd.grad(y.square().sum(), inputs[0], create_graph=True)
         out.append(torch.autograd.grad(gq.square().sum(), ins))
@@ -189,7 +193,7 @@ def test_stem_runs_the_fused_kernel_and_equals_the_window():
     assert stem.kernel("cpu") == "fused" and stem.kernel("cuda") == "window"
     y1 = stem(x)
     g1 = torch.autograd.grad(y1.square().sum(), [x, *stem.parameters()])
-    stem.impl = "reference"
+    stem.backend = "reference"
     y2 = stem(x)
     g2 = torch.autograd.grad(y2.square().sum(), [x, *stem.parameters()])
     torch.testing.assert_close(y1, y2)
@@ -207,7 +211,9 @@ def test_fused_mixed_values_precision_as_tight_as_window(autocast):
     def run(tensors, use, ac):
         q, k, v, mix = tensors
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=ac):
-            y = local_attention(q, k, v, kernel_size=4, mix=mix, fused=use)
+            y = local_attention(
+                q, k, v, kernel_size=4, mix=mix, backend="fused" if use else "window"
+            )
         return y, torch.autograd.grad((y.double() ** 2).sum(), tensors)
 
     y64, g64 = run(ins, False, False)

@@ -61,7 +61,7 @@ def test_local_kernel_on_two_threads_equals_one():
     ]
 
     def run(q, k, v, rr, rc):
-        return local_attention(q, k, v, kernel_size=ks, rel_row=rr, rel_col=rc, fused=True)
+        return local_attention(q, k, v, kernel_size=ks, rel_row=rr, rel_col=rc, backend="fused")
 
     _same(_on_threads(2, run, inputs), _on_threads(1, run, inputs))
 

@@ -1,7 +1,7 @@
 """Fuzzing the public layers with hypothesis (issue 8, "input validation across the public API").
 
-Every call either works -- and then the fast path (impl="auto") equals the plain reference
-(impl="reference") in values and in the gradients of the input and of every parameter, float64 --
+Every call either works -- and then the fast path (the plan's kernel) equals the plain reference
+(backend="reference") in values and in the gradients of the input and of every parameter, float64 --
 or raises a ValueError/TypeError whose message is one non-empty line. Any other exception
 (RuntimeError, IndexError, ZeroDivisionError, AttributeError from deep inside PyTorch) fails.
 
@@ -78,7 +78,7 @@ MHSA_BAD = {
     "head_dim": [0, -1, 1.5, "2"],
     "qk_dim": [0, -3, 2.0],
     "dropout": [-0.1, 1.0, float("nan"), "0.1"],
-    "impl": ["fast", None, "Auto"],
+    "backend": ["fast", "Auto"],
     "max_size": [0, -1, 1],
     "hard": [True],
     "rel_dim": [0, -1, 2.5],
@@ -153,7 +153,7 @@ LOCAL_BAD = {
     "positional": ["learned", None],
     "logits": ["kq", ""],
     "padding": ["reflect", None],
-    "impl": ["cuda", None],
+    "backend": ["cuda"],
 }
 
 
@@ -186,7 +186,7 @@ STEM_BAD = {
     "mixtures": BAD_SIZE,
     "pool": [*BAD_SIZE, 9],
     "padding": ["same", None],
-    "impl": ["cuda"],
+    "backend": ["cuda"],
 }
 
 

@@ -24,7 +24,7 @@ MHSA_FAULTS = [
     dict(out_channels=None),
     dict(positional="rotary"),
     dict(value="conv"),
-    dict(impl="cuda"),
+    dict(backend="cuda"),
     dict(dropout=1.0),
     dict(dropout=float("nan")),
     dict(head_dim=0),
@@ -73,9 +73,9 @@ LAYERS = {
 @pytest.mark.parametrize("layer", LAYERS)
 def test_bad_inputs_raise_clearly(layer, inp):
     m = LAYERS[layer]().double()
-    for impl in ("auto", "reference"):
+    for backend in (None, "reference"):
         target = m.attention if layer == "conv_to_attention" else m
-        target.impl = impl
+        target.backend = backend
         x = FIXED_BAD_INPUTS[inp](2)
         if layer == "conv_to_attention" and inp == "3-D":  # unbatched, as nn.Conv2d takes it
             torch.testing.assert_close(m(x), m(x[None])[0], rtol=0, atol=0)

@@ -15,16 +15,16 @@ from attnconv.layers.kernels.blocked import gaussian_attention, gaussian_attenti
 from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
 
 
-def _layer(impl: str, dtype=torch.float32, content=False) -> MultiHeadSelfAttention2d:
+def _layer(backend: str | None, dtype=torch.float32, content=False) -> MultiHeadSelfAttention2d:
     return MultiHeadSelfAttention2d(
-        6, 6, 3, positional="quadratic_generalized", content=content, impl=impl
+        6, 6, 3, positional="quadratic_generalized", content=content, backend=backend
     ).to(dtype)
 
 
 def _fast_dense_exact(content: bool, spread: float):
     """The default path (spreads x ``spread``, centres x 3: logits far from 0), the dense plain
     path and its float64 copy, all holding the same weights."""
-    fast = _layer("auto", content=content)
+    fast = _layer(None, content=content)
     with torch.no_grad():
         fast.positional_encoding.spread.mul_(spread)
         fast.positional_encoding.centers.mul_(3)

@@ -1,6 +1,6 @@
 """Issue 15, item 4: second derivatives of every public layer, in float64 (gradgradcheck).
 
-The plain paths (``impl="reference"``) are differentiable any number of times; the local window
+The plain paths (``backend="reference"``) are differentiable any number of times; the local window
 kernel's fast path has an exact double backward (its backward under ``create_graph`` is the
 plain path's gradient); PyTorch's fused attention kernel has none, and a double backward
 through it raises our one-line HigherOrderGradError instead of PyTorch's raw error."""
@@ -39,7 +39,7 @@ def test_plain_paths_have_exact_second_derivatives(name, layer, x):
     assert _check(layer, x)
 
 
-FAST = public_layers("auto")
+FAST = public_layers(None)
 
 
 # the window kernel's double backward costs 3-5 s a layer: those cases are marked slow
@@ -56,7 +56,7 @@ def test_fast_paths_are_exact_or_say_they_are_first_order(name, layer, x):
     try:
         assert _check(layer, x)
     except HigherOrderGradError as e:
-        assert "impl='reference'" in str(e) and "\n" not in str(e)
+        assert "backend='reference'" in str(e) and "\n" not in str(e)
         assert name.startswith(("mhsa2d", "mha", "converted")), name  # the fused kernel only
     if name.startswith(("local", "stem")):  # the window kernel's fast path is exact
         assert _check(layer, x)
@@ -94,7 +94,7 @@ def test_gradient_penalty_fast_equals_reference():
     """The issue's case: d(||dL/dx||^2)/dx of LocalSelfAttention2d, fast vs plain path."""
     torch.manual_seed(0)
     fast = LocalSelfAttention2d(4, 8, 2, kernel_size=3).double()
-    ref = LocalSelfAttention2d(4, 8, 2, kernel_size=3, impl="reference").double()
+    ref = LocalSelfAttention2d(4, 8, 2, kernel_size=3, backend="reference").double()
     ref.load_state_dict(fast.state_dict())
     x0 = torch.randn(2, 4, 5, 5, dtype=torch.float64)
     out = []
@@ -110,7 +110,9 @@ def test_gradient_penalty_fast_equals_reference():
 def test_fused_double_backward_is_our_one_line_error():
     layer = MultiHeadAttention(8, 2).double()
     x = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
-    with pytest.raises(HigherOrderGradError, match=r"has no second derivative .*impl='reference'"):
+    with pytest.raises(
+        HigherOrderGradError, match=r"has no second derivative .*backend='reference'"
+    ):
         torch.autograd.grad(layer(x).sum(), x, create_graph=True)
     (g,) = torch.autograd.grad(layer(x).sum(), x)  # first order: unchanged
     assert g.shape == x.shape

@@ -55,7 +55,7 @@ def test_local_attention_refuses_tensors_that_do_not_agree(fused, bad, match):
     q, k, v = _qkv()
     kw = dict(k=k, v=v, kernel_size=3) | bad(q, k, v)
     with pytest.raises(ValueError, match=match):
-        local_attention(q, kw.pop("k"), kw.pop("v"), fused=fused, **kw)
+        local_attention(q, kw.pop("k"), kw.pop("v"), backend="fused" if fused else "window", **kw)
 
 
 def test_attention_map_image_index():

@@ -26,8 +26,8 @@ MODES = [
 ]
 
 
-def _run(m, x, impl):
-    m.impl = impl
+def _run(m, x, backend):
+    m.backend = backend
     y, attn = m(x, return_attention=True)
     grads = torch.autograd.grad((y * torch.cos(y)).sum(), [x, *m.parameters()])
     return y, attn, grads
@@ -52,7 +52,7 @@ def test_fast_equals_reference(b, cin, heads, dh, h, w, k, stride, mode, padding
     pos, logits = mode
     m = LocalSelfAttention2d(cin, heads * dh, heads, k, stride, pos, logits, padding).double()
     x = torch.randn(b, cin, h, w, dtype=torch.float64, requires_grad=True)
-    y1, a1, g1 = _run(m, x, "auto")
+    y1, a1, g1 = _run(m, x, None)
     y2, a2, g2 = _run(m, x, "reference")
     assert y1.shape == (b, heads * dh, -(-h // stride), -(-w // stride))
     torch.testing.assert_close(y1, y2)
@@ -68,11 +68,11 @@ def test_float32_close_to_reference(mode, device):
     m = LocalSelfAttention2d(16, 32, 4, 7, 1, *mode).to(device)
     x = torch.randn(2, 16, 12, 10, device=device, requires_grad=True)
     out = {}
-    for impl in ("auto", "reference"):  # no return_attention: it would leave the Flex path
-        m.impl = impl
+    for backend in (None, "reference"):  # no return_attention: it would leave the Flex path
+        m.backend = backend
         y = m(x)
-        out[impl] = y, torch.autograd.grad((y * torch.cos(y)).sum(), [x, *m.parameters()])
-    (y1, g1), (y2, g2) = out["auto"], out["reference"]
+        out[backend] = y, torch.autograd.grad((y * torch.cos(y)).sum(), [x, *m.parameters()])
+    (y1, g1), (y2, g2) = out[None], out["reference"]
     torch.testing.assert_close(y1, y2, atol=1e-5, rtol=1e-5)
     for u, v in zip(g1, g2):
         torch.testing.assert_close(u, v, atol=1e-4, rtol=1e-4)
@@ -141,8 +141,8 @@ def test_window_is_centred_one_nonzero_value(k, padding):
     ncol = (jj + c).clamp(max=w - 1) - (jj - c).clamp(min=0) + 1
     count = nrow * ncol if padding == "mask" else torch.full_like(nrow, k * k)
     expected = torch.where(inside, 1.0 / count.double(), torch.zeros(h, w, dtype=torch.float64))
-    for impl in ("auto", "reference"):
-        m.impl = impl
+    for backend in (None, "reference"):
+        m.backend = backend
         y = m(x)[0, 0]
         torch.testing.assert_close(y, expected)
 
@@ -155,8 +155,8 @@ def test_window_is_centred_one_nonzero_key():
     key = torch.zeros(1, 1, 1, h, w, dtype=torch.float64)
     key[..., a, b] = 20.0
     v = torch.randn(1, 1, 2, h, w, dtype=torch.float64)
-    for impl in ("auto", "reference"):
-        _, maps = local_attention(q, key, v, kernel_size=k, impl=impl, return_attention=True)
+    for backend in ("window", "reference"):
+        _, maps = local_attention(q, key, v, kernel_size=k, backend=backend, return_attention=True)
         dense = local_to_dense(maps, h, w, k)[0, 0]  # (T, T)
         col = dense[:, a * w + b].reshape(h, w)
         ii, jj = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
@@ -217,7 +217,7 @@ def test_even_kernel_window():
         (dict(positional="relative", logits="qk"), "has no positional term"),  # it added q^T r
         (dict(positional="absolute", logits="qk"), "has no positional term"),
         (dict(padding="reflect"), "padding"),
-        (dict(impl="cuda"), "impl"),
+        (dict(backend="cuda"), "backend"),
         (dict(num_heads=3), "divisible"),
         (dict(kernel_size=0), "kernel_size"),
     ],
@@ -256,11 +256,11 @@ def test_positional_vocabulary_is_typed_once():
 
 
 def test_kernel_table_and_backend_override():
-    """One table picks the local kernel: reference for backend="reference" (impl="reference",
-    its older spelling), Flex on CUDA with masked borders and no returned maps, the C++ window
-    kernel on CPU where it built, else the window function; ``backend`` overrides the default."""
+    """One table picks the local kernel: reference for backend="reference", Flex on CUDA with
+    masked borders and no returned maps, the C++ window kernel on CPU where it built, else the
+    window function; ``backend`` overrides the default."""
     m = LocalSelfAttention2d(4, 8, 2, 3)
-    assert m.backend is None and m.impl == "auto"
+    assert m.backend is None
     cpu = "fused" if fused.available() else "window"
     assert m.kernel("cpu") == cpu and m.kernel("cuda") == "flex"
     assert m.kernel("cpu", return_attention=True) == cpu
@@ -271,12 +271,11 @@ def test_kernel_table_and_backend_override():
     assert m.kernel("cpu") == "window"
     m.padding, m.backend = "mask", "window"
     assert m.kernel("cuda") == "window"
-    m.impl = "reference"
+    m.backend = "reference"
     assert m.backend == "reference" and m.kernel("cuda") == "reference"
-    m.impl = "auto"
-    assert m.backend is None and m.kernel("cuda") == "flex"
-    assert LocalSelfAttention2d(4, 8, 2, 3, backend="reference").impl == "reference"
-    with pytest.raises(ValueError, match="name two kernels"):
-        LocalSelfAttention2d(4, 8, 2, 3, impl="reference", backend="flex")
+    m.backend = None
+    assert m.kernel("cuda") == "flex"
+    with pytest.raises(TypeError, match="LocalSelfAttention2d: impl= is gone"):
+        m.impl = "auto"
     with pytest.raises(ValueError, match="backend must be None or one of"):
         LocalSelfAttention2d(4, 8, 2, 3, backend="fold")

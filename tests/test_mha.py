@@ -94,7 +94,7 @@ def test_fast_equals_reference(B, Tq, Tk, heads, hd, causal, padded, seed):
     torch.manual_seed(seed)
     C = heads * hd
     fast = MultiHeadAttention(C, heads, kdim=C + 1, vdim=C + 2)
-    ref = MultiHeadAttention(C, heads, kdim=C + 1, vdim=C + 2, impl="reference")
+    ref = MultiHeadAttention(C, heads, kdim=C + 1, vdim=C + 2, backend="reference")
     ref.load_state_dict(fast.state_dict())
     q = torch.randn(B, Tq, C, requires_grad=True)
     k = torch.randn(B, Tk, C + 1, requires_grad=True)
@@ -116,10 +116,10 @@ def test_fast_equals_reference(B, Tq, Tk, heads, hd, causal, padded, seed):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("impl", ["auto", "reference"])
-def test_gradcheck_float64(impl):
+@pytest.mark.parametrize("backend", [None, "reference"])
+def test_gradcheck_float64(backend):
     torch.manual_seed(2)
-    mha = MultiHeadAttention(6, 2, kdim=4, impl=impl).double()
+    mha = MultiHeadAttention(6, 2, kdim=4, backend=backend).double()
     q = torch.randn(2, 3, 6, dtype=torch.float64, requires_grad=True)
     k = torch.randn(2, 4, 4, dtype=torch.float64, requires_grad=True)
     pad = torch.tensor([[False, False, True, False], [False, False, False, False]])
@@ -133,8 +133,8 @@ def test_fully_padded_row_gives_zeros_not_nan():
     x = torch.randn(2, 4, 8)
     pad = torch.zeros(2, 4, dtype=torch.bool)
     pad[1] = True
-    for impl in ("auto", "reference"):
-        mha.impl = impl
+    for backend in (None, "reference"):
+        mha.backend = backend
         y = mha(x, key_padding_mask=pad)
         assert torch.isfinite(y).all()
         torch.testing.assert_close(y[1], mha.out_proj.bias.expand(4, 8))
@@ -153,8 +153,10 @@ def test_dropout_only_in_training():
 def test_bad_input_messages():
     with pytest.raises(ValueError, match="divisible by num_heads"):
         MultiHeadAttention(10, 3)
-    with pytest.raises(ValueError, match="impl"):
-        MultiHeadAttention(8, 2, impl="fast")
+    with pytest.raises(ValueError, match="backend must be None or one of"):
+        MultiHeadAttention(8, 2, backend="fast")
+    with pytest.raises(TypeError, match="MultiHeadAttention: impl= is gone, .*backend='reference'"):
+        MultiHeadAttention(8, 2, impl="reference")
     mha = MultiHeadAttention(8, 2)
     with pytest.raises(ValueError, match=r"query must be \(B, T, 8\)"):
         mha(torch.randn(2, 5, 7))

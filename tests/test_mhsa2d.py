@@ -12,8 +12,8 @@ from attnconv.layers.mhsa2d import POSITIONALS, MultiHeadSelfAttention2d
 VARIANTS = [(p, c) for p in POSITIONALS for c in (True, False)]
 
 
-def _run(layer, x, impl):
-    layer.impl = impl
+def _run(layer, x, backend):
+    layer.backend = backend
     y, attn = layer(x, return_attention=True)
     params = [p for p in layer.parameters() if p.requires_grad]
     grads = torch.autograd.grad((y * y.detach().cos()).sum(), [x, *params], allow_unused=True)
@@ -21,7 +21,7 @@ def _run(layer, x, impl):
 
 
 def assert_fast_equals_reference(layer, x, rtol=1e-4, atol=1e-6):
-    ya, aa, ga = _run(layer, x, "auto")
+    ya, aa, ga = _run(layer, x, None)
     yr, ar, gr = _run(layer, x, "reference")
     torch.testing.assert_close(ya, yr, rtol=rtol, atol=atol)
     torch.testing.assert_close(aa, ar, rtol=rtol, atol=atol)
@@ -205,11 +205,11 @@ def test_fast_paths_never_build_t_by_t(kw):
     layer = MultiHeadSelfAttention2d(2, 4, 2, **kw)
     x = torch.randn(1, 2, 24, 24, requires_grad=True)
     t = 24 * 24
-    for impl, small in (("auto", True), ("reference", False)):
-        layer.impl = impl
+    for backend, small in ((None, True), ("reference", False)):
+        layer.backend = backend
         with _MaxNumel() as mode:
             layer(x).sum().backward()
-        assert (mode.max_numel < t * t) == small, (impl, mode.max_numel)
+        assert (mode.max_numel < t * t) == small, (backend, mode.max_numel)
 
 
 @pytest.mark.parametrize("positional,content", VARIANTS)
@@ -223,7 +223,7 @@ def test_dropout_trains_and_eval_is_deterministic(positional, content):
     layer.eval()
     y1, y2 = layer(x), layer(x)
     torch.testing.assert_close(y1, y2)
-    layer.impl = "reference"
+    layer.backend = "reference"
     torch.testing.assert_close(layer(x), y1, rtol=1e-4, atol=1e-5)
 
 
@@ -251,7 +251,7 @@ def test_returned_maps_are_the_fast_paths_own(h, w, seed):
             if hasattr(layer.positional_encoding, "centers"):
                 layer.positional_encoding.centers.uniform_(-3, 3)
         _, fast = layer(x, return_attention=True)
-        layer.impl = "reference"
+        layer.backend = "reference"
         _, ref = layer(x, return_attention=True)
         torch.testing.assert_close(fast, ref, rtol=1e-9, atol=1e-12)
         torch.testing.assert_close(fast.sum(-1), torch.ones_like(fast.sum(-1)))
@@ -372,7 +372,7 @@ def test_batch_dropout_mask_is_shared_and_fast_equals_reference(positional):
     the reference path (same seed: same values and gradients)."""
     kw = dict(positional=positional, content=False, dropout=0.3, dropout_mask="batch")
     fast = MultiHeadSelfAttention2d(8, 8, 2, **kw).double().train()
-    ref = MultiHeadSelfAttention2d(8, 8, 2, impl="reference", **kw).double().train()
+    ref = MultiHeadSelfAttention2d(8, 8, 2, backend="reference", **kw).double().train()
     ref.load_state_dict(fast.state_dict())
     x = torch.randn(1, 8, 5, 6, dtype=torch.float64).repeat(3, 1, 1, 1).requires_grad_()
     torch.manual_seed(1)

@@ -89,7 +89,7 @@ def test_vit_fast_equals_reference_impl():
     torch.manual_seed(1)
     x = torch.randn(2, 3, 32, 32)
     fast = create_model("vit_tiny_cifar", depth=2, embed_dim=24, num_heads=3).eval()
-    ref = create_model("vit_tiny_cifar", depth=2, embed_dim=24, num_heads=3, impl="reference")
+    ref = create_model("vit_tiny_cifar", depth=2, embed_dim=24, num_heads=3, backend="reference")
     ref.load_state_dict(fast.state_dict())
     torch.testing.assert_close(fast(x), ref.eval()(x), rtol=1e-4, atol=1e-5)
 

@@ -82,7 +82,7 @@ def test_fast_equals_reference_through_the_model(name):
     torch.manual_seed(1)
     x = torch.randn(2, 3, 16, 12)  # non-square: 8x6 grid
     fast = create_model(name, img_size=16, **SMALL).eval()
-    ref = create_model(name, img_size=16, impl="reference", **SMALL).eval()
+    ref = create_model(name, img_size=16, backend="reference", **SMALL).eval()
     ref.load_state_dict(fast.state_dict())
     outs = []
     for m in (fast, ref):

@@ -186,7 +186,7 @@ def test_models_and_layers_never_import_training_or_loading():
 
 
 # the rooms of attnconv.layers, bottom up: a room imports only from the rooms before it
-FOUNDATION = {"checks", "first_order", "functional", "precision", "scripting"}
+FOUNDATION = {"checks", "first_order", "functional", "precision", "rows", "scripting"}
 ROOMS = ("foundation", "encodings", "kernels", "layers")
 
 

@@ -1,6 +1,7 @@
 """kernels/plan.py picks every layer's kernel by a table whose first matching row wins: the
 window attention's, the hidden dropout's and a converted convolution's, beside MHSA2d's; one
-``backend`` knob per layer ("reference" among them, ``impl`` its older spelling)."""
+``backend`` knob per layer ("reference" among them); each row's capability (``can_run``) apart
+from the choice, so the kernel a table names is the one that runs."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ TABLES = {
     "local": (plan.LOCAL_TABLE, plan.LocalCase),
     "dropout": (plan.DROPOUT_TABLE, plan.DropoutCase),
     "converted": (plan.CONVERTED_TABLE, plan.ConvertedCase),
+    "sequence": (plan.SEQUENCE_TABLE, plan.SequenceCase),
 }
 
 
@@ -58,22 +60,36 @@ def test_converted_table_and_why():
         lambda **k: AttentionStem2d(3, 8, 2, kernel_size=3, **k),
     ],
 )
-def test_one_knob_backend_with_impl_its_older_spelling(make):
-    """backend="reference" and impl="reference" build the same layer, give the same output and
-    read back the same; naming two kernels is one line; a bad name lists the layer's backends."""
-    torch.manual_seed(0)
-    a = make(backend="reference")
-    torch.manual_seed(0)
-    b = make(impl="reference")
-    assert a.backend == b.backend == "reference" and a.impl == b.impl == "reference"
-    x = torch.randn(2, a.in_channels, 8, 8)
-    assert torch.equal(a.eval()(x), b.eval()(x))
-    b.impl = "auto"
-    assert b.backend is None and b.impl == "auto"
-    with pytest.raises(ValueError, match="name two kernels: pass backend='reference' alone"):
-        make(impl="reference", backend="fused")
+def test_one_knob_backend_and_the_retired_spellings_in_one_line(make):
+    """``backend`` is the one knob: impl=, fused=, compiled= given, or ``impl`` set, is one
+    TypeError line naming the backend to use; a bad name lists the layer's backends."""
+    layer = make(backend="reference")
+    assert layer.backend == "reference"
+    layer.backend = None
+    assert layer.backend is None
+    for old, instead in (("impl", "backend='reference'"), ("fused", "backend='fused'")):
+        with pytest.raises(TypeError, match=f"{old}= is gone, one knob names every kernel: .*"
+                           + re.escape(instead)) as e:  # fmt: skip
+            make(**{old: "reference"})
+        assert "\n" not in str(e.value)
+    with pytest.raises(TypeError, match="compiled= is gone"):
+        make(compiled=True)
+    with pytest.raises(TypeError, match="impl= is gone"):
+        layer.impl = "reference"
+    with pytest.raises(AttributeError):
+        layer.impl  # noqa: B018
     with pytest.raises(ValueError, match=r"backend must be None or one of \('reference',"):
         make(backend="nope")
+
+
+def test_the_models_and_the_conversion_refuse_the_retired_spellings():
+    from attnconv import create_model
+    from attnconv.convert import conv_to_attention
+
+    with pytest.raises(TypeError, match="create_model\\('sa_quadratic'\\): impl= is gone"):
+        create_model("sa_quadratic", impl="reference")
+    with pytest.raises(TypeError, match="conv_to_attention: impl= is gone"):
+        conv_to_attention(torch.nn.Conv2d(2, 2, 3), impl="reference")
 
 
 def test_local_layer_says_why():
@@ -117,9 +133,8 @@ def test_cuda_learned_relative_content_takes_the_fold_where_an_h100_measured_it_
          "folded into q and k, then PyTorch's fused attention) runs instead, with the same "
          "results"),
         (lambda: LocalSelfAttention2d(8, 8, 2, 3, padding="zeros", backend="triton"),
-         "backend='triton' does not run here: the Triton GPU kernel needs padding=\"mask\" and no "
-         "returned attention maps, and it has padding=\"zeros\" on cpu; the window function runs "
-         "instead"),
+         "backend='triton' does not run here: the Triton GPU kernel cannot run here: it takes "
+         "padding=\"mask\", not 'zeros'; the window function runs instead"),
         (lambda: MultiHeadSelfAttention2d(8, 8, 2, positional="relative", backend="blocked"),
          "backend='blocked' does not run here: the blocked CPU kernel needs"),
         (lambda: MultiHeadSelfAttention2d(

@@ -31,7 +31,7 @@ def _layers(hw_alpha: float, heads: int, seed: int = 0):
         fast.positional_encoding.set_alpha(hw_alpha)
         fast.positional_encoding.centers.uniform_(-4.0, 4.0)  # off-centre heads, fractional
     plain = copy.deepcopy(fast)
-    plain.impl = "reference"
+    plain.backend = "reference"
     return fast, plain
 
 
@@ -168,7 +168,7 @@ def _attend_rows(layer, x, rows: torch.Tensor, fold: bool, autocast: bool) -> to
             v,
             bias=_bias_rows(layer, q, rows, h, w),
             scale=layer.scale,
-            impl="reference",
+            backend="reference",
         )
 
 
@@ -223,7 +223,7 @@ def test_inference_shared_bias_kernel_equals_reference(b, heads, h, w, seed):
     with torch.no_grad():
         fast.positional_encoding.centers.uniform_(-3, 3)
     plain = copy.deepcopy(fast)
-    plain.impl = "reference"
+    plain.backend = "reference"
     x = torch.randn(b, 5, h, w, dtype=torch.float64)
     with torch.no_grad():
         assert fast.kernel(x, 0.0) == "shared_bias"
@@ -281,7 +281,7 @@ def test_learned_content_inference_is_as_exact_as_dense(hw, autocast):
         for table in fast.positional_encoding.tables.parameters():
             table.normal_(0.0, 1.0)  # logits of a trained layer's size, not init's near-zero
     plain = copy.deepcopy(fast)
-    plain.impl = "reference"
+    plain.backend = "reference"
     x = torch.randn(2, 16, hw, hw)
     with torch.inference_mode():
         y64 = copy.deepcopy(plain).double()(x.double())

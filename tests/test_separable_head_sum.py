@@ -99,7 +99,7 @@ def test_no_dropout_precision_within_twice_the_composition(
     opts = {"init_alpha": alpha} if alpha else {}
     kw = dict(positional=positional, content=False, dropout=0.0, head_dim=8, **opts)
     fast = MultiHeadSelfAttention2d(32, 32, 9, **kw).train()
-    truth = MultiHeadSelfAttention2d(32, 32, 9, impl="reference", **kw).double().train()
+    truth = MultiHeadSelfAttention2d(32, 32, 9, backend="reference", **kw).double().train()
     truth.load_state_dict(fast.state_dict())
     x, g = torch.randn(16, 16, 4, 32), torch.randn(16, 16, 4, 32)
 
@@ -128,7 +128,7 @@ def test_separable_head_sum_double_backward_is_our_one_line_error():
     x = torch.randn(1, 3, 4, 2, 3, dtype=F64, requires_grad=True)
     weight = torch.randn(5, 6, dtype=F64, requires_grad=True)
     y = separable_head_sum(r, c, x, weight, None)
-    with pytest.raises(HigherOrderGradError, match=r"impl='reference'"):
+    with pytest.raises(HigherOrderGradError, match=r"backend='reference'"):
         torch.autograd.grad(y.sum(), x, create_graph=True)
 
 
@@ -167,12 +167,12 @@ def test_image_blocks_off_a_cpu_is_the_whole_batch():
         assert len(shared_position.image_blocks(torch.empty(1, 16, 16, 64, 64))) > 1
 
 
-_FOR_LAYER = mhsa2d.plan.for_layer
+_LAYER_CASE = mhsa2d.plan.layer_case
 
 
-def _on_cuda_plan(layer, x, term, p_drop, device=None, why=False):
-    """plan.for_layer as on a GPU, for tensors on this CPU: the kernel a CUDA device gets."""
-    return _FOR_LAYER(layer, x, term, p_drop, "cuda", why=why)
+def _on_cuda_plan(layer, x, term, p_drop, device=None):
+    """plan.layer_case as on a GPU, for tensors on this CPU: the kernel a CUDA device gets."""
+    return _LAYER_CASE(layer, x, term, p_drop, "cuda")
 
 
 @pytest.mark.parametrize("name", ["sa_quadratic", "sa_learned"])
@@ -190,7 +190,7 @@ def test_paper_position_only_model_on_a_gpu_plan_trains_as_on_a_cpu(name):
     assert layer.kernel(torch.randn(1, 16, 16, 16, dtype=F64), 0.0, "cuda") == "shared"
 
     def on_gpu_plan(x):
-        with patch.object(mhsa2d.plan, "for_layer", _on_cuda_plan):
+        with patch.object(mhsa2d.plan, "layer_case", _on_cuda_plan):
             return model(x)
 
     assert_same_training_step(
@@ -215,16 +215,16 @@ def test_gpu_plan_precision_within_1_5x_the_plain_path(positional, alpha, bf16, 
     bf16 autocast. The error is the RMS relative to each tensor's RMS, pooled over five draws of
     weights and inputs: one draw's max error on a 9-element gradient (the spreads') is a noisy
     statistic (a ratio of 2.4 on one draw where the pooled one is 1.2)."""
-    monkeypatch.setattr(mhsa2d.plan, "for_layer", _on_cuda_plan)
+    monkeypatch.setattr(mhsa2d.plan, "layer_case", _on_cuda_plan)
     sq_fast, sq_ref = {}, {}
     for seed in range(5):
         torch.manual_seed(seed)
         opts = {"init_alpha": alpha} if alpha else {}
         kw = dict(positional=positional, content=False, dropout=0.0, head_dim=8, **opts)
         fast = MultiHeadSelfAttention2d(32, 32, 9, **kw).train()
-        plain = MultiHeadSelfAttention2d(32, 32, 9, impl="reference", **kw).train()
+        plain = MultiHeadSelfAttention2d(32, 32, 9, backend="reference", **kw).train()
         plain.load_state_dict(fast.state_dict())
-        truth = MultiHeadSelfAttention2d(32, 32, 9, impl="reference", **kw).double().train()
+        truth = MultiHeadSelfAttention2d(32, 32, 9, backend="reference", **kw).double().train()
         truth.load_state_dict(fast.state_dict())
         assert fast.kernel(torch.randn(1, 32, 16, 16)) == "shared"
         x, g = torch.randn(16, 16, 4, 32), torch.randn(16, 16, 4, 32)

@@ -98,7 +98,7 @@ def test_head_sum_linear_equals_concat_linear_and_gradcheck():
 def _pair(positional, c, nh, value, p, mask, dtype=F64):
     kw = dict(positional=positional, content=False, dropout=p, dropout_mask=mask, value=value)
     fast = MultiHeadSelfAttention2d(c, c, nh, **kw).to(dtype).train()
-    ref = MultiHeadSelfAttention2d(c, c, nh, impl="reference", **kw).to(dtype).train()
+    ref = MultiHeadSelfAttention2d(c, c, nh, backend="reference", **kw).to(dtype).train()
     ref.load_state_dict(fast.state_dict())
     return fast, ref
 
@@ -178,9 +178,9 @@ def test_precision_within_twice_the_plain_path(positional, alpha, bf16, mask):
         **opts,
     )
     fast = MultiHeadSelfAttention2d(32, 32, 9, **kw).train()
-    plain = MultiHeadSelfAttention2d(32, 32, 9, impl="reference", **kw).train()
+    plain = MultiHeadSelfAttention2d(32, 32, 9, backend="reference", **kw).train()
     plain.load_state_dict(fast.state_dict())
-    truth = MultiHeadSelfAttention2d(32, 32, 9, impl="reference", **kw).double().train()
+    truth = MultiHeadSelfAttention2d(32, 32, 9, backend="reference", **kw).double().train()
     truth.load_state_dict(fast.state_dict())
     x, g = torch.randn(16, 16, 4, 32), torch.randn(16, 16, 4, 32)
     y64, g64 = _step(truth, False, F64, x, g, bf16)
@@ -195,11 +195,11 @@ def test_precision_within_twice_the_plain_path(positional, alpha, bf16, mask):
 @pytest.mark.parametrize("name", ["sa_quadratic", "sa_learned"])
 def test_paper_model_trains_the_same_as_its_reference_path(name):
     """The whole model in training mode (hidden and attention dropout, same seed): the tokens
-    path's logits and parameter gradients equal impl="reference"'s (float64)."""
+    path's logits and parameter gradients equal backend="reference"'s (float64)."""
     kw = dict(hidden_size=16, num_layers=2, num_heads=3, ff_size=16, downsample=4)
     torch.manual_seed(0)
     fast = attnconv.create_model(name, **kw).double().train()
-    ref = attnconv.create_model(name, impl="reference", **kw).double().train()
+    ref = attnconv.create_model(name, backend="reference", **kw).double().train()
     ref.load_state_dict(fast.state_dict())
     x = torch.randn(3, 3, 32, 32, dtype=F64)
     out = []

@@ -77,7 +77,7 @@ def test_parameter_counts():
 
 def test_fast_equals_reference_values_and_gradients():
     torch.manual_seed(1)
-    fast, ref = small(), small(impl="reference")
+    fast, ref = small(), small(backend="reference")
     ref.load_state_dict(fast.state_dict())
     src, tgt_in, tgt = reverse_batch(4, torch.Generator().manual_seed(2))
     grads = []

@@ -262,7 +262,7 @@ def test_triton_dropout_mask_is_dropped_links():
 @pytest.mark.parametrize("positional", ["quadratic", "relative_learned"])
 @pytest.mark.parametrize("dropout", [0.0, pytest.param(0.25, marks=SLOW)])
 def test_layer_backend_triton_equals_reference(positional, dropout):
-    """MultiHeadSelfAttention2d(backend="triton") against impl="reference" in float64 under one
+    """MultiHeadSelfAttention2d(backend="triton") against backend="reference" in float64 under one
     seed: the output and the gradients of the input and every parameter (projections, the
     positional encoding's)."""
     torch.manual_seed(0)
@@ -276,8 +276,8 @@ def test_layer_backend_triton_equals_reference(positional, dropout):
     )
     x = torch.randn(2, 12, 5, 7, dtype=torch.float64, device=DEVICE, requires_grad=True)
     res = []
-    for backend, impl in (("triton", "auto"), (None, "reference")):
-        lay.backend, lay.impl = backend, impl
+    for backend in ("triton", "reference"):
+        lay.backend = backend
         assert (lay.kernel(x) == "triton") == (backend == "triton")
         torch.manual_seed(5)
         y = lay(x)
@@ -288,7 +288,7 @@ def test_layer_backend_triton_equals_reference(positional, dropout):
 
 def layer_errors(lay, exact_lay, x, measure) -> dict:
     """The layer under bfloat16 autocast, backend="triton" ("triton") and the plain path
-    (impl="reference" under the same autocast, None): each one's distance to ``exact_lay``
+    (backend="reference" under the same autocast, None): each one's distance to ``exact_lay``
     (the float64 layer, given lay's state), output then the gradients of x and every
     parameter, ``measure`` of the error tensor (its max, or its norm)."""
     exact_lay.load_state_dict(lay.state_dict())
@@ -296,8 +296,8 @@ def layer_errors(lay, exact_lay, x, measure) -> dict:
     ye = exact_lay(xd)
     ge = torch.autograd.grad(ye.square().sum(), [xd, *exact_lay.parameters()])
     errs = {}
-    for backend, impl in (("triton", "auto"), (None, "reference")):
-        lay.backend, lay.impl = backend, impl
+    for backend in ("triton", "reference"):
+        lay.backend = backend
         xf = x.clone().requires_grad_()
         with torch.autocast(DEVICE, dtype=torch.bfloat16):
             y = lay(xf)
@@ -310,7 +310,7 @@ def layer_errors(lay, exact_lay, x, measure) -> dict:
 
 def test_layer_backend_triton_bf16_autocast_as_tight_as_plain():
     """The layer under bfloat16 autocast: backend="triton" within 2x of the plain path's
-    (impl="reference" under the same autocast) distance to float64, output and gradients."""
+    (backend="reference" under the same autocast) distance to float64, output and gradients."""
     torch.manual_seed(1)
     lay = MultiHeadSelfAttention2d(16, 16, num_heads=2, head_dim=8, positional="quadratic").to(
         DEVICE
@@ -318,19 +318,20 @@ def test_layer_backend_triton_bf16_autocast_as_tight_as_plain():
     x = torch.randn(2, 16, 6, 10, device=DEVICE)
     exact_lay = (
         MultiHeadSelfAttention2d(
-            16, 16, num_heads=2, head_dim=8, positional="quadratic", impl="reference"
+            16, 16, num_heads=2, head_dim=8, positional="quadratic", backend="reference"
         )
         .double()
         .to(DEVICE)
     )
     errs = layer_errors(lay, exact_lay, x, lambda e: e.abs().max())
-    for got, plain in zip(errs["triton"], errs[None]):
-        assert got <= 2 * plain + 1e-6, (errs["triton"], errs[None])
+    for got, plain in zip(errs["triton"], errs["reference"]):
+        assert got <= 2 * plain + 1e-6, (errs["triton"], errs["reference"])
 
 
 def test_unsupported_inputs_fall_back_with_one_line(monkeypatch):
-    """Rows wider than the kernel takes (and a CPU without the interpreter) run the dense path
-    with a one-line warning naming why: the same result, never a wrong one."""
+    """Rows wider than the kernel takes (and a CPU without the interpreter): the plan's
+    capability check (capability.triton_axis_fits) passes the Triton row over and the dense path
+    runs, with a one-line warning naming why: the same result, never a wrong one."""
     lay = (
         MultiHeadSelfAttention2d(
             8, 8, num_heads=2, positional="relative_learned", backend="triton", max_size=160
@@ -339,9 +340,10 @@ def test_unsupported_inputs_fall_back_with_one_line(monkeypatch):
         .to(DEVICE)
     )
     x = torch.randn(1, 8, 1, triton_axis.MAX_WIDTH + 3, dtype=torch.float64, device=DEVICE)
-    with pytest.warns(UserWarning, match=r"falls back to the fold \(the positional .*rows up to"):
+    why = r"the Triton GPU kernel cannot run here: .*rows up to .*; the fold \(the positional"
+    with pytest.warns(UserWarning, match=why):
         y = lay(x)
-    lay.backend, lay.impl = None, "reference"
+    lay.backend = "reference"
     torch.testing.assert_close(y, lay(x), rtol=1e-12, atol=1e-12)
     if DEVICE == "cpu":
         monkeypatch.setenv("TRITON_INTERPRET", "0")

@@ -1,5 +1,5 @@
 """The Triton kernel of SASA's window attention (layers/kernels/triton_local.py) against its plain
-equations (window.local_attention(impl="reference"): unfolded keys, the plain softmax). Without
+equations (window.local_attention(backend="reference"): unfolded keys, the plain softmax). Without
 a GPU the kernel source runs through Triton's interpreter on CPU tensors (conftest sets
 TRITON_INTERPRET=1): values and every gradient (q, k, v, the relative tables) in float64 at
 random small shapes, windows of 3 to 7 and rows wider than a tile, gradcheck, float32 and
@@ -43,7 +43,7 @@ def _inputs(b, nh, h, w, dk, dv, ks, dtype, keys=True, rel=True, gen=None):
 
 def _plain(q, k, v, ks, rows, cols):
     return local_attention(
-        q, k, v, kernel_size=ks, rel_row=rows, rel_col=cols, padding="mask", impl="reference"
+        q, k, v, kernel_size=ks, rel_row=rows, rel_col=cols, padding="mask", backend="reference"
     )
 
 
@@ -282,12 +282,14 @@ def test_window_sizes_past_int32_offsets_fall_back(monkeypatch):
 
 
 def test_unsupported_inputs_fall_back_with_one_line(monkeypatch):
-    """Rows wider than the kernel takes run the window function with a one-line warning naming
+    """Rows wider than the kernel takes: the plan passes the Triton row over
+    (capability.triton_window_fits) and the window function runs, with a one-line warning naming
     why: the same result, never a wrong one."""
     torch.manual_seed(0)
     lay = LocalSelfAttention2d(4, 4, 2, 3, backend="triton").double().to(DEVICE)
     x = torch.randn(1, 4, 2, triton_axis.MAX_WIDTH + 3, dtype=torch.float64, device=DEVICE)
-    with pytest.warns(UserWarning, match="falls back to the window function: .*rows up to"):
+    why = "the Triton GPU kernel cannot run here: .*rows up to .*; the window function runs"
+    with pytest.warns(UserWarning, match=why):
         y = lay(x)
     lay.backend = "reference"
     torch.testing.assert_close(y, lay(x), rtol=1e-12, atol=1e-12)

@@ -100,7 +100,7 @@ def test_a_shared_gradient_is_summed_before_it_is_rounded():
 def test_layer_shares_values_as_tight_as_plain_under_bf16_autocast(monkeypatch, value):
     """The layer under bfloat16 autocast, backend="triton", its values projected per head or
     the raw input every head reads (the paper models'): within 2x of the plain path's
-    (impl="reference" under the same autocast) distance to float64, output and gradients; the
+    (backend="reference" under the same autocast) distance to float64, output and gradients; the
     identity values reach the kernel as one copy."""
     seen = _spy(monkeypatch)
     torch.manual_seed(3)
@@ -108,14 +108,14 @@ def test_layer_shares_values_as_tight_as_plain_under_bf16_autocast(monkeypatch, 
     if value == "linear":
         kw["head_dim"] = 8
     lay = MultiHeadSelfAttention2d(16, 16, **kw).to(DEVICE)
-    exact_lay = MultiHeadSelfAttention2d(16, 16, impl="reference", **kw).double().to(DEVICE)
+    exact_lay = MultiHeadSelfAttention2d(16, 16, backend="reference", **kw).double().to(DEVICE)
     x = torch.randn(2, 16, 5, 7, device=DEVICE)
     errs = layer_errors(lay, exact_lay, x, torch.linalg.norm)
     assert len(seen) == 1
     if value == "identity":
         assert seen[0][2].shape[1] == 1
-    for got, plain in zip(errs["triton"], errs[None]):
-        assert got <= 2 * plain + 1e-6, (errs["triton"], errs[None])
+    for got, plain in zip(errs["triton"], errs["reference"]):
+        assert got <= 2 * plain + 1e-6, (errs["triton"], errs["reference"])
 
 
 def test_batch_and_heads_that_neither_broadcast_nor_match_are_one_line():

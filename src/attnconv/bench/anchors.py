@@ -4,7 +4,7 @@
 
 For each case of the anchors' table (quadratic / learned-relative + content, train = fwd+bwd or
 inference, fp32 or bf16 autocast, B x C x H x W, 9 heads):
-- time: attnconv (impl="auto"), attnconv without its query-blocked kernel ("fold": the exact
+- time: attnconv (the plan's kernels), attnconv without its query-blocked kernel ("fold": the exact
   fold into fused SDPA, or in inference the shared-bias kernel; blocked.py, mhsa2d.py), the
   dense anchor (``F.scaled_dot_product_attention`` with the positional logits as a float
   ``attn_mask``) and, for inference, compiled FlexAttention (the row/column logits as a
@@ -161,7 +161,7 @@ def precision(positional: str, dtype: str, c: int, hw: int) -> dict[str, float]:
     layer = build("attnconv", positional, c, hw)
     x = torch.randn(1, c, hw, hw)
     ref64 = copy.deepcopy(layer).double()
-    ref64.impl = "reference"
+    ref64.backend = "reference"
     with torch.no_grad():
         y64 = ref64(x.double())
         out = {}

@@ -4,7 +4,7 @@
 [--mode both|train|infer] [--inner N]]`
 
 Content attention (quadratic / learned-relative + content, 9 heads, 16x16 to 64x64 tokens;
-train = fwd+bwd or inference; fp32 or bf16 autocast): attnconv (impl="auto": compiled
+train = fwd+bwd or inference; fp32 or bf16 autocast): attnconv (the plan's kernels: compiled
 FlexAttention with the row/column logits as a score_mod, flex.py), attnconv's Triton kernel
 (backend="triton", kernels/triton_axis.py, when triton is installed), the dense anchor (SDPA
 with the (B, Nh, T, T) logits as a float ``attn_mask``, anchors.DenseSDPA) and

@@ -1,4 +1,5 @@
-"""Layer benchmark: MultiHeadSelfAttention2d, fast (impl="auto") vs reference vs Conv2d 3x3.
+"""Layer benchmark: MultiHeadSelfAttention2d, fast (the plan's kernel, case label "auto") vs
+reference vs Conv2d 3x3.
 
 `attnconv bench --suite layers [--quick] [--threads N] [--repeats N] [--out-dir DIR]`
 
@@ -90,7 +91,7 @@ def make_step(
             head_dim=head_dim,
             positional=positional,
             content=content,
-            impl=impl,
+            backend=None if impl == "auto" else impl,  # impl: the case's label
             value=value,
             max_size=max(64, h, w),
         )
@@ -110,7 +111,10 @@ def make_kernel_step(impl: str, b: int, c: int, h: int, w: int, heads: int = 9, 
     """Only the attention kernel of a quadratic + content layer, fwd+bwd: the exact q/k/v (and,
     reference, positional bias) the layer's ``impl`` path feeds it, as leaf tensors."""
     torch.manual_seed(seed)
-    lay = MultiHeadSelfAttention2d(c, c, heads, positional="quadratic", content=True, impl=impl)
+    backend = None if impl == "auto" else impl  # impl: the case's label
+    lay = MultiHeadSelfAttention2d(
+        c, c, heads, positional="quadratic", content=True, backend=backend
+    )
     with torch.no_grad():
         x = torch.randn(b, c, h, w)
         q, k, v = lay.project(x)
@@ -129,7 +133,7 @@ def make_kernel_step(impl: str, b: int, c: int, h: int, w: int, heads: int = 9, 
         for t in leaves:
             t.grad = None
         scaled_dot_product_attention(
-            *leaves[:3], bias=leaves[3] if len(leaves) > 3 else None, scale=scale, impl=impl
+            *leaves[:3], bias=leaves[3] if len(leaves) > 3 else None, scale=scale, backend=backend
         ).sum().backward()
 
     return step

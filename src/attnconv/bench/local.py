@@ -1,4 +1,5 @@
-"""SASA local attention benchmark: LocalSelfAttention2d fast (impl="auto") vs unfold reference.
+"""SASA local attention benchmark: LocalSelfAttention2d fast (the plan's kernel, label "auto") vs
+unfold reference.
 
 `attnconv bench --suite local [--quick] [--threads N] [--repeats N] [--out-dir DIR] [--budget-gb G]`
 
@@ -48,10 +49,15 @@ def make_step(
 ):
     """Build one case; returns step(): forward+backward for layers, forward for models."""
     torch.manual_seed(seed)
+    backend = None if impl == "auto" else impl  # impl: the case's label
     if kind == "model":
         from attnconv.models import create_model
 
-        net = create_model(model, impl=impl) if model.startswith("sasa") else create_model(model)
+        net = (
+            create_model(model, backend=backend)
+            if model.startswith("sasa")
+            else create_model(model)
+        )
         net.eval()
         x = torch.randn(b, 3, h, w)
 
@@ -65,7 +71,7 @@ def make_step(
     else:
         from attnconv.layers.local import LocalSelfAttention2d
 
-        layer = LocalSelfAttention2d(c, c, heads, k, impl=impl)
+        layer = LocalSelfAttention2d(c, c, heads, k, backend=backend)
     x = torch.randn(b, c, h, w, requires_grad=True)
 
     def step():

@@ -10,6 +10,7 @@ import warnings
 import torch
 import torch.nn as nn
 
+from attnconv.layers.checks import refuses_retired
 from attnconv.progress import Progress
 
 from .modules import ConvAttention, conv_to_attention
@@ -18,12 +19,13 @@ from .rules import UnsupportedConv
 ON_UNSUPPORTED = ("error", "keep")
 
 
+@refuses_retired
 def convert_model(
     model: nn.Module,
     *,
     alpha: float | None = None,
     head_dim: int | None = None,
-    impl: str = "auto",
+    backend: str | None = None,
     inplace: bool = False,
     on_unsupported: str = "error",
     progress: bool = False,
@@ -37,7 +39,7 @@ def convert_model(
         model: the network; a convolution already converted is left as it is.
         alpha: as ``conv_to_attention``'s (None: hard, exact).
         head_dim: as ``conv_to_attention``'s (None: exact).
-        impl: as ``conv_to_attention``'s.
+        backend: as ``conv_to_attention``'s.
         inplace: convert ``model`` itself instead of a deep copy.
         on_unsupported: ``"error"`` (a convolution the conversion cannot reproduce raises one
             ValueError naming its path and class) or ``"keep"`` (it stays as it is;
@@ -63,7 +65,7 @@ def convert_model(
                     "only nn.Conv1d / nn.Conv2d convert: transposed and 3-D convolutions are "
                     "not supported"
                 )
-            return conv_to_attention(conv, alpha=alpha, head_dim=head_dim, impl=impl)
+            return conv_to_attention(conv, alpha=alpha, head_dim=head_dim, backend=backend)
         except UnsupportedConv as e:
             where = f"{path or '(root)'} ({type(conv).__name__})"
             if on_unsupported == "error":

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from attnconv.layers.checks import check_tensor
+from attnconv.layers.checks import check_tensor, refuses_retired
 from attnconv.layers.kernels import plan
 from attnconv.layers.scripting import NotScriptable
 
@@ -267,12 +267,13 @@ def _unbatch(out, unbatched: bool):
     return tuple(t.squeeze(0) for t in out) if isinstance(out, tuple) else out.squeeze(0)
 
 
+@refuses_retired
 def conv_to_attention(
     conv: nn.Module,
     *,
     alpha: float | None = None,
     head_dim: int | None = None,
-    impl: str = "auto",
+    backend: str | None = None,
     check: bool = True,
 ) -> ConvAttention2d:
     """Turn an ``nn.Conv2d`` / ``nn.Conv1d`` (or a subclass: see rules.py) into an equivalent
@@ -284,7 +285,8 @@ def conv_to_attention(
         head_dim: None for the exact layer (``value="identity"``, Dh = Cin); an int for
             rank-limited W^(h) by truncated SVD (exact when >= every head's rank; else a
             warning, and the error in ``.rank_error``).
-        impl: the attention layer's ``impl`` (``"auto"`` or ``"reference"``).
+        backend: the attention layer's ``backend`` (None: its plan's choice; ``"reference"``:
+            the plain equations).
         check: compare with ``conv``'s own forward on probe inputs before returning (the
             converted module when exact, else the plain convolution it was built from).
 
@@ -315,7 +317,7 @@ def conv_to_attention(
     exact = alpha is None and head_dim is None
     if check and not exact:
         check_conversion(conv, SpecConv(spec), "plain convolution read from it")
-    module = _build(spec, alpha, head_dim, impl).train(conv.training)
+    module = _build(spec, alpha, head_dim, backend).train(conv.training)
     if not module.hard and not bool(torch.isfinite(module.alpha).all()):  # else NaN outputs
         raise ValueError(f"alpha={alpha:g} overflows {spec.weight.dtype}; pass a smaller one")
     copy_requires_grad(conv, module)
@@ -331,7 +333,7 @@ def conv_to_attention(
 
 
 @torch.random.fork_rng(devices=[])  # the layer's random init, overwritten: global RNG kept
-def _build(spec, alpha: float | None, head_dim: int | None, impl: str) -> ConvAttention2d:
+def _build(spec, alpha: float | None, head_dim: int | None, backend) -> ConvAttention2d:
     """The attention module of a ConvSpec (Lemma 1: heads on the kernel's shifts)."""
     geom, w = spec.geometry, spec.weight
     nh, cout, cin = geom.num_heads, geom.out_channels, geom.in_channels
@@ -347,7 +349,7 @@ def _build(spec, alpha: float | None, head_dim: int | None, impl: str) -> ConvAt
                 positional="quadratic",
                 content=False,
                 value="identity",
-                impl=impl,
+                backend=backend,
                 bias=bias,
                 hard=alpha is None,
             )
@@ -364,7 +366,7 @@ def _build(spec, alpha: float | None, head_dim: int | None, impl: str) -> ConvAt
             positional="quadratic",
             content=False,
             value="identity",
-            impl=impl,
+            backend=backend,
             bias=bias,
             hard=alpha is None,
         )
@@ -381,7 +383,7 @@ def _build(spec, alpha: float | None, head_dim: int | None, impl: str) -> ConvAt
             positional="quadratic",
             content=False,
             value="linear",
-            impl=impl,
+            backend=backend,
             bias=bias,
             hard=alpha is None,
         )

@@ -108,7 +108,7 @@ def compare_predictions(
 
 @torch.no_grad()
 def lemma2_sweep(
-    conv: nn.Module, x: torch.Tensor, alphas: Iterable[float], impl: str = "auto"
+    conv: nn.Module, x: torch.Tensor, alphas: Iterable[float], backend: str | None = None
 ) -> list[dict[str, float]]:
     """Lemma 2: the soft conversion's output error against alpha (max abs and relative to
     max|conv(x)|), the hard limit as the last row (alpha = inf)."""
@@ -116,7 +116,7 @@ def lemma2_sweep(
     scale = ref.abs().max().item()
     rows = []
     for a in list(alphas) + [None]:
-        y = conv_to_attention(conv, alpha=a, impl=impl)(x)
+        y = conv_to_attention(conv, alpha=a, backend=backend)(x)
         err = (y - ref).abs().max().item()
         rows.append(
             {

@@ -9,11 +9,10 @@ RuntimeError/ZeroDivisionError/AttributeError from deep inside PyTorch.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
-
-from .functional import check_impl
 
 
 def finite_float(name: str, val, *, positive: bool = False) -> float:
@@ -87,26 +86,51 @@ def check_window(q, k, v, rel_row, rel_col, kernel_size) -> None:
         )
 
 
-def backend_of(impl: str, backend: str | None, backends: tuple[str, ...]) -> str | None:
-    """An image layer's one knob, ``backend`` (None: its plan's choice): ``impl="reference"``,
-    the older spelling, is ``backend="reference"``; both naming different kernels is an error."""
-    if check_impl(impl) == "reference" and backend not in (None, "reference"):
-        raise ValueError(
-            f"impl='reference' and backend={backend!r} name two kernels: "
-            "pass backend='reference' alone"
-        )
-    backend = "reference" if impl == "reference" else backend
+# the spellings that went, each with the ``backend`` that says it now
+RETIRED = {
+    "impl": "backend='reference' for the plain equations, or no backend for the plan's choice",
+    "fused": "backend='fused' for the fused C++ CPU kernel",
+    "compiled": "no option: the plan reads torch.compile itself",
+}
+
+
+def refuse_retired(options: dict, where: str) -> None:
+    """One TypeError line when ``options`` (a call's keywords) holds a retired spelling of the
+    one knob (``RETIRED``), naming the ``backend`` to pass instead."""
+    for name, instead in RETIRED.items():
+        if name in options:
+            raise TypeError(f"{where}: {name}= is gone, one knob names every kernel: {instead}")
+
+
+def refuses_retired(fn):
+    """``fn`` refusing the retired spellings of its ``backend`` in one line (refuse_retired)."""
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        refuse_retired(kwargs, fn.__name__)
+        return fn(*args, **kwargs)
+
+    return call
+
+
+def backend_of(backend: str | None, backends: tuple[str, ...]) -> str | None:
+    """A layer's one knob, ``backend`` (None: its plan's choice), checked against its names."""
     if backend is not None and backend not in backends:
         raise ValueError(f"backend must be None or one of {backends}, got {backend!r}")
     return backend
 
 
 class BackendKnob:
-    """The one kernel knob of an image layer: ``backend`` (None: the plan's choice, kernels/
-    plan.py; ``"reference"``: the plain equations; else one of ``BACKENDS``), and ``impl``, its
-    older spelling, read from it (``"reference"`` or ``"auto"``)."""
+    """The one kernel knob of an attention layer: ``backend`` (None: the plan's choice, kernels/
+    plan.py or functional.SEQUENCE_TABLE; ``"reference"``: the plain equations; else one of
+    ``BACKENDS``). A retired spelling (``impl=``, ``fused=``, ``compiled=``) given to the
+    constructor, or ``impl`` read or set, is one line naming the backend to use."""
 
     BACKENDS: tuple[str, ...] = ("reference",)
+
+    def __new__(cls, *args, **kwargs):
+        refuse_retired(kwargs, cls.__name__)
+        return super().__new__(cls)
 
     @property
     def backend(self) -> str | None:
@@ -114,20 +138,16 @@ class BackendKnob:
 
     @backend.setter
     def backend(self, value: str | None) -> None:
-        self._backend = self.check_backend(backend_of("auto", value, self.BACKENDS))
+        self._backend = self.check_backend(backend_of(value, self.BACKENDS))
 
     def check_backend(self, value: str | None) -> str | None:
         """A layer's own refusal of a valid name (MultiHeadSelfAttention2d: triton missing)."""
         return value
 
-    @property
-    def impl(self) -> str:
-        return "reference" if self.backend == "reference" else "auto"
+    def _retired_impl(self, value) -> None:
+        refuse_retired({"impl": value}, type(self).__name__)
 
-    @impl.setter
-    def impl(self, value: str) -> None:
-        keep = None if self.backend == "reference" else self.backend
-        self.backend = backend_of(value, None if value == "reference" else keep, self.BACKENDS)
+    impl = property(None, _retired_impl)  # set: one line naming the backend (no getter)
 
 
 def set_backend(model, backend: str | None) -> int:

@@ -1,10 +1,10 @@
 """Kernels with a first derivative only say so in one line, never a raw PyTorch error.
 
-PyTorch's fused attention kernel (``F.scaled_dot_product_attention``, our ``impl="auto"``) has no
+PyTorch's fused attention kernel (``F.scaled_dot_product_attention``, our ``backend="sdpa"``) has no
 second derivative: a double backward through it (``create_graph=True``, e.g. a gradient
 penalty) fails deep in autograd with "derivative ... not implemented". :func:`first_order_only`
 passes its inputs through a node whose backward, when a graph of the gradient is being built,
-raises :class:`HigherOrderGradError` naming the fix (``impl="reference"``, the plain path, is
+raises :class:`HigherOrderGradError` naming the fix (``backend="reference"``, the plain path, is
 differentiable any number of times).
 
 Our kernels' autograd Functions are also not transform-aware (``torch.func``'s grad, vmap, jacrev
@@ -23,7 +23,7 @@ class HigherOrderGradError(RuntimeError):
 
 MESSAGE = (
     "attnconv: {what} has no second derivative (backward with create_graph=True); build the "
-    "layer with impl='reference' (the plain path) for double backward, e.g. gradient penalties"
+    "layer with backend='reference' (the plain path) for double backward, e.g. gradient penalties"
 )
 
 

@@ -2,9 +2,10 @@
 
 softmax(q k^T * scale + bias) v  (Vaswani et al. 2017, eq. 1; Cordonnier et al. 2020, eq. 1-2).
 
-Two implementations of the same equation:
-- ``impl="reference"``: the plain equation, dense logits, softmax, matmul.
-- ``impl="auto"`` (fast): ``torch.nn.functional.scaled_dot_product_attention``. PyTorch's CPU
+Two kernels of the same equation, picked by ``SEQUENCE_TABLE`` (the sequence layers' table:
+MultiHeadAttention, the ViT and the Transformer; ``backend`` overrides it):
+- ``"reference"``: the plain equation, dense logits, softmax, matmul.
+- ``"sdpa"`` (fast): ``torch.nn.functional.scaled_dot_product_attention``. PyTorch's CPU
   flash kernel only runs when query/key and value have the same head dimension and no float
   bias is given; otherwise it silently falls back to a math path that keeps (B, nh, Tq, Tk)
   for backward. So we zero-pad the narrower of (q, k) / v to a common width: padding q and k
@@ -14,20 +15,64 @@ Two implementations of the same equation:
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
+from .checks import refuses_retired
 from .first_order import compiling, first_order_only, transforms_active
 from .precision import softmax_f32
+from .rows import Row, choose, explain
 
-IMPLS = ("auto", "reference")
+SEQUENCE_BACKENDS = ("reference", "sdpa")  # the sequence layers' ``backend`` names
 
 
-def check_impl(impl: str) -> str:
-    if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
-    return impl
+class SequenceCase(NamedTuple):
+    """What SEQUENCE_TABLE reads: the backend override, whether the probabilities are returned,
+    the q/k width per head, and whether a torch.func transform traces the call."""
+
+    backend: str | None = None
+    maps: bool = False
+    dk: int = 1
+    transformed: bool = False
+
+
+def _sdpa_runs(c: SequenceCase) -> str | None:
+    """What PyTorch's fused kernel cannot run: it returns no probabilities, takes no zero-width
+    q and k, and its backward is not transform-aware (first_order.transforms_active)."""
+    if c.maps:
+        return "it returns no probabilities (return_attention)"
+    if c.dk == 0:
+        return "it takes no zero-width q and k (logits of the bias alone)"
+    if c.transformed:
+        return "inside a torch.func transform it has no derivative past the first"
+    return None
+
+
+SEQUENCE_TABLE = (
+    Row(
+        "sdpa",
+        lambda c: c.backend != "reference",
+        "any",
+        'backend None or "sdpa": PyTorch\'s fused kernel, q, k, v padded to one width',
+        "",
+        _sdpa_runs,
+    ),
+    Row("reference", lambda c: True, "any", 'backend="reference", or otherwise: the plain path'),
+)
+
+
+def check_sequence_backend(backend: str | None) -> str | None:
+    if backend is not None and backend not in SEQUENCE_BACKENDS:
+        raise ValueError(f"backend must be None or one of {SEQUENCE_BACKENDS}, got {backend!r}")
+    return backend
+
+
+def sequence_kernel(backend: str | None, maps: bool, dk: int, why: bool = False) -> str:
+    """The kernel SEQUENCE_TABLE picks (``why``: each row passed over, then the one chosen)."""
+    case = SequenceCase(check_sequence_backend(backend), maps, dk, transforms_active())
+    return (explain if why else choose)(case, SEQUENCE_TABLE)
 
 
 def _check_args(q, k, v, bias, mask, dropout_p: float = 0.0, scale=None) -> None:
@@ -245,6 +290,7 @@ def attention_probs(
     return probs.to(q.dtype)
 
 
+@refuses_retired
 def scaled_dot_product_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -255,7 +301,7 @@ def scaled_dot_product_attention(
     causal: bool = False,
     dropout_p: float = 0.0,
     scale: float | None = None,
-    impl: str = "auto",
+    backend: str | None = None,
     return_attention: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """softmax(q k^T * scale + bias) v.
@@ -265,9 +311,9 @@ def scaled_dot_product_attention(
     attends keys j <= i + Tk - Tq (aligned to the end; with Tq > Tk the first Tq - Tk rows attend
     nothing and are zero). With ``return_attention=True`` also
     returns the probabilities (B, nh, Tq, Tk) (computed by the plain path, so identical). Inside
-    a ``torch.func`` transform the plain path runs too (any order of derivative).
+    a ``torch.func`` transform the plain path runs too (any order of derivative). ``backend``:
+    None (SEQUENCE_TABLE's choice), ``"reference"`` or ``"sdpa"``.
     """
-    check_impl(impl)
     _check_args(q, k, v, bias, mask, dropout_p, scale)
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
         raise ValueError(
@@ -277,7 +323,7 @@ def scaled_dot_product_attention(
     dk, dv = q.shape[-1], v.shape[-1]
     scale = (1.0 / math.sqrt(dk) if dk > 0 else 1.0) if scale is None else scale
 
-    if impl == "reference" or return_attention or dk == 0 or transforms_active():
+    if sequence_kernel(backend, return_attention, dk) == "reference":
         probs = attention_probs(q, k, bias=bias, mask=mask, causal=causal, scale=scale)
         p = F.dropout(probs, dropout_p) if dropout_p > 0 else probs
         y = p @ v  # (B, nh, Tq, dv)
@@ -307,7 +353,7 @@ def scaled_dot_product_attention(
         attn_mask, is_causal = None, True  # the kernel's own causal mask, no bias tensor
     if attn_mask is not None:
         attn_mask = attn_mask.to(q.dtype)
-    q, k, v = first_order_only("the fused attention kernel (impl='auto')", q, k, v)
+    q, k, v = first_order_only("the fused attention kernel (backend='sdpa')", q, k, v)
     y = F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
     )

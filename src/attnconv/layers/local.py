@@ -7,7 +7,8 @@ window N_k(i, j) centred on every pixel (not blocked halo attention), heads spli
 channels and 1x1 projections, so the weights do not grow with k (only the k x d_h relative
 tables do). Stride s = s x s average pooling after the attention (sec. 3.1).
 
-The kernel (fast path and plain reference) is kernels/window.py.
+The kernels are kernels/local_kernels.py's (the plain reference and the window function in
+kernels/window.py), picked by kernels/plan.py's LOCAL_TABLE.
 """
 
 from __future__ import annotations
@@ -19,11 +20,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..warn import warn
-from .checks import BackendKnob, backend_of, check_maps, check_tensor, positive_int
+from .checks import BackendKnob, check_maps, check_tensor, positive_int
 from .encodings.sinusoidal import sinusoid_2d
-from .kernels import plan, triton_axis, triton_compile, triton_local
-from .kernels.flex import flex_local_attention
+from .kernels import plan, triton_axis
+from .kernels.local_kernels import LOCAL_KERNELS
 from .kernels.window import (  # noqa: F401  (re-exported: the kernel's public names)
     PADDINGS,
     local_attention,
@@ -108,7 +108,6 @@ class LocalSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
             (position only, no W_K); default from ``positional``.
         padding: windows at the border: ``"mask"`` (pixels outside the image take no part) or
             ``"zeros"`` (they are zero keys and values, as a zero-padded convolution reads).
-        impl: the older spelling of ``backend="reference"``: ``"auto"`` or ``"reference"``.
         backend: None (the plan's choice, ``kernel``; kernels/plan.py's LOCAL_TABLE),
             ``"reference"`` (unfold, the plain equations), ``"flex"``, ``"fused"``,
             ``"window"`` or ``"triton"`` (kernels/triton_local.py; needs triton).
@@ -127,7 +126,6 @@ class LocalSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
         positional: str = "relative",
         logits: str | None = None,
         padding: str = "mask",
-        impl: str = "auto",
         backend: str | None = None,
     ):
         super().__init__()
@@ -164,7 +162,7 @@ class LocalSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
         self.positional, self.logits, self.padding = positional, logits, padding
         self.encoding = encoding  # SasaPositional: what the forward adds, decided once
         self.scale = dh**-0.5
-        self.backend = backend_of(impl, backend, self.BACKENDS)  # None: the plan's
+        self.backend = backend  # None: the plan's
         self.query = nn.Conv2d(in_channels, out_channels, 1, bias=False)  # W_Q
         keys = LOGITS_KINDS[logits].keys
         self.key = nn.Conv2d(in_channels, out_channels, 1, bias=False) if keys else None
@@ -176,6 +174,38 @@ class LocalSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
             self.register_parameter("rel_row", None)
             self.register_parameter("rel_col", None)
 
+    def case(
+        self, device: torch.device | str, return_attention: bool = False, x=None
+    ) -> plan.LocalCase:
+        """What plan.LOCAL_TABLE reads of a call on ``device`` (``x`` (B, C, H, W): the input,
+        whose sizes and (autocast's) dtype it reads; None: the layer's alone)."""
+        device = torch.device(device).type
+        dtype = None if x is None else autocast_dtype(device, x.dtype)
+        b, h, w = (1, 0, 0) if x is None else (x.shape[0], *x.shape[-2:])
+        grad = torch.is_grad_enabled() and (
+            (x is not None and x.requires_grad) or any(p.requires_grad for p in self.parameters())
+        )
+        return plan.LocalCase(
+            self.backend,
+            device,
+            self.padding,
+            return_attention,
+            plan.tracing(),
+            dtype,
+            h * w,
+            plan.transforms_active(),
+            plan.compiling(),
+            False,
+            self.kernel_size,
+            b,
+            self.num_heads,
+            self.head_dim,
+            self.head_dim,
+            h,
+            w,
+            grad,
+        )
+
     def kernel(
         self,
         device: torch.device | str,
@@ -183,23 +213,11 @@ class LocalSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
         why: bool = False,
         x: torch.Tensor | None = None,
     ) -> str:
-        """The kernel (plan.LOCAL_TABLE) ``forward`` runs on ``device`` (``why``: each earlier
-        row passed over, then the one chosen, ``plan.explain``); ``x`` (B, C, H, W): the input,
-        whose size and (autocast's) dtype the table reads on CUDA."""
-        device = torch.device(device).type
-        dtype = None if x is None else autocast_dtype(device, x.dtype)
-        t = 0 if x is None else x.shape[-2] * x.shape[-1]
-        case = plan.LocalCase(
-            self.backend,
-            device,
-            self.padding,
-            return_attention,
-            plan.tracing(),
-            dtype,
-            t,
-            plan.transforms_active(),
-            plan.compiling(),
-        )
+        """The kernel (plan.LOCAL_TABLE, local_kernels.LOCAL_KERNELS) ``forward`` runs on
+        ``device`` (``why``: each earlier row passed over, then the one chosen,
+        ``plan.explain``); ``x`` (B, C, H, W): the input, whose size and (autocast's) dtype the
+        table reads (on CUDA; the Triton kernel's limits)."""
+        case = self.case(device, return_attention, x)
         return (plan.explain if why else plan.choose)(case, plan.LOCAL_TABLE)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, nh, dh, H, W)
@@ -224,64 +242,33 @@ class LocalSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
         q = self._heads(self.query(x)) * self.scale  # (B, nh, dh, H, W)
         v = self._heads(self.value(x))
         k = self._heads(self.key(x)) if self.key is not None else None
-        rel_row, rel_col = self.rel_row, self.rel_col
         if self.encoding.absolute_keys:
             pe = sinusoid_2d(h, w, self.head_dim, device=x.device).to(x.dtype).t()  # (dh, H*W)
             pe = pe.view(self.head_dim, h, w)
             k = pe.expand(bsz, self.num_heads, -1, h, w) if k is None else k + pe
-        kernel = self.kernel(x.device, return_attention, x=x)
+        case = self.case(x.device, return_attention, x)
+        kernel = plan.choose(case, plan.LOCAL_TABLE)
         if self.backend is not None:
             maps = " and returns its maps" if return_attention else ""
             have = f'it has padding="{self.padding}"{maps} on {x.device.type}'
-            plan.warn_if_passed_over(self.backend, kernel, plan.LOCAL_TABLE, have)
-        out = self._triton(q, k, v) if kernel == "triton" else None
-        if kernel == "flex":
-            out = self._flex(q, k, v)
-        elif out is None:
-            out = local_attention(
-                q,
-                k,
-                v,
-                kernel_size=self.kernel_size,
-                rel_row=rel_row,
-                rel_col=rel_col,
-                padding=self.padding,
-                impl="reference" if kernel == "reference" else "auto",
-                return_attention=return_attention,
-                fused=kernel == "fused",
-            )
+            plan.warn_if_passed_over(case, kernel, plan.LOCAL_TABLE, have)
+        out = LOCAL_KERNELS[kernel](
+            q,
+            k,
+            v,
+            kernel_size=self.kernel_size,
+            rel_row=self.rel_row,
+            rel_col=self.rel_col,
+            mix=None,
+            padding=self.padding,
+            return_attention=return_attention,
+        )
         y, attn = out if return_attention else (out, None)
         y = y.reshape(bsz, self.out_channels, h, w)  # (B, nh*dv, H, W)
         if self.stride > 1:
             # downsampling after attention (sec. 3.1); ceil: ceil(H/s) like a strided conv
             y = F.avg_pool2d(y, self.stride, ceil_mode=True)
         return (y, attn) if return_attention else y
-
-    def _triton(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor):
-        """The Triton window kernel on q, k, v (B, nh, d, H, W), or None, with a one-line warning,
-        where it cannot run them on the device at hand (the window function runs instead)."""
-        h, w = q.shape[-2:]
-        why, block_m = triton_local.unsupported(q, v, h, w, self.padding, self.kernel_size), None
-        if not why:  # the GPU's own shared memory (a compile, once per shape)
-            train = triton_axis.trains(q, v, *self.parameters())
-            qs, vs = q.flatten(3).mT, v.flatten(3).mT  # (B, nh, T, d) views, as the kernel's
-            why, block_m = triton_compile.fit(qs, vs, h, w, 0.0, True, train, self.kernel_size)
-        if why:
-            warn(f"attnconv: backend='triton' falls back to the window function: {why}")
-            return None
-        return triton_local.local_attention_triton(
-            q, k, v, self.kernel_size, self.rel_row, self.rel_col, block_m
-        )
-
-    def _flex(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor) -> torch.Tensor:
-        qr_row = qr_col = None
-        if self.rel_row is not None:  # q^T r_{a-i,b-j}, per query and offset (B, nh, k, H, W)
-            half = self.head_dim // 2
-            qr_row = torch.einsum("bndhw,kd->bnkhw", q[:, :, :half], self.rel_row)
-            qr_col = torch.einsum("bndhw,kd->bnkhw", q[:, :, half:], self.rel_col)
-        return flex_local_attention(
-            q, k, v, self.kernel_size, qr_row, qr_col, compiled=q.device.type == "cuda"
-        )
 
     def extra_repr(self) -> str:
         return (

@@ -4,7 +4,8 @@ Vaswani et al., "Attention Is All You Need" (2017): eq. 1 (scaled dot-product at
 sec. 3.2.2 (multi-head attention, MultiHead(Q, K, V) = Concat(head_1..head_h) W^O) and
 sec. 3.5 (PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d))).
 
-Sequences are (B, T, C). The attention math itself is ``attnconv.layers.functional``.
+Sequences are (B, T, C). The attention math itself is ``attnconv.layers.functional``, whose
+SEQUENCE_TABLE picks the kernel (``backend`` overrides it).
 """
 
 from __future__ import annotations
@@ -12,15 +13,15 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .checks import check_tensor, finite_float, positive_int
+from .checks import BackendKnob, check_tensor, finite_float, positive_int
 from .encodings.sinusoidal import sinusoid_1d, sinusoid_rotation_1d
-from .functional import check_impl, scaled_dot_product_attention
+from .functional import SEQUENCE_BACKENDS, scaled_dot_product_attention, sequence_kernel
 from .scripting import NotScriptable
 
 __all__ = ["MultiHeadAttention", "SinusoidalPositionalEncoding", "sinusoidal_encoding"]
 
 
-class MultiHeadAttention(NotScriptable, nn.Module):
+class MultiHeadAttention(NotScriptable, BackendKnob, nn.Module):
     """Multi-head (self- or cross-) attention over (B, T, C) sequences (Vaswani sec. 3.2.2).
 
     Args:
@@ -32,7 +33,8 @@ class MultiHeadAttention(NotScriptable, nn.Module):
         bias: biases of the q, k, v projections (and of W^O unless ``out_bias`` says).
         out_bias: bias of the output projection W^O (None: as ``bias``; timm's ViT keeps it
             with qkv_bias=False).
-        impl: "auto" (fused kernel) or "reference" (plain softmax(q k^T / sqrt(d_k)) v).
+        backend: None (the choice of functional.SEQUENCE_TABLE: PyTorch's fused kernel where
+            it runs), ``"reference"`` (plain softmax(q k^T / sqrt(d_k)) v) or ``"sdpa"``.
 
     ``forward(query, key=None, value=None, *, key_padding_mask=None, causal=False,
     return_attention=False)``: key defaults to query (self-attention), value to key.
@@ -53,7 +55,7 @@ class MultiHeadAttention(NotScriptable, nn.Module):
         dropout: float = 0.0,
         bias: bool = True,
         out_bias: bool | None = None,
-        impl: str = "auto",
+        backend: str | None = None,
     ) -> None:
         super().__init__()
         positive_int("embed_dim", embed_dim)
@@ -73,12 +75,19 @@ class MultiHeadAttention(NotScriptable, nn.Module):
         self.kdim = embed_dim if kdim is None else kdim
         self.vdim = self.kdim if vdim is None else vdim
         self.dropout = dropout
-        self.impl = check_impl(impl)
+        self.backend = backend  # None: the table's choice
         self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)  # W^Q of all heads
         self.k_proj = nn.Linear(self.kdim, embed_dim, bias=bias)  # W^K
         self.v_proj = nn.Linear(self.vdim, embed_dim, bias=bias)  # W^V
         out_bias = bias if out_bias is None else out_bias
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=out_bias)  # W^O
+
+    BACKENDS = SEQUENCE_BACKENDS  # the ``backend`` names it takes (functional.py)
+
+    def kernel(self, return_attention: bool = False, why: bool = False) -> str:
+        """The kernel (functional.SEQUENCE_TABLE) ``forward`` runs (``why``: each row passed
+        over, then the one chosen)."""
+        return sequence_kernel(self.backend, return_attention, self.head_dim, why)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
@@ -111,7 +120,7 @@ class MultiHeadAttention(NotScriptable, nn.Module):
             mask=mask,
             causal=causal,
             dropout_p=self.dropout if self.training else 0.0,
-            impl=self.impl,
+            backend=self.backend,
             return_attention=return_attention,
         )
         y, attn = out if return_attention else (out, None)
@@ -155,7 +164,7 @@ class MultiHeadAttention(NotScriptable, nn.Module):
     def extra_repr(self) -> str:
         return (
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, kdim={self.kdim}, "
-            f"vdim={self.vdim}, dropout={self.dropout}, impl={self.impl!r}"
+            f"vdim={self.vdim}, dropout={self.dropout}, backend={self.backend!r}"
         )
 
 

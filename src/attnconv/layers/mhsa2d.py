@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .checks import BackendKnob, backend_of, check_maps, check_tensor, positive_int
+from .checks import BackendKnob, check_maps, check_tensor, positive_int
 from .encodings.base import PositionalEncoding, check_size
 from .encodings.registry import POSITIONALS, build_encoding
 from .encodings.terms import Grid
@@ -74,7 +74,6 @@ class MultiHeadSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
         dropout_mask: ``"sample"`` (a mask per image) or ``"batch"`` (one ``(Nh, T, T)`` mask
             shared by the batch, the reference code's Gaussian layer; position-only attention
             only).
-        impl: the older spelling of ``backend="reference"``: ``"auto"`` or ``"reference"``.
         max_size: side of learned tables.
         bias: biases of the projections.
         backend: None (the plan's choice: the fastest exact kernel), ``"reference"`` (the plain
@@ -106,7 +105,6 @@ class MultiHeadSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
         value: str = "linear",
         dropout: float = 0.0,
         dropout_mask: str = "sample",
-        impl: str = "auto",
         max_size: int = 64,
         bias: bool = True,
         backend: str | None = None,
@@ -131,7 +129,7 @@ class MultiHeadSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
         self.head_dim, self.qk_dim, self.value = head_dim, qk_dim, value
         self.content, self.dropout, self.max_size = bool(content), dropout, max_size
         self.scale = qk_dim**-0.5
-        self.backend = backend_of(impl, backend, self.BACKENDS)  # None: the plan's choice
+        self.backend = backend  # None: the plan's choice
         self.positional_encoding = build_encoding(
             positional,
             num_heads=num_heads,
@@ -258,12 +256,13 @@ class MultiHeadSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
         term = self.positional_encoding.term(h, w, content=self.content)
         if not b:  # a batch of 0: an empty output (no kernel, no positional logits computed)
             return self._empty(x, h, w, return_attention)
-        name = plan.for_layer(self, x, term, p_drop)
+        case, table = plan.layer_case(self, x, term, p_drop)
+        name = plan.choose(case, table)
         if self.backend is not None:
             enc = f"{self.positional} encoding" + (" with content" if self.content else "")
             drop = " with attention dropout" if p_drop else ""
             have = f"it has {plan.term_words(term)} from its {enc} on {x.device.type}{drop}"
-            plan.warn_if_passed_over(self.backend, name, plan.TABLE, have)
+            plan.warn_if_passed_over(case, name, table, have)
         kernel = KERNELS[name]
         if kernel.layout == "head_major":  # (Nh|1, D, H, B, W) values, a 1x1 conv each way
             linear = self.value == "linear"

@@ -8,10 +8,10 @@ detectors at the stem. The values are made position-aware instead (eq. 4-5):
 
 with emb_row / emb_col embeddings of the position inside the local window (relative to the
 query, like the offsets of a convolution kernel) and m = 1..M value matrices. The logits are
-content-only, q_ij^T k_ab, over the same per-pixel k x k window as LocalSelfAttention2d; the
-window kernel (fast loop and unfold reference) is the one in ``local.py``. The layer is
-followed by batch norm, ReLU and the stem's max pooling (``pool``; 4 in the paper's ImageNet
-stem, 1 for CIFAR-size inputs).
+content-only, q_ij^T k_ab, over the same per-pixel k x k window as LocalSelfAttention2d, whose
+kernels it shares (kernels/local_kernels.py, picked by plan.LOCAL_TABLE). The layer is followed by
+batch norm, ReLU and the stem's max pooling (``pool``; 4 in the paper's ImageNet stem, 1 for
+CIFAR-size inputs).
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .checks import BackendKnob, backend_of, check_maps, check_tensor, positive_int
+from .checks import BackendKnob, check_maps, check_tensor, positive_int
 from .kernels import plan
-from .kernels.window import PADDINGS, local_attention
+from .kernels.local_kernels import LOCAL_KERNELS
+from .kernels.window import PADDINGS
 from .scripting import NotScriptable
 
 
@@ -42,7 +43,6 @@ class AttentionStem2d(NotScriptable, BackendKnob, nn.Module):
         norm: batch normalization before the ReLU.
         padding: windows at the border: ``"mask"`` (outside pixels take no part) or
             ``"zeros"`` (zero keys and values).
-        impl: the older spelling of ``backend="reference"``: ``"auto"`` or ``"reference"``.
         backend: None (the plan's choice; kernels/plan.py's LOCAL_TABLE), ``"reference"``
             (unfold, the plain equations), ``"fused"`` or ``"window"``.
     """
@@ -59,7 +59,6 @@ class AttentionStem2d(NotScriptable, BackendKnob, nn.Module):
         pool: int = 4,
         norm: bool = True,
         padding: str = "mask",
-        impl: str = "auto",
         backend: str | None = None,
     ):
         super().__init__()
@@ -84,7 +83,7 @@ class AttentionStem2d(NotScriptable, BackendKnob, nn.Module):
         self.num_heads, self.head_dim = num_heads, out_channels // num_heads
         self.kernel_size, self.mixtures, self.pool = kernel_size, mixtures, pool
         self.padding = padding
-        self.backend = backend_of(impl, backend, self.BACKENDS)  # None: the plan's
+        self.backend = backend  # None: the plan's
         self.scale = self.head_dim**-0.5
         self.query = nn.Conv2d(in_channels, out_channels, 1, bias=False)  # W_Q
         self.key = nn.Conv2d(in_channels, out_channels, 1, bias=False)  # W_K
@@ -119,17 +118,16 @@ class AttentionStem2d(NotScriptable, BackendKnob, nn.Module):
         q = self.query(x).view(bsz, nh, dh, h, w) * self.scale  # (B, nh, dh, H, W)
         k = self.key(x).view(bsz, nh, dh, h, w)
         v = self.value(x).view(bsz, nh, nm, dh, h, w)  # (B, nh, M, dh, H, W): W_V^m x
-        kernel = self.kernel(x.device, return_attention)
-        out = local_attention(
+        out = LOCAL_KERNELS[self.kernel(x.device, return_attention)](
             q,
             k,
             v,
             kernel_size=self.kernel_size,
+            rel_row=None,
+            rel_col=None,
             mix=self.mixture_weights(),
             padding=self.padding,
-            impl="reference" if kernel == "reference" else "auto",
             return_attention=return_attention,
-            fused=kernel == "fused",
         )
         y, attn = out if return_attention else (out, None)
         y = F.relu(self.norm(y.reshape(bsz, self.out_channels, h, w)))
@@ -137,9 +135,11 @@ class AttentionStem2d(NotScriptable, BackendKnob, nn.Module):
             y = F.max_pool2d(y, self.pool)
         return (y, attn) if return_attention else y
 
-    def kernel(self, device: torch.device | str, return_attention: bool = False) -> str:
-        """The window kernel ``forward`` runs on ``device`` (plan.LOCAL_TABLE; the stem has no
-        Flex path: "flex" there means the window function)."""
+    def kernel(
+        self, device: torch.device | str, return_attention: bool = False, why: bool = False
+    ) -> str:
+        """The window kernel ``forward`` runs on ``device`` (plan.LOCAL_TABLE, whose Flex and
+        Triton kernels take no mixed values; ``why``: each row passed over, plan.explain)."""
         case = plan.LocalCase(
             self.backend,
             torch.device(device).type,
@@ -148,9 +148,9 @@ class AttentionStem2d(NotScriptable, BackendKnob, nn.Module):
             plan.tracing(),
             transformed=plan.transforms_active(),
             compiled=plan.compiling(),
+            mix=True,
         )
-        kernel = plan.choose(case, plan.LOCAL_TABLE)
-        return "window" if kernel == "flex" else kernel
+        return (plan.explain if why else plan.choose)(case, plan.LOCAL_TABLE)
 
     def extra_repr(self) -> str:
         return (

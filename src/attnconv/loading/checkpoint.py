@@ -361,7 +361,7 @@ def load_model(
     """Rebuild the model a checkpoint was saved from and load its weights; returns (model, info).
 
     ``model_name``, if given, must match the stored one. ``overrides`` are extra
-    ``create_model`` arguments that don't change the weights (e.g. ``impl``, or ``img_size``
+    ``create_model`` arguments that don't change the weights (e.g. ``backend``, or ``img_size``
     for a ViT: its position embeddings are resampled); one given as None is the checkpoint's.
     The model comes back in the weights' dtype (a bfloat16 checkpoint as a bfloat16 model).
 

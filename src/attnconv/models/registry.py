@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 import torch.nn as nn
 
+from ..layers.checks import refuse_retired
+
 _MODELS: dict[str, Callable[..., nn.Module]] = {}
 
 
@@ -81,6 +83,7 @@ def create_model(name: str, **kwargs) -> nn.Module:
             "attnconv.models.create_model builds untrained models; load weights with "
             "attnconv.create_model(name, checkpoint=PATH)"
         )
+    refuse_retired(kwargs, f"create_model({name!r})")
     check_model_args(name, kwargs)
     # a size of None is the model's default (tgt_vocab_size=None has its own meaning)
     kwargs = {k: v for k, v in kwargs.items() if v is not None or k not in _DEFAULT_IF_NONE}

@@ -33,7 +33,6 @@ import torch.nn.functional as F
 
 from ..layers.attention_map import AttentionMap
 from ..layers.dropout import HashDropout
-from ..layers.functional import check_impl
 from ..layers.mhsa2d import MultiHeadSelfAttention2d
 from ..memory import check_attention_maps
 from ._common import build_config, check_images
@@ -82,7 +81,7 @@ class SACifarConfig:
     init: str = "reference"  # "reference": the reference code's init; "bert": BERT's (see INITS)
     init_std: float = 0.02  # BERT initializer_range (init="bert" only)
     layer_norm_eps: float = 1e-12
-    impl: str = "auto"
+    backend: str | None = None  # the attention layers' (kernels/plan.py; None: its choice)
 
 
 class SALayer(nn.Module):
@@ -106,7 +105,7 @@ class SALayer(nn.Module):
             content=cfg.content,
             dropout=cfg.attn_dropout,
             dropout_mask="sample" if cfg.content else cfg.attn_dropout_mask,
-            impl=cfg.impl,
+            backend=cfg.backend,
             value="identity",  # each head attends over the raw D-d input; out_proj = Wval Wout
             max_size=max_size,
             **extra,
@@ -143,7 +142,6 @@ class SelfAttentionCifar(nn.Module):
 
     def __init__(self, cfg: SACifarConfig) -> None:
         super().__init__()
-        check_impl(cfg.impl)
         for name in ("downsample", "hidden_size", "num_layers", "num_heads", "ff_size"):
             if getattr(cfg, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")

@@ -24,6 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..layers.attention_map import AttentionMap
+from ..layers.checks import set_backend
 from ..layers.local import LocalSelfAttention2d, local_to_dense
 from ..layers.stem import AttentionStem2d
 from ..memory import check_attention_maps
@@ -50,7 +51,7 @@ class SASAResNetConfig:
     stem_kernel_size: int = 4
     stem_mixtures: int = 4
     stem_heads: int = 8
-    impl: str = "auto"
+    backend: str | None = None  # set on every attention layer that takes it (set_backend)
     zero_init_residual: bool = True  # last BN of every block starts at 0 (Goyal et al. 2017)
     img_size: int = 224
 
@@ -75,7 +76,6 @@ class Bottleneck(nn.Module):
                 cfg.positional,
                 cfg.logits,
                 cfg.padding,
-                cfg.impl,
             )
         else:
             self.conv2 = nn.Conv2d(width, width, 3, stride, padding=1, bias=False)
@@ -129,7 +129,6 @@ class SASAResNet(nn.Module):
                 cfg.stem_mixtures,
                 pool,
                 padding=cfg.padding,
-                impl=cfg.impl,
             )
         elif cfg.small_stem:
             self.stem = nn.Sequential(
@@ -155,6 +154,8 @@ class SASAResNet(nn.Module):
         self.attention_grids = self._grids(cfg.img_size, cfg.img_size)
         s = cfg.img_size // (1 if cfg.small_stem else 4) // 2 ** (len(cfg.widths) - 1)
         self.attention_grid = self.attention_grids[0] if self.attention_grids else (s, s)
+        if cfg.backend is not None:
+            set_backend(self, cfg.backend)
 
     def _grids(self, h: int, w: int) -> list[tuple[int, int]]:
         """(h, w) of each attention layer's maps for an h x w input."""

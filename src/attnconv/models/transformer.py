@@ -20,7 +20,6 @@ import torch
 import torch.nn as nn
 
 from ..layers.feedforward import FeedForward
-from ..layers.functional import check_impl
 from ..layers.mha import MultiHeadAttention, SinusoidalPositionalEncoding
 from ._common import build_config
 from .registry import register_model
@@ -43,14 +42,14 @@ class TransformerConfig:
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
-    impl: str = "auto"
+    backend: str | None = None  # the attention's (functional.SEQUENCE_TABLE; None: its choice)
 
 
 class EncoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         self.self_attn = MultiHeadAttention(
-            cfg.d_model, cfg.num_heads, dropout=cfg.dropout, impl=cfg.impl
+            cfg.d_model, cfg.num_heads, dropout=cfg.dropout, backend=cfg.backend
         )
         self.ff = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout)
         self.norm1 = nn.LayerNorm(cfg.d_model)
@@ -69,8 +68,8 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         d, h = cfg.d_model, cfg.num_heads
-        self.self_attn = MultiHeadAttention(d, h, dropout=cfg.dropout, impl=cfg.impl)
-        self.cross_attn = MultiHeadAttention(d, h, dropout=cfg.dropout, impl=cfg.impl)
+        self.self_attn = MultiHeadAttention(d, h, dropout=cfg.dropout, backend=cfg.backend)
+        self.cross_attn = MultiHeadAttention(d, h, dropout=cfg.dropout, backend=cfg.backend)
         self.ff = FeedForward(d, cfg.d_ff, cfg.dropout)
         self.norm1 = nn.LayerNorm(d)
         self.norm2 = nn.LayerNorm(d)
@@ -100,7 +99,6 @@ class Transformer(nn.Module):
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
-        check_impl(cfg.impl)
         if cfg.d_model % cfg.num_heads != 0:
             raise ValueError(
                 f"d_model ({cfg.d_model}) must be divisible by num_heads ({cfg.num_heads})"

@@ -32,7 +32,6 @@ from ..layers.attention_map import AttentionMap
 from ..layers.checks import finite_float
 from ..layers.encodings.sinusoidal import sinusoid_2d
 from ..layers.feedforward import FeedForward
-from ..layers.functional import check_impl
 from ..layers.mha import MultiHeadAttention
 from ..memory import check_attention_maps
 from ._common import check_images
@@ -62,7 +61,7 @@ class ViTConfig:
     pos_embed: str = "learned"  # "learned" (1D) | "sinusoidal_2d" (fixed)
     dropout: float = 0.0  # after the position embeddings, in the MLP and projections
     attn_dropout: float = 0.0
-    impl: str = "auto"
+    backend: str | None = None  # the attention's (functional.SEQUENCE_TABLE; None: its choice)
     class_token: bool = True
     dist_token: bool = False  # DeiT's distillation token (after the class token)
     dist_head: bool = True  # with dist_token: its own head, logits averaged with the class head
@@ -123,7 +122,7 @@ class Block(nn.Module):
             dropout=cfg.attn_dropout,
             bias=cfg.qkv_bias,
             out_bias=True,
-            impl=cfg.impl,
+            backend=cfg.backend,
         )
         self.drop = nn.Dropout(cfg.dropout)
         self.norm2 = nn.LayerNorm(D, eps=cfg.norm_eps)
@@ -170,7 +169,6 @@ class VisionTransformer(nn.Module):
             raise ValueError('global_pool="token" needs class_token=True (or global_pool="avg")')
         if cfg.dist_token and not (cfg.class_token and cfg.global_pool == "token"):
             raise ValueError("dist_token needs the class token and global_pool='token' (DeiT)")
-        check_impl(cfg.impl)
         finite_float("mlp_ratio", cfg.mlp_ratio, positive=True)
         self.cfg = cfg
         self.num_prefix_tokens = int(cfg.class_token) + int(cfg.dist_token)

@@ -15,7 +15,7 @@
   + w_col_h . r_col, unscaled (``use_attention_data`` at the paper-run commit 9ffaa30).
 
 Each module gives the same logits three ways: ``dense_bias`` (the plain (B|1, Nh, T, T) tensor
-of the equations, for impl="reference"), ``fold`` (extra query/key columns so that
+of the equations, for backend="reference"), ``fold`` (extra query/key columns so that
 q_aug . k_aug = the positional logits: the query's scores against each key row and column
 (B, Nh, T, H + W), relative-to-absolute gathered, meet one-hot key rows/columns), and, when only
 input-independent terms are on, ``axis_logits`` (row (Nh, H, H) and column (Nh, W, W) logits of

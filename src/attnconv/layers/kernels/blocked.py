@@ -130,7 +130,9 @@ def axis_attention(
         raise ValueError(f"q_axis {tuple(q_axis.shape)} must be (B, Nh, T={h * w}, H+W={h + w})")
     dt = kernel_dtype(q.dtype)
     q, k, v, q_axis = (t.to(dt).contiguous() for t in (q, k, v, q_axis))
-    q, k, v, q_axis = first_order_only("the blocked axis attention (impl='auto')", q, k, v, q_axis)
+    q, k, v, q_axis = first_order_only(
+        "the blocked axis attention (backend='blocked')", q, k, v, q_axis
+    )
     with no_autocast(q.device.type):
         bq = block or query_block(q.shape[1], q.shape[2])
         if compiling():  # the same kernel as one custom op (kernels/ops.py)
@@ -233,7 +235,7 @@ def gaussian_attention(
     dt = kernel_dtype(q.dtype)
     q, k, v, centers, precision = (t.to(dt).contiguous() for t in (q, k, v, centers, precision))
     q, k, v, centers, precision = first_order_only(
-        "the blocked Gaussian attention (impl='auto')", q, k, v, centers, precision
+        "the blocked Gaussian attention (backend='blocked')", q, k, v, centers, precision
     )
     coords = pixel_coords(h, w, q.device, dt)  # (T, 2)
     with no_autocast(q.device.type):

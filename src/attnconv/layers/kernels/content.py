@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import torch
 
-from ...warn import warn
 from ..encodings.terms import AxisTerm, GaussianTerm
 from ..functional import dropped_links, scaled_dot_product_attention
 from ..precision import (
@@ -28,7 +27,6 @@ from . import triton_axis, triton_compile
 from .blocked import axis_attention, gaussian_attention
 from .flex import axis_score_mod, flex_mod_attention, gaussian_score_mod
 from .fused import axis_attention_fused
-from .rows import KERNEL_WORDS
 
 
 def score_mod(term: AxisTerm, q: torch.Tensor, *, in_kernel: bool = False):
@@ -147,18 +145,16 @@ def fused(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True):
 def triton(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True):
     """softmax(scale q k^T + R[q1, k1] + C[q2, k2]) with the links of ``functional.dropped_links``
     removed, times v: the flash-style Triton kernel of triton_axis.py (``backend="triton"``), q, k,
-    v in their (autocast) dtype, the axis logits in float32 at least. Inputs it cannot take fall
-    back to the dense kernels with a one-line reason."""
-    why, block_m = triton_axis.unsupported(q, v, grid.h, grid.w), None
-    if not why:  # the axis logits count too: a learned encoding trains through them
-        with no_autocast(q.device.type):
-            q, q_axis = q_axis_kept_low(term, q)  # (B|1, Nh, T, h + w), float32 at least
-        train = triton_axis.trains(q, k, v, q_axis)
-        why, block_m = triton_compile.fit(q, v, grid.h, grid.w, p_drop, per_image, train)
-    if why:
-        dense = dense_dropout if p_drop > 0 else fold
-        warn(f"attnconv: backend='triton' falls back to {KERNEL_WORDS[dense.__name__]}: {why}")
-        return dense(q, k, v, term, grid, scale, p_drop=p_drop, per_image=per_image)
+    v in their (autocast) dtype, the axis logits in float32 at least. The plan chose it where it
+    can run (capability.triton_axis_fits): the query block its GPU's shared memory takes is that
+    check's (triton_compile.fit, cached)."""
+    with no_autocast(q.device.type):
+        q, q_axis = q_axis_kept_low(term, q)  # (B|1, Nh, T, h + w), float32 at least
+    # the axis logits count too: a learned encoding trains through them
+    train = triton_axis.trains(q, k, v, q_axis)
+    why, block_m = triton_compile.fit(q, v, grid.h, grid.w, p_drop, per_image, train)
+    if why:  # the plan's Case said it fits: a call it did not describe
+        raise RuntimeError(f"attnconv: the Triton kernel was chosen but cannot run: {why}")
     with no_autocast(q.device.type):  # q, k, q_axis of one image (B|1) read for every image
         y = triton_axis.axis_attention_triton(
             q, k, v, q_axis, grid.h, grid.w, scale, p_drop, per_image, block_m=block_m
@@ -197,7 +193,7 @@ def fold(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True):
     q_aug, k_aug, v = folded_qkv(q, k, v, term, scale)
     with no_autocast(q_aug.device.type, term.large_logits):
         y = scaled_dot_product_attention(
-            q_aug, k_aug, v, scale=1.0, dropout_p=p_drop, impl="auto"
+            q_aug, k_aug, v, scale=1.0, dropout_p=p_drop, backend="sdpa"
         )  # (B, Nh, T, Dv)
     return y.to(grid.dtype).transpose(1, 2)
 

@@ -139,7 +139,9 @@ def axis_attention_fused(
     q, k = q.to(ops), k.to(ops)
     v = v if v.dtype == ops else shared(v, ops)  # (B|1, Nh|1, T, dv): one cast copy
     q_axis = q_axis.to(dt).expand(b, nh, t, h + w).contiguous()
-    q, k, v, q_axis = first_order_only("the fused axis attention (impl='auto')", q, k, v, q_axis)
+    q, k, v, q_axis = first_order_only(
+        "the fused axis attention (backend='fused')", q, k, v, q_axis
+    )
     with no_autocast(q.device.type):
         args = (q, k, v, q_axis, h, w, scale, p, seed, per_image)
         if compiling():  # the same kernel as one custom op (kernels/ops.py)

@@ -6,7 +6,14 @@ wins (``choose``; ``explain`` says why each earlier row was passed over):
   and ``TRANSFORM_TABLE``, the same inside a torch.func transform;
 - re-exported from tables.py: ``LOCAL_TABLE`` (the k x k window attention of
   LocalSelfAttention2d and the attention stem), ``DROPOUT_TABLE`` (the hidden dropout's mask,
-  dropout.py), ``CONVERTED_TABLE`` (a converted convolution's forward, convert/modules.py).
+  dropout.py), ``CONVERTED_TABLE`` (a converted convolution's forward, convert/modules.py);
+- re-exported from functional.py: ``SEQUENCE_TABLE`` (MultiHeadAttention, the ViT, the
+  Transformer: PyTorch's fused kernel or the plain equations).
+
+Each row keeps apart what its kernel can run (``can_run``, capability.py: installed, built, the
+device, the Triton kernels' shape and shared-memory limits, an export) and when the plan picks
+it (the rows' predicates, the measured thresholds); a row is chosen only where both hold, so the
+kernel a table names is the one that runs, and ``layer.kernel()`` / ``explain`` name it.
 
 A layer's ``backend`` argument overrides the choice ("reference": the plain equations). Inside a
 ``torch.func`` transform (grad, vmap, jacrev) or forward-mode AD, MHSA2d reads TRANSFORM_TABLE
@@ -41,18 +48,21 @@ TABLE:
 
 from __future__ import annotations
 
-import importlib.util
 from typing import NamedTuple
 
 import torch
 
 from ...warn import warn
-from .. import first_order
+from .. import first_order, rows
 from ..encodings.terms import AxisTerm, FoldTerm, GaussianTerm, NoTerm, ShiftTerm, Term
 from ..first_order import transforms_active
+from ..functional import SEQUENCE_BACKENDS as SEQUENCE_BACKENDS
+from ..functional import SEQUENCE_TABLE as SEQUENCE_TABLE
+from ..functional import SequenceCase as SequenceCase
 from ..precision import autocast_dtype
-from . import fused
-from .rows import KERNEL_WORDS, Row
+from ..rows import KERNEL_WORDS, Row
+from .capability import FLEX as FLEX
+from .capability import flex_installed, fused_built, triton_axis_fits
 from .tables import CONVERTED_TABLE as CONVERTED_TABLE
 from .tables import DROPOUT_TABLE as DROPOUT_TABLE
 from .tables import LOCAL_TABLE as LOCAL_TABLE
@@ -64,7 +74,6 @@ from .tables import LocalCase as LocalCase
 BACKENDS = ("reference", "flex", "blocked", "fused", "fold", "triton")  # MHSA2d's
 LOCAL_BACKENDS = ("reference", "flex", "fused", "window", "triton")  # the window attention's
 STEM_BACKENDS = ("reference", "fused", "window")  # the attention stem's (no Flex path)
-FLEX = importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
 SHARED_BIAS_MAX_T = 64 * 64  # (Nh, T, T) float32 bias in inference: 64 MiB per head at 64^2
 BLOCKED_MIN_T = 16 * 16  # smaller images: the blocked kernel's Python loop costs its gain
 FUSED_INFERENCE_MAX_T = 16 * 16  # inference: fused up to here, blocked above
@@ -82,7 +91,8 @@ class Case(NamedTuple):
     """What the choice reads: the term, the layer's backend override, the device, whether
     gradients reach the layer (``grad``) or the encoding's parameters (``pos_grad``), attention
     dropout, the number of pixels, and whether a compiler is tracing (no blocked Gaussian loop;
-    the C++ extension only for torch.compile, ``compiled``, as the custom ops of ops.py)."""
+    the C++ extension only for torch.compile, ``compiled``, as the custom ops of ops.py); the
+    sizes the Triton kernel's limits read (capability.triton_axis_fits)."""
 
     term: Term
     content: bool = True
@@ -96,6 +106,13 @@ class Case(NamedTuple):
     dtype: torch.dtype | None = None  # what q, k, v compute in (autocast's)
     transformed: bool = False  # inside a torch.func transform
     compiled: bool = False  # torch.compile traces (not an export): the custom ops run
+    batch: int = 1
+    heads: int = 1
+    dk: int = 1  # q's and k's width per head
+    dv: int = 1  # v's
+    h: int = 1
+    w: int = 1
+    per_image: bool = True  # a dropout mask per image (not one for the batch)
 
     @property
     def position_only(self) -> bool:
@@ -103,8 +120,8 @@ class Case(NamedTuple):
 
     @property
     def flex(self) -> bool:
-        on = self.device == "cuda" if self.backend is None else self.backend == "flex"
-        return FLEX and on
+        """Flex picked: on CUDA by the plan, else by backend="flex" (installed: its can_run)."""
+        return self.device == "cuda" if self.backend is None else self.backend == "flex"
 
     @property
     def cpu_blocked(self) -> bool:
@@ -145,8 +162,6 @@ def _fused_wins(c: Case) -> bool:
     bias applies (layers_ab.py --inference, benchmarks/results/fused_inference.md: faster than
     the blocked kernel on sa_learned_content's forward; the shared bias measured faster with
     quadratic logits)."""
-    if c.tracing and not c.compiled:  # an export cannot trace into the extension (C++)
-        return False
     if c.backend == "fused" or c.p_drop > 0:
         return True
     if c.grad:
@@ -176,21 +191,17 @@ TABLE = (
         "Axis",
         'backend="triton" (triton_axis.py; any dropout)',
         AXIS,
+        triton_axis_fits,
     ),
     Row(
         "fused",
-        lambda c: (
-            _axis(c)
-            and c.device == "cpu"
-            and c.backend in (None, "fused")
-            and fused.available()
-            and _fused_wins(c)
-        ),
+        lambda c: _axis(c) and c.backend in (None, "fused") and _fused_wins(c),
         "Axis",
         "CPU, extension built (fused.py); "
         "dropout, or training from BLOCKED_MIN_T, inference at 16^2 (to FUSED_INFERENCE_MAX_T) "
         "but not shared_bias's",
         f"{AXIS}, on a CPU, with the C++ kernels built (attnconv build-kernels), not exported",
+        fused_built,
     ),
     Row(
         "dense_dropout",
@@ -205,6 +216,8 @@ TABLE = (
         ),
         "Axis with a Gaussian",
         "Flex, no dropout, no grad to the encoding",
+        "",
+        flex_installed,
     ),
     Row(
         "flex",
@@ -213,6 +226,7 @@ TABLE = (
         'Flex (CUDA, or backend="flex"), no dropout, but on CUDA not learned-relative logits '
         "in bf16, or in fp32 up to FOLD_CUDA_FP32_MAX_T (the fold)",
         f"{AXIS}, no attention dropout, and FlexAttention (torch 2.5 or later)",
+        flex_installed,
     ),
     Row(
         "shared_bias",
@@ -274,23 +288,14 @@ TRANSFORM_TABLE = (
 
 
 def choose(case: NamedTuple, table: tuple[Row, ...] = TABLE) -> str:
-    """The kernel's name for ``case``: the first row of ``table`` that matches (TABLE: a name of
-    kernels.KERNELS)."""
-    for row in table:  # (a loop, not next() of a generator: torch 2.8's Dynamo breaks there)
-        if row.when(case):
-            return row.name
-    raise AssertionError("the last row of a table matches every case")
+    """The kernel's name for ``case``: the first row of ``table`` that the plan picks and that
+    can run it (rows.choose; TABLE: a name of kernels.KERNELS)."""
+    return rows.choose(case, table)
 
 
 def explain(case: NamedTuple, table: tuple[Row, ...] = TABLE) -> str:
-    """Why ``choose(case, table)`` picked its kernel: each earlier row passed over with what it
-    needs, then the one chosen (as NATTEN's backend chooser reports), one line each."""
-    lines = []
-    for row in table:
-        if row.when(case):
-            return "\n".join([*lines, f"chosen: {row.name} ({row.term}: {row.rule})"])
-        lines.append(f"passed over: {row.name} (needs {row.term}: {row.rule})")
-    raise AssertionError("the last row of a table matches every case")
+    """Why ``choose(case, table)`` picked its kernel, one line a row (rows.explain)."""
+    return rows.explain(case, table)
 
 
 # backend="fold" is "no blocked kernel": the shared bias still serves fixed logits in inference
@@ -312,13 +317,15 @@ def term_words(term: Term) -> str:
 
 
 def warn_if_passed_over(
-    backend: str | None, chosen: str, table: tuple[Row, ...], have: str = ""
+    case: NamedTuple, chosen: str, table: tuple[Row, ...], have: str = ""
 ) -> None:
-    """One warning line, in plain words, when a layer's ``backend`` names a kernel of ``table``
-    that does not run (``chosen`` does: a correct result, not the kernel asked for;
-    "flex_gaussian" is "flex"'s, "blocked_gaussian" "blocked"'s): what it needs that the layer
-    lacks (``have``: what the layer has), or the kernel the table puts first for it. Inside a
-    torch.func transform every layer runs plain torch ops whatever its backend: nothing to say."""
+    """One warning line, in plain words, when the ``backend`` of ``case`` names a kernel of
+    ``table`` that does not run (``chosen`` does: a correct result, not the kernel asked for;
+    "flex_gaussian" is "flex"'s, "blocked_gaussian" "blocked"'s): why it cannot run, what it
+    needs that the layer lacks (``have``: what the layer has), or the kernel the table puts
+    first for it. Inside a torch.func transform every layer runs plain torch ops whatever its
+    backend: nothing to say."""
+    backend = case.backend
     row = next((r for r in table if r.name == backend), None)
     if row is None or chosen.startswith(backend) or (backend, chosen) in _ALSO_FORCED:
         return
@@ -329,7 +336,9 @@ def warn_if_passed_over(
     if names.index(chosen) < names.index(backend):  # an earlier row serves the layer first
         why = f"{runs} serves this layer before {asked} would" + (f" ({have})" if have else "")
     else:
-        why = f"{asked} needs {row.needs or row.term}" + (f", and {have}" if have else "")
+        cannot = row.can_run(case) if row.when(case) else None
+        lacks = f"cannot run here: {cannot}" if cannot else f"needs {row.needs or row.term}"
+        why = f"{asked} {lacks}" + (f", and {have}" if have and not cannot else "")
         why += f"; {runs} runs instead"
     warn(f"attnconv: backend={backend!r} does not run here: {why}, with the same results")
 
@@ -342,21 +351,23 @@ def tracing() -> bool:
 compiling = first_order.compiling  # torch.compile, not an export: the custom ops of ops.py
 
 
-def for_layer(
-    layer, x: torch.Tensor, term: Term, p_drop: float, device: str | None = None, why: bool = False
-) -> str:
-    """``choose`` for MultiHeadSelfAttention2d ``layer`` on x (B, Cin, H, W) (``why``: ``explain``
-    instead); the gradient facts are read only for the rows that ask (an AxisTerm with
-    content)."""
+def layer_case(
+    layer, x: torch.Tensor, term: Term, p_drop: float, device: str | None = None
+) -> tuple[Case, tuple[Row, ...]]:
+    """The case and the table of MultiHeadSelfAttention2d ``layer`` on x (B, Cin, H, W); the
+    gradient facts are read only for the rows that ask (an AxisTerm with content, the Triton
+    kernel's compile check)."""
     grad = pos_grad = True
     auto = layer.backend != "reference"
-    if isinstance(term, AxisTerm) and layer.input_dependent and auto and not p_drop:
+    axis = isinstance(term, AxisTerm)
+    if axis and auto and ((layer.input_dependent and not p_drop) or layer.backend == "triton"):
         on = torch.is_grad_enabled()
         pos_grad = on and any(p.requires_grad for p in layer.positional_encoding.parameters())
         grad = on and (x.requires_grad or any(p.requires_grad for p in layer.parameters()))
     # a tuple, not GaussianTerm | AxisTerm: torch 2.8's Dynamo cannot build the union type
     traced = isinstance(term, (GaussianTerm, AxisTerm)) and auto and tracing()
     device = device or x.device.type
+    b, _, h, w = x.shape
     case = Case(
         term,
         layer.content,
@@ -365,11 +376,26 @@ def for_layer(
         grad,
         pos_grad,
         p_drop,
-        x.shape[-2] * x.shape[-1],
+        h * w,
         traced,
         autocast_dtype(device, x.dtype),
         transforms_active(),
         compiling(),
+        b,
+        layer.num_heads,
+        layer.qk_dim,
+        layer.head_dim,
+        h,
+        w,
+        layer.dropout_mask == "sample",
     )
-    table = TRANSFORM_TABLE if case.transformed else TABLE
+    return case, TRANSFORM_TABLE if case.transformed else TABLE
+
+
+def for_layer(
+    layer, x: torch.Tensor, term: Term, p_drop: float, device: str | None = None, why: bool = False
+) -> str:
+    """``choose`` for MultiHeadSelfAttention2d ``layer`` on x (B, Cin, H, W) (``why``: ``explain``
+    instead)."""
+    case, table = layer_case(layer, x, term, p_drop, device)
     return explain(case, table) if why else choose(case, table)

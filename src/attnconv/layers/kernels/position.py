@@ -44,7 +44,7 @@ def reference(q, k, v, term, grid, scale, *, p_drop=0.0, per_image=True):
         probs = attention_probs(q, k, bias=bias, scale=scale)
         probs = shared_dropout(probs, p_drop, per_image=per_image)
         return (probs.to(v.dtype) @ v).transpose(1, 2)
-    y = scaled_dot_product_attention(q, k, v, bias=bias, scale=scale, impl="reference")
+    y = scaled_dot_product_attention(q, k, v, bias=bias, scale=scale, backend="reference")
     return y.transpose(1, 2)  # (B, T, Nh, Dv)
 
 

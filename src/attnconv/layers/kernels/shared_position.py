@@ -285,7 +285,7 @@ class _SeparableHeadSum(torch.autograd.Function):
     def backward(ctx, gy):
         if torch.is_grad_enabled():  # create_graph: the GEMMs below write in place (out=)
             raise HigherOrderGradError(
-                MESSAGE.format(what="the one-head-at-a-time position attention (impl='auto')")
+                MESSAGE.format(what="the one-head-at-a-time position attention (backend None)")
             )
         gr, gc, gx, gw = head_sum_backward(gy, *ctx.saved_tensors)
         return gr, gc, gx, gw, gy.sum(0) if ctx.has_bias else None

@@ -8,15 +8,17 @@ from typing import NamedTuple
 
 import torch
 
+from ..rows import Row
 from . import fused
-from .rows import Row
+from .capability import flex_window, fused_built, triton_window_fits
 
 
 class LocalCase(NamedTuple):
     """What LOCAL_TABLE reads: the backend override, the device, the border, whether the maps
     are returned, whether a compiler traces the forward (no C++ extension call then, but for
     torch.compile, ``compiled``: the custom op of ops.py), the dtype q, k, v compute in
-    (autocast's) and the number of pixels."""
+    (autocast's) and the number of pixels (0: no input given); the attention stem's mixed
+    values (``mix``) and the sizes the Triton window kernel's limits read."""
 
     backend: str | None = None
     device: str = "cpu"
@@ -27,6 +29,15 @@ class LocalCase(NamedTuple):
     t: int = 0
     transformed: bool = False  # inside a torch.func transform
     compiled: bool = False  # torch.compile traces (not an export)
+    mix: bool = False  # spatially-aware values (the attention stem's)
+    kernel_size: int = 1
+    batch: int = 1
+    heads: int = 1
+    dk: int = 1
+    dv: int = 1
+    h: int = 1
+    w: int = 1
+    grad: bool = True  # a backward follows
 
 
 # On CUDA the window function from this many pixels in float32, Flex below: set by
@@ -51,35 +62,31 @@ LOCAL_TABLE = (
     ),
     Row(
         "triton",
-        lambda c: c.backend == "triton" and c.padding == "mask" and not c.maps,
+        lambda c: c.backend == "triton",
         'padding="mask"',
         'backend="triton" (triton_local.py), no returned maps',
         'padding="mask" and no returned attention maps',
+        triton_window_fits,
     ),
     Row(
         "flex",
         lambda c: (
             (c.device == "cuda" if c.backend is None else c.backend == "flex")
-            and c.padding == "mask"
-            and not c.maps
             and not _window_beats_flex(c)
         ),
         'padding="mask"',
         'CUDA (or backend="flex"), no returned maps; not float32 from WINDOW_CUDA_MIN_T '
         "pixels (the window function measured faster there)",
         'padding="mask" and no returned attention maps',
+        flex_window,
     ),
     Row(
         "fused",
-        lambda c: (
-            c.device == "cpu"
-            and c.backend in (None, "fused")
-            and (c.compiled or not c.tracing)
-            and fused.available()
-        ),
+        lambda c: c.backend in (None, "fused"),
         "any",
         "CPU, extension built, not exported",
         "a CPU, with the C++ kernels built (attnconv build-kernels), not exported",
+        fused_built,
     ),
     Row("window", lambda c: True, "any", "otherwise: the Python window kernel"),
 )
@@ -103,9 +110,11 @@ DROPOUT_TABLE = (
     ),
     Row(
         "fused",
-        lambda c: c.device == "cpu" and not c.transformed and fused.available(),
+        lambda c: c.device == "cpu" and not c.transformed,
         "any",
         "CPU, extension built (dropout.cpp), not in a torch.func transform",
+        "",
+        lambda c: None if fused.available() else "the C++ kernels are not built",
     ),
     Row("reference", lambda c: True, "any", "otherwise: hash_dropout_reference"),
 )

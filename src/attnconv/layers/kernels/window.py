@@ -1,12 +1,14 @@
 """The local k x k window attention kernel of SASA layers and the attention stem
-(Ramachandran et al. 2019, eq. 2-3), written once, in two implementations of the same equation:
+(Ramachandran et al. 2019, eq. 2-3), written once, in three kernels of the same equation
+(``backend``; the layers' LOCAL_TABLE picks among them and the other window kernels):
 
-- ``impl="reference"``: unfold keys and values into k^2 copies and call the shared plain kernel
-  ``functional.scaled_dot_product_attention(impl="reference")`` with one query per window.
-- ``impl="auto"`` (fast): one custom autograd function looping over the k^2 offsets on shifted
+- ``"reference"``: unfold keys and values into k^2 copies and call the shared plain kernel
+  ``functional.scaled_dot_product_attention(backend="reference")`` with one query per window.
+- ``"window"`` (fast): one custom autograd function looping over the k^2 offsets on shifted
   views of the keys and values (clipped to the image), softmax and its backward in place, in-place
   accumulation of the gradients. Only the probabilities (B, nh, k^2, H, W) are stored:
   O(k^2 HW nh) memory, not O(k^2 HW C).
+- ``"fused"``: the same function's equation in C++ (kernels/fused_local.cpp), on a CPU.
 
 Borders: ``padding="mask"`` (default) excludes keys outside the image from the softmax;
 ``padding="zeros"`` treats them as zero pixels (keys and values 0), as the public
@@ -18,13 +20,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..checks import check_window
+from ..checks import check_window, refuses_retired
 from ..first_order import compiling
-from ..functional import check_impl, scaled_dot_product_attention
+from ..functional import scaled_dot_product_attention
 from ..precision import LOW, backward_without_autocast
 from .fused import available, extension
 
 PADDINGS = ("mask", "zeros")
+WINDOW_BACKENDS = ("reference", "window", "fused")  # local_attention's kernels
 
 
 def window_pad(kernel_size: int) -> tuple[int, int]:
@@ -250,6 +253,7 @@ class _FusedLocal(_LocalAttention):
         return gq, gk, gv, gm, g_row, g_col, None, None
 
 
+@refuses_retired
 def local_attention(
     q: torch.Tensor,
     k: torch.Tensor | None,
@@ -260,9 +264,8 @@ def local_attention(
     rel_col: torch.Tensor | None = None,
     mix: torch.Tensor | None = None,
     padding: str = "mask",
-    impl: str = "auto",
+    backend: str = "window",
     return_attention: bool = False,
-    fused: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Local k x k window attention, the one kernel of SASA layers and the attention stem.
 
@@ -271,10 +274,17 @@ def local_attention(
     values v_ab = sum_m mix[(a-i, b-j), m] v^m_ab. ``rel_row``/``rel_col`` (k, dk/2): logits
     += q[:dk/2] . rel_row[a-i] + q[dk/2:] . rel_col[b-j]. Returns (B, nh, dv, H, W) and, with
     ``return_attention``, the probabilities (B, nh, H*W, k*k) (offsets in row-major order).
-    ``fused`` (impl "auto", CPU; the layers' kernel table decides): the window kernel in C++
-    (kernels/fused_local.cpp) instead of the Python loop over the offsets.
+    ``backend``: one of ``WINDOW_BACKENDS`` (the layers' LOCAL_TABLE decides): "fused", the
+    window kernel in C++ (kernels/fused_local.cpp, a CPU with the kernels built) instead of the
+    Python loop over the offsets, "reference" the plain equations.
     """
-    check_impl(impl)
+    if backend not in WINDOW_BACKENDS:
+        raise ValueError(f"backend must be one of {WINDOW_BACKENDS}, got {backend!r}")
+    if backend == "fused" and not (q.device.type == "cpu" and available()):
+        raise ValueError(
+            "backend='fused' runs on a CPU with the C++ kernels built (attnconv build-kernels); "
+            f"q is on {q.device.type}: backend='window' runs everywhere"
+        )
     if padding not in PADDINGS:
         raise ValueError(f"padding must be one of {PADDINGS}, got {padding!r}")
     if q.dim() != 5:
@@ -305,9 +315,8 @@ def local_attention(
             rel_col=up(rel_col),
             mix=up(mix),
             padding=padding,
-            impl=impl,
+            backend=backend,
             return_attention=return_attention,
-            fused=fused,
         )
         return (out[0].to(q.dtype), out[1]) if return_attention else out.to(q.dtype)
     qr = None
@@ -317,12 +326,12 @@ def local_attention(
         qr_col = torch.einsum("bndhw,kd->bnkhw", q[:, :, half:], rel_col)
         qr = (qr_row, qr_col)
 
-    if impl == "reference":
+    if backend == "reference":
         return _reference(q, k, v, qr, mix, ks, padding, return_attention)
 
     valid = window_valid(ks, h, w, q.device) if padding == "mask" else None
     qr_row, qr_col = qr if qr is not None else (None, None)
-    fused = fused and q.device.type == "cpu" and available()
+    fused = backend == "fused"
     if fused:
         q, k, v, mix, qr_row, qr_col = (
             None if t is None else t.to(q.dtype).contiguous()
@@ -371,7 +380,7 @@ def _reference(q, k, v, qr, mix, ks, padding, return_attention):
     else:
         kw = unfold(k.unsqueeze(2))[:, :, 0]  # (B*T, nh, k^2, dk)
     y, probs = scaled_dot_product_attention(
-        qt, kw, vw, bias=bias, mask=mask, scale=1.0, impl="reference", return_attention=True
+        qt, kw, vw, bias=bias, mask=mask, scale=1.0, backend="reference", return_attention=True
     )  # (B*T, nh, 1, dv), (B*T, nh, 1, k^2)
     y = y.reshape(bsz, h, w, nh, dv).permute(0, 3, 4, 1, 2)  # (B, nh, dv, H, W)
     if return_attention:
