@@ -12,6 +12,7 @@ import torch
 
 from attnconv import AttentionStem2d, LocalSelfAttention2d, MultiHeadSelfAttention2d
 from attnconv.layers.kernels import fused, plan
+from attnconv.layers.kernels.window import local_attention
 
 TABLES = {
     "mhsa": (plan.TABLE, plan.Case),
@@ -164,3 +165,61 @@ def test_a_forced_backend_that_runs_warns_nothing(recwarn):
         assert fold.eval().kernel(x) == "shared_bias"
         fold(x)
     assert not [w for w in recwarn if "does not run here" in str(w.message)]
+
+
+def test_a_kernel_that_cannot_run_is_passed_over_by_the_plan_not_by_itself(monkeypatch):
+    """Capability apart from choice (capability.py): a kernel the C++ build, the device or an
+    export rules out is passed over by the table, which says so ("cannot run here: ..."), and
+    the kernel named is the one that runs: none checks again and falls back."""
+    from attnconv.layers.kernels import capability, window
+
+    monkeypatch.setattr(fused, "available", lambda: False)
+    monkeypatch.setattr(window, "available", lambda: False)
+    local = LocalSelfAttention2d(4, 4, 2, 3)
+    assert local.kernel("cpu") == "window"
+    assert "passed over: fused (cannot run here: the C++ kernels are not built" in local.kernel(
+        "cpu", why=True
+    )
+    layer = MultiHeadSelfAttention2d(8, 8, 2, positional="relative_learned", backend="fused")
+    x = torch.randn(1, 8, 16, 16)
+    why = layer.kernel(x, why=True).splitlines()
+    assert any(line.startswith("passed over: fused (cannot run here: the C++") for line in why)
+    with pytest.warns(UserWarning, match="the fused C.. CPU kernel cannot run here: the C.. "):
+        layer(x)
+    q = torch.randn(1, 2, 4, 5, 5)
+    with pytest.raises(
+        ValueError, match="backend='fused' runs on a CPU with the C.. kernels built"
+    ):
+        local_attention(q, q, q, kernel_size=3, backend="fused")
+    case = plan.LocalCase(tracing=True)  # an export cannot trace into the C++ extension
+    assert capability.fused_built(case) == "an export cannot trace into the C++ extension"
+
+
+def test_the_stem_takes_no_window_kernel_that_cannot_mix_its_values():
+    """The attention stem's spatially-aware values are a capability Flex and Triton lack: the
+    table passes them over on CUDA (the stem no longer renames "flex" to "window" itself)."""
+    stem = AttentionStem2d(3, 8, 2, kernel_size=3)
+    assert stem.kernel("cuda") == "window"
+    assert "spatially-aware values" in stem.kernel("cuda", why=True)
+
+
+def test_the_sequence_table():
+    """MultiHeadAttention, the ViT and the Transformer: PyTorch's fused kernel where it runs,
+    the plain equations for returned maps, zero-width q and k, or backend="reference"."""
+    from attnconv.layers.functional import sequence_kernel
+    from attnconv.layers.mha import MultiHeadAttention
+
+    assert sequence_kernel(None, False, 8) == sequence_kernel("sdpa", False, 8) == "sdpa"
+    assert sequence_kernel("reference", False, 8) == "reference"
+    assert sequence_kernel(None, True, 8) == sequence_kernel(None, False, 0) == "reference"
+    why = sequence_kernel(None, True, 8, why=True).splitlines()
+    assert why == [
+        "passed over: sdpa (cannot run here: it returns no probabilities (return_attention))",
+        'chosen: reference (any: backend="reference", or otherwise: the plain path)',
+    ]
+    mha = MultiHeadAttention(8, 2)
+    assert mha.kernel() == "sdpa" and mha.kernel(return_attention=True) == "reference"
+    mha.backend = "reference"
+    assert mha.kernel() == "reference"
+    with pytest.raises(ValueError, match=r"backend must be None or one of \('reference', 'sdpa'\)"):
+        mha.backend = "flex"
