@@ -120,3 +120,18 @@ def test_the_ops_pass_opcheck(window):
     dy = torch.randn_like(y)
     back = (dy, *(x.detach() for x in (q, k, v, qa, stats)), block, *args[4:])
     torch.library.opcheck(torch.ops.attnconv.triton_axis_backward.default, back)
+
+
+def test_the_op_takes_any_layout_a_compiler_hands_it():
+    """Inputs whose last axis is not contiguous (a layout Inductor may choose): the op's values
+    and gradients are those of the same inputs contiguous."""
+    q, k, v, qa = _leaves((B, NH, DK, T), (B, NH, DK, T), (B, NH, DV, T), (B, NH, H + W, T))
+    seed = torch.tensor(7, dtype=torch.int64)
+    args = (H, W, 0.37, 0.2, seed, True, None, 0, [B, NH])
+    res = []
+    for layout in (lambda x: x.mT, lambda x: x.mT.contiguous()):
+        xs = [layout(x) for x in (q, k, v, qa)]
+        y = torch.ops.attnconv.triton_axis(*xs, *args)[0]
+        res.append((y, *torch.autograd.grad(y.sin().sum(), [q, k, v, qa])))
+    for a, b in zip(*res):
+        torch.testing.assert_close(b, a, rtol=0, atol=0)

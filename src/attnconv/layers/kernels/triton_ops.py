@@ -38,6 +38,13 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _rows(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``xs`` with unit stride on the last axis, as the kernels load them (the strides of the
+    others are read, stride 0 kept): what eager's ``precision.shared`` gives, whatever layout a
+    compiler hands the op."""
+    return tuple(x if x.stride(-1) == 1 else x.contiguous() for x in xs)
+
+
 @custom_op(
     "attnconv::triton_axis",
     mutates_args=(),
@@ -47,7 +54,7 @@ def triton_axis_op(q, k, v, q_axis, h, w, scale, p, seed, per_image, block_m, wi
     """y (B, T, Nh, dv), the rows' max and 1 / sum (2, B, Nh, T), the query block it ran with."""
     args = (h, w, scale, p, int(seed), per_image, block_m, window, bh)
     with no_autocast(q.device.type), torch.no_grad():
-        y, stats, block = triton_axis.run_forward(q, k, v, q_axis, *args)
+        y, stats, block = triton_axis.run_forward(*_rows(q, k, v, q_axis), *args)
     return y, stats, torch.tensor(block, dtype=torch.int64)
 
 
@@ -71,8 +78,10 @@ def triton_axis_backward(dy, q, k, v, q_axis, stats, block, h, w, scale, p, seed
     """dq, dk, dv (B, Nh, T, d) and d q_axis (B, Nh, T, H + W; a window's (B, Nh, T, 2k)), in
     the accumulation dtype, at the full (B, Nh)."""
     args = (h, w, scale, p, int(seed), per_image, block_m, window, bh)
+    xs = _rows(q, k, v, q_axis)
+    dy, stats = dy.contiguous(), stats.contiguous()
     with no_autocast(q.device.type), torch.no_grad():
-        return triton_axis.run_backward(dy, q, k, v, q_axis, stats, int(block), *args)
+        return triton_axis.run_backward(dy, *xs, stats, int(block), *args)
 
 
 @triton_axis_backward.register_fake
