@@ -4,7 +4,7 @@ on backend="triton" (the layers from torch 2.9: tests/test_compile.py's FLOOR) g
 outputs and gradients exactly, dropout's links under one seed included; the ops' fakes and
 autograd pass torch.library.opcheck. Without a GPU, through Triton's interpreter on CPU tensors
 (conftest sets TRITON_INTERPRET=1), with AOTAutograd's eager backend: the same custom ops run,
-with torch's own ops around them."""
+with torch's own ops around them; and once with Inductor's code around the op."""
 
 from __future__ import annotations
 
@@ -42,17 +42,17 @@ def _leaves(*shapes, seed=0):
     return [x.to(DEVICE).requires_grad_() for x in xs]
 
 
-def _same(f, xs, seed=3):
+def _same(f, xs, seed=3, backend="aot_eager", tol=None):
     """f(*xs) compiled whole (AOTAutograd, torch's ops around the custom ops) against eager:
-    the output and the gradients of every input, exactly, under one seed."""
-    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    the output and the gradients of every input, exactly (``tol``: within it), under one seed."""
+    compiled = torch.compile(f, backend=backend, fullgraph=True)
     res = []
     for g in (f, compiled):
         torch.manual_seed(seed)
         y = g(*xs)
         res.append((y, *torch.autograd.grad(y.sin().sum(), xs)))
     for a, b in zip(*res):
-        torch.testing.assert_close(b, a, rtol=0, atol=0)
+        torch.testing.assert_close(b, a, **(tol or dict(rtol=0, atol=0)))
 
 
 @pytest.mark.parametrize("p, per_image", [(0.0, True), (0.3, True), (0.3, False)])
@@ -65,6 +65,22 @@ def test_compiled_kernel_equals_eager(p, per_image):
         return axis_attention_triton(q, k, v.expand(B, NH, T, DV), qa, H, W, 0.37, p, per_image)
 
     _same(f, xs)
+
+
+def test_inductor_compiles_around_the_op():
+    """Inductor's code around the op (float32, attention dropout; torch's random draws in the
+    graph, fallback_random, so the seed is eager's): the output and gradients within float32's
+    rounding of eager's."""
+    import torch._inductor.config as inductor
+
+    xs = [x.float().detach().requires_grad_() for x in _leaves(*[(B, NH, T, DK)] * 2)]
+    xs += [x.float().detach().requires_grad_() for x in _leaves((B, NH, T, DV), (B, NH, T, H + W))]
+
+    def f(q, k, v, qa):
+        return axis_attention_triton((q * 2).relu(), k, v.sin(), qa, H, W, 0.37, 0.3).cos()
+
+    with inductor.patch(fallback_random=True):
+        _same(f, xs, backend="inductor", tol=dict(rtol=1e-5, atol=1e-5))
 
 
 def test_compiled_window_kernel_equals_eager():
