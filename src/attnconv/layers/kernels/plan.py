@@ -114,20 +114,22 @@ class Case(NamedTuple):
     w: int = 1
     per_image: bool = True  # a dropout mask per image (not one for the batch)
 
-    @property
-    def position_only(self) -> bool:
-        return not (self.content or self.term.reads_q)
 
-    @property
-    def flex(self) -> bool:
-        """Flex picked: on CUDA by the plan, else by backend="flex" (installed: its can_run)."""
-        return self.device == "cuda" if self.backend is None else self.backend == "flex"
+# what the rows read of a Case, as functions of it (not properties: torch 2.8's Dynamo reads no
+# property of a NamedTuple and breaks the graph there)
+def _position_only(c: Case) -> bool:
+    return not (c.content or c.term.reads_q)
 
-    @property
-    def cpu_blocked(self) -> bool:
-        if self.backend in (None, "flex"):
-            return self.device == "cpu"
-        return self.backend == "blocked"
+
+def _flex(c: Case) -> bool:
+    """Flex picked: on CUDA by the plan, else by backend="flex" (installed: its can_run)."""
+    return c.device == "cuda" if c.backend is None else c.backend == "flex"
+
+
+def _cpu_blocked(c: Case) -> bool:
+    if c.backend in (None, "flex"):
+        return c.device == "cpu"
+    return c.backend == "blocked"
 
 
 def _axis(c: Case) -> bool:
@@ -173,18 +175,20 @@ TABLE = (
     Row("reference", lambda c: c.backend == "reference", "any", 'backend="reference"'),
     Row(
         "shift",
-        lambda c: c.position_only and isinstance(c.term, ShiftTerm) and c.p_drop == 0,
+        lambda c: _position_only(c) and isinstance(c.term, ShiftTerm) and c.p_drop == 0,
         "Shift, position only",
         "no dropout",
     ),
     Row(
         "separable",
-        lambda c: c.position_only and _axis(c) and c.p_drop == 0 and c.device == "cpu",
+        lambda c: _position_only(c) and _axis(c) and c.p_drop == 0 and c.device == "cpu",
         "Axis, position only",
         "CPU, no dropout (a GPU: shared, a few "
         "batched launches instead of a loop over heads/blocks)",
     ),
-    Row("shared", lambda c: c.position_only, "any, position only", "(computed once for the batch)"),
+    Row(
+        "shared", lambda c: _position_only(c), "any, position only", "(computed once for the batch)"
+    ),
     Row(
         "triton",
         lambda c: _axis(c) and c.backend == "triton",
@@ -212,7 +216,11 @@ TABLE = (
     Row(
         "flex_gaussian",
         lambda c: (
-            _axis(c) and c.flex and c.p_drop == 0 and c.term.gaussian is not None and not c.pos_grad
+            _axis(c)
+            and _flex(c)
+            and c.p_drop == 0
+            and c.term.gaussian is not None
+            and not c.pos_grad
         ),
         "Axis with a Gaussian",
         "Flex, no dropout, no grad to the encoding",
@@ -221,7 +229,7 @@ TABLE = (
     ),
     Row(
         "flex",
-        lambda c: _axis(c) and c.flex and c.p_drop == 0 and not _fold_beats_flex(c),
+        lambda c: _axis(c) and _flex(c) and c.p_drop == 0 and not _fold_beats_flex(c),
         "Axis",
         'Flex (CUDA, or backend="flex"), no dropout, but on CUDA not learned-relative logits '
         "in bf16, or in fp32 up to FOLD_CUDA_FP32_MAX_T (the fold)",
@@ -239,7 +247,7 @@ TABLE = (
         lambda c: (
             _axis(c)
             and c.p_drop == 0
-            and c.cpu_blocked
+            and _cpu_blocked(c)
             and (c.t >= BLOCKED_MIN_T or c.backend == "blocked")
         ),
         "Axis",
@@ -251,7 +259,7 @@ TABLE = (
         "blocked_gaussian",
         lambda c: (
             isinstance(c.term, GaussianTerm)
-            and c.cpu_blocked
+            and _cpu_blocked(c)
             and (c.backend is not None or c.compiled or not c.tracing)
         ),
         "Gaussian",
@@ -269,19 +277,19 @@ TRANSFORM_TABLE = (
         "reference",
         lambda c: (
             c.backend == "reference"
-            or (c.position_only and c.dtype in (torch.bfloat16, torch.float16))
-            or (c.p_drop > 0 and not c.position_only and not _axis(c))
+            or (_position_only(c) and c.dtype in (torch.bfloat16, torch.float16))
+            or (c.p_drop > 0 and not _position_only(c) and not _axis(c))
         ),
         "any",
         'backend="reference"; position only in bf16/fp16; dropout on a non-axis term',
     ),
     Row(
         "separable",
-        lambda c: c.position_only and _axis(c) and c.p_drop == 0,
+        lambda c: _position_only(c) and _axis(c) and c.p_drop == 0,
         "Axis, position only",
         "no dropout: a row then a column operator (each image's gradient never T x T)",
     ),
-    Row("shared", lambda c: c.position_only, "any, position only", "float32/float64"),
+    Row("shared", lambda c: _position_only(c), "any, position only", "float32/float64"),
     Row("dense_dropout", lambda c: c.p_drop > 0 and _axis(c), "Axis", "dropout (the hash mask)"),
     Row("fold", lambda c: True, "any", "otherwise: folded into q/k, plain softmax attention"),
 )
@@ -313,7 +321,10 @@ TERM_WORDS = {
 
 def term_words(term: Term) -> str:
     """What a layer's positional term is, in words (for the warnings)."""
-    return next((w for t, w in TERM_WORDS.items() if isinstance(term, t)), type(term).__name__)
+    for kind, words in TERM_WORDS.items():  # (a loop: torch 2.8's Dynamo takes no next() default)
+        if isinstance(term, kind):
+            return words
+    return type(term).__name__
 
 
 def warn_if_passed_over(
@@ -326,7 +337,9 @@ def warn_if_passed_over(
     first for it. Inside a torch.func transform every layer runs plain torch ops whatever its
     backend: nothing to say."""
     backend = case.backend
-    row = next((r for r in table if r.name == backend), None)
+    row = None
+    for r in table:  # (a loop: torch 2.8's Dynamo takes no default in next() of a generator)
+        row = r if r.name == backend else row
     if row is None or chosen.startswith(backend) or (backend, chosen) in _ALSO_FORCED:
         return
     if transforms_active():
