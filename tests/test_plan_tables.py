@@ -223,3 +223,30 @@ def test_the_sequence_table():
     assert mha.kernel() == "reference"
     with pytest.raises(ValueError, match=r"backend must be None or one of \('reference', 'sdpa'\)"):
         mha.backend = "flex"
+
+
+def test_forward_tokens_runs_the_kernel_the_plan_names():
+    """The paper models' token path: on a CPU the plan names "separable_tokens" for
+    position-only row and column logits, attention dropout included, and forward_tokens runs it
+    (the output map summed in); on CUDA, or with content, it names the NCHW kernel forward runs."""
+    from attnconv.layers.kernels import KERNELS
+
+    lay = MultiHeadSelfAttention2d(8, 8, 2, positional="quadratic", content=False, dropout=0.1)
+    x = torch.randn(2, 8, 5, 5)
+    assert lay.train().kernel(x, tokens=True) == "separable_tokens"
+    assert lay.kernel(x) != "separable_tokens" and lay.kernel(x, tokens=True, device="cuda") == (
+        lay.kernel(x, device="cuda")
+    )
+    assert KERNELS["separable_tokens"].layout == "projected"
+    ran = []
+    run = KERNELS["separable_tokens"].run
+    KERNELS["separable_tokens"] = KERNELS["separable_tokens"]._replace(
+        run=lambda *a, **k: ran.append(k["p_drop"]) or run(*a, **k)
+    )
+    try:
+        lay.forward_tokens(x.permute(2, 3, 0, 1))
+    finally:
+        KERNELS["separable_tokens"] = KERNELS["separable_tokens"]._replace(run=run)
+    assert ran == [0.1]
+    content = MultiHeadSelfAttention2d(8, 8, 2, positional="quadratic", content=True)
+    assert content.kernel(x, tokens=True) == content.kernel(x)

@@ -111,7 +111,7 @@ def test_no_dropout_precision_within_twice_the_composition(
         return head_sum_linear(y, weight, bias)
 
     exact, got = run(truth, False, F64), run(fast, True, torch.float32)
-    monkeypatch.setattr(mhsa2d, "separable_head_sum", composition)
+    monkeypatch.setattr(shared_position, "separable_head_sum", composition)
     ref = run(fast, True, torch.float32)
     for a, e, t in zip(got, ref, exact):
         scale = t.abs().max().clamp_min(1e-30)
@@ -170,9 +170,9 @@ def test_image_blocks_off_a_cpu_is_the_whole_batch():
 _LAYER_CASE = mhsa2d.plan.layer_case
 
 
-def _on_cuda_plan(layer, x, term, p_drop, device=None):
+def _on_cuda_plan(layer, x, term, p_drop, device=None, tokens=False):
     """plan.layer_case as on a GPU, for tensors on this CPU: the kernel a CUDA device gets."""
-    return _LAYER_CASE(layer, x, term, p_drop, "cuda")
+    return _LAYER_CASE(layer, x, term, p_drop, "cuda", tokens)
 
 
 @pytest.mark.parametrize("name", ["sa_quadratic", "sa_learned"])

@@ -24,12 +24,9 @@ from .checks import BackendKnob, check_maps, check_tensor, positive_int
 from .encodings.base import PositionalEncoding, check_size
 from .encodings.registry import POSITIONALS, build_encoding
 from .encodings.terms import Grid
-from .first_order import transforms_active
-from .functional import dropped_links
 from .kernels import KERNELS, plan, triton_axis
 from .kernels.position import dense_inputs, reference_probs
-from .kernels.separable import axis_softmax, head_major, head_major_output
-from .kernels.shared_position import head_sum_linear, position_attention, separable_head_sum
+from .kernels.separable import head_major, head_major_output
 from .scripting import NotScriptable
 
 __all__ = ["DROPOUT_MASKS", "MultiHeadSelfAttention2d", "POSITIONALS", "VALUES"]
@@ -233,15 +230,16 @@ class MultiHeadSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
         p_drop: float | None = None,
         device: str | None = None,
         why: bool = False,
+        tokens: bool = False,
     ) -> str:
         """The kernel (kernels.KERNELS) ``forward`` runs on x (B, Cin, H, W): the plan's choice,
         with attention dropout ``p_drop`` (default: the layer's in its mode) on ``device``
         (default: x's); ``why=True``: each row of the plan passed over and what it needs, then
-        the one chosen (plan.explain)."""
+        the one chosen (plan.explain); ``tokens``: for ``forward_tokens`` on x's tokens."""
         _, h, w = self._check_input(x)
         p = (self.dropout if self.training else 0.0) if p_drop is None else p_drop
         term = self.positional_encoding.term(h, w, content=self.content)
-        return plan.for_layer(self, x, term, p, device, why=why)
+        return plan.for_layer(self, x, term, p, device, why=why, tokens=tokens)
 
     # ------------------------------------------------------------------ forward
     def _maps_shape(self, b: int, h: int, w: int) -> tuple[int, int, int, int]:
@@ -305,28 +303,23 @@ class MultiHeadSelfAttention2d(NotScriptable, BackendKnob, nn.Module):
 
     def forward_tokens(self, x: torch.Tensor) -> torch.Tensor:
         """The layer on sequence-first channels-last tokens: (H, W, B, Cin) -> (H, W, B, Cout),
-        the paper models' layout. Separable position-only attention runs there with no layout
-        copy, attention dropout included (shared_position.py); every other case is ``forward``
-        on the NCHW view."""
+        the paper models' layout. Where the plan picks "separable_tokens" (separable
+        position-only attention on a CPU) it runs there with no layout copy, attention dropout
+        included (shared_position.py); every other kernel is ``forward`` on the NCHW view."""
         xn = x.permute(2, 3, 0, 1)  # (B, Cin, H, W) view
         b, h, w = self._check_input(xn)
         term = self.positional_encoding.term(h, w, content=self.content)
-        if not b or plan.for_layer(self, xn, term, 0.0) != "separable" or transforms_active():
-            return self.forward(xn).permute(2, 3, 0, 1)  # (a transform: no fused head sum)
-        nh, dv, p = self.num_heads, self.head_dim, self.dropout if self.training else 0.0
+        p = self.dropout if self.training else 0.0
+        if not b:  # a batch of 0: no kernel
+            return self.forward(xn).permute(2, 3, 0, 1)
+        kernel = KERNELS[plan.for_layer(self, xn, term, p, tokens=True)]
+        if kernel.layout != "projected":
+            return self.forward(xn).permute(2, 3, 0, 1)
         if self.value == "identity":
             v = x[None]  # (1, H, W, B, C): every head reads the raw input
         else:
             v = F.linear(x, self.value_proj.weight, self.value_proj.bias)  # (H, W, B, Nh*Dv)
-            v = v.view(h, w, b, nh, dv).permute(3, 0, 1, 2, 4)
-        row, col = term.axes(x.dtype)
-        r, c = axis_softmax(row.to(x.device)), axis_softmax(col.to(x.device))
-        mask_batch = None if self.dropout_mask == "batch" else b
-        if p == 0:  # one head at a time, sum_h P_h v_h Wout_h + b (eq. 9 factorized, eq. 1)
-            y = separable_head_sum(r, c, v, self.out_proj.weight, self.out_proj.bias)
-            return y.view(h, w, b, self.out_channels)
-        drop = dropped_links(nh, h * w, mask_batch, p, x.device)
-        y = position_attention(r, c, v, drop)  # (Nh, H, W, B, Dv), unscaled
-        wo = self.out_proj.weight / (1.0 - p)
-        y = head_sum_linear(y.view(nh, h * w * b, dv), wo, self.out_proj.bias)
-        return y.view(h, w, b, self.out_channels)
+            v = v.view(h, w, b, self.num_heads, self.head_dim).permute(3, 0, 1, 2, 4)
+        grid, sample = Grid(h, w, x.dtype), self.dropout_mask == "sample"
+        w_out, b_out = self.out_proj.weight, self.out_proj.bias
+        return kernel.run(v, term, grid, w_out, b_out, p_drop=p, per_image=sample)

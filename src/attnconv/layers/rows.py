@@ -71,6 +71,7 @@ def explain(case: NamedTuple, table: tuple[Row, ...]) -> str:
 KERNEL_WORDS = {
     "reference": "the plain equations",
     "shift": "the shift kernel (each hard head reads one pixel)",
+    "separable_tokens": "the separable kernel on the layer's tokens, its output map summed in",
     "separable": "the separable kernel (a row then a column operator, position only)",
     "shared": "the shared kernel (one attention map for the whole batch, position only)",
     "triton": "the Triton GPU kernel",

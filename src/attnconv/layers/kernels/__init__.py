@@ -3,7 +3,9 @@
 (``(q, k, v, term, grid, scale)`` -> (B|1, Nh, T, T), before dropout); plan.py picks one.
 
 ``layout``: "tokens" kernels read q, k, v (B, Nh, T, d) and return (B, T, Nh, Dv);
-"head_major" ones read v (Nh|1, D, H, B, W) (separable.head_major) and return (Nh, D, H, B, W).
+"head_major" ones read v (Nh|1, D, H, B, W) (separable.head_major) and return (Nh, D, H, B, W);
+"projected" ones (forward_tokens' (H, W, B, C) tokens) read v (Nh|1, H, W, B, Dv) and the output
+projection and return (H, W, B, Cout).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import content, ops, position, triton_axis, triton_ops
+from . import content, ops, position, shared_position, triton_axis, triton_ops
 from .plan import Case, choose
 
 
@@ -26,6 +28,9 @@ class Kernel(NamedTuple):
 KERNELS = {
     "reference": Kernel(position.reference, position.reference_probs),
     "shift": Kernel(position.shift, position.shift_probs, "head_major"),
+    "separable_tokens": Kernel(
+        shared_position.separable_projected, position.separable_probs, "projected"
+    ),
     "separable": Kernel(position.separable, position.separable_probs, "head_major"),
     "shared": Kernel(position.shared, position.shared_probs),
     "triton": Kernel(content.triton, content.content_probs),

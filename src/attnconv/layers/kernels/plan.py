@@ -27,6 +27,8 @@ TABLE:
 |------------------|------------------------|--------------------------------------------------|
 | reference        | any                    | backend="reference"                              |
 | shift            | Shift, position only   | no dropout                                       |
+| separable_tokens | Axis, position only    | CPU, forward_tokens' (H, W, B, C) tokens (any    |
+|                  |                        | dropout: the hash's links)                       |
 | separable        | Axis, position only    | CPU, no dropout (a GPU: shared, a few batched    |
 |                  |                        | launches instead of a loop over heads/blocks)    |
 | shared           | any, position only     | (computed once for the batch)                    |
@@ -113,6 +115,7 @@ class Case(NamedTuple):
     h: int = 1
     w: int = 1
     per_image: bool = True  # a dropout mask per image (not one for the batch)
+    tokens: bool = False  # MHSA2d.forward_tokens: (H, W, B, C) tokens, not an NCHW image
 
 
 # what the rows read of a Case, as functions of it (not properties: torch 2.8's Dynamo reads no
@@ -178,6 +181,12 @@ TABLE = (
         lambda c: _position_only(c) and isinstance(c.term, ShiftTerm) and c.p_drop == 0,
         "Shift, position only",
         "no dropout",
+    ),
+    Row(
+        "separable_tokens",
+        lambda c: c.tokens and _position_only(c) and _axis(c) and c.device == "cpu",
+        "Axis, position only",
+        "CPU, forward_tokens' (H, W, B, C) tokens (any dropout: the hash's links)",
     ),
     Row(
         "separable",
@@ -365,11 +374,16 @@ compiling = first_order.compiling  # torch.compile, not an export: the custom op
 
 
 def layer_case(
-    layer, x: torch.Tensor, term: Term, p_drop: float, device: str | None = None
+    layer,
+    x: torch.Tensor,
+    term: Term,
+    p_drop: float,
+    device: str | None = None,
+    tokens: bool = False,
 ) -> tuple[Case, tuple[Row, ...]]:
-    """The case and the table of MultiHeadSelfAttention2d ``layer`` on x (B, Cin, H, W); the
-    gradient facts are read only for the rows that ask (an AxisTerm with content, the Triton
-    kernel's compile check)."""
+    """The case and the table of MultiHeadSelfAttention2d ``layer`` on x (B, Cin, H, W)
+    (``tokens``: forward_tokens' call); the gradient facts are read only for the rows that ask
+    (an AxisTerm with content, the Triton kernel's compile check)."""
     grad = pos_grad = True
     auto = layer.backend != "reference"
     axis = isinstance(term, AxisTerm)
@@ -401,14 +415,21 @@ def layer_case(
         h,
         w,
         layer.dropout_mask == "sample",
+        tokens,
     )
     return case, TRANSFORM_TABLE if case.transformed else TABLE
 
 
 def for_layer(
-    layer, x: torch.Tensor, term: Term, p_drop: float, device: str | None = None, why: bool = False
+    layer,
+    x: torch.Tensor,
+    term: Term,
+    p_drop: float,
+    device: str | None = None,
+    why: bool = False,
+    tokens: bool = False,
 ) -> str:
     """``choose`` for MultiHeadSelfAttention2d ``layer`` on x (B, Cin, H, W) (``why``: ``explain``
-    instead)."""
-    case, table = layer_case(layer, x, term, p_drop, device)
+    instead; ``tokens``: forward_tokens' call)."""
+    case, table = layer_case(layer, x, term, p_drop, device, tokens)
     return explain(case, table) if why else choose(case, table)

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from ..first_order import MESSAGE, HigherOrderGradError, compiling
 from ..functional import dropped_links
 from ..precision import autocast_dtype, no_autocast
+from .separable import axis_softmax
 
 __all__ = [
     "dropped_links",
@@ -331,3 +332,21 @@ def plain_attention(
         keep = (~d).to(x.dtype) / (1 - p)
     y = torch.einsum("hqk,hqbk,hkbc->hqbc", p_dense, keep, xs)
     return y.reshape(nh, h, w, b, ch)
+
+
+def separable_projected(v, term, grid, weight, bias, *, p_drop=0.0, per_image=True):
+    """The layer's attention and output map on tokens (plan.TABLE's "separable_tokens"):
+    v (Nh|1, H, W, B, Dv) values (1: every head reads the raw input), the term's row and column
+    logits, ``weight`` (Cout, Nh*Dv) and ``bias`` of the output projection ->
+    sum_h Dropout(P_h) v_h Wout_h^T + b, (H, W, B, Cout); the links of functional.dropped_links
+    (``per_image``: a mask per image, else one for the batch)."""
+    _, h, w, b, dv = v.shape
+    nh = weight.shape[1] // dv
+    row, col = term.axes(grid.dtype)
+    r, c = axis_softmax(row.to(v.device)), axis_softmax(col.to(v.device))
+    if p_drop == 0:  # one head at a time, sum_h P_h v_h Wout_h + b (eq. 9 factorized, eq. 1)
+        return separable_head_sum(r, c, v, weight, bias).view(h, w, b, -1)
+    drop = dropped_links(nh, h * w, b if per_image else None, p_drop, v.device)
+    y = position_attention(r, c, v, drop)  # (Nh, H, W, B, Dv), unscaled
+    y = head_sum_linear(y.view(nh, h * w * b, dv), weight / (1.0 - p_drop), bias)
+    return y.view(h, w, b, -1)
