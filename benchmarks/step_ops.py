@@ -8,7 +8,7 @@ Each model at the Table 1 CPU scale (configs/experiments/_sa_small.yaml: hidden 
 128, 6 layers, 9 heads, 2x2 space-to-depth) takes one forward (cross-entropy on random labels)
 and backward pass in training mode, float32, after one warm-up step; a TorchDispatchMode counts
 every aten op it dispatches (views and detaches left out: they launch nothing). "GPU plan": the
-kernel each attention layer would take on CUDA (``plan.for_layer`` asked for device "cuda"),
+kernel each attention layer would take on CUDA (``plan.layer_case`` asked for device "cuda"),
 run on this CPU's tensors, so the count needs no GPU (except for the content models, whose GPU
 kernel, FlexAttention, has no backward on a CPU). The count does not depend on the batch.
 Writes benchmarks/results/step_ops.md and .json (``--out`` for another folder).
@@ -30,7 +30,7 @@ from attnconv.models import create_model, list_models
 
 ROOT = Path(__file__).resolve().parents[1]
 FREE = {torch.ops.aten.view.default, torch.ops.aten.detach.default}  # launch nothing
-_FOR_LAYER = mhsa2d.plan.for_layer
+_LAYER_CASE = mhsa2d.plan.layer_case
 SA = ["sa_quadratic", "sa_learned", "sa_learned_content"]  # the Table 1 attention models
 
 
@@ -46,8 +46,8 @@ class OpCount(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _on_cuda_plan(layer, x, term, p_drop, device=None):
-    return _FOR_LAYER(layer, x, term, p_drop, "cuda")
+def _on_cuda_plan(layer, x, term, p_drop, device=None, tokens=False):
+    return _LAYER_CASE(layer, x, term, p_drop, "cuda", tokens)
 
 
 def step_ops(name: str, batch: int, attn_dropout: float, gpu_plan: bool) -> int | None:
@@ -68,7 +68,7 @@ def step_ops(name: str, batch: int, attn_dropout: float, gpu_plan: bool) -> int 
     )  # another model: its defaults
     model = create_model(name, num_classes=10, **kw).train()
     x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
-    with patch.object(mhsa2d.plan, "for_layer", _on_cuda_plan if gpu_plan else _FOR_LAYER):
+    with patch.object(mhsa2d.plan, "layer_case", _on_cuda_plan if gpu_plan else _LAYER_CASE):
         try:
             F.cross_entropy(model(x), y).backward()  # warm-up: caches, lazily built tables
         except NotImplementedError:  # FlexAttention: no backward on a CPU
