@@ -6,12 +6,16 @@ the paper's models, and ``train.compile`` end to end.
 generator, so the hash dropout's seeds (one 0-dim tensor drawn in the graph,
 ``functional.seed_tensor``) and torch's dropout masks are the eager ones under one seed: the
 training step with its default dropout is compared whole. Inductor draws its own random
-numbers unless ``fallback_random`` (set in its test)."""
+numbers unless ``fallback_random`` (set in its test).
+
+torch 2.8, the floor, compiles every family whole too (its CI runs ``test_no_graph_break``):
+the kernel plan reads its Case through functions and loops, since 2.8's Dynamo reads no
+property of a NamedTuple and takes no default in next() of a generator (a graph break at
+every attention layer otherwise)."""
 
 from __future__ import annotations
 
 import copy
-import inspect
 import logging
 
 import pytest
@@ -19,7 +23,6 @@ import torch
 
 import attnconv
 from attnconv.convert import convert_model
-from attnconv.layers.kernels import plan
 from attnconv.train import compiled
 from attnconv.train.config import config_from_dict
 from attnconv.train.loop import Trainer
@@ -70,26 +73,6 @@ def family(name: str, dropout: bool = True):
     return m, x
 
 
-# torch 2.8's Dynamo reads no property of a NamedTuple (its NamedTupleVariable finds fields,
-# methods and class/static methods, and answers a property with a graph break, "data-dependent
-# branching"): plan.Case's properties (position_only, flex, cpu_blocked), which the kernel choice
-# of every MultiHeadSelfAttention2d reads, break the graph at each such layer there, so those
-# families cannot compile whole on the floor while Case has them; SASA, ViT and the Transformer
-# do. Case's properties as functions of a Case (plan._position_only(c), ...) compile whole on
-# 2.8 too (every family, train and eval, 0 breaks).
-OLD_DYNAMO = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) < (2, 9)
-FLOOR = OLD_DYNAMO and any(
-    isinstance(inspect.getattr_static(plan.Case, name), property) for name in dir(plan.Case)
-)
-FLOOR_WHY = "torch 2.8's Dynamo breaks the graph at plan.Case's properties (whole on 2.13)"
-
-
-def _whole(name: str) -> None:
-    """Skip, with the reason, a fullgraph case the floor torch cannot compile whole."""
-    if FLOOR and name.split("_")[0] in ("sa", "converted"):
-        pytest.skip(FLOOR_WHY)
-
-
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     """Each test compiles afresh (many share the layers' code objects: no recompile limit)."""
@@ -110,7 +93,6 @@ def _step(model, x, train: bool):
 
 def _same(name: str, train: bool, dropout: bool, backend: str = "aot_eager", tol=None):
     """The compiled model's output and gradients against eager's, under one seed."""
-    _whole(name)
     eager, x = family(name, dropout)
     model = copy.deepcopy(eager)
     compiled_model = torch.compile(model, backend=backend, fullgraph=True)
@@ -132,7 +114,6 @@ def _same(name: str, train: bool, dropout: bool, backend: str = "aot_eager", tol
 @pytest.mark.parametrize("name", FAMILIES)
 def test_no_graph_break(name, train):
     """One graph, no break, in training (the family's default dropout) and in eval mode."""
-    _whole(name)
     model, x = family(name)
     model.train(train)
     e = torch._dynamo.explain(model)(*x)
@@ -168,7 +149,6 @@ def test_compiled_dropout_draws_the_eager_masks(name):
 
 def test_a_second_batch_size_recompiles_with_the_custom_ops():
     """The last, smaller batch of an epoch: a second graph (dynamic batch), the same values."""
-    _whole("sa_learned_content")
     eager, (x,) = family("sa_learned_content")
     model = torch.compile(copy.deepcopy(eager), backend="aot_eager", fullgraph=True)
     for b in (2, 3, 1):

@@ -1,10 +1,10 @@
 """The Triton kernels as custom ops (layers/kernels/triton_ops.py) under torch.compile: with
 fullgraph=True (no graph break), the compiled kernel, SASA's window through it and both layers
-on backend="triton" (the layers from torch 2.9: tests/test_compile.py's FLOOR) give eager's
-outputs and gradients exactly, dropout's links under one seed included; the ops' fakes and
-autograd pass torch.library.opcheck. Without a GPU, through Triton's interpreter on CPU tensors
-(conftest sets TRITON_INTERPRET=1), with AOTAutograd's eager backend: the same custom ops run,
-with torch's own ops around them; and once with Inductor's code around the op."""
+on backend="triton" give eager's outputs and gradients exactly, dropout's links under one seed
+included; the ops' fakes and autograd pass torch.library.opcheck. Without a GPU, through
+Triton's interpreter on CPU tensors (conftest sets TRITON_INTERPRET=1), with AOTAutograd's
+eager backend: the same custom ops run, with torch's own ops around them; and once with
+Inductor's code around the op."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from attnconv.layers.kernels.triton_axis import axis_attention_triton
 from attnconv.layers.kernels.triton_local import local_attention_triton
 from attnconv.layers.local import LocalSelfAttention2d
 from attnconv.layers.mhsa2d import MultiHeadSelfAttention2d
-from test_compile import FLOOR, FLOOR_WHY, OLD_DYNAMO  # what torch 2.8 cannot compile whole
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(
@@ -89,10 +88,6 @@ def test_compiled_window_kernel_equals_eager():
     _same(lambda q, k, v, r, c: local_attention_triton(q, k, v, 3, r, c), xs)
 
 
-# torch 2.8's Dynamo takes no default in next() of a generator: plan.warn_if_passed_over and
-# plan.term_words, which a forced backend reaches, break the graph there (a loop or a dict's get
-# does not)
-FLOOR_NEXT = "torch 2.8's Dynamo breaks the graph at next(generator, default) in the plan"
 LAYERS = (
     lambda: MultiHeadSelfAttention2d(
         12, 12, num_heads=3, head_dim=8, positional="relative_learned", dropout=0.25
@@ -106,8 +101,6 @@ def test_layer_on_triton_compiles_whole_and_trains_as_eager(layer):
     """A layer on backend="triton" in training (MultiHeadSelfAttention2d with attention dropout):
     no graph break, and the compiled output and every gradient (input, parameters) are eager's."""
     torch.manual_seed(0)
-    if OLD_DYNAMO:
-        pytest.skip(FLOOR_WHY if FLOOR and layer is LAYERS[0] else FLOOR_NEXT)
     lay = layer().double().to(DEVICE).train()
     lay.backend = "triton"
     x = _leaves((2, 12 if isinstance(lay, MultiHeadSelfAttention2d) else 6, 5, 7))[0]
