@@ -19,7 +19,8 @@ A="$WORK/venv/bin/attnconv"
 # a wrong name: one line naming the closest, before torch is imported
 if "$A" train cpu/sa_quadratc 2>err.txt; then echo "a wrong recipe name was accepted"; exit 1; fi
 grep -q "did you mean cpu/sa_quadratic" err.txt && [ "$(wc -l < err.txt)" -eq 1 ] || { cat err.txt; exit 1; }
-"$A" train --list | grep -q "experiments/grid_long"
+"$A" train --list > list.txt  # whole, then read (grep -q would close the pipe early)
+grep -q "experiments/grid_long" list.txt
 "$A" train cpu/sa_quadratic --set train.epochs=1 --set train.steps_per_epoch=3 --set data.max_per_class=20 --set data.eval_max_per_class=5
 "$A" eval runs/sa_quadratic --max-per-class 5
 "$A" demo --minutes 1 --out demo_run --no-figures | tail -6

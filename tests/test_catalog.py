@@ -118,6 +118,23 @@ def test_a_wrong_name_is_one_line_before_torch_is_imported(args, said, tmp_path)
     assert r.stdout.strip().splitlines()[-1] == "no torch"
 
 
+def test_a_listing_read_no_further_ends_quietly():
+    """`attnconv train --list | head -1`: the reader gone, the listing stops without an error
+    line and exits as a tool stopped by SIGPIPE does (141)."""
+    r, w = os.pipe()
+    os.close(r)  # nobody reads: the first write fails at once
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "attnconv.cli", "train", "--list"],
+            stdout=w,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    finally:
+        os.close(w)
+    assert done.returncode == 141 and done.stderr == "", done.stderr
+
+
 def test_train_list_names_every_recipe():
     r = _cli("train", "--list")
     assert r.returncode == 0, r.stderr

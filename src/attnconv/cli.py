@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # name -> module under attnconv.commands (listed in the order `attnconv -h` shows them)
@@ -61,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     try:
         return int(args._run(args) or 0)
+    except BrokenPipeError:  # the reader stopped early (`| head`): quiet, as a SIGPIPE'd tool
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit flush
+        return 141
     except (ValueError, OSError, KeyError, TypeError) as e:
         # bad input (or an unwritable/occupied output path): one clear line, no traceback
         print(f"attnconv {args.command}: error: {e}", file=sys.stderr)
