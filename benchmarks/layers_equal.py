@@ -57,26 +57,23 @@ for (h, w), pos, content, value, drop, backend, dtype in itertools.product(
         ((5, 7), (8, 8)), POSITIONALS, (True, False), ("linear", "identity"), (0.0, 0.1),
         (None, "reference", "flex", "blocked", "fused", "fold"), ("float32", "float64", "bf16")):
     x = torch.randn(2, 8, h, w)
-    impl = "reference" if backend == "reference" else "auto"
-    be = None if backend == "reference" else backend
     build = lambda: MultiHeadSelfAttention2d(8, 8, 2, positional=pos, content=content, value=value,
-                                             dropout=drop, impl=impl, backend=be).train(drop > 0)
+                                             dropout=drop, backend=backend).train(drop > 0)
     run(f"mhsa {h}x{w} {pos} c{int(content)} {value} p{drop} {backend} {dtype}", build, x, dtype,
         maps=drop == 0 and dtype == "float64")
 for pos, logits, padding, backend, dtype in itertools.product(
         ("relative", "absolute", "none"), (None, "qk", "qr"), ("mask", "zeros"),
         (None, "reference", "flex", "fused", "window"), ("float32", "float64", "bf16")):
     x = torch.randn(2, 8, 6, 5)
-    impl = "reference" if backend == "reference" else "auto"
-    be = None if backend == "reference" else backend
     build = lambda: LocalSelfAttention2d(8, 8, 2, kernel_size=3, positional=pos, logits=logits,
-                                         padding=padding, impl=impl, backend=be)
+                                         padding=padding, backend=backend)
     run(f"local {pos} {logits} {padding} {backend} {dtype}", build, x, dtype,
         maps=dtype == "float64")
-for impl, dtype in itertools.product(("auto", "reference"), ("float32", "float64", "bf16")):
+for backend, dtype in itertools.product((None, "reference"), ("float32", "float64", "bf16")):
     x = torch.randn(2, 3, 8, 8)
-    run(f"stem {impl} {dtype}", lambda: AttentionStem2d(3, 8, 2, kernel_size=3, impl=impl), x,
-        dtype, maps=False)
+    name = "auto" if backend is None else backend  # the case names of the earlier runs
+    run(f"stem {name} {dtype}", lambda: AttentionStem2d(3, 8, 2, kernel_size=3, backend=backend),
+        x, dtype, maps=False)
 save_file(tensors, sys.argv[1])
 json.dump(meta, open(sys.argv[2], "w"))
 """
