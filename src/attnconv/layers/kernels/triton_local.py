@@ -13,7 +13,7 @@ queries in 2-D tiles of 8 columns and keys in 8-column blocks on a grid that
 nothing of size T x T or T x k^2 in memory, no unfolded keys. The launch (tiles, shared-memory
 rungs, one block shape a call) is triton_axis's too. The plain equations beside it:
 ``window_attention_reference`` (term for term; tested equal to the unfold kernel,
-``window.local_attention(impl="reference")``). No attention dropout (SASA has none).
+``window.local_attention(backend="reference")``). No attention dropout (SASA has none).
 """
 
 from __future__ import annotations
