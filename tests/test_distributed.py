@@ -12,17 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file
 
 from attnconv.train.checkpoint import LATEST
 from attnconv.train.config import config_from_dict
 from attnconv.train.loop import Trainer
-from torchrun_helpers import run_torchrun
-
-
-def _weights(run: Path) -> dict[str, torch.Tensor]:
-    ck = run / "checkpoints"
-    return load_file(ck / (ck / LATEST).read_text().strip() / "model.safetensors")
+from torchrun_helpers import latest_weights as _weights
+from torchrun_helpers import torchrun_train as _torchrun
 
 
 def _rows(run: Path) -> list[list[float | str]]:
@@ -36,12 +31,6 @@ def _assert_same_rows(run: Path, single: Path) -> None:
     assert [r[:3] for r in got] == [r[:3] for r in want]
     for a, b in zip(got, want):
         assert a[3:] == pytest.approx(b[3:], rel=0, abs=2e-6), (a, b)
-
-
-def _torchrun(cfg: Path, out: Path, *extra: str, cache: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "ATTNCONV_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
-    args = ("-m", "attnconv.cli", "train", str(cfg), "--out", str(out), *extra)
-    return run_torchrun(*args, env=env, timeout=600)
 
 
 @pytest.fixture(scope="module")

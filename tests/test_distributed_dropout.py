@@ -5,7 +5,6 @@ and resumed draws and ends as an uninterrupted one."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,15 +13,15 @@ import pytest
 import torch
 import yaml
 
-from test_distributed import _weights
-from torchrun_helpers import run_torchrun
+from torchrun_helpers import latest_weights as _weights
+from torchrun_helpers import run_torchrun, worker_env
 
 PROBE = Path(__file__).with_name("dropout_probe.py")
 
 
 def _train(cfg: Path, out: Path, *extra: str, procs: int = 2) -> list[list[int]]:
     """The probe's run on ``procs`` processes; the seeds each rank drew."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(PROBE.parent)}
+    env = worker_env(PYTHONPATH=str(PROBE.parent))
     args = (str(PROBE), "train", str(cfg), "--out", str(out), *extra)
     if procs > 1:
         r = run_torchrun(*args, procs=procs, env=env, timeout=300)

@@ -5,13 +5,11 @@ or repairs a second time, and both ranks resume. Real torchrun, gloo on 127.0.0.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import yaml
 
 from attnconv.train import checkpoint as ck
-from torchrun_helpers import run_torchrun
+from torchrun_helpers import torchrun_train
 
 
 @pytest.mark.slow
@@ -36,13 +34,11 @@ def test_torchrun_resume_from_intact_repairs_once_and_every_rank_resumes(tmp_pat
     }
     cfg, run = tmp_path / "c.yaml", tmp_path / "run"
     cfg.write_text(yaml.safe_dump(d))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    train = ("-m", "attnconv.cli", "train", str(cfg), "--out", str(run))
-    first = run_torchrun(*train, "--stop-at-step", "3", env=env, timeout=600)
+    first = torchrun_train(cfg, run, "--stop-at-step", "3")
     assert first.returncode == 0, first.stderr[-3000:]
     weights = run / "checkpoints" / "step-00000003" / ck.WEIGHTS
     weights.write_bytes(weights.read_bytes()[:100])  # truncated (a disk that filled up)
-    again = run_torchrun(*train, "--resume-from-intact", env=env, timeout=600)
+    again = torchrun_train(cfg, run, "--resume-from-intact")
     assert again.returncode == 0, again.stderr[-3000:]
     intact = run / "checkpoints" / "step-00000002"
     said = [line for line in again.stdout.splitlines() if "last intact checkpoint" in line]

@@ -20,8 +20,8 @@ import yaml
 from attnconv.train.checkpoint import LATEST, load_model
 from attnconv.train.config import config_from_dict
 from attnconv.train.loop import Trainer
-from test_distributed import _weights
-from torchrun_helpers import torchrun
+from torchrun_helpers import latest_weights as _weights
+from torchrun_helpers import torchrun, train_args, worker_env
 
 STEPS_PER_EPOCH = 6  # 240 images, global batch 40
 
@@ -53,8 +53,7 @@ def _descendants(pid: int) -> list[int]:
 
 
 def _torchrun(cfg: Path, out: Path, cache: Path, *extra: str) -> subprocess.Popen:
-    cmd = torchrun("-m", "attnconv.cli", "train", str(cfg), "--out", str(out), *extra)
-    env = {**os.environ, "ATTNCONV_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
+    cmd, env = torchrun(*train_args(cfg, out, *extra)), worker_env(cache)
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
