@@ -21,27 +21,26 @@ import yaml
 
 from attnconv.layers.checks import set_backend
 from attnconv.layers.kernels import backend_off_device
-from attnconv.loading.checkpoint import LATEST, read_meta
+from attnconv.loading.checkpoint import read_meta
 from attnconv.models import create_model
 
 from . import distributed as D
-from .checkpoint import atomic_write, prune_checkpoints
-from .checkpoint import save_checkpoint as _save
+from .checkpoint import atomic_write
 from .compiled import compile_failed, compile_net, say_failed
 from .config import Config, check_training_size
 from .evaluation import evaluate
 from .loaders import build_loaders, model_kwargs_for
 from .monitor import Monitor
 from .optim import build_optimizer, lr_at, set_lr
-from .resume import check_same_config, restore
+from .resume import check_same_config
 from .runfolder import RunLock, claim
-from .stopping import Interrupted, check_finite, check_weights, stop_signals
+from .stopping import Interrupted, check_finite, stop_signals
+from .trainer_checkpoints import SUMS, TrainerCheckpoints
 
 log = logging.getLogger(__name__)
-SUMS = ("ep_loss", "ep_correct", "ep_n", "win_loss", "win_correct", "win_n")
 
 
-class Trainer:
+class Trainer(TrainerCheckpoints):
     """Everything ``cfg`` describes, built in named steps (run folder, data, model, optimizer,
     resume, logs), and :meth:`fit`, which trains epoch by epoch, step by step.
 
@@ -162,79 +161,6 @@ class Trainer:
             self.resume_note,
             bf16_off=self.bf16_off,
         )
-
-    # ---- checkpoints -------------------------------------------------------------------------
-    def _saved(self) -> bool:
-        return (self.ckdir / LATEST).exists() or any(d.is_dir() for d in self.ckdir.glob("step-*"))
-
-    def _resume(self) -> None:
-        """Continue from the newest checkpoint; a run stopped before its first checkpoint was
-        complete (killed during it: only a temp folder, cleaned at start) starts again from step
-        0, which is the same run (everything is seeded)."""
-        if not self._saved():
-            if not self.started:
-                raise FileNotFoundError(f"--resume: no checkpoint in {self.ckdir}")
-            self.resume_note = "no checkpoint was complete, starting again from step 0"
-            return
-        sums = set(self.sums)
-        meta = restore(self.ckdir, self.cfg, self.model, self.opt, self.model_kwargs, sums)
-        self.step = meta["state"]["step"]
-        self.evaluated = meta["state"].get("evaluated", self.step)  # older checkpoints: not said
-        if self.info.is_main:  # the sums over every rank (save); the others start from zero
-            self.sums.update(meta["state"]["sums"])
-        self.win_before = self.sums["win_n"]  # timed by the sitting that trained them
-        self.seconds_before = float(meta["state"].get("seconds", 0.0))  # older: not saved
-        if self._end_was_cut():  # a signal stopped the evaluation that ends an epoch
-            which = "final" if self.step >= self.total else f"step {self.step}'s"
-            self.resume_note = f"the {which} evaluation was interrupted: evaluating now"
-        elif self.step >= self.total:  # said, not a silent exit
-            self.resume_note = "the run had already finished: nothing left to train"
-
-    def save(self) -> Path | None:
-        """Rank 0 writes checkpoints/step-N, points ``latest`` at it, prunes old ones. Weights
-        that are not all finite are never written: training stops (NonFiniteLoss) and ``latest``
-        keeps naming the last verified checkpoint.
-
-        Returns:
-            The step folder (its path on every rank; rank 0 writes it).
-
-        Raises:
-            NonFiniteLoss: the weights are not all finite.
-        """
-        path = self.ckdir / f"step-{self.step:08d}"
-        check_weights(self.model, self.step, self.ckdir, self.info)  # before writing them
-        sums = dict(zip(SUMS, D.all_reduce_sum([self.sums[k] for k in SUMS], self.info)))
-        if self.info.is_main:
-            state = {
-                "step": self.step,
-                "epoch": self.step // len(self.loader),
-                "sums": sums,
-                "total_steps": self.total,
-                "evaluated": self.evaluated,
-                "seconds": self.mon.seconds(),
-            }
-            data = {
-                "classes": self.classes,
-                "mean": self.cfg.data.mean,
-                "std": self.cfg.data.std,
-                "image_size": list(self.loader.ds.image_size),
-            }
-            _save(
-                path,
-                self.model,
-                self.cfg.model.name,
-                self.model_kwargs,
-                optimizer=self.opt,
-                state=state,
-                state_tensors={"rng.torch": torch.get_rng_state()},
-                config=self.cfg.to_dict(),
-                extra={"data": data},
-            )
-            atomic_write(self.ckdir / LATEST, path.name.encode())
-            t = self.cfg.train
-            prune_checkpoints(self.ckdir, path, t.keep_checkpoints, t.keep_every)
-        D.barrier(self.info)
-        return path
 
     # ---- the loop ----------------------------------------------------------------------------
     def _on_signal(self, signum, frame) -> None:

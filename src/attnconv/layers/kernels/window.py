@@ -25,54 +25,23 @@ from ..first_order import compiling
 from ..functional import scaled_dot_product_attention
 from ..precision import LOW, backward_without_autocast
 from .fused import available, extension
+from .window_geometry import (  # noqa: F401  (window_pad, local_to_dense: re-exported)
+    local_to_dense,
+    pad_hw,
+    window_offsets,
+    window_pad,
+    window_valid,
+)
 
 PADDINGS = ("mask", "zeros")
 WINDOW_BACKENDS = ("reference", "window", "fused")  # local_attention's kernels
-
-
-def window_pad(kernel_size: int) -> tuple[int, int]:
-    """Offsets covered by the window: -before .. +after (centred; even k leans to +)."""
-    before = (kernel_size - 1) // 2
-    return before, kernel_size - 1 - before
-
-
-def window_valid(kernel_size: int, h: int, w: int, device=None) -> torch.Tensor:
-    """Bool (k*k, H, W): True where key (i+di, j+dj) of query (i, j) lies inside the image."""
-    before, _ = window_pad(kernel_size)
-    off = torch.arange(kernel_size, device=device) - before  # (k,)
-    rows = torch.arange(h, device=device)[None, :] + off[:, None]  # (k, H)
-    cols = torch.arange(w, device=device)[None, :] + off[:, None]  # (k, W)
-    vr = (rows >= 0) & (rows < h)
-    vc = (cols >= 0) & (cols < w)
-    return (vr[:, None, :, None] & vc[None, :, None, :]).reshape(kernel_size**2, h, w)
-
-
-def _pad_hw(x: torch.Tensor, kernel_size: int) -> torch.Tensor:
-    """Zero-pad (..., H, W) so every window fits."""
-    b, a = window_pad(kernel_size)
-    return F.pad(x, (b, a, b, a))
-
-
-def _offsets(ks: int, h: int, w: int):
-    """For each offset o = (di, dj) of the window: the query box (rows, cols) whose keys
-    (i + di - c, j + dj - c) lie inside the image, and that key box. Keys outside the image
-    are never read: no padded copies of the keys or values."""
-    before, _ = window_pad(ks)
-    for di in range(ks):
-        ri = di - before
-        qi, ki = slice(max(0, -ri), min(h, h - ri)), slice(max(0, ri), min(h, h + ri))
-        for dj in range(ks):
-            rj = dj - before
-            qj, kj = slice(max(0, -rj), min(w, w - rj)), slice(max(0, rj), min(w, w + rj))
-            if qi.start < qi.stop and qj.start < qj.stop:
-                yield di * ks + dj, (..., qi, qj), (..., ki, kj)
 
 
 def _window_logits(q: torch.Tensor, k: torch.Tensor, ks: int, out: torch.Tensor) -> None:
     """out[:, :, o] += q . k shifted by offset o, inside the image: q, k (B, nh, d, H, W),
     out (B, nh, k^2, H, W). One shifted view per offset, no k^2 copies of the keys."""
     tmp = torch.empty_like(q)  # one scratch buffer, viewed per offset (no allocations)
-    for o, qb, kb in _offsets(ks, *q.shape[-2:]):
+    for o, qb, kb in window_offsets(ks, *q.shape[-2:]):
         t = torch.mul(q[qb], k[kb], out=tmp[qb])
         torch.sum(t, dim=2, out=out[:, :, o][qb])  # out is 0 there before
 
@@ -81,7 +50,7 @@ def _window_logits_grad(gl, q, k, ks, need_q, need_k):
     """Gradients of _window_logits for the logit gradient gl (B, nh, k^2, H, W)."""
     gq = torch.zeros_like(q) if need_q else None
     gk = torch.zeros_like(k) if need_k else None
-    for o, qb, kb in _offsets(ks, *q.shape[-2:]):
+    for o, qb, kb in window_offsets(ks, *q.shape[-2:]):
         go = gl[:, :, o].unsqueeze(2)[qb]  # (B, nh, 1, h', w')
         if gq is not None:
             gq[qb].addcmul_(go, k[kb])
@@ -99,7 +68,7 @@ def _window_aggregate(probs, v, mix, ks):
     """
     bsz, nh, _, h, w = probs.shape
     out = v.new_zeros(bsz, nh, v.shape[3], h, w)
-    for o, qb, kb in _offsets(ks, h, w):
+    for o, qb, kb in window_offsets(ks, h, w):
         p_o = probs[:, :, o].unsqueeze(2)[qb]  # (B, nh, 1, h', w')
         for m in range(v.shape[2]):
             w_om = p_o if mix is None else p_o * mix[o, m]
@@ -113,7 +82,7 @@ def _window_aggregate_grad(g, probs, v, mix, ks, need_v, need_m):
     gv = torch.zeros_like(v) if need_v else None
     gm = torch.zeros_like(mix) if need_m and mix is not None else None
     tmp, stmp = torch.empty_like(g), torch.empty_like(probs[:, :, 0])  # scratch buffers
-    for o, qb, kb in _offsets(ks, *probs.shape[-2:]):
+    for o, qb, kb in window_offsets(ks, *probs.shape[-2:]):
         p_o = probs[:, :, o].unsqueeze(2)[qb]  # (B, nh, 1, h', w')
         g_o = g[qb]
         for m in range(v.shape[2]):
@@ -355,7 +324,7 @@ def _reference(q, k, v, qr, mix, ks, padding, return_attention):
 
     def unfold(x):  # (B, nh, M, d, H, W) -> (B*T, nh, M, k^2, d): each query's window
         b_, n_, m_, d_ = x.shape[:4]
-        cols = F.unfold(_pad_hw(x.reshape(b_, n_ * m_ * d_, h, w), ks), ks)  # (B, .*k^2, T)
+        cols = F.unfold(pad_hw(x.reshape(b_, n_ * m_ * d_, h, w), ks), ks)  # (B, .*k^2, T)
         cols = cols.view(b_, n_, m_, d_, ks * ks, t).permute(0, 5, 1, 2, 4, 3)
         return cols.reshape(b_ * t, n_, m_, ks * ks, d_)
 
@@ -386,25 +355,3 @@ def _reference(q, k, v, qr, mix, ks, padding, return_attention):
     if return_attention:
         return y, probs.detach().reshape(bsz, t, nh, ks * ks).transpose(1, 2)
     return y
-
-
-def local_to_dense(maps: torch.Tensor, h: int, w: int, kernel_size: int) -> torch.Tensor:
-    """(B, nh, H*W, k*k) window probabilities -> dense (B, nh, T, T) maps (rows = queries).
-
-    Keys outside the image (zero-padding mode) have no column and are dropped.
-    """
-    bsz, nh, t, kk = maps.shape
-    if t != h * w or kk != kernel_size**2:
-        raise ValueError(f"maps {tuple(maps.shape)} do not match H={h}, W={w}, k={kernel_size}")
-    before, _ = window_pad(kernel_size)
-    off = torch.arange(kernel_size, device=maps.device) - before
-    qi = torch.arange(h, device=maps.device).repeat_interleave(w)  # (T,)
-    qj = torch.arange(w, device=maps.device).repeat(h)
-    ki = qi[:, None, None] + off[None, :, None]  # (T, k, 1)
-    kj = qj[:, None, None] + off[None, None, :]  # (T, 1, k)
-    ki, kj = torch.broadcast_tensors(ki, kj)
-    valid = ((ki >= 0) & (ki < h) & (kj >= 0) & (kj < w)).reshape(t, kk)
-    col = (ki.clamp(0, h - 1) * w + kj.clamp(0, w - 1)).reshape(t, kk)
-    dense = maps.new_zeros(bsz, nh, t, t)
-    src = maps * valid.to(maps.dtype)
-    return dense.scatter_add_(3, col.expand(bsz, nh, t, kk), src)
