@@ -6,9 +6,9 @@ or repairs a second time, and both ranks resume. Real torchrun, gloo on 127.0.0.
 from __future__ import annotations
 
 import pytest
-import yaml
 
 from attnconv.train import checkpoint as ck
+from tiny_runs import tiny_config
 from torchrun_helpers import torchrun_train
 
 
@@ -16,24 +16,7 @@ from torchrun_helpers import torchrun_train
 def test_torchrun_resume_from_intact_repairs_once_and_every_rank_resumes(tmp_path):
     from conftest import CIFAR_ZIP
 
-    d = {
-        "model": {"name": "tiny_cnn", "kwargs": {"width": 4}},
-        "data": {
-            "dataset": str(CIFAR_ZIP),
-            "max_per_class": 4,
-            "eval_max_per_class": 1,
-            "cache_dir": str(tmp_path / "cache"),
-        },
-        "train": {
-            "epochs": 2,
-            "batch_size": 10,
-            "threads": 1,
-            "progress": False,
-            "checkpoint_every": 1,
-        },
-    }
-    cfg, run = tmp_path / "c.yaml", tmp_path / "run"
-    cfg.write_text(yaml.safe_dump(d))
+    cfg, run = tiny_config(tmp_path, CIFAR_ZIP, epochs=2, max_per_class=4), tmp_path / "run"
     first = torchrun_train(cfg, run, "--stop-at-step", "3")
     assert first.returncode == 0, first.stderr[-3000:]
     weights = run / "checkpoints" / "step-00000003" / ck.WEIGHTS

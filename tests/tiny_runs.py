@@ -8,13 +8,15 @@ from pathlib import Path
 import yaml
 
 
-def tiny_config(tmp_path: Path, cifar_zip: Path, *, epochs: int, **top) -> str:
+def tiny_config(
+    tmp_path: Path, cifar_zip: Path, *, epochs: int, max_per_class: int = 2, **top
+) -> str:
     """Write the run's YAML config into ``tmp_path``; ``top`` adds top-level keys (out_dir)."""
     d = {
         "model": {"name": "tiny_cnn", "kwargs": {"width": 4}},
         "data": {
             "dataset": str(cifar_zip),
-            "max_per_class": 2,
+            "max_per_class": max_per_class,
             "eval_max_per_class": 1,
             "cache_dir": str(tmp_path / "cache"),
         },
